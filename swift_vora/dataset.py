@@ -1,0 +1,137 @@
+"""The `video_ora` dataset in ms-swift: annotation files become windowed training rows.
+
+`swift sft --dataset ANNOTATIONS.jsonl` with the plugin loaded: a file whose lines are Video-ORA (or
+QVHighlights) annotations is routed to this dataset instead of ms-swift's generic preprocessor (see
+`_route_annotation_files`). The loader validates every line, windows the videos and writes one row per
+window with the clip bounds, the sample id and the video budget in `chat_template_kwargs`. Nothing is
+dropped silently: the in/out/rejected counts and every rejection reason are logged, and `--strict true`
+stops at the first invalid line. (ms-swift itself would delete a row whose preprocessing raises, with a
+log line only.)
+
+Window settings come from `SWIFT_VORA_WINDOW`, `SWIFT_VORA_STRIDE`, `SWIFT_VORA_MIN_EVENT` (seconds;
+`swift-vora train` sets them from the recipe).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+from swift.dataset import DatasetMeta, register_dataset
+from swift.dataset.loader import DatasetLoader
+from swift.utils import get_logger
+
+from .budget import VideoBudget
+
+logger = get_logger()
+
+DATASET_NAME = 'video_ora'
+ANNOTATION_SUFFIXES = ('.jsonl', '.json')
+
+
+def window_config_from_env(environ=None):
+    from .data.windowing import WindowConfig
+    environ = os.environ if environ is None else environ
+    values: Dict[str, Any] = {}
+    for field_name in ('window', 'stride', 'min_event'):
+        raw = environ.get(f'SWIFT_VORA_{field_name.upper()}')
+        if raw not in (None, ''):
+            values[field_name] = None if raw.lower() in ('none', '0') else float(raw)
+    return WindowConfig(**values)
+
+
+def build_swift_rows(path: str, strict: bool = False, video_root: Optional[str] = None,
+                     window_config=None, budget: Optional[VideoBudget] = None) -> Tuple[List[Dict], Any, int]:
+    """Rows for ms-swift from an annotation file; returns (rows, annotation report, slivers dropped)."""
+    from .data.annotations import load_annotations
+    from .data.rows import sample_to_row
+    from .data.windowing import make_windows
+
+    window_config = window_config or window_config_from_env()
+    budget = budget or VideoBudget.from_env()
+    video_root = video_root or os.environ.get('SWIFT_VORA_VIDEO_ROOT') or None
+    report = load_annotations(path, video_root=video_root, probe=True, strict=strict)
+    rows, slivers = [], 0
+    for annotation in report.rows:
+        for sample in make_windows(annotation, window_config):
+            slivers += sample.dropped_slivers
+            row = sample_to_row(sample)
+            row.pop('vora', None)
+            row['chat_template_kwargs'] = {**row['chat_template_kwargs'], 'sample_id': sample.id,
+                                           **budget.to_dict()}
+            rows.append(row)
+    return rows, report, slivers
+
+
+class VideoOraDatasetLoader(DatasetLoader):
+    """Loads an annotation file through swift_vora.data instead of `datasets.load_dataset('json')`."""
+
+    def _load_dataset_path(self, dataset_path: str, dataset_meta: DatasetMeta):
+        from datasets import Dataset
+        rows, report, slivers = build_swift_rows(dataset_path, strict=self.strict)
+        logger.info(f'video_ora: {dataset_path}: {report.total} annotation lines, {len(report.rows)} valid, '
+                    f'{len(report.invalid)} rejected; {len(rows)} windowed samples; {slivers} sliver events '
+                    'dropped at window edges.')
+        for bad in report.invalid:
+            logger.warning(f'video_ora: rejected {bad.reason}')
+        if not rows:
+            raise ValueError(f'video_ora: {dataset_path} produced no training samples '
+                             f'({len(report.invalid)} invalid lines; run `swift-vora data check {dataset_path}`).')
+        # The rows are the final format: messages, videos, chat_template_kwargs.
+        return Dataset.from_list(rows)
+
+
+def looks_like_annotations(path: str, max_lines: int = 5) -> bool:
+    """True when the first JSON lines of `path` are Video-ORA or QVHighlights annotations."""
+    if not path.endswith(ANNOTATION_SUFFIXES) or not os.path.isfile(path):
+        return False
+    seen = 0
+    with open(path, encoding='utf-8') as f:
+        for line in f:
+            if not line.strip():
+                continue
+            seen += 1
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                if seen >= max_lines:
+                    return False
+                continue
+            if isinstance(row, dict) and 'messages' not in row and (
+                    {'video', 'windows'} <= row.keys() or {'vid', 'relevant_windows'} <= row.keys()):
+                return True
+            if seen >= max_lines:
+                return False
+    return False
+
+
+VIDEO_ORA_META = DatasetMeta(dataset_name=DATASET_NAME, loader=VideoOraDatasetLoader,
+                             help='Video-ORA annotations (JSONL: id, video, duration, query, windows), windowed.')
+
+
+def _route_annotation_files() -> None:
+    """Narrow patch of ms-swift's dataset lookup: annotation files go to `video_ora`.
+
+    ms-swift 4.6 gives any unregistered local file the generic AutoPreprocessor, which cannot read
+    annotations; there is no registry hook for "files of this shape". Only files that
+    `looks_like_annotations` accepts are rerouted; everything else keeps ms-swift's behaviour.
+    """
+    from swift.dataset.dataset_syntax import DatasetSyntax
+    original = DatasetSyntax.get_dataset_meta
+    if getattr(original, '_swift_vora', False):
+        return
+
+    def get_dataset_meta(self, use_hf):
+        if self.dataset_type == 'path' and looks_like_annotations(self.dataset):
+            logger.info(f'video_ora: {self.dataset} holds Video-ORA annotations; loading it as `{DATASET_NAME}`.')
+            return VIDEO_ORA_META
+        return original(self, use_hf)
+
+    get_dataset_meta._swift_vora = True
+    get_dataset_meta.__wrapped__ = original
+    DatasetSyntax.get_dataset_meta = get_dataset_meta
+
+
+def register_video_ora_dataset() -> None:
+    register_dataset(VIDEO_ORA_META, exist_ok=True)
+    _route_annotation_files()

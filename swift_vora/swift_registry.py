@@ -1,0 +1,13 @@
+"""What importing the plugin does inside ms-swift: register the template and the dataset."""
+_registered = False
+
+
+def register_all() -> None:
+    global _registered
+    if _registered:
+        return
+    from .dataset import register_video_ora_dataset
+    from .template import register_video_ora_template
+    register_video_ora_template()
+    register_video_ora_dataset()
+    _registered = True
