@@ -1,0 +1,9 @@
+"""Annotations -> validated, windowed training rows (nothing heavy is imported here).
+
+- `annotations`: the JSONL annotation format; every line validated, every problem located.
+- `probe`: video duration and decodability (decord, OpenCV fallback).
+- `windowing`: clips of a video and each clip's events in clip time.
+- `qvhighlights`: reading and converting QVHighlights annotations.
+- `rows`: ms-swift rows and the `data build` pipeline.
+- `cli`: `swift-vora data check | build | convert-qvhighlights`.
+"""

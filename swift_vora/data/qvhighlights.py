@@ -1,0 +1,111 @@
+"""QVHighlights annotations (Lei et al., 2021): recognise their lines and map them onto our format.
+
+A QVHighlights line is one *query* on one 150 s clip:
+`{"qid": 2579, "query": "...", "duration": 150, "vid": "NUsG9BgSes0_210.0_360.0",
+  "relevant_windows": [[82, 150]], "relevant_clip_ids": [...], "saliency_scores": [...]}`.
+It maps to `{"id": "2579", "video": "NUsG9BgSes0_210.0_360.0.mp4", "duration": 150, "query": "...",
+"windows": [[82, 150]]}`; the video file is `<video root>/<vid>.mp4`, the layout of the released clips.
+
+`annotations.load_annotations` reads such lines directly (it calls `is_qvhighlights` and `to_vora`),
+and reports problems under the field names the user wrote (`relevant_windows`, `vid`, `qid`).
+`convert_file` writes a whole file in our format, accounting for every input line.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+# Keys that only a QVHighlights line has; any of them (and neither `video` nor `windows`) marks one.
+QVH_KEYS = ('qid', 'vid', 'relevant_windows')
+# Our field -> the QVHighlights key it comes from, so that messages name the key in the user's file.
+FIELD_NAMES = {'id': 'qid', 'video': 'vid', 'duration': 'duration', 'query': 'query', 'windows': 'relevant_windows'}
+VIDEO_EXTENSION = '.mp4'
+
+
+def is_qvhighlights(record: Dict[str, Any]) -> bool:
+    """True for a QVHighlights line: it carries `qid`/`vid`/`relevant_windows` and none of our keys.
+
+    Keys whose value is None count as absent, because a Hugging Face dataset built from mixed JSONL
+    fills every missing column with None.
+    """
+    if record.get('video') is not None or record.get('windows') is not None:
+        return False
+    return any(record.get(key) is not None for key in QVH_KEYS)
+
+
+def video_name(vid: str) -> str:
+    """File name of a QVHighlights clip, relative to the video root."""
+    return vid + VIDEO_EXTENSION
+
+
+def to_vora(record: Dict[str, Any]) -> Dict[str, Any]:
+    """Map a QVHighlights line to our fields without judging them (validation reports problems).
+
+    Missing keys stay None, a non-string `vid` is passed through unchanged, so that the validator can
+    say what is wrong under the QVHighlights key name (see `FIELD_NAMES`).
+    """
+    vid = record.get('vid')
+    qid = record.get('qid')
+    return {
+        'id': str(qid) if isinstance(qid, int) and not isinstance(qid, bool) else qid,
+        'video': video_name(vid) if isinstance(vid, str) and vid.strip() else vid,
+        'duration': record.get('duration'),
+        'query': record.get('query'),
+        'windows': record.get('relevant_windows'),
+    }
+
+
+@dataclass
+class ConvertReport:
+    """Every input line is either converted, rejected (with its reason) or a skipped blank line."""
+    source: str
+    out: str
+    lines: int = 0
+    converted: int = 0
+    blank_lines: int = 0
+    rejected: List[Any] = field(default_factory=list)  # annotations.Invalid
+    merged_overlaps: int = 0
+
+    def to_json(self) -> Dict[str, Any]:
+        return {'source': self.source, 'out': self.out, 'lines': self.lines, 'rows': self.lines - self.blank_lines,
+                'converted': self.converted, 'rejected': [bad.to_json() for bad in self.rejected],
+                'blank_lines': self.blank_lines, 'merged_overlaps': self.merged_overlaps}
+
+    def summary(self) -> str:
+        lines = [f'{self.source}: {self.lines} lines: {self.converted} converted, {len(self.rejected)} rejected, '
+                 f'{self.blank_lines} blank skipped']
+        if self.merged_overlaps:
+            lines.append(f'overlapping windows merged: {self.merged_overlaps}')
+        lines += [f'  rejected: {bad.reason}' for bad in self.rejected]
+        lines.append(f'wrote {self.converted} rows to {self.out}')
+        return '\n'.join(lines)
+
+
+def convert_file(in_path: str, out_path: str, video_root: Optional[str] = None) -> ConvertReport:
+    """Convert a QVHighlights JSONL file to our annotation format.
+
+    The videos are usually not downloaded yet when annotations are converted, so files are neither
+    opened nor probed here (`swift-vora data check` does that); everything in the line itself is
+    validated (ids, durations, windows within the duration). With `video_root`, `video` is written as
+    an absolute path under it; without, as `<vid>.mp4`, to be resolved later by `--video-root` or
+    against the converted file's directory. The output is written atomically.
+    """
+    # Imported here because annotations imports this module to recognise QVHighlights lines.
+    from .annotations import load_annotations, write_jsonl
+
+    report = load_annotations(in_path, video_root=video_root, probe=False, check_files=False)
+    base_dir = os.path.dirname(os.path.abspath(os.fspath(in_path)))
+    out = ConvertReport(source=os.fspath(in_path), out=os.fspath(out_path), lines=report.total + report.blank_lines,
+                        converted=report.valid, blank_lines=report.blank_lines, rejected=list(report.invalid),
+                        merged_overlaps=sum(ann.merged_overlaps for ann in report.rows))
+    records = []
+    for ann in report.rows:
+        video = ann.video
+        if video_root is None and os.path.commonpath([ann.video, base_dir]) == base_dir:
+            video = os.path.relpath(ann.video, base_dir)
+        records.append({'id': ann.id, 'video': video, 'duration': ann.duration, 'query': ann.query,
+                        'windows': [[s, e] for s, e in ann.windows]})
+    write_jsonl(records, out_path)
+    return out
+

@@ -1,0 +1,70 @@
+"""The documented commands, literally: `swift sft/infer/export --custom_register_path swift_vora`.
+
+Real ms-swift processes on the tiny model (CPU, offline). Training runs from the repository root as the
+README says; inference and export run from another directory with only the checkpoint, as users do.
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+SWIFT = os.path.join(os.path.dirname(sys.executable), 'swift')
+BUDGET_ENV = {'SWIFT_VORA_FPS': '1', 'SWIFT_VORA_MAX_FRAMES': '8', 'SWIFT_VORA_PAIR_TOKENS': '16',
+              'SWIFT_VORA_MIN_PAIR_TOKENS': '4', 'SWIFT_VORA_WINDOW': '8'}
+
+
+def run(argv, cwd, env):
+    result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result.stdout + result.stderr
+
+
+@pytest.fixture(scope='module')
+def trained(tiny_model_dir, offline_env, tmp_path_factory):
+    from swift_vora.synthetic import make_dataset
+    work = tmp_path_factory.mktemp('e2e')
+    annotations = make_dataset(str(work / 'videos'), 3, duration=16.0, seed=3)
+    # One invalid line: counted and reported, never silently dropped.
+    with open(annotations, 'a') as f:
+        f.write(json.dumps({'id': 'broken', 'video': 'missing.mp4', 'windows': [[0, 1]]}) + '\n')
+    env = {**offline_env, **BUDGET_ENV, 'SWIFT_VORA_ENCODE_LOG': str(work / 'encode.jsonl')}
+    log = run([SWIFT, 'sft', '--custom_register_path', 'swift_vora', '--model', tiny_model_dir, '--model_type',
+               'qwen3_vl', '--template', 'video_ora', '--dataset', annotations, '--tuner_type', 'lora',
+               '--target_modules', 'all-linear', '--num_train_epochs', '1', '--per_device_train_batch_size', '1',
+               '--gradient_accumulation_steps', '2', '--output_dir', str(work / 'out'), '--check_model', 'false',
+               '--fp16', 'false', '--bf16', 'false', '--torch_dtype', 'float32', '--dataloader_num_workers', '0',
+               '--logging_steps', '1', '--report_to', 'none', '--split_dataset_ratio', '0', '--max_length', '1024'],
+              cwd=REPO_ROOT, env=env)
+    checkpoint = sorted(glob.glob(str(work / 'out' / 'v*' / 'checkpoint-*')))[-1]
+    return {'work': work, 'annotations': annotations, 'env': env, 'log': log, 'checkpoint': checkpoint}
+
+
+def test_sft_with_the_plugin_flag_windows_annotations_and_trains(trained):
+    log = trained['log']
+    assert 'holds Video-ORA annotations' in log
+    assert '4 annotation lines, 3 valid, 1 rejected; 6 windowed samples' in log
+    assert "rejected" in log and 'missing.mp4' in log
+    assert os.path.exists(os.path.join(trained['checkpoint'], 'adapter_model.safetensors'))
+    records = [json.loads(line) for line in open(trained['work'] / 'encode.jsonl')]
+    train = [r for r in records if r['mode'] == 'train']
+    assert train and all(r['frames_from_tensors'] == 8 and r['supervised_tokens'] > 0 for r in train)
+
+
+def test_infer_and_export_find_the_plugin_from_another_directory(trained, tmp_path):
+    result = tmp_path / 'pred.jsonl'
+    log = run([SWIFT, 'infer', '--adapters', trained['checkpoint'], '--val_dataset', trained['annotations'],
+               '--infer_backend', 'transformers', '--max_new_tokens', '8', '--result_path', str(result)],
+              cwd=str(tmp_path), env=trained['env'])
+    assert "Successfully imported external_plugins: ['swift_vora']" in log
+    rows = [json.loads(line) for line in open(result)]
+    assert len(rows) == 6 and all('response' in r for r in rows)
+    run([SWIFT, 'export', '--adapters', trained['checkpoint'], '--merge_lora', 'true'], cwd=str(tmp_path),
+        env=trained['env'])
+    assert os.path.exists(os.path.join(trained['checkpoint'] + '-merged', 'config.json'))
