@@ -1,5 +1,149 @@
-"""(being written)"""
+"""`swift-vora eval` and `swift-vora parse`.
+
+Exit codes (CONTRACT.md): 0 ok; 1 invalid input found (an annotation line or a prediction line that
+cannot be used; with `--strict` also missing predictions or unknown ids; for `parse --strict`, any
+response that did not parse); 2 usage error (a file that cannot be opened).
+"""
+from __future__ import annotations
+
+import io
+import json
+import sys
+from collections import Counter
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
 
-def register_commands(subparsers):
-    pass
+def register_commands(subparsers) -> None:
+    p = subparsers.add_parser(
+        'eval', help='score predictions against annotations (QVHighlights metrics, kept seconds)',
+        description='Score predictions (JSONL; `pred_relevant_windows` or raw model text in `response`) '
+                    'against annotations (QVHighlights or swift-vora JSONL). Row format: docs/eval.md.')
+    p.add_argument('--annotations', required=True, metavar='FILE', help='annotation JSONL (QVHighlights or swift-vora)')
+    p.add_argument('--predictions', required=True, metavar='FILE', help='prediction JSONL')
+    p.add_argument('--json', action='store_true', help='print the metrics as one JSON object')
+    p.add_argument('--out-dir', metavar='DIR', help='write metrics.json, report.md and plots/*.png here')
+    p.add_argument('--max-plots', type=int, default=20, metavar='N',
+                   help='at most N timeline plots in --out-dir, worst videos first (default 20; 0: none)')
+    p.add_argument('--strict', action='store_true', help='exit 1 also on missing predictions or unknown ids')
+    p.set_defaults(handler=run_eval)
+
+    q = subparsers.add_parser(
+        'parse', help='read model responses back into [start, end] windows',
+        description='Read model responses (one JSON string per line on stdin, or --text) and print one JSON '
+                    'array of [start, end] per line. Junk prints [] and is counted on stderr.')
+    q.add_argument('--text', action='append', metavar='TEXT', help='a response to parse (repeatable); stdin is not read')
+    q.add_argument('--duration', type=float, metavar='S', help='clip length in seconds: clamp to [0, S]')
+    q.add_argument('--details', action='store_true',
+                   help='print the full parse result (windows, ok, failure, format, repairs, flags) per line')
+    q.add_argument('--strict', action='store_true', help='exit 1 when any response did not parse')
+    q.set_defaults(handler=run_parse)
+
+
+# ---- eval ---------------------------------------------------------------------------------------
+def run_eval(args) -> int:
+    from .evaluate import COUNT_KEYS, SUMMARY_KEYS, InputError, evaluate
+    for path in (args.annotations, args.predictions):
+        try:
+            open(path, 'rb').close()
+        except OSError as exc:
+            print(f'swift-vora eval: cannot open {path}: {exc.strerror}', file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        result, invalid = evaluate(args.annotations, args.predictions)
+    except InputError as exc:
+        if args.json:
+            print(json.dumps({'error': str(exc), 'invalid_annotation_lines': exc.problems}))
+        print(f'swift-vora eval: {exc}', file=sys.stderr)
+        for p in exc.problems[:20]:
+            print(f"  line {p['line']}: {p['reason']}", file=sys.stderr)
+        return EXIT_INVALID
+    m = result.metrics
+    if args.out_dir:
+        from .report import write_outputs
+        written = write_outputs(result, args.out_dir, max_plots=args.max_plots,
+                                inputs={'annotations': args.annotations, 'predictions': args.predictions})
+        print(f"swift-vora eval: wrote {written['metrics']}, {written['report']} and {len(written['plots'])} plot(s)",
+              file=sys.stderr)
+    if args.json:
+        print(json.dumps(m))
+    else:
+        print(f'format: {result.format}')
+        for k in SUMMARY_KEYS[result.format]:
+            if k in m:
+                v = m[k]
+                print(f"{k:24s} {'n/a' if v is None else f'{v:6.2f}'}")
+        for k in COUNT_KEYS:
+            print(f'{k:24s} {m[k]}')
+    problems = []
+    if m['parse_failures']:
+        problems.append(f"{m['parse_failures']} parse failure(s) ({_kinds(m['parse_failure_kinds'])}); they score 0")
+    if m['missing_predictions']:
+        problems.append(f"{m['missing_predictions']} annotation(s) without a prediction; they score 0")
+    if m['unknown_ids']:
+        problems.append(f"{m['unknown_ids']} prediction id(s) not in the annotations, ignored "
+                        f"(first: {', '.join(m['problems']['unknown'][:5])})")
+    if invalid:
+        problems.append(f'{len(invalid)} invalid prediction line(s), ignored (first: line {invalid[0]["line"]}: '
+                        f'{invalid[0]["reason"]})')
+    for line in problems:
+        print(f'swift-vora eval: {line}', file=sys.stderr)
+    if invalid:
+        return EXIT_INVALID
+    if args.strict and (m['missing_predictions'] or m['unknown_ids']):
+        return EXIT_INVALID
+    return EXIT_OK
+
+
+def _kinds(kinds: dict) -> str:
+    return ', '.join(f'{k}: {v}' for k, v in kinds.items())
+
+
+# ---- parse --------------------------------------------------------------------------------------
+def _decode_line(line: str):
+    """A line is a JSON string; be kind to a JSON object with `response`/`text`, or raw text."""
+    stripped = line.strip()
+    try:
+        value = json.loads(stripped)
+    except (ValueError, RecursionError):  # not JSON (or absurdly nested): parse the raw text
+        return line.rstrip('\r\n')
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        for k in ('response', 'text', 'output', 'answer'):
+            if isinstance(value.get(k), str):
+                return value[k]
+    return stripped  # a bare JSON array/number: parse its text
+
+
+def run_parse(args) -> int:
+    from ..intervals import parse_answer
+    if args.text is not None:
+        texts = args.text
+    else:  # bytes that are not UTF-8 must not stop the stream: decode with replacement characters
+        stream = io.TextIOWrapper(sys.stdin.buffer, encoding='utf-8', errors='replace') \
+            if hasattr(sys.stdin, 'buffer') else sys.stdin
+        texts = (_decode_line(line) for line in stream)
+    n = ok = 0
+    failures: Counter = Counter()
+    repairs: Counter = Counter()
+    for text in texts:
+        n += 1
+        res = parse_answer(text, duration=args.duration)
+        if res.ok:
+            ok += 1
+        else:
+            failures[res.failure] += 1
+        repairs.update({k: v for k, v in res.repairs.items() if v})
+        if args.details:
+            print(json.dumps(res.to_dict()))
+        else:
+            print(json.dumps([[s, e] for s, e in res.windows]))
+        sys.stdout.flush()
+    summary = f'swift-vora parse: {n} response(s), {ok} parsed, {n - ok} failed'
+    if failures:
+        summary += f' ({_kinds(dict(failures))})'
+    if repairs:
+        summary += f'; repairs: {_kinds(dict(repairs))}'
+    print(summary, file=sys.stderr)
+    return EXIT_INVALID if args.strict and n - ok else EXIT_OK

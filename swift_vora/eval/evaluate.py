@@ -1,0 +1,342 @@
+"""Read annotations and predictions, turn predictions into per-video windows, score them.
+
+Prediction rows (JSONL, one object a line; docs/eval.md has examples):
+
+- `id` or `qid`: the annotation the row answers (compared as strings, so 2579 == "2579").
+- `pred_relevant_windows`: `[[start, end, score], ...]` (score optional; unscored windows are
+  ranked in the order given), used as given (no clamping), or
+- `response`: the model's raw text, read with `intervals.parse_answer` (repaired; clamped to the
+  clip the model saw). A failed parse is a parse failure for that row.
+- `clip_start` (aliases `video_start`, `window_start`): where the clip the model saw starts in the
+  source video, in seconds. Windows of the row are clip-relative and are shifted by it.
+  `clip_end` (`video_end`, `window_end`) or `clip_duration` give the clip's length (to clamp parsed
+  answers); without them the rest of the annotated video is assumed.
+- `pred_saliency_scores`: one score per 2-s clip (of the clip the model saw when `clip_start` is
+  given; placed at clip index `round(clip_start / 2)`).
+
+Several rows with the same id (several windows of one source video) are merged: their windows are
+shifted to source time, overlapping or touching windows merged (a merged window keeps the best score),
+then ranked by score (ties: earlier first). One row per id is used exactly as written (the official
+evaluator's order matters for R1 and the 10-window cut).
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..intervals import merge, parse_answer, REPAIR_NAMES
+from . import metrics as M
+
+PROBLEM_SAMPLE = 100  # at most this many ids / lines per problem list in the JSON output
+
+OFFSET_KEYS = ('clip_start', 'video_start', 'window_start')
+END_KEYS = ('clip_end', 'video_end', 'window_end')
+CLIP_LENGTH_KEYS = ('clip_duration', 'window_seconds', 'clip_seconds')
+
+
+class InputError(Exception):
+    """An input file cannot be evaluated (unreadable, mixed formats, invalid annotation lines)."""
+
+    def __init__(self, message: str, problems: Optional[List[dict]] = None):
+        super().__init__(message)
+        self.problems = problems or []
+
+
+@dataclass
+class Annotation:
+    key: str
+    windows: List[Tuple[float, float]]
+    duration: Optional[float]
+    title: str
+    query: Optional[str]
+    row: dict
+    line: int
+
+
+@dataclass
+class VideoPrediction:
+    key: str
+    windows: List[Tuple[float, float, float]] = field(default_factory=list)  # ranked (start, end, score)
+    saliency: Optional[List[float]] = None
+    rows: int = 0
+    lines: List[int] = field(default_factory=list)
+    clips: List[Tuple[float, Optional[float]]] = field(default_factory=list)  # (start, end) in source time
+    failures: List[dict] = field(default_factory=list)  # {'line', 'failure', 'flags', 'clip_start'}
+    merged_across_rows: int = 0
+
+
+@dataclass
+class EvalResult:
+    format: str  # 'qvhighlights' | 'vora'
+    metrics: dict  # flat, JSON-ready; what `swift-vora eval --json` prints
+    annotations: Dict[str, Annotation]
+    predictions: Dict[str, VideoPrediction]
+    per_video: Dict[str, dict]
+
+
+# ---- reading ------------------------------------------------------------------------------------
+def read_jsonl(path: str) -> List[Tuple[int, object]]:
+    """(1-based line, decoded value or an Exception) for every non-blank line."""
+    out = []
+    with open(path, 'r', encoding='utf-8', errors='replace') as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append((i, json.loads(line)))
+            except (ValueError, RecursionError) as exc:
+                out.append((i, ValueError(str(exc)[:200])))
+    return out
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _windows_ok(ws) -> bool:
+    return isinstance(ws, list) and all(isinstance(w, (list, tuple)) and len(w) >= 2 and _finite(w[0])
+                                        and _finite(w[1]) for w in ws)
+
+
+def load_annotations(path: str) -> Tuple[str, Dict[str, Annotation]]:
+    """Annotations keyed by id. QVHighlights lines (`qid`, `relevant_windows`, ...) or swift-vora lines
+    (`id`, `windows`, optional `duration`). Raises InputError listing every invalid line."""
+    rows = read_jsonl(path)
+    problems, anns, formats = [], {}, set()
+    for line, row in rows:
+        if isinstance(row, Exception):
+            problems.append({'line': line, 'reason': f'not JSON: {row}'})
+            continue
+        if not isinstance(row, dict):
+            problems.append({'line': line, 'reason': 'not a JSON object'})
+            continue
+        if 'relevant_windows' in row or 'qid' in row:
+            fmt, key, windows = 'qvhighlights', row.get('qid'), row.get('relevant_windows')
+        else:
+            fmt, key, windows = 'vora', row.get('id'), row.get('windows')
+        if key is None:
+            problems.append({'line': line, 'reason': 'no qid' if fmt == 'qvhighlights' else 'no id'})
+            continue
+        key = str(key)
+        if not _windows_ok(windows):
+            problems.append({'line': line, 'id': key, 'reason': 'windows must be a list of [start, end]'})
+            continue
+        duration = row.get('duration')
+        if duration is not None and not (_finite(duration) and duration > 0):
+            problems.append({'line': line, 'id': key, 'reason': f'bad duration {duration!r}'})
+            continue
+        if fmt == 'qvhighlights' and duration is None:
+            problems.append({'line': line, 'id': key, 'reason': 'QVHighlights line without duration'})
+            continue
+        if key in anns:
+            problems.append({'line': line, 'id': key, 'reason': f'duplicate id (first on line {anns[key].line})'})
+            continue
+        formats.add(fmt)
+        anns[key] = Annotation(key=key, windows=[(float(w[0]), float(w[1])) for w in windows],
+                               duration=float(duration) if duration is not None else None,
+                               title=str(row.get('vid') or row.get('video') or key), query=row.get('query'),
+                               row=row, line=line)
+    if len(formats) > 1:
+        problems.append({'line': 0, 'reason': 'mixed QVHighlights and swift-vora lines in one file'})
+    if problems:
+        raise InputError(f'{path}: {len(problems)} invalid annotation line(s)', problems)
+    if not anns:
+        raise InputError(f'{path}: no annotations')
+    return formats.pop(), anns
+
+
+def _first(row: dict, keys) -> Optional[float]:
+    for k in keys:
+        v = row.get(k)
+        if v is not None:
+            return v
+    return None
+
+
+def load_predictions(path: str, anns: Dict[str, Annotation]):
+    """-> (predictions by id, invalid lines, unknown ids, stats)."""
+    preds: Dict[str, VideoPrediction] = {}
+    invalid, unknown = [], {}
+    stats = {'rows': 0, 'parsed_rows': 0, 'repairs': {k: 0 for k in REPAIR_NAMES}, 'parse_formats': {},
+             'parse_failure_kinds': {}}
+    raw: Dict[str, List[tuple]] = {}
+    for line, row in read_jsonl(path):
+        stats['rows'] += 1
+        if isinstance(row, Exception):
+            invalid.append({'line': line, 'reason': f'not JSON: {row}'})
+            continue
+        if not isinstance(row, dict):
+            invalid.append({'line': line, 'reason': 'not a JSON object'})
+            continue
+        key = row.get('id', row.get('qid'))
+        if key is None:
+            invalid.append({'line': line, 'reason': 'no id/qid'})
+            continue
+        key = str(key)
+        if 'pred_relevant_windows' not in row and 'response' not in row and 'pred_saliency_scores' not in row:
+            invalid.append({'line': line, 'id': key,
+                            'reason': 'needs pred_relevant_windows, response or pred_saliency_scores'})
+            continue
+        if 'pred_relevant_windows' in row and not _windows_ok(row['pred_relevant_windows']):
+            invalid.append({'line': line, 'id': key, 'reason': 'pred_relevant_windows must be [[start, end(, score)], ...]'})
+            continue
+        sal = row.get('pred_saliency_scores')
+        if sal is not None and not (isinstance(sal, list) and all(_finite(x) for x in sal)):
+            invalid.append({'line': line, 'id': key, 'reason': 'pred_saliency_scores must be a list of numbers'})
+            continue
+        offset, end, clip_len = _first(row, OFFSET_KEYS), _first(row, END_KEYS), _first(row, CLIP_LENGTH_KEYS)
+        if any(v is not None and not _finite(v) for v in (offset, end, clip_len)):
+            invalid.append({'line': line, 'id': key, 'reason': 'clip_start/clip_end/clip_duration must be numbers'})
+            continue
+        if key not in anns:
+            unknown.setdefault(key, line)
+            continue
+        raw.setdefault(key, []).append((line, row, offset, end, clip_len))
+
+    for key, rows in raw.items():
+        ann = anns[key]
+        vp = VideoPrediction(key=key, rows=len(rows), lines=[r[0] for r in rows])
+        collected: List[Tuple[float, float, float]] = []
+        sal_parts = []
+        for line, row, offset, end, clip_len in rows:
+            off = float(offset or 0.0)
+            if clip_len is not None:
+                clip_dur = float(clip_len)
+            elif end is not None:
+                clip_dur = float(end) - off
+            elif ann.duration is not None:
+                clip_dur = ann.duration - off
+            else:
+                clip_dur = None
+            if offset is not None or end is not None:
+                vp.clips.append((off, off + clip_dur if clip_dur is not None else None))
+            if 'pred_relevant_windows' in row:
+                ws = row['pred_relevant_windows']
+                n = len(ws)
+                collected.extend((float(w[0]) + off, float(w[1]) + off,
+                                  float(w[2]) if len(w) > 2 and _finite(w[2]) else (n - i) / n)
+                                 for i, w in enumerate(ws))
+            elif 'response' in row:
+                stats['parsed_rows'] += 1
+                res = parse_answer(row['response'], duration=clip_dur if clip_dur and clip_dur > 0 else None)
+                for k, v in res.repairs.items():
+                    stats['repairs'][k] += v
+                if res.ok:
+                    stats['parse_formats'][res.format] = stats['parse_formats'].get(res.format, 0) + 1
+                    n = len(res.windows)
+                    scores = res.scores or [(n - i) / n for i in range(n)]
+                    collected.extend((s + off, e + off, sc) for (s, e), sc in zip(res.windows, scores))
+                else:
+                    stats['parse_failure_kinds'][res.failure] = stats['parse_failure_kinds'].get(res.failure, 0) + 1
+                    vp.failures.append({'line': line, 'failure': res.failure, 'flags': res.flags,
+                                        'clip_start': offset, 'clip_end': off + clip_dur if clip_dur else None})
+            if row.get('pred_saliency_scores') is not None:
+                sal_parts.append((off, row['pred_saliency_scores'], offset is not None))
+        if len(rows) == 1:
+            vp.windows = collected
+        else:
+            vp.windows, vp.merged_across_rows = _merge_scored(collected)
+        vp.saliency = _place_saliency(sal_parts)
+        preds[key] = vp
+    return preds, invalid, unknown, stats
+
+
+def _merge_scored(windows: Sequence[Tuple[float, float, float]]):
+    merged, count = merge((s, e) for s, e, _ in windows)
+    best = [-math.inf] * len(merged)
+    starts = [m[0] for m in merged]
+    for s, _, sc in windows:
+        i = bisect.bisect_right(starts, s) - 1
+        best[i] = max(best[i], sc)
+    ranked = sorted(((s, e, sc) for (s, e), sc in zip(merged, best)), key=lambda w: (-w[2], w[0]))
+    return ranked, count
+
+
+def _place_saliency(parts) -> Optional[List[float]]:
+    if not parts:
+        return None
+    if len(parts) == 1 and not parts[0][2]:
+        return [float(x) for x in parts[0][1]]
+    placed: Dict[int, float] = {}
+    for off, scores, _ in parts:
+        base = int(round(off / M.CLIP_SECONDS))
+        for i, x in enumerate(scores):
+            placed[base + i] = max(placed.get(base + i, -math.inf), float(x))
+    n = max(placed) + 1 if placed else 0
+    return [placed.get(i, 0.0) for i in range(n)]
+
+
+# ---- scoring ------------------------------------------------------------------------------------
+def evaluate(annotations_path: str, predictions_path: str) -> Tuple[EvalResult, List[dict]]:
+    """Score a prediction file against an annotation file. Returns (result, invalid prediction lines).
+    Raises InputError when the annotations cannot be used."""
+    fmt, anns = load_annotations(annotations_path)
+    preds, invalid, unknown, stats = load_predictions(predictions_path, anns)
+    return score(fmt, anns, preds, invalid, unknown, stats), invalid
+
+
+def score(fmt: str, anns: Dict[str, Annotation], preds: Dict[str, VideoPrediction], invalid=(), unknown=None,
+          stats=None) -> EvalResult:
+    unknown = unknown or {}
+    stats = stats or {}
+    windows = {k: (preds[k].windows if k in preds else []) for k in anns}
+    gt = {k: a.windows for k, a in anns.items()}
+    keep = M.keep_metrics(gt, {k: [(s, e) for s, e, _ in w] for k, w in windows.items()})
+    per_keep = keep.pop('per_video')
+    if fmt == 'qvhighlights':
+        want_hl = any(p.saliency is not None for p in preds.values())
+        sal = {k: preds[k].saliency if k in preds else None for k in anns} if want_hl else None
+        out = M.qvhighlights_metrics([a.row for a in anns.values()], windows, sal)
+        detail = out.pop('detail')
+        for k in ('kept-precision', 'kept-recall', 'kept-F1', 'kept-IoU'):
+            out[k] = keep[k]
+        if want_hl:
+            out['missing_saliency'] = sum(1 for k in anns if (preds.get(k) is None or preds[k].saliency is None))
+    else:
+        out = {k: v for k, v in keep.items()}
+        detail = {}
+    missing = [k for k in anns if k not in preds]
+    failures = [dict(id=k, **f) for k, p in preds.items() for f in p.failures]
+    out.update({
+        'format': fmt,
+        'queries': len(anns),
+        'prediction_rows': stats.get('rows', 0),
+        'parse_failures': len(failures),
+        'missing_predictions': len(missing),
+        'unknown_ids': len(unknown),
+        'invalid_prediction_lines': len(invalid),
+        'empty_predictions': sum(1 for k in anns if not windows[k]),
+        'parsed_rows': stats.get('parsed_rows', 0),
+        'parse_failure_kinds': stats.get('parse_failure_kinds', {}),
+        'parse_formats': stats.get('parse_formats', {}),
+        'repairs': stats.get('repairs', {}),
+        'merged_across_rows': sum(p.merged_across_rows for p in preds.values()),
+        'detail': detail,
+        'problems': {
+            'missing': missing[:PROBLEM_SAMPLE],
+            'unknown': list(unknown)[:PROBLEM_SAMPLE],
+            'parse_failures': failures[:PROBLEM_SAMPLE],
+            'invalid_lines': list(invalid)[:PROBLEM_SAMPLE],
+        },
+    })
+    per_video = {}
+    for k, a in anns.items():
+        pv = dict(per_keep[k])
+        if fmt == 'qvhighlights':
+            pv['top1_iou'] = M.top1_iou(a.windows, windows[k])
+        pv['missing'] = k not in preds
+        pv['failures'] = len(preds[k].failures) if k in preds else 0
+        per_video[k] = pv
+    return EvalResult(format=fmt, metrics=out, annotations=anns, predictions=preds, per_video=per_video)
+
+
+SUMMARY_KEYS = {
+    'qvhighlights': M.MR_KEYS + ('MR-full-R1@0.3', 'mIoU') + M.HL_KEYS +
+    ('kept-precision', 'kept-recall', 'kept-F1', 'kept-IoU'),
+    'vora': ('kept-precision', 'kept-recall', 'kept-F1', 'kept-IoU', 'mIoU', 'mean-F1'),
+}
+COUNT_KEYS = ('queries', 'prediction_rows', 'parse_failures', 'missing_predictions', 'unknown_ids',
+              'invalid_prediction_lines', 'empty_predictions')

@@ -1,0 +1,157 @@
+"""`swift-vora eval`: exit codes, JSON keys, failure accounting, window-relative rows, report and plots."""
+import json
+import os
+
+import pytest
+
+from swift_vora.cli import main
+from swift_vora.eval import baselines
+from swift_vora.eval.metrics import HL_KEYS, MR_KEYS
+
+HERE = os.path.dirname(__file__)
+VAL = os.path.join(HERE, 'fixtures', 'qvhighlights', 'val.jsonl')
+
+
+def write_jsonl(path, rows):
+    path.write_text(''.join((r if isinstance(r, str) else json.dumps(r)) + '\n' for r in rows))
+    return str(path)
+
+
+@pytest.fixture(scope='module')
+def qvh_rows():
+    with open(VAL) as f:
+        return [json.loads(line) for _, line in zip(range(40), f)]
+
+
+@pytest.fixture
+def qvh_file(tmp_path, qvh_rows):
+    return write_jsonl(tmp_path / 'val40.jsonl', qvh_rows)
+
+
+def run_json(capsys, *argv):
+    rc = main(['eval', *argv, '--json'])
+    out = capsys.readouterr()
+    return rc, json.loads(out.out), out.err
+
+
+def test_qvhighlights_json_has_the_official_keys(tmp_path, capsys, qvh_file, qvh_rows):
+    preds = write_jsonl(tmp_path / 'p.jsonl', baselines.oracle(qvh_rows))
+    rc, m, _ = run_json(capsys, '--annotations', qvh_file, '--predictions', preds)
+    assert rc == 0
+    for k in MR_KEYS + HL_KEYS + ('MR-full-R1@0.3', 'mIoU', 'parse_failures', 'missing_predictions', 'unknown_ids'):
+        assert k in m, k
+    assert m['format'] == 'qvhighlights' and m['queries'] == 40
+    assert m['MR-full-R1@0.5'] == 100.0 and m['MR-full-R1@0.7'] == 100.0 and m['mIoU'] == 100.0
+    assert m['parse_failures'] == 0 and m['missing_predictions'] == 0
+    assert all(isinstance(m[k], float) for k in MR_KEYS + HL_KEYS)
+
+
+def test_no_saliency_no_highlight_keys(tmp_path, capsys, qvh_file, qvh_rows):
+    rows = [{'qid': r['qid'], 'pred_relevant_windows': r['pred_relevant_windows']} for r in baselines.oracle(qvh_rows)]
+    rc, m, _ = run_json(capsys, '--annotations', qvh_file, '--predictions', write_jsonl(tmp_path / 'p.jsonl', rows))
+    assert rc == 0 and 'MR-full-mAP' in m and not any(k in m for k in HL_KEYS)
+
+
+def test_raw_responses_failures_missing_and_unknown_ids(tmp_path, capsys, qvh_file, qvh_rows):
+    rows = []
+    for i, r in enumerate(qvh_rows[:30]):
+        if i < 10:
+            text = json.dumps(r['relevant_windows'])                       # canonical answer
+        elif i < 20:
+            text = f"<think>hmm</think>The moment is from {r['relevant_windows'][0][0]}s " \
+                   f"to {r['relevant_windows'][0][1]}s."
+        elif i < 25:
+            text = '[[1.0, 2.0], [3.0,'                                     # truncated
+        else:
+            text = '<argmax>11</argmax>' * 100                              # loop
+        rows.append({'qid': r['qid'], 'response': text})
+    rows.append({'qid': 'no-such-query', 'response': '[]'})
+    preds = write_jsonl(tmp_path / 'p.jsonl', rows)
+    rc, m, err = run_json(capsys, '--annotations', qvh_file, '--predictions', preds)
+    assert rc == 0
+    assert m['parse_failures'] == 10 and m['parse_failure_kinds'] == {'truncated': 5, 'repetition': 5}
+    assert m['missing_predictions'] == 10 and m['unknown_ids'] == 1
+    assert m['problems']['unknown'] == ['no-such-query']
+    assert len(m['problems']['missing']) == 10 and len(m['problems']['parse_failures']) == 10
+    assert m['MR-full-R1@0.7'] == 50.0  # 20 of 40 right; failures and missing score 0
+    assert m['empty_predictions'] == 20
+    assert 'parse failure' in err and 'without a prediction' in err and 'not in the annotations' in err
+    # --strict turns missing / unknown ids into exit 1
+    assert main(['eval', '--annotations', qvh_file, '--predictions', preds, '--strict']) == 1
+
+
+def test_invalid_prediction_lines_exit_1_but_still_report(tmp_path, capsys, qvh_file, qvh_rows):
+    rows = baselines.oracle(qvh_rows)[:39] + ['{not json', json.dumps({'response': '[]'}),
+                                             json.dumps({'qid': qvh_rows[39]['qid'], 'pred_relevant_windows': 'x'}),
+                                             '[' * 100_000]
+    rc, m, _ = run_json(capsys, '--annotations', qvh_file, '--predictions', write_jsonl(tmp_path / 'p.jsonl', rows))
+    assert rc == 1
+    assert m['invalid_prediction_lines'] == 4 and m['missing_predictions'] == 1
+    assert [p['line'] for p in m['problems']['invalid_lines']] == [40, 41, 42, 43]
+    assert m['MR-full-R1@0.5'] == 97.5  # the 39 valid rows still count
+
+
+def test_invalid_annotations_exit_1(tmp_path, capsys):
+    ann = write_jsonl(tmp_path / 'a.jsonl', [{'id': 'a', 'windows': [[0, 1]]}, {'id': 'b', 'windows': 'oops'},
+                                             {'windows': []}])
+    preds = write_jsonl(tmp_path / 'p.jsonl', [{'id': 'a', 'response': '[]'}])
+    assert main(['eval', '--annotations', ann, '--predictions', preds]) == 1
+    assert 'line 2' in capsys.readouterr().err
+
+
+def test_unreadable_file_is_a_usage_error(tmp_path, qvh_file):
+    assert main(['eval', '--annotations', qvh_file, '--predictions', str(tmp_path / 'nope.jsonl')]) == 2
+
+
+def test_window_relative_rows_are_mapped_and_merged(tmp_path, capsys):
+    ann = write_jsonl(tmp_path / 'a.jsonl', [
+        {'id': 'v1', 'video': 'v1.mp4', 'duration': 120, 'windows': [[40, 50]]},
+        {'id': 'v2', 'video': 'v2.mp4', 'duration': 60, 'windows': []},
+    ])
+    preds = write_jsonl(tmp_path / 'p.jsonl', [
+        # clip [0, 60): the model says 40-70, clamped to the clip -> 40-60 in source time
+        {'id': 'v1', 'clip_start': 0, 'clip_end': 60, 'response': '[[40.0, 70.0]]'},
+        # clip [30, 90): 10-20 in the clip is 40-50 in the source; overlaps the first row's window
+        {'id': 'v1', 'clip_start': 30, 'clip_end': 90, 'response': 'from 10s to 20s'},
+        # clip [60, 120): nothing
+        {'id': 'v1', 'video_start': 60, 'video_end': 120, 'response': '[]'},
+        {'id': 'v2', 'response': '[]'},
+    ])
+    rc, m, _ = run_json(capsys, '--annotations', ann, '--predictions', preds)
+    assert rc == 0 and m['format'] == 'vora'
+    assert m['merged_across_rows'] == 1
+    assert m['kept-precision'] == 50.0 and m['kept-recall'] == 100.0  # kept 40-60, truth 40-50
+    assert m['mIoU'] == 75.0  # v1: 10/20, v2: both empty -> 1
+    for k in ('kept-F1', 'kept-IoU', 'mean-F1', 'parse_failures'):
+        assert k in m
+
+
+def test_out_dir_writes_metrics_report_and_plots(tmp_path, capsys, qvh_file, qvh_rows):
+    rows = [{'qid': r['qid'], 'response': json.dumps(r['relevant_windows'])} for r in qvh_rows[:35]]
+    rows[0]['response'] = '[[1.0, 2.0], [3.0,'  # one parse failure
+    out = tmp_path / 'out'
+    rc = main(['eval', '--annotations', qvh_file, '--predictions', write_jsonl(tmp_path / 'p.jsonl', rows),
+               '--out-dir', str(out), '--max-plots', '3'])
+    assert rc == 0
+    assert 'MR-full-R1@0.5' in capsys.readouterr().out
+    metrics = json.loads((out / 'metrics.json').read_text())
+    assert metrics['parse_failures'] == 1 and metrics['missing_predictions'] == 5
+    report = (out / 'report.md').read_text()
+    assert 'MR-full-mAP' in report and 'Parse failures' in report and 'Missing predictions' in report
+    plots = sorted((out / 'plots').iterdir())
+    assert len(plots) == 3
+    for p in plots:
+        data = p.read_bytes()
+        assert data[:8] == b'\x89PNG\r\n\x1a\n' and len(data) > 2000
+        assert p.name in report
+    # worst first: the parse failure / missing ones are plotted before the correct ones
+    assert str(qvh_rows[0]['qid']) in plots[0].name
+
+
+def test_max_plots_zero_writes_no_plots(tmp_path, capsys, qvh_file, qvh_rows):
+    out = tmp_path / 'out'
+    preds = write_jsonl(tmp_path / 'p.jsonl', baselines.whole_video(qvh_rows))
+    assert main(['eval', '--annotations', qvh_file, '--predictions', preds, '--out-dir', str(out),
+                 '--max-plots', '0']) == 0
+    assert (out / 'metrics.json').stat().st_size > 0 and (out / 'report.md').stat().st_size > 0
+    assert not (out / 'plots').exists()
