@@ -57,8 +57,7 @@ def build_swift_rows(path: str, strict: bool = False, video_root: Optional[str] 
             slivers += sample.dropped_slivers
             row = sample_to_row(sample)
             row.pop('vora', None)
-            row['chat_template_kwargs'] = {**row['chat_template_kwargs'], 'sample_id': sample.id,
-                                           **budget.to_dict()}
+            row['chat_template_kwargs'] = {**row['chat_template_kwargs'], **budget.to_dict()}
             rows.append(row)
     return rows, report, slivers
 

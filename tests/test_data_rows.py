@@ -17,7 +17,8 @@ def test_sample_to_row_is_the_ms_swift_shape():
         'messages': [{'role': 'user', 'content': prompt.build_prompt('a dog', 10.0)},
                      {'role': 'assistant', 'content': '[[1.0, 2.5]]'}],
         'videos': ['/data/v.mp4'],
-        'chat_template_kwargs': {'video_start': 10.0, 'video_end': 20.0},
+        'chat_template_kwargs': {'video_start': 10.0, 'video_end': 20.0, 'sample_id': 'v@10.0-20.0',
+                                 'source_id': 'v'},
         'vora': {'id': 'v@10.0-20.0', 'source_id': 'v', 'start': 10.0, 'end': 20.0, 'events': [[1.0, 2.5]]},
     }
     assert json.loads(json.dumps(row)) == row
@@ -57,7 +58,8 @@ def test_build_rows_writes_one_row_per_clip_and_accounts_for_every_line(dataset,
     assert [r['messages'][1]['content'] for r in rows] == ['[]', '[[0.0, 4.0]]', '[[1.0, 2.0]]', '[]']
     assert report.slivers_dropped == 1  # [9.8, 10) in the first window
     assert report.empty_answers == 2
-    assert rows[2]['chat_template_kwargs'] == {'video_start': 20.0, 'video_end': 25.0}
+    assert rows[2]['chat_template_kwargs'] == {'video_start': 20.0, 'video_end': 25.0,
+                                               'sample_id': 'long@20.0-25.0', 'source_id': 'long'}
     summary = report.summary()
     assert 'rows in: 4' in summary and 'rejected: 2' in summary and 'samples out: 4' in summary
     assert json.loads(json.dumps(report.to_json()))['samples_out'] == 4

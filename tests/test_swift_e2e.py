@@ -31,6 +31,9 @@ def trained(tiny_model_dir, offline_env, tmp_path_factory):
     from swift_vora.synthetic import make_dataset
     work = tmp_path_factory.mktemp('e2e')
     annotations = make_dataset(str(work / 'videos'), 3, duration=16.0, seed=3)
+    clean = str(work / 'videos' / 'clean.jsonl')
+    with open(annotations) as src, open(clean, 'w') as dst:
+        dst.write(src.read())
     # One invalid line: counted and reported, never silently dropped.
     with open(annotations, 'a') as f:
         f.write(json.dumps({'id': 'broken', 'video': 'missing.mp4', 'windows': [[0, 1]]}) + '\n')
@@ -43,7 +46,8 @@ def trained(tiny_model_dir, offline_env, tmp_path_factory):
                '--logging_steps', '1', '--report_to', 'none', '--split_dataset_ratio', '0', '--max_length', '1024'],
               cwd=REPO_ROOT, env=env)
     checkpoint = sorted(glob.glob(str(work / 'out' / 'v*' / 'checkpoint-*')))[-1]
-    return {'work': work, 'annotations': annotations, 'env': env, 'log': log, 'checkpoint': checkpoint}
+    return {'work': work, 'annotations': annotations, 'clean': clean, 'env': env, 'log': log,
+            'checkpoint': checkpoint}
 
 
 def test_sft_with_the_plugin_flag_windows_annotations_and_trains(trained):
@@ -68,3 +72,22 @@ def test_infer_and_export_find_the_plugin_from_another_directory(trained, tmp_pa
     run([SWIFT, 'export', '--adapters', trained['checkpoint'], '--merge_lora', 'true'], cwd=str(tmp_path),
         env=trained['env'])
     assert os.path.exists(os.path.join(trained['checkpoint'] + '-merged', 'config.json'))
+
+
+def test_eval_runs_inference_with_the_adapter_and_writes_the_report(trained, tmp_path, monkeypatch):
+    from swift_vora.cli import main
+    for key in ('SWIFT_VORA_FPS', 'SWIFT_VORA_MAX_FRAMES', 'SWIFT_VORA_PAIR_TOKENS', 'SWIFT_VORA_MIN_PAIR_TOKENS',
+                'SWIFT_VORA_WINDOW'):
+        monkeypatch.setenv(key, BUDGET_ENV[key])
+    out = tmp_path / 'report'
+    code = main(['eval', '--annotations', trained['clean'], '--adapters', trained['checkpoint'], '--out-dir',
+                 str(out), '--json', '--max-new-tokens', '8', '--infer-backend', 'transformers'])
+    assert code == 0
+    predictions = [json.loads(line) for line in open(out / 'predictions.jsonl')]
+    assert len(predictions) == 6  # 3 videos x 2 windows of 8 s, mapped back by source id and clip start
+    assert {p['id'] for p in predictions} == {'synthetic_0000', 'synthetic_0001', 'synthetic_0002'}
+    assert sorted({p['clip_start'] for p in predictions}) == [0.0, 8.0]
+    metrics = json.load(open(out / 'metrics.json'))
+    assert metrics['missing_predictions'] == 0
+    assert (out / 'report.md').stat().st_size > 0
+    assert list((out / 'plots').glob('*.png'))

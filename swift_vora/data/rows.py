@@ -24,7 +24,9 @@ def sample_to_row(sample: Sample) -> Dict[str, Any]:
             {'role': 'assistant', 'content': sample.answer},
         ],
         'videos': [sample.video],
-        'chat_template_kwargs': {'video_start': sample.start, 'video_end': sample.end},
+        # sample_id/source_id travel with the row: the template logs them, eval maps answers back by them.
+        'chat_template_kwargs': {'video_start': sample.start, 'video_end': sample.end, 'sample_id': sample.id,
+                                 'source_id': sample.source_id},
         'vora': {'id': sample.id, 'source_id': sample.source_id, 'start': sample.start, 'end': sample.end,
                  'events': [[s, e] for s, e in sample.events]},
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from collections import Counter
 
@@ -20,7 +21,13 @@ def register_commands(subparsers) -> None:
         description='Score predictions (JSONL; `pred_relevant_windows` or raw model text in `response`) '
                     'against annotations (QVHighlights or swift-vora JSONL). Row format: docs/eval.md.')
     p.add_argument('--annotations', required=True, metavar='FILE', help='annotation JSONL (QVHighlights or swift-vora)')
-    p.add_argument('--predictions', required=True, metavar='FILE', help='prediction JSONL')
+    p.add_argument('--predictions', metavar='FILE',
+                   help='prediction JSONL; with --model/--adapters, where the inferred predictions are written')
+    p.add_argument('--model', metavar='DIR', help='run inference with this model first (swift infer, video_ora)')
+    p.add_argument('--adapters', metavar='CKPT', help='run inference with this adapter checkpoint first')
+    p.add_argument('--model-type', metavar='TYPE', help='ms-swift model_type for a local model dir (e.g. qwen3_vl)')
+    p.add_argument('--infer-backend', choices=['auto', 'transformers', 'vllm'], default='auto')
+    p.add_argument('--max-new-tokens', type=int, default=64, metavar='N')
     p.add_argument('--json', action='store_true', help='print the metrics as one JSON object')
     p.add_argument('--out-dir', metavar='DIR', help='write metrics.json, report.md and plots/*.png here')
     p.add_argument('--max-plots', type=int, default=20, metavar='N',
@@ -43,6 +50,22 @@ def register_commands(subparsers) -> None:
 # ---- eval ---------------------------------------------------------------------------------------
 def run_eval(args) -> int:
     from .evaluate import COUNT_KEYS, SUMMARY_KEYS, InputError, evaluate
+    if args.model or args.adapters:
+        from .inference import InferenceError, run_inference
+        if not args.predictions:
+            base = args.out_dir or os.path.dirname(os.path.abspath(args.adapters or args.model))
+            os.makedirs(base, exist_ok=True)
+            args.predictions = os.path.join(base, 'predictions.jsonl')
+        try:
+            run_inference(args.annotations, args.predictions, model=args.model, adapters=args.adapters,
+                          backend=None if args.infer_backend == 'auto' else args.infer_backend,
+                          max_new_tokens=args.max_new_tokens, model_type=args.model_type)
+        except InferenceError as exc:
+            print(f'swift-vora eval: {exc}', file=sys.stderr)
+            return EXIT_INVALID
+    elif not args.predictions:
+        print('swift-vora eval: give --predictions FILE, or --model/--adapters to run inference', file=sys.stderr)
+        return EXIT_USAGE
     for path in (args.annotations, args.predictions):
         try:
             open(path, 'rb').close()

@@ -1,0 +1,85 @@
+"""Inference for `swift-vora eval --model/--adapters`: ms-swift's own engine over the windowed dataset.
+
+`swift infer --val_dataset ANNOTATIONS` loads the annotation file as the `video_ora` dataset (the same
+windows, budget and prompt as training) and writes one result row per window. Each row is turned into a
+prediction row of docs/eval.md: `id` = the source video's id, `clip_start`/`clip_end` = the window in
+source time, `response` = the model's text, so that `evaluate` maps the window-relative answer back to
+source time and merges overlapping windows. vLLM is used when it is installed, else transformers.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from typing import Dict, Iterable, List, Optional
+
+OFFLINE_ENV = {'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1',
+               'MODELSCOPE_OFFLINE': '1', 'USE_HF': '1'}
+
+
+class InferenceError(RuntimeError):
+    """`swift infer` failed; carries the tail of its log."""
+
+
+def default_backend() -> str:
+    return 'vllm' if importlib.util.find_spec('vllm') is not None else 'transformers'
+
+
+def swift_infer_argv(annotations: str, result_path: str, model: Optional[str], adapters: Optional[str],
+                     backend: str, max_new_tokens: int, model_type: Optional[str] = None) -> List[str]:
+    swift = os.path.join(os.path.dirname(sys.executable), 'swift')
+    argv = [swift] if os.path.exists(swift) else [sys.executable, '-m', 'swift.cli.main']
+    argv += ['infer', '--val_dataset', annotations, '--result_path', result_path, '--infer_backend', backend,
+             '--max_new_tokens', str(max_new_tokens), '--temperature', '0']
+    if adapters:
+        argv += ['--adapters', adapters]  # the checkpoint's args.json brings model, template and plugin
+    if model:
+        argv += ['--model', model]
+    if not adapters:
+        argv += ['--custom_register_path', 'swift_vora', '--template', 'video_ora']
+    if model_type:
+        argv += ['--model_type', model_type]
+    return argv
+
+
+def results_to_predictions(rows: Iterable[Dict]) -> List[Dict]:
+    """swift infer result rows -> prediction rows (id, clip_start, clip_end, response)."""
+    predictions = []
+    for row in rows:
+        kwargs = row.get('chat_template_kwargs') or {}
+        source_id = kwargs.get('source_id')
+        if source_id is None and kwargs.get('sample_id'):
+            source_id = str(kwargs['sample_id']).rsplit('@', 1)[0]
+        predictions.append({'id': source_id, 'clip_start': kwargs.get('video_start', 0.0),
+                            'clip_end': kwargs.get('video_end'), 'response': row.get('response', ''),
+                            'sample_id': kwargs.get('sample_id')})
+    return predictions
+
+
+def run_inference(annotations: str, out_path: str, model: Optional[str] = None, adapters: Optional[str] = None,
+                  backend: Optional[str] = None, max_new_tokens: int = 64, model_type: Optional[str] = None,
+                  log_path: Optional[str] = None) -> str:
+    """Run `swift infer` and write prediction rows to `out_path`; return it."""
+    if not model and not adapters:
+        raise ValueError('inference needs --model or --adapters')
+    out_path = os.path.abspath(out_path)
+    result_path = out_path + '.swift_infer.jsonl'
+    if os.path.exists(result_path):
+        os.remove(result_path)
+    argv = swift_infer_argv(os.path.abspath(annotations), result_path, model, adapters,
+                            backend or default_backend(), max_new_tokens, model_type)
+    log_path = log_path or out_path + '.infer.log'
+    print(f'swift-vora eval: $ {" ".join(argv)}\n  (log: {log_path})', file=sys.stderr, flush=True)
+    with open(log_path, 'w') as log:
+        code = subprocess.run(argv, env={**os.environ, **OFFLINE_ENV}, stdout=log, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        with open(log_path) as f:
+            raise InferenceError(f'swift infer exited with {code}; last lines of {log_path}:\n{f.read()[-3000:]}')
+    with open(result_path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    with open(out_path, 'w') as f:
+        for prediction in results_to_predictions(rows):
+            f.write(json.dumps(prediction) + '\n')
+    return out_path
