@@ -1,5 +1,250 @@
-"""(being written)"""
+"""`swift-vora doctor` and `swift-vora plan`.
+
+Exit codes: plan -> 0 fits, 3 does not fit, 4 refused; 1 unreadable/unsupported config.json; 2 usage error.
+Neither command imports torch at module level (`doctor` imports it inside its GPU probe only).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from typing import Any, Dict, List
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
 
-def register_commands(subparsers):
-    pass
+def register_commands(subparsers) -> None:
+    from .hardware import PROFILES
+    from .memory import BACKENDS, VISION_MODES
+    from .model_spec import LORA_TARGETS, TUNERS
+
+    d = subparsers.add_parser('doctor', help='what this machine has: GPUs, container memory limit, RAM, CPUs, '
+                              'package versions',
+                              description='Probe GPUs (torch.cuda, else nvidia-smi), the container memory limit '
+                              '(cgroup v2 memory.max / v1 memory.limit_in_bytes), host RAM (/proc/meminfo), CPUs, '
+                              'the interpreter and package versions.')
+    d.add_argument('--json', action='store_true', help='print JSON')
+    d.add_argument('--cgroup-root', default=None,
+                   help='cgroup filesystem root (default: $SWIFT_VORA_CGROUP_ROOT or /sys/fs/cgroup)')
+    d.add_argument('--no-torch', action='store_true', help='do not import torch (GPUs from nvidia-smi only)')
+    d.set_defaults(handler=cmd_doctor)
+
+    p = subparsers.add_parser(
+        'plan', help='choose a backend and predict whether training fits (reads config.json only)',
+        description='Decide which backend can train MODEL on this hardware and whether it fits, from config.json '
+        'alone (no weights are read). Exit 0 fits, 3 does not fit, 4 refused. Every number is a prediction.')
+    p.add_argument('--model', required=True, help='model directory or config.json')
+    hw = p.add_argument_group('hardware')
+    hw.add_argument('--hardware', default=None,
+                    help=f'profile: {", ".join(PROFILES)}, or local (probe this machine; the default)')
+    hw.add_argument('--gpus', type=int, default=None, help='GPUs per node (custom hardware)')
+    hw.add_argument('--gpu-mem-gib', type=float, default=None, help='memory per GPU in GiB, as torch reports it')
+    hw.add_argument('--host-ram-gib', type=float, default=None,
+                    help='host RAM per node the job may use (container limit), GiB; overrides a profile')
+    hw.add_argument('--nodes', type=int, default=1, help='nodes (default 1)')
+    t = p.add_argument_group('training')
+    t.add_argument('--tuner', choices=TUNERS, default='lora',
+                   help='lora (default), full, or selective (attention + shared experts)')
+    t.add_argument('--backend', choices=('auto', ) + BACKENDS, default='auto')
+    t.add_argument('--offload', choices=('none', 'cpu'), default='none', help='DeepSpeed CPU offload')
+    t.add_argument('--quant', choices=('none', '4bit'), default='none', help='4bit = QLoRA base (dense only)')
+    t.add_argument('--ep', type=int, default=None, help='expert parallel size (Megatron; default: chosen)')
+    t.add_argument('--tp', type=int, default=None, help='tensor parallel size (Megatron; default 1)')
+    t.add_argument('--micro-batch', type=int, default=1)
+    t.add_argument('--lora-rank', type=int, default=None, help='LoRA rank (default 8, ms-swift\'s default)')
+    t.add_argument('--lora-targets', choices=LORA_TARGETS, default='all-linear',
+                   help='all-linear includes the routed experts (one rank-r pair per expert)')
+    t.add_argument('--no-gradient-checkpointing', action='store_true')
+    t.add_argument('--vision-mode', choices=VISION_MODES, default=None,
+                   help='frozen vision tower: checkpointed_requires_grad (swift default) or no_grad')
+    s = p.add_argument_group('sample (video budget, or --seq-len)')
+    s.add_argument('--seq-len', type=int, default=None, help='tokens per sample (text; overrides the video budget)')
+    s.add_argument('--fps', type=float, default=None, help='sampling fps (default 2)')
+    s.add_argument('--max-frames', type=int, default=None, help='FPS_MAX_FRAMES (default 64)')
+    s.add_argument('--frame-tokens', type=int, default=None,
+                   help='LLM tokens per frame pair, i.e. VIDEO_MAX_TOKEN_NUM (default 196)')
+    s.add_argument('--clip-seconds', type=float, default=None, help='clip length in seconds (default 32)')
+    s.add_argument('--answer-tokens', type=int, default=None, help='supervised (answer) tokens per sample')
+    p.add_argument('--json', action='store_true', help='print JSON')
+    p.set_defaults(handler=cmd_plan)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def cmd_doctor(args) -> int:
+    from .probe import doctor_report
+    rep = doctor_report(root=args.cgroup_root, use_torch=not args.no_torch)
+    if args.json:
+        print(json.dumps(rep, indent=2))
+        return EXIT_OK
+    print(render_doctor(rep))
+    return EXIT_OK
+
+
+def render_doctor(rep: Dict[str, Any]) -> str:
+    out: List[str] = []
+    gpus = rep['gpus']
+    out.append(f'GPUs ({rep["gpu_probe"]}): {len(gpus) if gpus else "none"}')
+    for g in gpus:
+        free = f', {g["free_gib"]:.2f} GiB free' if g.get('free_gib') is not None else ''
+        out.append(f'  [{g["index"]}] {g["name"]}: {g["total_gib"]:.2f} GiB total{free}')
+    m = rep['memory']
+    if m['status'] == 'none found':
+        out.append(f'container memory limit: none found (no memory.max / memory/memory.limit_in_bytes under '
+                   f'{m["cgroup_root"]})')
+    elif m['status'] == 'unlimited':
+        out.append(f'container memory limit: cgroup {m["cgroup_version"]}, no limit ("max")')
+    else:
+        out.append(f'container memory limit: {m["limit_gib"]:.2f} GiB (cgroup {m["cgroup_version"]}, '
+                   f'{m["limit_file"]})')
+    if m.get('usage_gib') is not None:
+        out.append(f'  usage now: {m["usage_gib"]:.2f} GiB' +
+                   (f', peak {m["peak_bytes"] / 1024 ** 3:.2f} GiB' if m.get('peak_bytes') else ''))
+    if m['cgroup_version']:
+        out.append(f'  past OOM kills: {m["oom_kill"] if m.get("oom_kill") is not None else "not readable"}')
+    h = rep['host']
+    if h.get('mem_total_gib') is not None:
+        out.append(f'host RAM (/proc/meminfo): {h["mem_total_gib"]:.2f} GiB total, '
+                   f'{h["mem_available_gib"] or 0:.2f} GiB available')
+    else:
+        out.append('host RAM: /proc/meminfo not readable')
+    if rep.get('host_limit_gib') is not None:
+        out.append(f'plan with: {rep["host_limit_gib"]:.2f} GiB host RAM ({rep["host_limit_source"]})')
+    c = rep['cpus']
+    out.append(f'CPUs: {c["count"]} usable (affinity {c["affinity"]}, cgroup quota '
+               f'{c["cgroup_quota"] if c["cgroup_quota"] else "none"}, os.cpu_count {c["os_cpu_count"]})')
+    py = rep['python']
+    out.append(f'python: {py["executable"]} ({py["implementation"]} {py["version"]})')
+    pk = rep['packages']
+    have = [f'{k} {v}' for k, v in pk.items() if v]
+    missing = [k for k, v in pk.items() if not v]
+    out.append('packages: ' + (', '.join(have) if have else 'none found'))
+    if missing:
+        out.append('not installed: ' + ', '.join(missing))
+    if rep['warnings']:
+        out.append('warnings:')
+        out += [f'  - {w}' for w in rep['warnings']]
+    return '\n'.join(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def request_from_args(args):
+    from . import constants as C
+    from .select import PlanRequest
+    video = [args.fps, args.max_frames, args.frame_tokens, args.clip_seconds]
+    if args.seq_len is not None and any(v is not None for v in video):
+        raise ValueError('give either --seq-len or the video budget (--fps/--max-frames/--frame-tokens/'
+                         '--clip-seconds), not both')
+    if args.hardware and (args.gpus is not None or args.gpu_mem_gib is not None):
+        raise ValueError('give either --hardware or --gpus/--gpu-mem-gib, not both')
+    answer = args.answer_tokens if args.answer_tokens is not None else C.DEFAULT_ANSWER_TOKENS
+    return PlanRequest(
+        model=args.model, hardware=args.hardware, tuner=args.tuner, backend=args.backend, offload=args.offload,
+        quant=args.quant, ep=args.ep, tp=args.tp, micro_batch=args.micro_batch, seq_len=args.seq_len,
+        fps=args.fps if args.fps is not None else C.DEFAULT_FPS,
+        max_frames=args.max_frames if args.max_frames is not None else C.DEFAULT_MAX_FRAMES,
+        frame_tokens=args.frame_tokens if args.frame_tokens is not None else C.DEFAULT_FRAME_TOKENS,
+        clip_seconds=args.clip_seconds if args.clip_seconds is not None else C.DEFAULT_CLIP_SECONDS,
+        text_tokens=C.DEFAULT_PROMPT_TOKENS + answer, supervised_tokens=answer,
+        lora_rank=args.lora_rank if args.lora_rank is not None else C.DEFAULT_LORA_RANK,
+        lora_targets=args.lora_targets, nodes=args.nodes,
+        gradient_checkpointing=not args.no_gradient_checkpointing,
+        vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT)
+
+
+def cmd_plan(args) -> int:
+    from .hardware import resolve
+    from .model_spec import UnsupportedModel, load_model_spec
+    from .select import make_plan
+    try:
+        req = request_from_args(args)
+        req.validate()
+        hw = resolve(args.hardware, args.gpus, args.gpu_mem_gib, args.host_ram_gib, args.nodes)
+    except (ValueError, KeyError) as e:
+        print(f'swift-vora plan: {e.args[0] if e.args else e}', file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        spec = load_model_spec(args.model)
+    except FileNotFoundError as e:
+        print(f'swift-vora plan: {e}', file=sys.stderr)
+        return EXIT_USAGE
+    except (UnsupportedModel, ValueError) as e:
+        print(f'swift-vora plan: {e}', file=sys.stderr)
+        return EXIT_INVALID
+    req.hardware = hw
+    plan = make_plan(req, spec=spec, hardware=hw)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2, default=str))
+    else:
+        print(render_plan(plan))
+    return plan.exit_code
+
+
+def _table(items: Dict[str, float], indent: str = '  ') -> List[str]:
+    if not items:
+        return [f'{indent}(none)']
+    w = max(len(k) for k in items)
+    rows = [f'{indent}{k:<{w}}  {v:>9.2f}' for k, v in sorted(items.items(), key=lambda kv: -kv[1])]
+    rows.append(f'{indent}{"total":<{w}}  {sum(items.values()):>9.2f}')
+    return rows
+
+
+def render_plan(plan) -> str:
+    m = plan.model
+    kind = m.get('kind', '?')
+    desc = f'{m.get("model_type")} ({m.get("architecture")}), {kind}, {m.get("total_params", 0) / 1e9:.2f} B params'
+    if kind == 'moe':
+        moe = m.get('moe', {})
+        desc += (f' ({m.get("active_params", 0) / 1e9:.2f} B active; {moe.get("routed_experts")} experts, top-'
+                 f'{moe.get("experts_per_token")}' + (f' + {moe.get("shared_experts")} shared' if
+                                                       moe.get('shared_experts') else '') + ')')
+    hw = plan.hardware
+    lines = [f'model    : {desc}']
+    host = (f'{hw.get("host_ram_gib"):.1f} GiB host RAM ({hw.get("host_ram_source")})'
+            if hw.get('host_ram_gib') is not None else 'host RAM unknown')
+    lines.append(f'hardware : {hw.get("name")}: {hw.get("num_gpus")} x {hw.get("gpu_name") or "GPU"} '
+                 f'{hw.get("gpu_mem_gib", 0):.2f} GiB' + (f' x {hw.get("nodes")} nodes' if hw.get('nodes', 1) > 1
+                                                          else '') + f', {host}')
+    tok = plan.tokens or {}
+    tuner = plan.tuner + (f' r={plan.lora_rank} ({plan.lora_targets})' if plan.tuner == 'lora' else '')
+    lines.append(f'request  : {tuner}, offload {plan.offload}, quant {plan.quant}, micro batch {plan.micro_batch}, '
+                 f'{tok.get("total_tokens", "?")} tokens/sample'
+                 + (f', {plan.trainable_params / 1e6:,.1f} M trainable' if plan.trainable_params else ''))
+    par = f' (EP {plan.ep}, TP {plan.tp})' if plan.backend == 'megatron_ep_lora' else ''
+    lines.append(f'backend  : {plan.backend}{par}')
+    lines.append(f'verdict  : {plan.verdict.upper().replace("_", " ")} (exit {plan.exit_code})')
+    if plan.gpu_peak_gib is not None:
+        lines.append(f'GPU peak : {plan.gpu_peak_gib:.2f} GiB per GPU of {plan.gpu_capacity_gib:.2f} GiB  [predicted]')
+        lim = f' of {plan.host_limit_gib:.2f} GiB' if plan.host_limit_gib is not None else ' (limit unknown)'
+        lines.append(f'host peak: {plan.host_peak_gib:.2f} GiB per node{lim}  [predicted]')
+        ph = plan.phases
+        if ph:
+            lines.append('phases   : ' + ', '.join(f'{k.replace("_", " ")} {v["gpu_gib"]:.1f} GiB GPU / '
+                                                    f'{v["host_gib"]:.1f} GiB host' for k, v in ph.items()))
+        lines.append('')
+        lines.append('per-GPU breakdown (predicted, GiB)')
+        lines += _table(plan.breakdown)
+        lines.append('host breakdown (predicted, GiB per node)')
+        lines += _table(plan.host_breakdown)
+    lines.append('')
+    lines.append('reasons')
+    lines += [f'  - {r}' for r in plan.reasons]
+    if plan.assumptions:
+        lines.append('assumptions')
+        lines += [f'  - {a}' for a in plan.assumptions]
+    lines.append('')
+    if plan.command:
+        note = '' if plan.verdict == 'fits' else ' (not run: does not fit)'
+        lines.append(f'command{note}')
+        lines.append('  ' + shlex.join(plan.command))
+    if plan.alternative and plan.alternative.get('command'):
+        lines.append('alternative command')
+        lines.append('  ' + shlex.join(plan.alternative['command']))
+    return '\n'.join(lines)
+
+
+def main(argv=None) -> int:  # pragma: no cover - convenience for `python -m swift_vora.plan.cli`
+    parser = argparse.ArgumentParser(prog='swift-vora')
+    register_commands(parser.add_subparsers(dest='command'))
+    args = parser.parse_args(argv)
+    return args.handler(args)

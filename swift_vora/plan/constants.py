@@ -1,0 +1,140 @@
+"""Every constant the planner's memory model uses, in one place, with where it comes from.
+
+All of them are **predictions** (nothing here is measured yet). `benchmarks/calibrate_memory.py` records
+torch.cuda.max_memory_allocated/reserved per phase next to the planner's prediction; fit the constants marked
+[fit] to those measurements and note the measurement file next to the value when you change one.
+
+Units: bytes per element / per parameter unless the name says GiB.
+"""
+GiB = 1024 ** 3  # what torch reports (total_memory, max_memory_allocated)
+GB = 1000 ** 3  # what vendors sell ("141 GB HBM3e", "276 GB" of RAM)
+
+# ------------------------------------------------------------------------------------------------------------
+# Model states (mixed-precision AdamW). Source: ZeRO paper (Rajbhandari et al. 2020) and
+# /work/shared/notes/memory-model.md.
+# ------------------------------------------------------------------------------------------------------------
+BYTES_BF16 = 2  # bf16 weights / activations
+BYTES_FP32 = 4  # fp32 tensors
+BYTES_GRAD_BF16 = 2  # DeepSpeed bf16: gradients in bf16 before the fp32 optimizer partition
+BYTES_MASTER_FP32 = 4  # fp32 master copy (DeepSpeed bf16 optimizer / ZeRO, Megatron distributed optimizer)
+BYTES_ADAM = 8  # Adam m and v in fp32
+BYTES_OPTIM_STATES = BYTES_MASTER_FP32 + BYTES_ADAM  # 12: what ZeRO-Offload moves to host RAM
+BYTES_MODEL_STATES = BYTES_BF16 + BYTES_GRAD_BF16 + BYTES_OPTIM_STATES  # 16 per trainable parameter
+# Without DeepSpeed, swift loads the model in bf16 and HF Trainer + torch AdamW keep m and v in the parameter's
+# dtype: pure-bf16 training, 2 (weight) + 2 (grad) + 4 (m, v) bytes per trainable parameter, no fp32 master.
+BYTES_PURE_BF16_ADAM = 4  # m + v in bf16
+# PEFT casts LoRA adapters to fp32 (LoraConfig/get_peft_model autocast_adapter_dtype=True): 4 weight + 4 grad +
+# 8 Adam = 16 per LoRA parameter, again with no separate master copy.
+BYTES_LORA_PARAM_PEFT = 4
+# Megatron (bf16, accumulate_allreduce_grads_in_fp32 default): bf16 weight 2 + fp32 main grad 4, and with the
+# distributed optimizer fp32 master + Adam (12) sharded over data-parallel ranks: 6 + 12/dp.
+BYTES_MEGATRON_PARAM_AND_GRAD = 6
+# bitsandbytes NF4 with double quantization: 4 bits + 8-bit absmax per 64-block + fp32 second-level constants
+# (QLoRA paper: ~0.127 bits of constants per parameter). Applies to the LLM's linear weights only.
+BYTES_NF4 = 0.5 + 0.127 / 8
+
+# ------------------------------------------------------------------------------------------------------------
+# DeepSpeed (swift/config/zero2.json, zero3.json, *_offload.json of ms-swift 4.6.0)
+# ------------------------------------------------------------------------------------------------------------
+ZERO2_BUCKET_ELEMENTS = 2e8  # reduce_bucket_size / allgather_bucket_size in swift's zero2 presets
+ZERO2_BUCKET_COPIES = 2  # ipg buffer + the bucket being reduced [fit]
+ZERO3_MAX_LIVE_PARAMS = 1e9  # stage3_max_live_parameters in swift's zero3 presets
+# ZeRO-3 gathers each module's full bf16 weights before use and prefetches the next ones: peak gathered bytes
+# ~ this factor x the largest tensor (DeepSpeed's own estimator uses 4 bytes x largest layer) [fit]
+ZERO3_GATHER_FACTOR = 2.0
+# Host RAM pinned/bounce buffers on top of the offloaded optimizer state (pinned allocations round up; DeepSpeed's
+# estimator pads host memory by additional_buffer_factor=1.5 — we use a smaller, explicit pad) [fit]
+OFFLOAD_HOST_OVERHEAD = 0.10
+
+# ------------------------------------------------------------------------------------------------------------
+# Activations per decoder layer, bf16 (2 bytes/element), per token. Derived from the HF Qwen3 / Qwen3.5 forward
+# (Korthikanti et al. 2022 style accounting, SDPA/flash attention so no s^2 score matrix is kept). [fit] all.
+# ------------------------------------------------------------------------------------------------------------
+ACT_BYTES_PER_HIDDEN = 12  # residual stream, 2 RMSNorm inputs+outputs, o_proj / mlp outputs (6 tensors x 2 B)
+ACT_BYTES_PER_QKV = 4  # q, k, v projection outputs and their rotary copies (2 x 2 B per element)
+ACT_BYTES_PER_ATTN_OUT = 4  # attention output (kept for backward) + o_proj input
+ACT_BYTES_PER_FFN = 8  # gate, up, act(gate), act(gate)*up (4 x 2 B) for SwiGLU MLPs / experts
+ACT_BYTES_PER_ROUTER_LOGIT = 8  # router logits + softmax in fp32
+# Gated DeltaNet (bf16): qkv projection + conv output (2 x conv_dim) and z, core output, gated-norm output
+# (3 x value_dim) per token -> 4 bytes per conv channel + 6 bytes per value channel
+ACT_LINEAR_ATTN_BYTES_PER_CONV = 4  # [fit]
+ACT_LINEAR_ATTN_BYTES_PER_VALUE = 6  # [fit]
+LINEAR_ATTN_CHUNK = 64  # chunked delta-rule kernel chunk size (fla / transformers torch_chunk_gated_delta_rule)
+LINEAR_ATTN_STATE_BYTES = 4  # per-chunk recurrent state kept in fp32 by the chunked kernel
+ACT_LORA_BYTES_PER_INPUT = 2  # LoRA keeps a dropout copy of each targeted module's input (swift lora_dropout=0.05)
+# PEFT LoRA on fused 3-D experts (target_parameters -> peft ParamWrapper) materialises W + B@A of each targeted
+# expert tensor when its module runs (forward and checkpoint recompute). Worst case on paper ~10 bytes per expert
+# parameter of a layer (fp32 delta, bf16 delta, merged weight, its grad); measured on one H200 (2026-11-29,
+# benchmarks/calibrate_memory.py, Qwen3.5-35B-A3B shape, r=8, 6.7k-token video): ~1 GiB over the attention-only
+# run once the LoRA states are accounted for, i.e. about one bf16 copy of the largest expert tensor (gate_up_proj).
+# Unsloth's split LoRA computes (X@A)@B per expert and never builds it; Megatron's grouped LoRA neither. [fit]
+PEFT_EXPERT_LORA_TRANSIENT_BYTES = 2  # per parameter of the largest fused expert tensor
+# Backward of one layer holds its saved activations and their gradients at the same time [fit]
+ACT_BACKWARD_FACTOR = 2.0
+# With gradient checkpointing the layer input (bf16 hidden state) is all that is kept per layer.
+ACT_CHECKPOINT_BYTES_PER_HIDDEN = 2
+
+# Vision tower (Qwen3-VL ViT blocks: LayerNorm, qkv, proj, GELU MLP), bf16 per patch [fit]
+VIT_ACT_BYTES_PER_HIDDEN = 16  # norm in/out x2, qkv(3h)->counted below, attn out, proj out, residuals
+VIT_ACT_BYTES_PER_QKV = 6  # 3h qkv output x 2 B
+VIT_ACT_BYTES_PER_FFN = 6  # fc1 out, GELU out, fc2 in (bf16)
+# The vision tower under swift's defaults: frozen (freeze_vit=True) but vit_gradient_checkpointing defaults to
+# gradient_checkpointing and swift makes the ViT inputs require grad, so the checkpointed blocks keep their
+# inputs and backward re-runs them (see /work/shared/notes/gpu-machine.md: 18 % of the trainer's time in the
+# frozen ViT forward). VISION_MODE_DEFAULT names that assumption; 'no_grad' is the cheaper alternative.
+VISION_MODE_DEFAULT = 'checkpointed_requires_grad'
+
+# ------------------------------------------------------------------------------------------------------------
+# Logits and loss
+# ------------------------------------------------------------------------------------------------------------
+# HF path: bf16 logits (2) + fp32 upcast in the loss (4) + fp32 grad of the logits (4) per position x vocab.
+LOGITS_BYTES_HF = 10
+# Megatron vocab-parallel fused cross entropy: bf16 logits + fp32 softmax workspace, split by TP.
+LOGITS_BYTES_MEGATRON = 6
+# Unsloth's fused/chunked cross entropy never materialises full fp32 logits: bytes per position x vocab [fit]
+LOGITS_BYTES_UNSLOTH = 2
+# ms-swift 4.6 with transformers>=5 projects only the positions that carry labels (Seq2SeqTrainer ->
+# SwiftMixin.get_use_logits_to_keep / prepare_logits_to_keep, on by default when the model's forward takes
+# `logits_to_keep`); Unsloth keeps an integer suffix from the first label. Megatron computes every position.
+
+# ------------------------------------------------------------------------------------------------------------
+# Runtime overheads (GPU)
+# ------------------------------------------------------------------------------------------------------------
+CUDA_CONTEXT_GIB = 0.75  # CUDA context + cuBLAS/cuDNN workspaces, outside torch's allocator (0.5-1 GiB) [fit]
+NCCL_BUFFERS_GIB = 0.5  # NCCL communicator buffers per GPU when world size > 1 [fit]
+# reserved - allocated: the caching allocator fragments on the short-lived tensors (activations, gradients,
+# buckets, optimizer temporaries); long-lived weights/states allocated once fragment little. [fit]
+ALLOCATOR_FRAGMENTATION = 0.10  # fraction of the dynamic allocations (5-15 % is typical)
+ALLOCATOR_FRAGMENTATION_STATIC = 0.01  # fraction of the static allocations (weights, optimizer states)
+ADAM_STEP_TEMP_FRACTION = 0.5  # torch foreach AdamW: _foreach_sqrt(exp_avg_sq) copies one of the two moments [fit]
+MOE_DISPATCH_COPIES = 3  # permuted tokens, expert outputs, un-permuted combine buffers (x k x hidden, bf16) [fit]
+FIT_MARGIN = 0.0  # extra headroom required on top of the predicted peak, fraction of capacity
+TIGHT_FRACTION = 0.90  # peak above this fraction of capacity -> a "tight" warning in the reasons
+
+# ------------------------------------------------------------------------------------------------------------
+# Host RAM
+# ------------------------------------------------------------------------------------------------------------
+HOST_PER_PROCESS_GIB = 3.0  # RSS of one training process: python + torch + CUDA libs + swift/transformers [fit]
+HOST_DATALOADER_WORKERS = 4  # per training process (the measured baseline used 4)
+HOST_PER_WORKER_GIB = 0.75  # decoded frames + prefetch per worker (64 frames of 640x360 RGB is ~44 MB) [fit]
+SAFETENSORS_SHARD_GB = 5.0  # HF save_pretrained max_shard_size default ("5GB"): transient host copy at load
+MEGATRON_HOST_PER_PROCESS_GIB = 5.0  # megatron/TE import + mcore-bridge conversion buffers per rank [fit]
+# Unsloth's offloaded gradient checkpointing copies every layer input to pinned host memory; torch's caching host
+# allocator rounds pinned blocks up to a power of two, hence a factor on top of 2*s*h per layer [fit]
+UNSLOTH_OFFLOAD_PINNED_FACTOR = 1.3
+UNSLOTH_GPU_INFLIGHT_LAYERS = 2  # layer inputs resident on the GPU while the offload streams run [fit]
+# Container limit vs /proc/meminfo: warn when the cgroup limit is below this fraction of MemTotal.
+CONTAINER_LIMIT_WARN_FRACTION = 0.75
+
+# ------------------------------------------------------------------------------------------------------------
+# Default sample (the measured baseline in /work/shared/notes/gpu-machine.md: 32 s clips, FPS=2,
+# FPS_MAX_FRAMES=64, VIDEO_MAX_TOKEN_NUM=196 -> 64 frames, 32 groups x 180 tokens, 6,106 tokens per sample)
+# ------------------------------------------------------------------------------------------------------------
+DEFAULT_CLIP_SECONDS = 32.0  # clip (window) length
+DEFAULT_FPS = 2.0  # FPS (qwen_vl_utils default)
+DEFAULT_MAX_FRAMES = 64  # FPS_MAX_FRAMES
+DEFAULT_FRAME_TOKENS = 196  # VIDEO_MAX_TOKEN_NUM used as tokens per frame pair (upper bound of the real 180)
+TIMESTAMP_TOKENS_PER_GROUP = 8  # "<t seconds>" text (~6 tokens) + vision start/end per frame pair [fit]
+DEFAULT_PROMPT_TOKENS = 96  # system + user prompt around the video
+DEFAULT_ANSWER_TOKENS = 32  # the JSON window list the model learns to write (the supervised positions)
+DEFAULT_LORA_RANK = 8  # ms-swift --lora_rank default

@@ -1,0 +1,441 @@
+"""Predicted GPU (per device) and host (per node) memory of one training setup, per phase.
+
+Backends (names shared with select.py and the CLI):
+  ddp                 no DeepSpeed: one process per GPU, each a full replica (on one GPU: plain single-GPU
+                      training). swift without DeepSpeed trains bf16 weights with bf16 AdamW states.
+  deepspeed_zero2     ZeRO-2: bf16 weights replicated, gradients and fp32 optimizer states partitioned;
+                      offload='cpu' moves the fp32 master + Adam states and the fp32 gradient partition to host RAM.
+  deepspeed_zero3     ZeRO-3: everything partitioned, each module gathered when used; offload='cpu' (swift's
+                      zero3_offload) also keeps the bf16 parameters in host RAM.
+  megatron_ep_lora    Megatron-SWIFT (mcore-bridge): dense parts split by TP, routed experts by EP (expert TP 1,
+                      swift's default), distributed optimizer over data-parallel ranks, full recompute.
+  unsloth_split_lora  Unsloth on one GPU: bf16 base, split MoE LoRA ((X@A)@B per expert), offloaded gradient
+                      checkpointing (every layer input in pinned host RAM).
+
+Phases: `load` (weights placed, nothing else), `first_step` (the larger of forward/backward without optimizer
+states and the first optimizer.step, which allocates them), `steady` (states live through forward/backward).
+Every number is a prediction from the constants in constants.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+from . import constants as C
+from .model_spec import ModelSpec
+from .video_budget import VideoTokens, frame_pair_tokens, smart_nframes, text_only_tokens, video_tokens  # noqa: F401
+
+BACKENDS = ('ddp', 'deepspeed_zero2', 'deepspeed_zero3', 'megatron_ep_lora', 'unsloth_split_lora')
+DEEPSPEED_BACKENDS = ('deepspeed_zero2', 'deepspeed_zero3')
+VISION_MODES = ('checkpointed_requires_grad', 'no_grad')
+PHASES = ('load', 'first_step', 'steady')
+
+
+@dataclass
+class TrainSetup:
+    backend: str
+    tuner: str = 'lora'
+    gpus_per_node: int = 1
+    nodes: int = 1
+    offload: str = 'none'  # 'none' | 'cpu' (DeepSpeed backends)
+    quant: str = 'none'  # 'none' | '4bit'
+    tp: int = 1
+    ep: int = 1
+    micro_batch: int = 1
+    lora_rank: int = C.DEFAULT_LORA_RANK
+    lora_targets: str = 'all-linear'
+    gradient_checkpointing: bool = True
+    vision_mode: str = C.VISION_MODE_DEFAULT
+    logits_positions: str = 'auto'  # 'auto' (the backend's default) | 'supervised' | 'all'
+    dataloader_workers: int = C.HOST_DATALOADER_WORKERS
+
+    @property
+    def world(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+@dataclass
+class MemoryEstimate:
+    setup: TrainSetup
+    gpu: Dict[str, float]  # bytes per GPU, steady-state items
+    host: Dict[str, float]  # bytes per node, items at the host peak (load or steady)
+    phases: Dict[str, Dict[str, float]]  # phase -> {'gpu': bytes, 'host': bytes}
+    trainable_params: int
+    tokens: VideoTokens
+    model_state_bytes: Dict[str, float]  # per GPU, by model component (weights + grads + optimizer)
+    assumptions: List[str] = field(default_factory=list)
+    host_by_phase: Dict[str, Dict[str, float]] = field(default_factory=dict)  # 'load' / 'steady' -> items
+
+    @property
+    def gpu_peak(self) -> float:
+        return max(p['gpu'] for p in self.phases.values())
+
+    @property
+    def host_peak(self) -> float:
+        return max(p['host'] for p in self.phases.values())
+
+    def gpu_gib(self) -> Dict[str, float]:
+        return {k: round(v / C.GiB, 2) for k, v in self.gpu.items() if v > 0}
+
+    def host_gib(self) -> Dict[str, float]:
+        return {k: round(v / C.GiB, 2) for k, v in self.host.items() if v > 0}
+
+    def phases_gib(self) -> Dict[str, Dict[str, float]]:
+        return {ph: {'gpu_gib': round(v['gpu'] / C.GiB, 2), 'host_gib': round(v['host'] / C.GiB, 2),
+                     'gpu_allocated_gib': round(v['gpu_allocated'] / C.GiB, 2),
+                     'gpu_reserved_gib': round(v['gpu_reserved'] / C.GiB, 2)}
+                for ph, v in self.phases.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def _weight_bytes(spec: ModelSpec, quant: str) -> Dict[str, float]:
+    """bf16 (or NF4 for the LLM's linear weights) bytes of the base model, by component."""
+    out: Dict[str, float] = {}
+    for g in spec.groups:
+        per = C.BYTES_BF16
+        if quant == '4bit' and g.linear and g.tower == 'llm' and g.component not in ('lm_head', ):
+            per = C.BYTES_NF4
+        out[g.component] = out.get(g.component, 0.0) + g.total * per
+    return out
+
+
+def _trainable_by_component(spec: ModelSpec, s: TrainSetup) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    if s.tuner == 'lora':
+        for g in spec.lora_groups(s.lora_targets):
+            out[g.component] = out.get(g.component, 0) + g.lora_params(s.lora_rank)
+    elif s.tuner == 'full':
+        for g in spec.groups:
+            if g.tower == 'llm':
+                out[g.component] = out.get(g.component, 0) + g.total
+    elif s.tuner == 'selective':
+        for g in spec.selective_groups():
+            out[g.component] = out.get(g.component, 0) + g.total
+    else:
+        raise ValueError(f'unknown tuner {s.tuner!r}')
+    return out
+
+
+def _megatron_split(component: str, s: TrainSetup) -> int:
+    """How many ways Megatron splits a component's parameters across GPUs."""
+    if component == 'experts':
+        return max(1, s.ep)  # expert_tensor_parallel_size = 1 (swift's default)
+    if component in ('embeddings', 'lm_head', 'attention', 'linear_attention', 'dense_mlp', 'shared_expert'):
+        return max(1, s.tp)
+    return 1  # norms, router, vision tower: replicated
+
+
+def _model_states(spec: ModelSpec, s: TrainSetup):
+    """(gpu items, host items, per-component gpu bytes, trainable count, notes)."""
+    N = s.world
+    gpu: Dict[str, float] = {}
+    host: Dict[str, float] = {}
+    notes: List[str] = []
+    wb = _weight_bytes(spec, s.quant)
+    W = sum(wb.values())
+    tr = _trainable_by_component(spec, s)
+    T = sum(tr.values())
+    lora = s.tuner == 'lora'
+    wname = 'weights (frozen base, NF4 + bf16)' if s.quant == '4bit' else (
+        'weights (frozen base, bf16)' if lora else 'weights (bf16)')
+    comp_bytes: Dict[str, float] = {c: 0.0 for c in wb}
+
+    def add(d, k, v):
+        if v:
+            d[k] = d.get(k, 0.0) + v
+
+    b = s.backend
+    if b in ('ddp', 'unsloth_split_lora'):
+        add(gpu, wname, W)
+        for c, v in wb.items():
+            comp_bytes[c] += v
+        if lora:
+            add(gpu, 'LoRA adapters (fp32)', C.BYTES_LORA_PARAM_PEFT * T)
+            add(gpu, 'gradients (LoRA, fp32)', C.BYTES_LORA_PARAM_PEFT * T)
+            add(gpu, 'optimizer states (Adam m, v fp32)', C.BYTES_ADAM * T)
+            per = 2 * C.BYTES_LORA_PARAM_PEFT + C.BYTES_ADAM
+        else:
+            add(gpu, 'gradients (bf16)', C.BYTES_GRAD_BF16 * T)
+            add(gpu, 'optimizer states (Adam m, v bf16)', C.BYTES_PURE_BF16_ADAM * T)
+            per = C.BYTES_GRAD_BF16 + C.BYTES_PURE_BF16_ADAM
+            notes.append('without DeepSpeed swift trains bf16 weights with bf16 AdamW states (no fp32 master copy)')
+        for c, n in tr.items():
+            comp_bytes[c] = comp_bytes.get(c, 0.0) + per * n
+        if b == 'ddp' and N > 1:
+            add(gpu, 'DDP gradient buckets', (C.BYTES_LORA_PARAM_PEFT if lora else C.BYTES_GRAD_BF16) * T)
+    elif b in ('deepspeed_zero2', 'deepspeed_zero3'):
+        z3 = b == 'deepspeed_zero3'
+        off = s.offload == 'cpu'
+        # DeepSpeed's bf16 mode casts the module (LoRA adapters included) to bf16.
+        adapters = C.BYTES_BF16 * T if lora else 0.0
+        if z3:
+            if off:
+                add(host, 'offloaded bf16 parameters (ZeRO-3)', (W + adapters) / s.nodes)
+            else:
+                add(gpu, 'weights shard (ZeRO-3, bf16)', (W + adapters) / N)
+                for c, v in wb.items():
+                    comp_bytes[c] += v / N
+            gathered = C.ZERO3_GATHER_FACTOR * C.BYTES_BF16 * min(spec.largest_tensor_params, C.ZERO3_MAX_LIVE_PARAMS)
+            add(gpu, 'ZeRO-3 gathered parameters (working set)', gathered)
+        else:
+            add(gpu, wname, W)
+            add(gpu, 'LoRA adapters (bf16)', adapters)
+            for c, v in wb.items():
+                comp_bytes[c] += v
+        grads = C.BYTES_GRAD_BF16 * T
+        bucket = min(grads, C.ZERO2_BUCKET_ELEMENTS * C.BYTES_GRAD_BF16 * C.ZERO2_BUCKET_COPIES)
+        add(gpu, 'gradient buckets', bucket)
+        if off:
+            add(host, 'offloaded optimizer states (fp32 master + Adam m, v)', C.BYTES_OPTIM_STATES * T / s.nodes)
+            add(host, 'offloaded fp32 gradient partition', C.BYTES_FP32 * T / s.nodes)
+            pinned = C.OFFLOAD_HOST_OVERHEAD * sum(host.values())
+            add(host, 'pinned/bounce buffers', pinned)
+        else:
+            add(gpu, 'gradients (bf16, partitioned)', grads / N)
+            add(gpu, 'optimizer states (fp32 master + Adam m, v, partitioned)', C.BYTES_OPTIM_STATES * T / N)
+            for c, n in tr.items():
+                comp_bytes[c] = comp_bytes.get(c, 0.0) + (C.BYTES_GRAD_BF16 + C.BYTES_OPTIM_STATES) * n / N
+                if lora:
+                    comp_bytes[c] += C.BYTES_BF16 * n / (N if z3 else 1)
+    elif b == 'megatron_ep_lora':
+        dp_dense = max(1, N // max(1, s.tp))
+        dp_exp = max(1, N // max(1, s.ep))
+        w = 0.0
+        for c, v in wb.items():
+            part = v / _megatron_split(c, s)
+            w += part
+            comp_bytes[c] += part
+        add(gpu, wname, w)
+        pg = opt = 0.0
+        for c, n in tr.items():
+            split = _megatron_split(c, s)
+            dp = dp_exp if c == 'experts' else dp_dense
+            local = n / split
+            if lora:
+                pg += C.BYTES_MEGATRON_PARAM_AND_GRAD * local
+            else:
+                pg += (C.BYTES_MEGATRON_PARAM_AND_GRAD - C.BYTES_BF16) * local  # bf16 weight already counted
+            opt += C.BYTES_OPTIM_STATES * local / dp
+            comp_bytes[c] = comp_bytes.get(c, 0.0) + (C.BYTES_MEGATRON_PARAM_AND_GRAD * local if lora else
+                                                      (C.BYTES_MEGATRON_PARAM_AND_GRAD - 2) * local) \
+                + C.BYTES_OPTIM_STATES * local / dp
+        add(gpu, 'LoRA adapters (bf16) + fp32 main grads' if lora else 'fp32 main gradients', pg)
+        add(gpu, 'distributed optimizer (fp32 master + Adam, sharded over DP)', opt)
+    else:
+        raise ValueError(f'unknown backend {b!r}')
+    return gpu, host, comp_bytes, T, notes
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def _layer_activation_bytes(spec: ModelSpec, s: TrainSetup, tokens: float, layer: int) -> float:
+    """Saved activations of decoder layer `layer` for `tokens` tokens (no recompute), bf16."""
+    h = spec.hidden_size
+    n = C.ACT_BYTES_PER_HIDDEN * h
+    lt = spec.layer_types[layer]
+    if lt == 'linear_attention':
+        la = spec.linear_attention
+        n += C.ACT_LINEAR_ATTN_BYTES_PER_CONV * la['conv_dim'] + C.ACT_LINEAR_ATTN_BYTES_PER_VALUE * la['value_dim']
+        # chunked delta rule keeps one fp32 state [heads, dk, dv] per chunk
+        n += (la['num_value_heads'] * la['key_head_dim'] * la['value_head_dim'] * C.LINEAR_ATTN_STATE_BYTES /
+              C.LINEAR_ATTN_CHUNK)
+    else:
+        gated = 2 if spec.family in ('qwen3_5', 'qwen3_next') else 1
+        q = spec.num_heads * spec.head_dim
+        kv = spec.num_kv_heads * spec.head_dim
+        n += C.ACT_BYTES_PER_QKV * (gated * q + 2 * kv) + C.ACT_BYTES_PER_ATTN_OUT * q
+    if layer in spec.moe_layers:
+        k = spec.experts_per_token
+        n += C.ACT_BYTES_PER_ROUTER_LOGIT * spec.num_experts
+        n += k * (C.ACT_BYTES_PER_FFN * spec.moe_intermediate_size + C.MOE_DISPATCH_COPIES * C.BYTES_BF16 * h)
+        n += C.ACT_BYTES_PER_FFN * spec.shared_expert_intermediate_size
+    else:
+        n += C.ACT_BYTES_PER_FFN * spec.intermediate_size
+    if s.tuner == 'lora' and s.backend != 'unsloth_split_lora':
+        ins = 0.0
+        for g in spec.lora_groups(s.lora_targets):
+            if g.component == 'attention' and lt == 'linear_attention':
+                continue
+            if g.component == 'linear_attention' and lt != 'linear_attention':
+                continue
+            moe = layer in spec.moe_layers
+            if g.component in ('experts', 'shared_expert') and not moe:
+                continue
+            if g.component == 'dense_mlp' and moe:
+                continue
+            ins += g.in_features * (spec.experts_per_token if g.component == 'experts' else 1)
+        n += C.ACT_LORA_BYTES_PER_INPUT * ins
+    return n * tokens
+
+
+def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
+    """(gpu items, host items, notes) for activations, logits and the vision tower."""
+    gpu: Dict[str, float] = {}
+    host: Dict[str, float] = {}
+    notes: List[str] = []
+    b = s.micro_batch
+    seq = tok.total_tokens * b
+    sp = max(1, s.tp) if s.backend == 'megatron_ep_lora' else 1  # sequence parallel splits activations by TP
+    local = seq / sp
+    h = spec.hidden_size
+    L = spec.num_layers
+    per_layer = [_layer_activation_bytes(spec, s, local, i) for i in range(L)]
+    if s.gradient_checkpointing:
+        ckpt = L * C.ACT_CHECKPOINT_BYTES_PER_HIDDEN * h * local
+        ws = C.ACT_BACKWARD_FACTOR * max(per_layer)
+        if s.backend == 'unsloth_split_lora':
+            host['offloaded layer checkpoints (Unsloth, pinned)'] = ckpt * C.UNSLOTH_OFFLOAD_PINNED_FACTOR
+            gpu['activations: in-flight layer inputs (offloaded checkpointing)'] = (
+                C.UNSLOTH_GPU_INFLIGHT_LAYERS * C.ACT_CHECKPOINT_BYTES_PER_HIDDEN * h * local)
+            notes.append('Unsloth offloaded gradient checkpointing keeps every layer input in pinned host RAM')
+        else:
+            gpu['activations: layer checkpoints'] = ckpt
+        llm_ws = ws
+    else:
+        gpu['activations: all layers (no checkpointing)'] = sum(per_layer)
+        llm_ws = C.ACT_BACKWARD_FACTOR * max(per_layer) - max(per_layer)
+        notes.append('gradient checkpointing off: every layer keeps its activations')
+
+    # vision tower ---------------------------------------------------------------------------------------------
+    vit_ws = 0.0
+    v = spec.vision
+    if v is not None and tok.patches > 0:
+        P = tok.patches * b
+        merged_out = tok.vision_tokens * b * v.out_hidden_size * C.BYTES_BF16 * (1 + v.deepstack_layers)
+        pixels = P * 3 * v.temporal_patch_size * v.patch_size ** 2 * C.BYTES_BF16
+        block = P * (C.VIT_ACT_BYTES_PER_HIDDEN * v.hidden_size + C.VIT_ACT_BYTES_PER_QKV * v.hidden_size +
+                     C.VIT_ACT_BYTES_PER_FFN * v.intermediate_size)
+        if s.vision_mode == 'checkpointed_requires_grad':
+            kept = v.depth * C.ACT_CHECKPOINT_BYTES_PER_HIDDEN * v.hidden_size * P
+            gpu['activations: vision tower (frozen, checkpointed, inputs require grad)'] = kept + merged_out + pixels
+            vit_ws = C.ACT_BACKWARD_FACTOR * block
+        elif s.vision_mode == 'no_grad':
+            gpu['activations: vision tower outputs (frozen, no grad)'] = merged_out + pixels
+            vit_ws = block  # transient during its forward only
+        else:
+            raise ValueError(f'unknown vision mode {s.vision_mode!r}')
+    gpu['activations: working set of one layer (recompute + backward)' if vit_ws <= llm_ws else
+        'activations: working set of one vision block (recompute + backward)'] = max(llm_ws, vit_ws)
+
+    # PEFT LoRA on fused experts (HF backends): W + B@A of one layer's experts is materialised ------------------
+    if (s.tuner == 'lora' and spec.is_moe and s.backend in ('ddp', 'deepspeed_zero2', 'deepspeed_zero3')
+            and any(g.component == 'experts' for g in spec.lora_groups(s.lora_targets))):
+        largest = max(g.numel for g in spec.groups if g.component == 'experts')
+        gpu['PEFT expert LoRA: materialised W + B@A (transient)'] = C.PEFT_EXPERT_LORA_TRANSIENT_BYTES * largest
+        notes.append('PEFT LoRA on fused experts materialises W + B@A per layer (Unsloth split LoRA does not)')
+
+    # logits ---------------------------------------------------------------------------------------------------
+    mode = s.logits_positions
+    if mode == 'auto':
+        mode = 'all' if s.backend == 'megatron_ep_lora' else 'supervised'
+    positions = (tok.supervised_tokens + 1) * b if mode == 'supervised' else seq
+    if s.backend == 'megatron_ep_lora':
+        logits = positions * spec.vocab_size * C.LOGITS_BYTES_MEGATRON / max(1, s.tp)
+        label = 'logits + loss (all positions, vocab-parallel)'
+    elif s.backend == 'unsloth_split_lora':
+        logits = positions * spec.vocab_size * C.LOGITS_BYTES_UNSLOTH
+        label = 'logits + loss (supervised suffix, fused CE)' if mode == 'supervised' else 'logits + loss (fused CE)'
+    else:
+        logits = positions * spec.vocab_size * C.LOGITS_BYTES_HF
+        label = ('logits + loss (supervised positions only, fp32)' if mode == 'supervised' else
+                 'logits + loss (all positions, fp32)')
+    gpu[label] = logits
+    # input embeddings (+ their grad when the inputs require grad) and the hidden state handed to the lm_head
+    gpu['activations: embeddings / final hidden'] = 3 * C.BYTES_BF16 * h * local
+    return gpu, host, notes
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def estimate(spec: ModelSpec, tokens: VideoTokens, setup: TrainSetup) -> MemoryEstimate:
+    """Predict per-GPU and per-node host memory for `setup` training `spec` on samples of `tokens`."""
+    s = setup
+    if s.backend not in BACKENDS:
+        raise ValueError(f'unknown backend {s.backend!r}')
+    ms_gpu, ms_host, comp_bytes, T, notes = _model_states(spec, s)
+    act_gpu, act_host, act_notes = _activations(spec, s, tokens)
+    notes += act_notes
+
+    gpu: Dict[str, float] = {}
+    gpu.update(ms_gpu)
+    gpu.update(act_gpu)
+    ctx = C.CUDA_CONTEXT_GIB * C.GiB
+    nccl = C.NCCL_BUFFERS_GIB * C.GiB if s.world > 1 else 0.0
+    optim_keys = [k for k in ms_gpu if k.startswith('optimizer') or k.startswith('distributed optimizer')]
+    optim = sum(ms_gpu[k] for k in optim_keys)
+    act_total = sum(act_gpu.values())
+    static = sum(v for k, v in ms_gpu.items() if k not in optim_keys)
+
+    # dynamic = what is allocated and freed every step (fragments); static = allocated once
+    dynamic_keys = [k for k in ms_gpu if k.startswith('gradient') or k.startswith('DDP') or 'main grad' in k
+                    or k.startswith('ZeRO-3 gathered')]
+    dynamic = sum(ms_gpu[k] for k in dynamic_keys)
+    weights = static - dynamic
+
+    def total(w, o, g, a):
+        """(total on the device, fragmentation, allocated) of one moment."""
+        frag = (g + a) * C.ALLOCATOR_FRAGMENTATION + (w + o) * C.ALLOCATOR_FRAGMENTATION_STATIC
+        alloc = w + o + g + a
+        return alloc + frag + ctx + nccl, frag, alloc
+
+    # load: weights placed. first step: forward/backward before any optimizer state exists, then optimizer.step
+    # allocates the states (+ temporaries). steady: the larger of forward/backward with the states alive and the
+    # optimizer step. torch's foreach AdamW (no DeepSpeed / Unsloth) makes a temporary the size of one of its two
+    # moment buffers; DeepSpeed's and Megatron's fused Adam update in place.
+    temp = C.ADAM_STEP_TEMP_FRACTION * optim if s.backend in ('ddp', 'unsloth_split_lora') else 0.0
+    load_w = sum(v for k, v in ms_gpu.items() if k.startswith('weights') or k.startswith('LoRA adapters'))
+    moments = {
+        'load': total(load_w, 0.0, 0.0, 0.0),
+        'first_fwd_bwd': total(weights, 0.0, dynamic, act_total),
+        'step': total(weights, optim + temp, dynamic, 0.0),
+        'steady_fwd_bwd': total(weights, optim, dynamic, act_total),
+    }
+    first = max(moments['first_fwd_bwd'], moments['step'])
+    steady = max(moments['steady_fwd_bwd'], moments['step'])
+    if moments['step'][0] > moments['steady_fwd_bwd'][0]:  # the optimizer step is the peak: show that moment
+        for k in act_gpu:
+            gpu.pop(k, None)
+        gpu['optimizer step temporaries (foreach AdamW)'] = temp
+    frag = steady[1]
+
+    gpu['CUDA context'] = ctx
+    if nccl:
+        gpu['NCCL buffers'] = nccl
+    gpu['allocator fragmentation (reserved - allocated)'] = frag
+
+    # host ---------------------------------------------------------------------------------------------------
+    procs = s.gpus_per_node
+    per_proc = C.MEGATRON_HOST_PER_PROCESS_GIB if s.backend == 'megatron_ep_lora' else C.HOST_PER_PROCESS_GIB
+    proc_key = f'training processes ({procs} x {per_proc:g} GiB)'
+    steady_host: Dict[str, float] = {proc_key: procs * per_proc * C.GiB}
+    workers = procs * s.dataloader_workers
+    if workers:
+        steady_host[f'dataloader workers ({workers} x {C.HOST_PER_WORKER_GIB:g} GiB)'] = (
+            workers * C.HOST_PER_WORKER_GIB * C.GiB)
+    steady_host.update(ms_host)
+    steady_host.update(act_host)
+    # load: each process streams safetensors shards (one at a time) into GPU memory or, with ZeRO-3 offload,
+    # into the pinned host partitions.
+    load_host: Dict[str, float] = {proc_key: procs * per_proc * C.GiB,
+                                   f'safetensors shard being loaded ({procs} x {C.SAFETENSORS_SHARD_GB:g} GB, '
+                                   f'transient)': procs * C.SAFETENSORS_SHARD_GB * C.GB}
+    for k in ('offloaded bf16 parameters (ZeRO-3)', ):
+        if k in ms_host:
+            load_host[k] = ms_host[k]
+    load_host_total, steady_host_total = sum(load_host.values()), sum(steady_host.values())
+    host = load_host if load_host_total > steady_host_total else steady_host
+
+    def phase(m, host_bytes):
+        return {'gpu': m[0], 'gpu_reserved': m[0] - ctx - nccl, 'gpu_allocated': m[2], 'host': host_bytes}
+
+    phases = {
+        'load': phase(moments['load'], load_host_total),
+        'first_step': phase(first, steady_host_total),
+        'steady': phase(steady, steady_host_total),
+    }
+    assumptions = [
+        f'vision tower: {s.vision_mode}' if spec.vision is not None else 'no vision tower',
+        'gradient checkpointing on' if s.gradient_checkpointing else 'gradient checkpointing off',
+        f'micro batch {s.micro_batch}, {tokens.total_tokens} tokens per sample',
+    ] + notes
+    return MemoryEstimate(setup=s, gpu=gpu, host=host, phases=phases, trainable_params=T, tokens=tokens,
+                          model_state_bytes=comp_bytes, assumptions=assumptions,
+                          host_by_phase={'load': load_host, 'steady': steady_host})

@@ -1,0 +1,106 @@
+"""Memory model: per backend and phase, directions that must hold whatever the constants are fitted to."""
+import os
+import re
+
+import pytest
+
+from swift_vora.plan import constants as C
+from swift_vora.plan.memory import TrainSetup, estimate
+from swift_vora.plan.model_spec import load_model_spec
+from swift_vora.plan.video_budget import text_only_tokens, video_tokens
+
+CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'configs')
+MOE = load_model_spec(os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json'))
+DENSE = load_model_spec(os.path.join(CONFIGS, 'qwen3_vl_2b.json'))
+TOK = video_tokens(32, 2, 64, 196)
+
+
+def est(spec, **kw):
+    return estimate(spec, kw.pop('tokens', TOK), TrainSetup(**kw))
+
+
+COMBOS = [(b, t) for b in ('ddp', 'deepspeed_zero2', 'deepspeed_zero3', 'unsloth_split_lora')
+          for t in ('lora', 'full', 'selective') if b != 'unsloth_split_lora' or t == 'lora']
+
+
+@pytest.mark.parametrize('backend,tuner', COMBOS)
+def test_phases_and_breakdown(backend, tuner):
+    e = est(DENSE, backend=backend, tuner=tuner)
+    ph = e.phases
+    assert ph['load']['gpu'] <= ph['first_step']['gpu'] <= ph['steady']['gpu']
+    assert abs(sum(e.gpu.values()) - e.gpu_peak) < 1e6  # the breakdown is the peak moment
+    assert abs(sum(e.host.values()) - e.host_peak) < 1e6
+    assert e.gpu['CUDA context'] == C.CUDA_CONTEXT_GIB * C.GiB
+
+
+def test_zero_stages_scale_with_gpus():
+    z2_1 = est(DENSE, backend='deepspeed_zero2', tuner='full')
+    z2_8 = est(DENSE, backend='deepspeed_zero2', tuner='full', gpus_per_node=8)
+    z3_8 = est(DENSE, backend='deepspeed_zero3', tuner='full', gpus_per_node=8)
+    assert z3_8.gpu_peak < z2_8.gpu_peak < z2_1.gpu_peak
+    # ZeRO-2: 2 bytes/param replicated + 14/N; ZeRO-3: 16/N (plus the gathered working set)
+    w = DENSE.total_params * 2
+    assert z2_8.gpu['weights (bf16)'] == pytest.approx(w)
+    assert z3_8.gpu['weights shard (ZeRO-3, bf16)'] == pytest.approx(w / 8)
+
+
+def test_offload_moves_states_to_host():
+    on = est(MOE, backend='deepspeed_zero2', tuner='full')
+    off = est(MOE, backend='deepspeed_zero2', tuner='full', offload='cpu')
+    assert off.gpu_peak < on.gpu_peak and off.host_peak > on.host_peak
+    t = MOE.trainable_params('full')
+    assert off.host['offloaded optimizer states (fp32 master + Adam m, v)'] == pytest.approx(12 * t)
+    z3 = est(DENSE, backend='deepspeed_zero3', tuner='full', offload='cpu')
+    assert 'offloaded bf16 parameters (ZeRO-3)' in z3.host
+    assert not any(k.startswith('weights') for k in z3.gpu)
+
+
+def test_megatron_splits_experts_by_ep_and_dense_by_tp():
+    e1 = est(MOE, backend='megatron_ep_lora', tuner='lora', gpus_per_node=8, ep=1)
+    e8 = est(MOE, backend='megatron_ep_lora', tuner='lora', gpus_per_node=8, ep=8)
+    comps = MOE.params_by_component()
+    drop = e1.gpu['weights (frozen base, bf16)'] - e8.gpu['weights (frozen base, bf16)']
+    assert drop == pytest.approx(2 * comps['experts'] * (1 - 1 / 8))
+    t2 = est(MOE, backend='megatron_ep_lora', tuner='lora', gpus_per_node=8, ep=8, tp=2)
+    assert t2.gpu_peak < e8.gpu_peak
+    # Megatron computes logits for every position (vocab-parallel), HF only for the supervised ones
+    assert any(k.startswith('logits + loss (all positions') for k in e8.gpu)
+    full = est(MOE, backend='megatron_ep_lora', tuner='full', gpus_per_node=8, ep=8)
+    assert 'distributed optimizer (fp32 master + Adam, sharded over DP)' in full.gpu
+
+
+def test_unsloth_offloaded_checkpoints_in_host_ram():
+    e = est(MOE, backend='unsloth_split_lora', tuner='lora')
+    expected = MOE.num_layers * 2 * MOE.hidden_size * TOK.total_tokens * C.UNSLOTH_OFFLOAD_PINNED_FACTOR
+    assert e.host_by_phase['steady']['offloaded layer checkpoints (Unsloth, pinned)'] == pytest.approx(expected)
+    assert 'activations: layer checkpoints' not in e.gpu
+
+
+def test_activation_switches():
+    base = est(DENSE, backend='ddp', tuner='lora')
+    no_gc = est(DENSE, backend='ddp', tuner='lora', gradient_checkpointing=False)
+    no_grad_vit = est(DENSE, backend='ddp', tuner='lora', vision_mode='no_grad')
+    all_logits = est(DENSE, backend='ddp', tuner='lora', logits_positions='all')
+    assert no_gc.gpu_peak > base.gpu_peak > no_grad_vit.gpu_peak
+    logits_all = all_logits.gpu['logits + loss (all positions, fp32)']
+    assert logits_all == pytest.approx(TOK.total_tokens * DENSE.vocab_size * C.LOGITS_BYTES_HF)
+    assert all_logits.gpu_peak > base.gpu_peak
+    text = est(DENSE, backend='ddp', tuner='lora', tokens=text_only_tokens(TOK.total_tokens))
+    assert not any('vision' in k for k in text.gpu)
+    mb2 = est(DENSE, backend='ddp', tuner='lora', micro_batch=2)
+    assert mb2.gpu['activations: layer checkpoints'] == pytest.approx(2 * base.gpu['activations: layer checkpoints'])
+
+
+def test_pure_bf16_without_deepspeed():
+    e = est(DENSE, backend='ddp', tuner='full')
+    t = DENSE.trainable_params('full')
+    assert e.gpu.get('optimizer states (Adam m, v bf16)', 0) + e.gpu.get('optimizer step temporaries (foreach AdamW)',
+                                                                         0) >= 4 * t
+
+
+def test_every_constant_is_documented():
+    src = open(C.__file__).read().splitlines()
+    for i, line in enumerate(src):
+        if re.match(r'^[A-Z][A-Z0-9_]* = ', line):
+            documented = '#' in line or (i > 0 and src[i - 1].lstrip().startswith('#'))
+            assert documented, f'constants.py:{i + 1} has no comment: {line}'

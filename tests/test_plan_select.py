@@ -1,0 +1,262 @@
+"""Backend selection, refusals (exit 4), does-not-fit (exit 3) and the seed case, through the CLI."""
+import json
+import os
+
+import pytest
+
+from swift_vora.cli import main
+from swift_vora.plan import command as command_mod
+from swift_vora.plan import constants as C
+from swift_vora.plan.hardware import custom, profile
+from swift_vora.plan.select import MEGATRON_SUPPORTED_MODEL_TYPES, Plan, PlanRequest, make_plan
+
+CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'configs')
+SEED = os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json')
+
+
+def cfg(name):
+    return os.path.join(CONFIGS, f'{name}.json')
+
+
+def run_json(capsys, *argv):
+    rc = main(['plan', *argv, '--json'])
+    out = capsys.readouterr().out
+    return rc, json.loads(out)
+
+
+# ---- the seed case ------------------------------------------------------------------------------------------
+def test_seed_full_sft_on_one_h200_does_not_fit(capsys):
+    rc, p = run_json(capsys, '--model', SEED, '--hardware', 'h200x1', '--tuner', 'full')
+    assert rc == 3 and p['verdict'] == 'does_not_fit'
+    for key in ('backend', 'verdict', 'gpu_peak_gib', 'host_peak_gib', 'reasons', 'breakdown', 'command'):
+        assert key in p
+    assert p['backend'] == 'deepspeed_zero2'  # ZeRO-3 is refused for MoE; full training on one GPU
+    text = ' '.join(p['reasons'])
+    # ~560 GB of model states: bf16 weights 70 + grads 70 + fp32 master 140 + Adam 280
+    plan = make_plan(PlanRequest(model=SEED, hardware='h200x1', tuner='full'))
+    states = sum(v for k, v in plan.breakdown.items()
+                 if k.startswith(('weights', 'gradients', 'optimizer'))) * C.GiB / C.GB
+    assert 540 < states < 580, states
+    assert 'GB' in text and 'weights 70 GB' in text and 'Adam m, v 27' in text
+    # ZeRO-2/3 offload: ~420 GB of host RAM for the fp32 master + Adam states against the 276 GB container limit
+    assert 'CPU offload' in text and '276 GB' in text and 'SIGKILL' in text
+    offload = make_plan(PlanRequest(model=SEED, hardware='h200x1', tuner='full', backend='deepspeed_zero2',
+                                    offload='cpu'))
+    opt_gb = offload.host_breakdown['offloaded optimizer states (fp32 master + Adam m, v)'] * C.GiB / C.GB
+    assert 400 < opt_gb < 440, opt_gb
+    assert offload.verdict == 'does_not_fit' and offload.host_peak_gib > offload.host_limit_gib
+    assert f'{opt_gb:,.0f} GB' in text
+    # the cheapest alternative that fits is named
+    assert 'Cheapest alternative that fits' in text
+    assert p['alternative'] and p['alternative']['gpu_peak_gib'] <= 139.8
+
+
+def test_seed_lora_on_one_h200_fits(capsys):
+    rc, p = run_json(capsys, '--model', SEED, '--hardware', 'h200x1', '--tuner', 'lora')
+    assert rc == 0 and p['verdict'] == 'fits' and p['backend'] == 'unsloth_split_lora'
+    peak_gb = p['gpu_peak_gib'] * C.GiB / C.GB
+    # seed analysis: ~63-74 GB; the planner adds expert LoRA states (r=8) and a 6.6k-token video sample
+    assert 63 < peak_gb < 90, peak_gb
+    weights_gb = p['breakdown']['weights (frozen base, bf16)'] * C.GiB / C.GB
+    assert 69 < weights_gb < 71.5
+    assert p['command'] and any('unsloth' in a for a in p['command'])
+
+
+def test_contract_json_keys_and_phases(capsys):
+    rc, p = run_json(capsys, '--model', cfg('qwen3_vl_2b'), '--hardware', 'h200x1')
+    assert rc == 0
+    assert set(p['phases']) == {'load', 'first_step', 'steady'}
+    assert p['phases']['load']['gpu_gib'] <= p['phases']['steady']['gpu_gib']
+    assert p['predicted'] is True
+    assert abs(sum(p['breakdown'].values()) - p['gpu_peak_gib']) < 0.05
+    assert isinstance(p['command'], list) and any(a.endswith('swift') for a in p['command'])
+
+
+# ---- automatic backend --------------------------------------------------------------------------------------
+def test_auto_dense_is_zero3_even_on_one_gpu():
+    p = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware='h200x1'))
+    assert p.backend == 'deepspeed_zero3' and p.verdict == 'fits'
+    assert '--deepspeed' in p.command and any('zero3' in a for a in p.command)
+
+
+def test_auto_moe_several_gpus_is_megatron_with_ep_dividing_both():
+    p = make_plan(PlanRequest(model=SEED, hardware='h200x8'))
+    assert p.backend == 'megatron_ep_lora' and p.ep == 8 and p.verdict == 'fits'
+    assert p.command[p.command.index('--expert_model_parallel_size') + 1] == '8'
+    # 3 GPUs, 256 experts -> EP 1 ; 6 GPUs, 60 experts (tiny has 8) -> gcd
+    p3 = make_plan(PlanRequest(model=SEED, hardware='3090x3'))
+    assert p3.backend == 'megatron_ep_lora' and p3.ep == 1
+    p6 = make_plan(PlanRequest(model=cfg('tiny_qwen3_vl_moe')), hardware=custom(6, 24, 128))
+    assert p6.ep == 2  # gcd(8 experts, 6 GPUs)
+
+
+def test_megatron_supported_list_matches_installed_mcore_bridge():
+    """For the model types the planner can count, the list agrees with the installed mcore-bridge (source read,
+    not imported)."""
+    import importlib.util
+    import re
+    from swift_vora.plan.model_spec import SUPPORTED_MODEL_TYPES
+    found = importlib.util.find_spec('mcore_bridge')
+    if found is None or not found.submodule_search_locations:
+        pytest.skip('mcore-bridge not installed')
+    root = os.path.join(list(found.submodule_search_locations)[0], 'model')
+    registered = set()
+    for dirpath, _, files in os.walk(root):
+        for fn in files:
+            if fn.endswith('.py'):
+                src = open(os.path.join(dirpath, fn), encoding='utf-8').read()
+                for block in re.findall(r'ModelMeta\(\s*[\w.]+,\s*\[([^\]]*)\]', src):
+                    registered |= set(re.findall(r"'([a-z0-9_]+)'", block))
+    assert registered, 'could not read the registrations'
+    for t in SUPPORTED_MODEL_TYPES:
+        assert (t in MEGATRON_SUPPORTED_MODEL_TYPES) == (t in registered), t
+
+
+def test_auto_moe_not_supported_by_megatron_falls_back_to_zero2():
+    assert 'mixtral' not in MEGATRON_SUPPORTED_MODEL_TYPES
+    p = make_plan(PlanRequest(model=cfg('tiny_mixtral')), hardware=custom(2, 24, 64))
+    assert p.backend == 'deepspeed_zero2' and p.verdict == 'fits'
+
+
+# ---- refusals: exit 4, reason names the rule and the alternative --------------------------------------------
+REFUSALS = [
+    ('zero3-moe', [SEED, '--hardware', 'h200x8', '--backend', 'deepspeed_zero3'], 'megatron_ep_lora'),
+    ('zero3-moe', [SEED, '--hardware', 'h200x1', '--backend', 'deepspeed_zero3', '--offload', 'cpu'],
+     'unsloth_split_lora'),
+    ('qlora-moe', [SEED, '--hardware', 'h200x1', '--quant', '4bit'], 'unsloth_split_lora'),
+    ('unsloth-multi-gpu', [SEED, '--hardware', 'h200x8', '--backend', 'unsloth_split_lora'], 'megatron_ep_lora'),
+    ('megatron-model-type', [cfg('tiny_mixtral'), '--gpus', '2', '--gpu-mem-gib', '24', '--backend',
+                             'megatron_ep_lora'], 'deepspeed_zero2'),
+    ('unsloth-lora-only', [SEED, '--hardware', 'h200x1', '--backend', 'unsloth_split_lora', '--tuner', 'full'],
+     'deepspeed_zero2'),
+    ('quant-needs-lora', [cfg('qwen3_vl_2b'), '--hardware', 'h200x1', '--quant', '4bit', '--tuner', 'full'],
+     '--tuner lora'),
+    ('offload-deepspeed-only', [SEED, '--hardware', 'h200x1', '--offload', 'cpu'], 'deepspeed_zero2 --offload cpu'),
+    ('ep-divides', [SEED, '--hardware', '3090x3', '--ep', '2'], '--ep 1'),
+    ('parallel-megatron-only', [cfg('qwen3_vl_2b'), '--hardware', 'h200x8', '--ep', '2'], 'megatron_ep_lora'),
+    ('quant-megatron', [cfg('qwen3_vl_2b'), '--hardware', 'h200x8', '--backend', 'megatron_ep_lora', '--quant',
+                        '4bit'], 'deepspeed_zero3'),
+    ('ep-needs-moe', [cfg('qwen3_vl_2b'), '--hardware', 'h200x8', '--backend', 'megatron_ep_lora', '--ep', '2'],
+     '--ep 1'),
+    ('tp-divides', [SEED, '--hardware', 'h200x8', '--tp', '3'], '--tp 1'),
+]
+
+
+@pytest.mark.parametrize('rule,argv,alternative', REFUSALS, ids=[f'{r[0]}-{i}' for i, r in enumerate(REFUSALS)])
+def test_refusals_exit_4(capsys, rule, argv, alternative):
+    rc, p = run_json(capsys, '--model', *argv)
+    assert rc == 4, p['reasons']
+    assert p['verdict'] == 'refused' and p['rule'] == rule and p['command'] == []
+    text = ' '.join(p['reasons'])
+    assert f'rule {rule}' in text and 'Alternative' in text and alternative in text
+
+
+def test_refusal_text_output(capsys):
+    rc = main(['plan', '--model', SEED, '--hardware', 'h200x8', '--backend', 'deepspeed_zero3'])
+    out = capsys.readouterr().out
+    assert rc == 4 and 'REFUSED' in out and 'zero3-moe' in out
+
+
+# ---- does not fit: exit 3, the numbers, the component, the cheapest alternative ------------------------------
+def test_does_not_fit_names_component_and_alternative(capsys):
+    # full SFT of the 30B-A3B MoE on 4 x 12 GiB RTX 3060
+    rc, p = run_json(capsys, '--model', cfg('qwen3_moe_30b_a3b'), '--hardware', '3060x4', '--tuner', 'full')
+    assert rc == 3 and p['verdict'] == 'does_not_fit'
+    text = ' '.join(p['reasons'])
+    assert 'Too big on the GPU' in text and 'experts' in text
+    assert p['gpu_peak_gib'] > 11.76
+
+
+def test_does_not_fit_dense_full_suggests_something_that_fits(capsys):
+    rc, p = run_json(capsys, '--model', cfg('qwen3_5_dense'), '--hardware', '3090x3', '--tuner', 'full')
+    assert rc == 3
+    alt = p['alternative']
+    assert alt and alt['gpu_peak_gib'] <= alt['gpu_mem_gib']
+    assert alt['tuner'] in ('selective', 'lora', 'full')
+    assert 'Cheapest alternative that fits' in ' '.join(p['reasons'])
+    assert alt['command']
+
+
+def test_host_ram_limit_is_checked():
+    # LoRA fits the GPU, but ZeRO-3 offload of a dense 9 B model needs more host RAM than 8 GiB
+    p = make_plan(PlanRequest(model=cfg('qwen3_5_dense'), backend='deepspeed_zero3', offload='cpu',
+                              tuner='full'), hardware=custom(1, 80, 8))
+    assert p.verdict == 'does_not_fit' and p.host_peak_gib > 8
+    assert any('host RAM' in r for r in p.reasons)
+
+
+def test_text_output_is_readable(capsys):
+    rc = main(['plan', '--model', SEED, '--hardware', 'h200x1', '--tuner', 'full'])
+    out = capsys.readouterr().out
+    assert rc == 3
+    for s in ('backend  : deepspeed_zero2', 'verdict  : DOES NOT FIT', 'GPU peak', 'host peak', 'per-GPU breakdown',
+              'reasons', 'command', 'predicted'):
+        assert s in out
+
+
+def test_usage_errors_exit_2(capsys):
+    assert main(['plan', '--model', SEED, '--hardware', 'nope']) == 2
+    assert main(['plan', '--model', '/nonexistent/dir']) == 2
+    assert main(['plan', '--model', SEED, '--hardware', 'h200x1', '--seq-len', '100', '--fps', '1']) == 2
+    capsys.readouterr()
+
+
+def test_custom_hardware_and_seq_len(capsys):
+    rc, p = run_json(capsys, '--model', cfg('qwen3_vl_2b'), '--gpus', '1', '--gpu-mem-gib', '24',
+                     '--host-ram-gib', '64', '--seq-len', '4096')
+    assert rc == 0 and p['hardware']['source'] == 'custom' and p['tokens']['total_tokens'] == 4096
+    assert not any(k.startswith('activations: vision') for k in p['breakdown'])
+
+
+def test_video_budget_changes_tokens(capsys):
+    rc, p = run_json(capsys, '--model', cfg('qwen3_vl_2b'), '--hardware', 'h200x1', '--fps', '1', '--max-frames',
+                     '32', '--frame-tokens', '100', '--clip-seconds', '20')
+    assert p['tokens']['frames'] == 20 and p['tokens']['vision_tokens'] == 10 * 100
+
+
+def test_profiles_gib():
+    assert profile('h200x1').gpu_mem_gib == pytest.approx(139.8)
+    assert profile('h200x1').host_ram_gib == pytest.approx(276e9 / 2 ** 30)
+    assert profile('3060x4').num_gpus == 4 and profile('3090x3').num_gpus == 3
+    assert profile('h200x8').world == 8
+
+
+def test_command_builder_is_replaceable():
+    calls = []
+
+    def builder(request, plan):
+        calls.append((request.model, plan.backend))
+        return ['my-launcher', plan.backend]
+
+    old = command_mod._BUILDERS.copy()
+    try:
+        command_mod.register_command_builder('deepspeed_zero3', builder)
+        p = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware='h200x1'))
+        assert p.command == ['my-launcher', 'deepspeed_zero3'] and calls
+    finally:
+        command_mod._BUILDERS.clear()
+        command_mod._BUILDERS.update(old)
+
+
+def test_default_command_builders():
+    """The planner's own builders (used until swift_vora.backends registers its own)."""
+    p = make_plan(PlanRequest(model=SEED, hardware='h200x8'))
+    argv = command_mod._default_builder(PlanRequest(model=SEED), p)
+    assert argv[:1] == ['env'] and 'megatron' in argv and argv[argv.index('--expert_model_parallel_size') + 1] == '8'
+    assert argv[argv.index('--model') + 1] == CONFIGS  # a config.json plans its directory
+    p = make_plan(PlanRequest(model=SEED, hardware='h200x1'))
+    argv = command_mod._default_builder(PlanRequest(model=SEED), p)
+    assert '--tuner_backend' in argv and '--target_parameters' in argv
+    p = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware='h200x1', tuner='selective'))
+    argv = command_mod._default_builder(PlanRequest(model=cfg('qwen3_vl_2b')), p)
+    assert 'zero3' in argv and '--trainable_parameters_regex' in argv
+    refused = make_plan(PlanRequest(model=SEED, hardware='h200x1', quant='4bit'))
+    assert command_mod.build_command(PlanRequest(model=SEED), refused) == []
+
+
+def test_plan_dataclass_roundtrip():
+    p = make_plan(PlanRequest(model=cfg('tiny_qwen3_5_moe'), hardware='h200x1'))
+    assert isinstance(p, Plan) and p.exit_code == 0
+    d = p.to_dict()
+    json.dumps(d)
+    assert d['model']['kind'] == 'moe' and d['model']['linear_attention_layers'] == 3
