@@ -43,20 +43,14 @@ def _floor_by(x: float, f: int) -> int:
 
 def smart_nframes(clip_seconds: float, fps: float = DEFAULT_FPS, max_frames: int = FPS_MAX_FRAMES,
                   min_frames: int = FPS_MIN_FRAMES, source_fps: Optional[float] = None) -> int:
-    """Frames the processor samples from a clip (qwen_vl_utils `smart_nframes`, fps path)."""
+    """Frames the `video_ora` template samples from a clip: swift_vora.budget's rule (the one the template
+    applies), capped by the source's frame count when known."""
+    from ..budget import VideoBudget
     if clip_seconds <= 0:
         raise ValueError('clip_seconds must be positive')
-    lo = _ceil_by(min_frames, FRAME_FACTOR)
-    hi = _floor_by(max_frames, FRAME_FACTOR)
-    n = clip_seconds * fps
-    total = None
+    n = VideoBudget(fps=fps, min_frames=min_frames, max_frames=max_frames).frames_for(clip_seconds)
     if source_fps:
-        total = int(clip_seconds * source_fps)
-        hi = min(hi, total)
-    n = min(max(n, lo), hi)
-    if total is not None:
-        n = min(n, total)
-    n = _floor_by(n, FRAME_FACTOR)
+        n = min(n, _floor_by(int(clip_seconds * source_fps), FRAME_FACTOR))
     if n < FRAME_FACTOR:
         raise ValueError(f'clip too short: {n} frames after rounding to a multiple of {FRAME_FACTOR}')
     return int(n)
