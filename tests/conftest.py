@@ -49,3 +49,78 @@ def make_video(tmp_path):
         writer.release()
         return path
     return _make
+
+
+# --- swift_vora.backends tests: a LoRA checkpoint trained through `swift-vora train recipes/cpu-tiny.yaml` ---
+@pytest.fixture(scope='session')
+def tiny_annotations(tmp_path_factory):
+    """Synthetic clips with known answers and their annotation file (2 videos x 16 s)."""
+    from swift_vora.synthetic import make_dataset
+    return make_dataset(str(tmp_path_factory.mktemp('tiny_data')), 2, duration=16.0)
+
+
+@pytest.fixture(scope='session')
+def cpu_tiny_run(tiny_model_dir, tiny_annotations, tmp_path_factory, offline_env):
+    """Runs the real launch path once: `swift-vora train recipes/cpu-tiny.yaml` (plan -> swift sft, 2 steps).
+    Returns {'rc', 'output_dir', 'checkpoint', 'log'}."""
+    import glob
+    import subprocess
+    import sys
+    out = str(tmp_path_factory.mktemp('cpu_tiny_run'))
+    argv = [sys.executable, '-m', 'swift_vora', 'train', os.path.join(REPO_ROOT, 'recipes', 'cpu-tiny.yaml'),
+            f'model.path={tiny_model_dir}', f'data.dataset={tiny_annotations}', f'train.output_dir={out}']
+    proc = subprocess.run(argv, cwd=REPO_ROOT, env=offline_env, capture_output=True, text=True, timeout=600)
+    found = sorted(glob.glob(os.path.join(out, 'v*', 'checkpoint-*')))
+    return {'rc': proc.returncode, 'output_dir': out, 'checkpoint': found[-1] if found else None,
+            'log': proc.stdout[-4000:] + proc.stderr[-4000:]}
+
+
+# --- swift_vora.guards tests: real `swift sft` runs with the guards (issue 5) -----------------------------------
+@pytest.fixture(scope='session')
+def guard_sft():
+    """Runner: `guard_sft(model_dir, rows, out_dir, env=None, nproc=1, extra=())` runs the reference
+    `swift sft --custom_register_path swift_vora ...` (LoRA, 1 epoch, batch 1, CPU/gloo) from the repository root
+    and returns {'rc', 'log', 'run_dir'} (run_dir: the v*-* directory ms-swift created, or None)."""
+    import glob
+    import subprocess
+    import sys
+
+    def _text_rows(path, n, answer='[[1.0, 3.0]]'):
+        import json
+        with open(path, 'w') as f:
+            for i in range(n):
+                f.write(json.dumps({'messages': [{'role': 'user', 'content': f'Query: item {i}'},
+                                                 {'role': 'assistant', 'content': answer}],
+                                    'chat_template_kwargs': {'sample_id': f't{i}'}}) + '\n')
+        return str(path)
+
+    def run(model_dir, rows, out_dir, env=None, nproc=1, extra=(), template='video_ora', timeout=300):
+        swift = os.path.join(os.path.dirname(sys.executable), 'swift')
+        argv = [swift, 'sft'] if os.path.exists(swift) else [sys.executable, '-m', 'swift.cli.main', 'sft']
+        argv += ['--custom_register_path', 'swift_vora', '--model', str(model_dir), '--model_type', 'qwen3_vl',
+                 '--template', template, '--dataset', str(rows), '--tuner_type', 'lora', '--target_modules',
+                 'all-linear', '--num_train_epochs', '1', '--per_device_train_batch_size', '1',
+                 '--gradient_accumulation_steps', '1', '--output_dir', str(out_dir), '--check_model', 'false',
+                 '--fp16', 'false', '--bf16', 'false', '--torch_dtype', 'float32', '--dataloader_num_workers', '0',
+                 '--save_steps', '100', '--logging_steps', '1', '--report_to', 'none', '--split_dataset_ratio', '0',
+                 *extra]
+        full_env = {**os.environ, **OFFLINE_ENV, **(env or {})}
+        if nproc > 1:
+            argv += ['--ddp_backend', 'gloo']
+            full_env['NPROC_PER_NODE'] = str(nproc)
+            full_env.setdefault('MASTER_PORT', str(29500 + os.getpid() % 1000))
+        proc = subprocess.run(argv, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+        runs = sorted(glob.glob(os.path.join(str(out_dir), 'v*-*')))
+        return {'rc': proc.returncode, 'log': proc.stdout + proc.stderr, 'run_dir': runs[-1] if runs else None}
+
+    run.text_rows = _text_rows
+    return run
+
+
+@pytest.fixture(scope='session')
+def guards_ddp_run(tiny_model_dir, guard_sft, tmp_path_factory):
+    """One 2-process (gloo) LoRA run with all guards on: 3 samples over 2 ranks (the tail case). The load check
+    runs without ZeRO-3 too (`SWIFT_VORA_ZERO3_LOAD=always`), to exercise it inside the real trainer."""
+    tmp = tmp_path_factory.mktemp('guards_ddp')
+    rows = guard_sft.text_rows(tmp / 'rows.jsonl', 3)
+    return guard_sft(tiny_model_dir, rows, tmp / 'out', nproc=2, env={'SWIFT_VORA_ZERO3_LOAD': 'always'})

@@ -1,0 +1,306 @@
+"""Merged bf16 weights that vLLM can load, from any adapter this project trains.
+
+    scripts/merge_for_vllm.sh ADAPTER_DIR OUT_DIR [--base MODEL_DIR]
+    python -m swift_vora.backends.merge ADAPTER_DIR OUT_DIR [--base MODEL_DIR]
+
+Where the adapter came from decides how it is merged (`detect_source`):
+- swift LoRA (`swift sft` checkpoint: adapter_config.json + args.json) -> `swift export --adapters ADAPTER
+  --merge_lora true --torch_dtype bfloat16` (ms-swift's own merge, the plugin re-imported from args.json).
+- Megatron (`megatron sft` checkpoint-N / checkpoint-N-merged) -> Megatron-SWIFT already wrote the merged HF
+  weights to checkpoint-N-merged during training: copied and verified (MoE LoRA from Megatron is not merged with
+  swift export).
+- Unsloth (swift_vora_adapter.json with source "unsloth") -> the runner's checkpoint-N-merged if it exists,
+  else Unsloth's `save_pretrained_merged(..., save_method="merged_16bit")` (needs unsloth, i.e. a GPU).
+- PEFT (swift_vora_adapter.json with source "peft", or a plain PEFT adapter) -> transformers + PEFT
+  merge_and_unload in float32, saved in bf16.
+
+The result is written to a temporary directory next to OUT_DIR and renamed to OUT_DIR only after it passed the
+checks (`verify_merged`); an existing OUT_DIR is never touched (exit 2). Checks: bf16 safetensors; with an index,
+every weight_map file exists, every tensor of every file is indexed to that file and no shard is unreferenced;
+without an index, exactly one model.safetensors; no LoRA keys; `architectures` in VLLM_ARCHITECTURES; tokenizer
+and (for vision-language models) processor files present (copied from the base model when the merge tool did
+not write them).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any, Dict, List, Optional, Tuple
+
+from .unsloth import MARKER_FILE
+
+# Architectures vLLM serves, restricted to the families this project trains. Source: vLLM's model registry,
+# vllm/model_executor/models/registry.py (_TEXT_GENERATION_MODELS and _MULTIMODAL_MODELS), read at commit
+# 0002bff0b6cb for Qwen2/2.5/3-VL, Qwen3-VL-MoE, Qwen3, Qwen3-MoE, Qwen3-Next; the Qwen3.5 entries
+# ("Qwen3_5ForConditionalGeneration": ("qwen3_5", ...), "Qwen3_5MoeForConditionalGeneration") were added to the
+# same registry later (vLLM 0.28 lists both). Extend with the source when a new family is trained here.
+VLLM_ARCHITECTURES = frozenset({
+    'Qwen2VLForConditionalGeneration',
+    'Qwen2_5_VLForConditionalGeneration',
+    'Qwen3VLForConditionalGeneration',
+    'Qwen3VLMoeForConditionalGeneration',
+    'Qwen3_5ForConditionalGeneration',
+    'Qwen3_5MoeForConditionalGeneration',
+    'Qwen2ForCausalLM',
+    'Qwen3ForCausalLM',
+    'Qwen3MoeForCausalLM',
+    'Qwen3NextForCausalLM',
+})
+TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt', 'special_tokens_map.json',
+                   'added_tokens.json', 'chat_template.jinja', 'chat_template.json')
+PROCESSOR_FILES = ('preprocessor_config.json', 'video_preprocessor_config.json', 'processor_config.json')
+EXTRA_FILES = ('generation_config.json', )
+MEGATRON_ONLY = ('latest_checkpointed_iteration.txt', )
+OFFLINE_ENV = {'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1',
+               'MODELSCOPE_OFFLINE': '1', 'USE_HF': '1'}
+
+
+class MergeError(Exception):
+    """The merge cannot be done or its result failed a check; the message says which and why."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _read_json(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, encoding='utf-8') as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _is_megatron_args(args: Dict[str, Any]) -> bool:
+    return any(k in args for k in ('expert_model_parallel_size', 'tensor_model_parallel_size', 'mcore_model',
+                                   'micro_batch_size', 'global_batch_size'))
+
+
+def detect_source(adapter_dir: str) -> Tuple[str, Dict[str, Any]]:
+    """('swift' | 'megatron' | 'unsloth' | 'peft', details) for a checkpoint directory."""
+    if not os.path.isdir(adapter_dir):
+        raise MergeError(f'{adapter_dir}: no such directory', 2)
+    marker = _read_json(os.path.join(adapter_dir, MARKER_FILE))
+    if marker.get('source') in ('unsloth', 'peft'):
+        return marker['source'], marker
+    args = _read_json(os.path.join(adapter_dir, 'args.json'))
+    megatron_files = os.path.exists(os.path.join(adapter_dir, 'latest_checkpointed_iteration.txt')) or glob.glob(
+        os.path.join(adapter_dir, 'iter_*'))
+    if _is_megatron_args(args) or megatron_files:
+        return 'megatron', args
+    if os.path.isfile(os.path.join(adapter_dir, 'adapter_config.json')):
+        if args.get('model') or args.get('tuner_type'):
+            return 'swift', args
+        return 'peft', _read_json(os.path.join(adapter_dir, 'adapter_config.json'))
+    raise MergeError(f'{adapter_dir}: not an adapter checkpoint this tool knows (no adapter_config.json, no '
+                     f'{MARKER_FILE}, no Megatron args.json)', 2)
+
+
+def base_model_of(adapter_dir: str, source: str, info: Dict[str, Any]) -> Optional[str]:
+    for key in ('base_model', 'model', 'model_dir'):
+        if info.get(key) and os.path.isdir(info[key]):
+            return info[key]
+    cfg = _read_json(os.path.join(adapter_dir, 'adapter_config.json'))
+    path = cfg.get('base_model_name_or_path')
+    return path if path and os.path.isdir(path) else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def _swift_export(adapter_dir: str, staged: str) -> None:
+    from .launch import console_script
+    argv = [console_script('swift'), 'export', '--adapters', adapter_dir, '--merge_lora', 'true', '--output_dir',
+            staged, '--torch_dtype', 'bfloat16', '--safe_serialization', 'true', '--use_hf', 'true']
+    print('$ ' + ' '.join(argv), flush=True)
+    proc = subprocess.run(argv, env={**os.environ, **OFFLINE_ENV})
+    if proc.returncode != 0:
+        raise MergeError(f'swift export failed with exit code {proc.returncode}')
+
+
+def _megatron_merged_dir(adapter_dir: str) -> str:
+    adapter_dir = adapter_dir.rstrip(os.sep)
+    merged = adapter_dir if adapter_dir.endswith('-merged') else adapter_dir + '-merged'
+    if not os.path.isfile(os.path.join(merged, 'config.json')):
+        raise MergeError(f'{merged}: Megatron-SWIFT writes the merged HF weights there when training with '
+                         '--merge_lora true --save_safetensors true (our megatron recipes do); it is missing. '
+                         'Export it with `megatron export --mcore_adapter CKPT --to_hf true --merge_lora true`.')
+    return merged
+
+
+def _copy_model_dir(src: str, staged: str) -> None:
+    def ignore(directory, names):
+        return [n for n in names if n in MEGATRON_ONLY or n.startswith('iter_') or n == MARKER_FILE]
+
+    shutil.copytree(src, staged, ignore=ignore)
+
+
+def _peft_merge(adapter_dir: str, base: str, staged: str) -> None:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    config = AutoConfig.from_pretrained(base)
+    auto = AutoModelForImageTextToText if hasattr(config, 'vision_config') else AutoModelForCausalLM
+    model = auto.from_pretrained(base, dtype=torch.float32)
+    model = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+    model.to(torch.bfloat16).save_pretrained(staged, safe_serialization=True)
+
+
+def _unsloth_merge(adapter_dir: str, staged: str) -> None:
+    merged = adapter_dir.rstrip(os.sep) + '-merged'
+    if os.path.isfile(os.path.join(merged, 'config.json')):
+        _copy_model_dir(merged, staged)
+        return
+    try:
+        import unsloth  # noqa: F401
+        from unsloth import FastModel
+    except ImportError:
+        raise MergeError(f'{adapter_dir} is an Unsloth adapter and {merged} does not exist: merging needs unsloth '
+                         '(a CUDA GPU). Run this on the GPU machine, or train with unsloth.save_merged=true.') from None
+    model, tokenizer = FastModel.from_pretrained(model_name=adapter_dir, load_in_4bit=False, load_in_8bit=False)
+    model.save_pretrained_merged(staged, tokenizer, save_method='merged_16bit')
+
+
+def _copy_processor_files(base: Optional[str], staged: str) -> List[str]:
+    copied = []
+    if not base:
+        return copied
+    for name in TOKENIZER_FILES + PROCESSOR_FILES + EXTRA_FILES:
+        src, dst = os.path.join(base, name), os.path.join(staged, name)
+        if os.path.isfile(src) and not os.path.exists(dst):
+            shutil.copy2(src, dst)
+            copied.append(name)
+    return copied
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def verify_merged(model_dir: str) -> Dict[str, Any]:
+    """Check a merged model directory; raise MergeError naming every problem found."""
+    from safetensors import safe_open
+    problems: List[str] = []
+    config = _read_json(os.path.join(model_dir, 'config.json'))
+    if not config:
+        raise MergeError(f'{model_dir}: no config.json')
+    archs = config.get('architectures') or []
+    if not archs:
+        problems.append('config.json has no architectures')
+    bad_archs = [a for a in archs if a not in VLLM_ARCHITECTURES]
+    if bad_archs:
+        problems.append(f'architectures {bad_archs} are not in the list vLLM serves ({sorted(VLLM_ARCHITECTURES)})')
+
+    shards = sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_dir, '*.safetensors')))
+    index_path = os.path.join(model_dir, 'model.safetensors.index.json')
+    weight_map: Dict[str, str] = {}
+    if os.path.isfile(index_path):
+        weight_map = (_read_json(index_path).get('weight_map') or {})
+        if not weight_map:
+            problems.append('model.safetensors.index.json has no weight_map')
+        referenced = sorted(set(weight_map.values()))
+        missing = [f for f in referenced if f not in shards]
+        if missing:
+            problems.append(f'weight_map names files that do not exist: {missing}')
+        unreferenced = [f for f in shards if f not in referenced]
+        if unreferenced:
+            problems.append(f'safetensors files not in the index: {unreferenced}')
+    elif shards != ['model.safetensors']:
+        problems.append(f'no model.safetensors.index.json and the weights are not one model.safetensors: {shards}')
+
+    tensors, nbytes, non_bf16, lora = 0, 0, [], []
+    seen: Dict[str, str] = {}
+    for shard in shards:
+        path = os.path.join(model_dir, shard)
+        with safe_open(path, framework='pt') as f:
+            for key in f.keys():
+                tensors += 1
+                seen[key] = shard
+                dtype = f.get_slice(key).get_dtype()
+                if dtype in ('F16', 'F32', 'F64', 'F8_E4M3', 'F8_E5M2') and len(non_bf16) < 5:
+                    non_bf16.append(f'{key} ({dtype})')
+                if 'lora_' in key or '.base_layer.' in key:
+                    lora.append(key)
+                if weight_map and weight_map.get(key) != shard:
+                    problems.append(f'{key} in {shard} is indexed to {weight_map.get(key)!r}')
+        nbytes += os.path.getsize(path)
+    if weight_map:
+        absent = [k for k, f in weight_map.items() if seen.get(k) != f]
+        if absent:
+            problems.append(f'{len(absent)} indexed tensors are not in their file (e.g. {absent[:3]})')
+    if non_bf16:
+        problems.append(f'floating tensors that are not bf16: {non_bf16}')
+    if lora:
+        problems.append(f'LoRA keys left in the merged weights: {lora[:5]}')
+    if os.path.exists(os.path.join(model_dir, 'adapter_config.json')):
+        problems.append('adapter_config.json present: vLLM would treat this as an adapter')
+
+    files = set(os.listdir(model_dir))
+    if not ({'tokenizer.json'} <= files or {'vocab.json', 'merges.txt'} <= files):
+        problems.append('no tokenizer (tokenizer.json or vocab.json + merges.txt)')
+    if 'tokenizer_config.json' not in files:
+        problems.append('no tokenizer_config.json')
+    if 'vision_config' in config and not (set(PROCESSOR_FILES) & files):
+        problems.append(f'a vision-language model without processor files ({", ".join(PROCESSOR_FILES)})')
+    if problems:
+        raise MergeError(f'{model_dir}: merged model failed its checks:\n  - ' + '\n  - '.join(problems))
+    return {'architectures': archs, 'files': shards, 'indexed': bool(weight_map), 'tensors': tensors,
+            'bytes': nbytes}
+
+
+def merge(adapter_dir: str, out_dir: str, base: Optional[str] = None) -> Dict[str, Any]:
+    adapter_dir = os.path.abspath(adapter_dir)
+    out_dir = os.path.abspath(out_dir)
+    if os.path.lexists(out_dir):
+        raise MergeError(f'{out_dir} exists: refusing to overwrite it (choose a new OUT_DIR or remove it yourself)',
+                         2)
+    source, info = detect_source(adapter_dir)
+    base = base or base_model_of(adapter_dir, source, info)
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f'.{os.path.basename(out_dir)}.partial-', dir=parent)
+    staged = os.path.join(tmp, 'model')
+    try:
+        if source == 'swift':
+            _swift_export(adapter_dir, staged)
+        elif source == 'megatron':
+            _copy_model_dir(_megatron_merged_dir(adapter_dir), staged)
+        elif source == 'unsloth':
+            _unsloth_merge(adapter_dir, staged)
+        else:
+            if not base:
+                raise MergeError(f'{adapter_dir}: base model unknown; pass --base MODEL_DIR', 2)
+            _peft_merge(adapter_dir, base, staged)
+        copied = _copy_processor_files(base, staged)
+        report = verify_merged(staged)
+        if os.path.lexists(out_dir):
+            raise MergeError(f'{out_dir} appeared while merging: refusing to overwrite it', 2)
+        os.rename(staged, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report.update({'source': source, 'adapter': adapter_dir, 'base': base, 'out_dir': out_dir,
+                   'copied_from_base': copied})
+    return report
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog='merge_for_vllm', description=__doc__.split('\n\n')[0])
+    parser.add_argument('adapter_dir')
+    parser.add_argument('out_dir')
+    parser.add_argument('--base', default=None, help='base model directory (default: from the checkpoint)')
+    parser.add_argument('--verify-only', action='store_true', help='check an existing merged directory (ADAPTER_DIR '
+                        'is ignored; OUT_DIR is checked)')
+    args = parser.parse_args(argv)
+    try:
+        report = verify_merged(args.out_dir) if args.verify_only else merge(args.adapter_dir, args.out_dir, args.base)
+    except MergeError as e:
+        print(f'merge_for_vllm: {e}', file=sys.stderr)
+        return e.exit_code
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

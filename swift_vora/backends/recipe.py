@@ -1,0 +1,259 @@
+"""Recipes: one YAML file that says what to train, on what, with which memory knobs.
+
+A recipe is read with `yaml.safe_load` and checked against `SCHEMA` below: an unknown key (a typo) or a
+value of the wrong type stops with an error that names the file and the dotted key. Every key has a default
+except `model.path` and `data.dataset`.
+
+Overrides (`swift-vora train RECIPE.yaml key=value ...`): `key` is a dotted path into the recipe
+(`video.max_frames=16`, `model.path=/models/x`, `train.backend=deepspeed_zero3`, `megatron.ep=4`); `value`
+is parsed as a YAML scalar or flow collection (`true`, `16`, `1e-4`, `null`, `[q_proj, v_proj]`,
+`{A: 1}`), so types are the same as in the file. Overrides are applied in order, after the file, and are
+checked like the file. A dict-valued key (`env`, `guards.env`, `deepspeed.zero_optimization`) can be set
+whole (`env={A: 1}`) or per entry (`env.A=1`).
+"""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Sequence, Tuple
+
+REQUIRED = object()
+ANY_DICT = 'dict'  # free-form mapping (entries not checked)
+
+# dotted key -> (accepted types, default). Types: python types or ANY_DICT. The comments are the documentation
+# of every key; docs/backends.md repeats them with examples.
+SCHEMA: Dict[str, Tuple[tuple, Any]] = {
+    # --- where ---------------------------------------------------------------------------------------------
+    'hardware': ((str, type(None)), None),  # planner profile: 3060x4 | 3090x3 | h200x1 | h200x8 | local
+    'gpus': ((int, type(None)), None),  # GPUs per node (instead of `hardware`)
+    'gpu_mem_gib': ((int, float, type(None)), None),  # memory of one GPU, GiB (with `gpus`)
+    'host_ram_gib': ((int, float, type(None)), None),  # host RAM per node, GiB (overrides the profile's)
+    'nodes': ((int, ), 1),  # nodes; >1 launches through torchrun rendezvous (NNODES/NODE_RANK/MASTER_ADDR)
+    # --- what ----------------------------------------------------------------------------------------------
+    'model.path': ((str, ), REQUIRED),  # local model directory (download it yourself; nothing is fetched)
+    'model.type': ((str, type(None)), None),  # ms-swift --model_type; default: config.json's model_type
+    'data.dataset': ((str, list), REQUIRED),  # annotation JSONL (windowed by the video_ora dataset) or rows
+    'data.video_root': ((str, type(None)), None),  # directory relative video paths are resolved against
+    'data.window': ((int, float, type(None)), None),  # clip length in seconds (None: the dataset's default)
+    'data.stride': ((int, float, type(None)), None),  # clip stride in seconds
+    'data.min_event': ((int, float, type(None)), None),  # drop event slivers shorter than this at clip edges
+    'data.max_length': ((int, type(None)), None),  # token cap per sample; the template drops frames to fit
+    'data.strict': ((bool, ), False),  # stop at the first invalid annotation line
+    # --- video budget (swift_vora.budget.VideoBudget; exported as SWIFT_VORA_* env) -------------------------
+    'video.fps': ((int, float), 2.0),  # frames per second of clip; higher = finer timing, more tokens
+    'video.min_frames': ((int, ), 4),  # never fewer frames per clip
+    'video.max_frames': ((int, ), 64),  # frame cap per clip: the first knob to turn down when it does not fit
+    'video.pair_tokens': ((int, ), 256),  # tokens per frame pair (resolution): the second knob
+    'video.min_pair_tokens': ((int, ), 16),  # lowest resolution a frame pair may be shrunk to
+    'video.max_video_tokens': ((int, type(None)), None),  # hard cap on one clip's video tokens
+    # --- training ------------------------------------------------------------------------------------------
+    'train.backend': ((str, ), 'auto'),  # auto | ddp | deepspeed_zero2 | deepspeed_zero3 | megatron_ep_lora |
+    #                                      unsloth_split_lora (auto: the planner chooses)
+    'train.tuner': ((str, ), 'lora'),  # lora | full | selective (full training of attention + shared experts)
+    'train.lora_rank': ((int, ), 8),  # LoRA rank; memory and trainable parameters grow linearly with it
+    'train.lora_alpha': ((int, float), 32),  # LoRA scaling numerator
+    'train.lora_dropout': ((int, float), 0.05),
+    'train.target_modules': ((str, list), 'all-linear'),  # LoRA targets (swift/Megatron syntax)
+    'train.micro_batch': ((int, ), 1),  # samples per GPU per step; activations scale with it
+    'train.grad_accum': ((int, type(None)), None),  # gradient accumulation (None: a total batch of 16)
+    'train.epochs': ((int, float), 1),
+    'train.max_steps': ((int, type(None)), None),  # stop after this many optimizer steps
+    'train.lr': ((int, float), 1e-4),
+    'train.warmup_ratio': ((int, float), 0.05),
+    'train.save_steps': ((int, ), 100),
+    'train.logging_steps': ((int, ), 5),
+    'train.gradient_checkpointing': ((bool, ), True),  # recompute activations: much less memory, ~30 % slower
+    'train.freeze_vit': ((bool, ), True),  # keep the vision tower frozen (LoRA on the language model only)
+    'train.dtype': ((str, ), 'bfloat16'),  # bfloat16 | float16 | float32 (float32: CPU only)
+    'train.attn_impl': ((str, type(None)), 'sdpa'),  # sdpa | flash_attn | eager (flash_attn: install it)
+    'train.dataloader_workers': ((int, ), 2),  # decode workers per GPU; each holds decoded frames in RAM
+    'train.output_dir': ((str, ), 'output/swift-vora'),
+    'train.add_version': ((bool, ), True),  # swift appends v<N>-<time> to output_dir (never overwrites)
+    'train.seed': ((int, ), 42),
+    # --- DeepSpeed (dense models; swift sft --deepspeed <generated json>) -------------------------------------
+    'deepspeed.offload': ((str, type(None)), None),  # none | cpu (None: what the planner decided)
+    'deepspeed.zero_optimization': (ANY_DICT, {}),  # entries merged over the generated zero_optimization
+    # --- Megatron (MoE on several GPUs; megatron sft) --------------------------------------------------------
+    'megatron.ep': ((int, type(None)), None),  # expert parallel size (None: the planner's)
+    'megatron.tp': ((int, type(None)), None),  # tensor parallel size (None: the planner's)
+    'megatron.pp': ((int, ), 1),  # pipeline parallel size
+    'megatron.global_batch': ((int, ), 16),  # samples per optimizer step over all GPUs
+    'megatron.recompute': ((str, ), 'full'),  # full | selective | none: full saves the most memory
+    'megatron.recompute_num_layers': ((int, ), 1),  # layers per recompute chunk (uniform method)
+    'megatron.moe_grouped_gemm': ((bool, ), True),  # one grouped GEMM for all local experts
+    'megatron.moe_permute_fusion': ((bool, ), True),  # fused token permutation (needs TE >= 2.1)
+    'megatron.attention_backend': ((str, ), 'flash'),
+    'megatron.merge_lora': ((bool, ), True),  # save checkpoint-N-merged (HF safetensors, LoRA merged)
+    # --- Unsloth (MoE on one GPU; python -m swift_vora.backends.unsloth_runner) -----------------------------
+    'unsloth.gradient_checkpointing': ((str, bool), 'unsloth'),  # 'unsloth' offloads layer inputs to host
+    'unsloth.save_merged': ((bool, ), False),  # also write merged 16-bit weights (save_pretrained_merged)
+    # --- guards, environment, escape hatch ----------------------------------------------------------------
+    'guards.callbacks': ((list, ), []),  # names registered in swift's callbacks_map, passed as --callbacks
+    'guards.env': (ANY_DICT, {}),  # environment for the guards (strings)
+    'env': (ANY_DICT, {}),  # extra environment for the launched process (not overriding SWIFT_VORA_* set here)
+    'extra_args': ((list, ), []),  # appended verbatim to the launcher's argv (checked: no backend switches)
+}
+SECTIONS = sorted({k.split('.')[0] for k in SCHEMA if '.' in k})
+FREE_DICTS = tuple(k for k, (t, _) in SCHEMA.items() if t == ANY_DICT)
+
+
+class RecipeError(ValueError):
+    """A recipe or an override that cannot be used; the message names the file and the key."""
+
+
+@dataclass
+class Recipe:
+    path: str  # the file it came from ('<overrides>' when built in code)
+    values: Dict[str, Any]  # dotted key -> value, every SCHEMA key present
+    overrides: List[str] = field(default_factory=list)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def section(self, name: str) -> Dict[str, Any]:
+        prefix = name + '.'
+        return {k[len(prefix):]: v for k, v in self.values.items() if k.startswith(prefix)}
+
+
+def _flatten(doc: Dict[str, Any], where: str) -> Dict[str, Any]:
+    flat: Dict[str, Any] = {}
+
+    def walk(node: Dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            if not isinstance(key, str):
+                raise RecipeError(f'{where}: key {key!r} under {prefix or "the top level"!r} is not a string')
+            dotted = f'{prefix}.{key}' if prefix else key
+            if dotted in SCHEMA:
+                flat[dotted] = value
+            elif isinstance(value, dict) and dotted in SECTIONS:
+                walk(value, dotted)
+            elif dotted in SECTIONS:
+                raise RecipeError(f'{where}: key {dotted!r} must be a mapping of settings, got {value!r}')
+            else:
+                raise RecipeError(f'{where}: unknown key {dotted!r}{_suggest(dotted)}')
+
+    walk(doc, '')
+    return flat
+
+
+def _suggest(key: str) -> str:
+    import difflib
+    close = difflib.get_close_matches(key, list(SCHEMA), n=1)
+    return f' (did you mean {close[0]!r}?)' if close else ''
+
+
+def _check(values: Dict[str, Any], where: str) -> None:
+    for key, (types, default) in SCHEMA.items():
+        value = values.get(key, REQUIRED)
+        if value is REQUIRED:
+            if default is REQUIRED:
+                raise RecipeError(f'{where}: missing required key {key!r}')
+            values[key] = copy.deepcopy(default)
+            continue
+        if types == ANY_DICT:
+            if value is None:
+                values[key] = {}
+            elif not isinstance(value, dict):
+                raise RecipeError(f'{where}: key {key!r} must be a mapping, got {value!r}')
+            continue
+        if isinstance(value, str) and float in types:  # PyYAML (YAML 1.1) reads 2e-5 as a string
+            try:
+                value = values[key] = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) and bool not in types:
+            raise RecipeError(f'{where}: key {key!r} must be {_type_names(types)}, got {value!r}')
+        if not isinstance(value, types):
+            raise RecipeError(f'{where}: key {key!r} must be {_type_names(types)}, got {value!r}')
+    choices = {
+        'train.backend': ('auto', 'ddp', 'deepspeed_zero2', 'deepspeed_zero3', 'megatron_ep_lora',
+                          'unsloth_split_lora'),
+        'train.tuner': ('lora', 'full', 'selective'),
+        'train.dtype': ('bfloat16', 'float16', 'float32'),
+        'deepspeed.offload': (None, 'none', 'cpu'),
+        'megatron.recompute': ('full', 'selective', 'none'),
+    }
+    for key, allowed in choices.items():
+        if values[key] not in allowed:
+            raise RecipeError(f'{where}: key {key!r} must be one of {", ".join(map(str, allowed))}; '
+                              f'got {values[key]!r}')
+    if values['nodes'] < 1:
+        raise RecipeError(f'{where}: key \'nodes\' must be >= 1')
+    for key in ('guards.env', 'env'):
+        for k in values[key]:
+            if not isinstance(k, str):
+                raise RecipeError(f'{where}: key {key!r}: environment names must be strings, got {k!r}')
+    for key in ('extra_args', 'guards.callbacks'):
+        if not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in values[key]):
+            raise RecipeError(f'{where}: key {key!r} must be a list of strings')
+        values[key] = [str(a) for a in values[key]]
+    if isinstance(values['data.dataset'], list):
+        if not values['data.dataset'] or not all(isinstance(d, str) for d in values['data.dataset']):
+            raise RecipeError(f'{where}: key \'data.dataset\' must be a path or a non-empty list of paths')
+
+
+def _type_names(types: tuple) -> str:
+    names = {str: 'a string', int: 'an integer', float: 'a number', bool: 'true/false', list: 'a list',
+             type(None): 'null'}
+    return ' or '.join(names.get(t, t.__name__) for t in types)
+
+
+def parse_override(text: str) -> Tuple[str, Any]:
+    """`key=value` -> (dotted key, YAML-parsed value)."""
+    import yaml
+    if '=' not in text:
+        raise RecipeError(f'override {text!r}: expected key=value (e.g. video.max_frames=16)')
+    key, raw = text.split('=', 1)
+    key = key.strip()
+    if not key:
+        raise RecipeError(f'override {text!r}: empty key')
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise RecipeError(f'override {text!r}: value is not valid YAML ({e.__class__.__name__})') from None
+    return key, value
+
+
+def apply_overrides(values: Dict[str, Any], overrides: Sequence[str]) -> None:
+    for text in overrides:
+        key, value = parse_override(text)
+        if key in SCHEMA:
+            values[key] = value
+            continue
+        parent = next((d for d in FREE_DICTS if key.startswith(d + '.')), None)
+        if parent is not None:
+            values[parent] = {**(values.get(parent) or {}), key[len(parent) + 1:]: value}
+            continue
+        raise RecipeError(f'override {text!r}: unknown key {key!r}{_suggest(key)}')
+
+
+def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
+    import yaml
+    if not os.path.isfile(path):
+        raise RecipeError(f'{path}: no such recipe file')
+    try:
+        with open(path, encoding='utf-8') as f:
+            doc = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        mark = getattr(e, 'problem_mark', None)
+        where = f' (line {mark.line + 1}, column {mark.column + 1})' if mark is not None else ''
+        raise RecipeError(f'{path}: not valid YAML{where}: {getattr(e, "problem", None) or e}') from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise RecipeError(f'{path}: a recipe is a mapping of keys, got {type(doc).__name__}')
+    values = _flatten(doc, path)
+    apply_overrides(values, overrides)
+    _check(values, path + (' (with overrides)' if overrides else ''))
+    return Recipe(path=path, values=values, overrides=list(overrides))
+
+
+def recipe_from_dict(doc: Dict[str, Any], overrides: Sequence[str] = (), where: str = '<recipe>') -> Recipe:
+    values = _flatten(doc, where)
+    apply_overrides(values, overrides)
+    _check(values, where)
+    return Recipe(path=where, values=values, overrides=list(overrides))

@@ -1,0 +1,283 @@
+"""Train a MoE with Unsloth's split LoRA on one GPU, with the video_ora template and dataset.
+
+    python -m swift_vora.backends.unsloth_runner OUTPUT/swift-vora-launch/unsloth_run.json   # what train runs
+    python -m swift_vora.backends.unsloth_runner recipes/h200x1.yaml [key=value ...]         # a recipe directly
+
+Order matters: the environment (offline, no statistics, compiled cache under the output dir) is set and
+`unsloth` is imported before transformers / ms-swift, so that all of Unsloth's patches apply. Then:
+FastModel.from_pretrained (16-bit, never 4-bit) -> FastModel.get_peft_model with explicit leaf targets ->
+checks on the live model (router frozen and without LoRA, LoRA on the experts, nothing quantized) ->
+rows from swift_vora.dataset.build_swift_rows -> ms-swift's `video_ora` template encode + collate in the main
+process (no DataLoader workers: nothing forks next to CUDA and Unsloth's compiled modules) -> a plain AdamW loop
+-> `checkpoint-N/` (PEFT adapter + processor + swift_vora_adapter.json) and, with `unsloth.save_merged`,
+`checkpoint-N-merged/` (save_pretrained_merged, merged_16bit).
+
+`--loader peft` swaps Unsloth's loader for transformers + PEFT (LoRA on the same modules, experts through
+`target_parameters`): the tests run the whole loop on CPU that way. Everything else is the same code.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from .unsloth import (MARKER_FILE, UnslothRunConfig, assert_router_frozen, from_pretrained_kwargs, peft_kwargs,
+                      unsloth_env)
+
+
+def log(msg: str) -> None:
+    print(f'[swift-vora unsloth] {msg}', flush=True)
+
+
+def _config_from_recipe(path: str, overrides: List[str], loader: Optional[str]) -> UnslothRunConfig:
+    from .launch import PlanView, common_env, config_model_type
+    from .recipe import load_recipe
+    from .unsloth import run_config
+    recipe = load_recipe(path, overrides)
+    view = PlanView(backend='unsloth_split_lora', verdict='fits', reasons=[], num_gpus=1, nodes=1, ep=1, tp=1,
+                    offload='none', micro_batch=recipe['train.micro_batch'], is_moe=True,
+                    model_type=recipe['model.type'] or config_model_type(recipe['model.path']), gpu_peak_gib=None,
+                    host_peak_gib=None)
+    for key, value in common_env(recipe, view).items():
+        os.environ.setdefault(key, value)
+    cfg = run_config(view, recipe)
+    if loader:
+        cfg.loader = loader
+    return cfg
+
+
+def load_model(cfg: UnslothRunConfig):
+    """(model with LoRA, info dict). Unsloth on GPU; transformers + PEFT for the CPU stand-in."""
+    import torch
+    info: Dict[str, Any] = {'loader': cfg.loader}
+    if cfg.loader == 'unsloth':
+        from unsloth import FastModel
+        kwargs = from_pretrained_kwargs(cfg)
+        if isinstance(kwargs['dtype'], str):  # FastModel asserts a torch dtype
+            kwargs['dtype'] = getattr(torch, kwargs['dtype'])
+        model, _ = FastModel.from_pretrained(**kwargs)
+        model = FastModel.get_peft_model(model, **peft_kwargs(cfg))
+        info['from_pretrained'] = {k: str(v) for k, v in kwargs.items() if k != 'model_name'}
+        info['split_lora'] = os.environ.get('UNSLOTH_MOE_LORA_MERGED', '0') != '1'
+        try:
+            from unsloth_zoo.temporary_patches.moe_utils import select_moe_backend
+            info['moe_backend'] = select_moe_backend()
+        except Exception as e:  # the name moved between versions: report, do not fail
+            info['moe_backend'] = f'unknown ({e.__class__.__name__})'
+        return model, info
+    if cfg.loader != 'peft':
+        raise ValueError(f'loader {cfg.loader!r}: unsloth | peft')
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    dtype = getattr(torch, cfg.dtype)
+    config = AutoConfig.from_pretrained(cfg.model_path)
+    auto = AutoModelForImageTextToText if hasattr(config, 'vision_config') else AutoModelForCausalLM
+    model = auto.from_pretrained(cfg.model_path, dtype=dtype)
+    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=_language_regex(cfg.target_modules),
+                      target_parameters=list(cfg.target_parameters) or None)
+    model = get_peft_model(model, lora)
+    info['split_lora'] = False
+    info['moe_backend'] = 'transformers (PEFT stand-in)'
+    return model, info
+
+
+def _language_regex(leaves: List[str]) -> str:
+    """PEFT regex: the leaf names, inside the language model only (the vision tower stays frozen)."""
+    return r'.*language_model.*\.(' + '|'.join(leaves) + r')$'
+
+
+def check_not_quantized(model) -> None:
+    for name, param in model.named_parameters():
+        cls = type(param).__name__
+        if cls in ('Params4bit', 'Int8Params') or str(param.dtype) in ('torch.uint8', 'torch.int8'):
+            raise AssertionError(f'{name} is quantized ({cls}, {param.dtype}): MoE training here is 16-bit only')
+
+
+def build_template(cfg: UnslothRunConfig):
+    import swift_vora
+    swift_vora.register()
+    from swift.model import get_processor
+    from swift.template import get_template
+    processor = get_processor(cfg.model_path, model_type=cfg.model_type or None)
+    template = get_template(processor, template_type='video_ora', max_length=cfg.max_length)
+    template.set_mode('train')
+    return processor, template
+
+
+def build_rows(cfg: UnslothRunConfig) -> List[Dict[str, Any]]:
+    from swift_vora.dataset import build_swift_rows
+    rows: List[Dict[str, Any]] = []
+    for path in cfg.dataset:
+        if _is_rows_file(path):
+            with open(path, encoding='utf-8') as f:
+                rows += [json.loads(line) for line in f if line.strip()]
+            continue
+        got, report, slivers = build_swift_rows(path, strict=cfg.strict, video_root=cfg.video_root)
+        log(f'{path}: {report.total} annotation lines, {len(report.rows)} valid, {len(report.invalid)} rejected; '
+            f'{len(got)} windowed samples; {slivers} sliver events dropped')
+        for bad in report.invalid:
+            log(f'rejected: {bad.reason}')
+        rows += got
+    if not rows:
+        raise SystemExit('no training samples')
+    return rows
+
+
+def _is_rows_file(path: str) -> bool:
+    from swift_vora.dataset import looks_like_annotations
+    return not looks_like_annotations(path)
+
+
+def _forward_keys(model) -> Optional[set]:
+    import inspect
+    base = model
+    for attr in ('get_base_model', ):
+        if hasattr(base, attr):
+            base = getattr(base, attr)()
+    params = inspect.signature(base.forward).parameters
+    return set(params)
+
+
+def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    for key, value in unsloth_env(cfg.output_dir).items():
+        os.environ.setdefault(key, value)
+    if cfg.loader == 'unsloth':
+        import unsloth  # noqa: F401  (first: before transformers and ms-swift)
+    import torch
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+
+    model, info = load_model(cfg)
+    counts = assert_router_frozen(model)
+    check_not_quantized(model)
+    if cfg.is_moe and counts['expert_lora_tensors'] == 0:
+        raise AssertionError('no LoRA on the experts: the MoE split-LoRA path is not active')
+    info.update(counts)
+    log(f'model loaded ({cfg.loader}): {counts["lora_tensors"]} LoRA tensors, {counts["expert_lora_tensors"]} on '
+        f'experts, {counts["trainable_params"]:,} trainable parameters; router frozen; moe backend: '
+        f'{info.get("moe_backend")}')
+    if cfg.loader == 'peft':
+        model.to(device)
+    processor, template = build_template(cfg)
+    rows = build_rows(cfg)
+    keys = _forward_keys(model)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    per_step = cfg.micro_batch * cfg.grad_accum
+    total = cfg.max_steps or max(1, math.ceil(len(rows) * cfg.epochs / per_step))
+    warmup = int(total * cfg.warmup_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)) * max(0.1, 1 - max(0, s - warmup) / max(1, total)))
+    log_path = os.path.join(cfg.output_dir, 'train_log.jsonl')
+    order: List[int] = []
+    rejected = 0
+    model.train()
+    start = time.time()
+    step, samples, last = 0, 0, {}
+    while step < total:
+        loss_sum = 0.0
+        for _ in range(cfg.grad_accum):
+            batch, n_rej = _next_batch(rows, order, template, cfg)
+            rejected += n_rej
+            inputs = {k: v.to(device) if hasattr(v, 'to') else v for k, v in batch.items() if k in keys}
+            loss = model(**inputs).loss / cfg.grad_accum
+            loss.backward()
+            loss_sum += float(loss.detach())
+            samples += cfg.micro_batch
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        last = {'step': step, 'loss': round(loss_sum, 6), 'lr': scheduler.get_last_lr()[0], 'samples': samples,
+                'rejected_samples': rejected, 'seconds': round(time.time() - start, 2)}
+        if step % cfg.logging_steps == 0 or step == total or step == 1:
+            log(json.dumps(last))
+        with open(log_path, 'a', encoding='utf-8') as f:
+            f.write(json.dumps(last) + '\n')
+        if step % cfg.save_steps == 0 or step == total:
+            save(model, processor, cfg, step, info)
+    if torch.cuda.is_available():
+        info['max_memory_allocated_gib'] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        info['max_memory_reserved_gib'] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
+        log(f'peak GPU memory (measured): {info["max_memory_allocated_gib"]} GiB allocated, '
+            f'{info["max_memory_reserved_gib"]} GiB reserved')
+    info['last'] = last
+    return info
+
+
+def _next_batch(rows, order: List[int], template, cfg: UnslothRunConfig) -> Tuple[Dict[str, Any], int]:
+    from swift_vora.template import SampleRejected
+    encoded, rejected = [], 0
+    while len(encoded) < cfg.micro_batch:
+        if not order:
+            order.extend(random.sample(range(len(rows)), len(rows)))
+        row = rows[order.pop()]
+        try:
+            encoded.append(template.encode(row))
+        except SampleRejected as e:
+            if cfg.strict:
+                raise
+            rejected += 1
+            log(f'sample rejected: {e}')
+            if rejected > len(rows):
+                raise SystemExit('every sample was rejected by the template')
+    return template.data_collator(encoded), rejected
+
+
+def save(model, processor, cfg: UnslothRunConfig, step: int, info: Dict[str, Any]) -> str:
+    ckpt = os.path.join(cfg.output_dir, f'checkpoint-{step}')
+    model.save_pretrained(ckpt)
+    processor.save_pretrained(ckpt)
+    marker = {'source': 'unsloth' if cfg.loader == 'unsloth' else 'peft', 'base_model': os.path.abspath(cfg.model_path),
+              'model_type': cfg.model_type, 'template': 'video_ora', 'step': step,
+              'split_lora': info.get('split_lora'), 'moe_backend': info.get('moe_backend'),
+              'target_modules': cfg.target_modules, 'target_parameters': cfg.target_parameters}
+    with open(os.path.join(ckpt, MARKER_FILE), 'w', encoding='utf-8') as f:
+        json.dump(marker, f, indent=2)
+    # ms-swift reads these keys from a checkpoint's args.json (`swift infer --adapters CKPT`).
+    with open(os.path.join(ckpt, 'args.json'), 'w', encoding='utf-8') as f:
+        json.dump({'model': os.path.abspath(cfg.model_path), 'model_type': cfg.model_type, 'template': 'video_ora',
+                   'custom_register_path': ['swift_vora'], 'tuner_type': 'lora'}, f, indent=2)
+    log(f'saved adapter {ckpt}')
+    if cfg.save_merged and cfg.loader == 'unsloth':
+        merged = ckpt + '-merged'
+        model.save_pretrained_merged(merged, processor, save_method='merged_16bit')
+        log(f'saved merged 16-bit weights {merged}')
+    return ckpt
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog='python -m swift_vora.backends.unsloth_runner', description=__doc__.split(
+        '\n\n')[0])
+    parser.add_argument('config', help='unsloth_run.json written by `swift-vora train`, or a recipe YAML')
+    parser.add_argument('overrides', nargs='*', help='key=value recipe overrides (recipe form only)')
+    parser.add_argument('--loader', choices=('unsloth', 'peft'), default=None,
+                        help='peft: transformers + PEFT stand-in (CPU tests); default: the config\'s')
+    args = parser.parse_args(argv)
+    if args.config.endswith('.json'):
+        if args.overrides:
+            parser.error('overrides apply to a recipe YAML, not to a run config JSON')
+        with open(args.config, encoding='utf-8') as f:
+            cfg = UnslothRunConfig.from_json(f.read())
+        if args.loader:
+            cfg.loader = args.loader
+    else:
+        cfg = _config_from_recipe(args.config, args.overrides, args.loader)
+    info = train(cfg)
+    with open(os.path.join(cfg.output_dir, 'unsloth_run_result.json'), 'w', encoding='utf-8') as f:
+        json.dump(info, f, indent=2, default=str)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,319 @@
+"""swift-vora train: recipes, overrides, exit codes, the swift sft / DeepSpeed launch, multi-node env, and the
+refusal of every path that could put a MoE model under DeepSpeed ZeRO-3 (all without loading a weight)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from swift_vora.backends.deepspeed import ZERO3_SMALL_GPU, ZERO3_SWIFT, zero_config
+from swift_vora.backends.launch import LaunchRefused, LaunchUsageError, build_launch, deepspeed_stage
+from swift_vora.backends.planning import plan_recipe
+from swift_vora.backends.recipe import RecipeError, SCHEMA, load_recipe, parse_override, recipe_from_dict
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(REPO, 'tests', 'fixtures', 'configs')
+DENSE_2B = os.path.join(CONFIGS, 'qwen3_vl_2b.json')
+MOE_35B = os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json')
+MOE_30B_VL = os.path.join(CONFIGS, 'qwen3_vl_moe_30b_a3b.json')
+SWIFT_PRESETS = os.path.join(os.path.dirname(__import__('swift').__file__), 'config')
+
+
+def train(*args, env=None):
+    """Run `swift-vora train ...` as a user would; returns (rc, stdout, stderr)."""
+    proc = subprocess.run([sys.executable, '-m', 'swift_vora', 'train', *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **(env or {})})
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def dry_json(recipe, *overrides, env=None):
+    rc, out, err = train(recipe, *overrides, '--dry-run', '--json', env=env)
+    return rc, (json.loads(out) if out.strip() else None), err
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def minimal(model=DENSE_2B, **train):
+    doc = {'hardware': '3060x4', 'model': {'path': model}, 'data': {'dataset': 'data/train.jsonl'}}
+    if train:
+        doc['train'] = train
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# recipes and overrides
+# ---------------------------------------------------------------------------------------------------------------
+def test_unknown_key_names_file_and_key_with_a_suggestion(tmp_path):
+    path = write(tmp_path, 'r.yaml', 'model: {path: x}\ndata: {dataset: d.jsonl}\nvideo: {max_frame: 8}\n')
+    with pytest.raises(RecipeError) as e:
+        load_recipe(path)
+    assert path in str(e.value) and "'video.max_frame'" in str(e.value) and 'video.max_frames' in str(e.value)
+
+
+@pytest.mark.parametrize('text, key', [
+    ('data: {dataset: d.jsonl}\n', "'model.path'"),  # missing required
+    ('model: {path: x}\ndata: {dataset: d.jsonl}\nvideo: {max_frames: many}\n', "'video.max_frames'"),
+    ('model: {path: x}\ndata: {dataset: d.jsonl}\ntrain: {gradient_checkpointing: 1}\n', "'train.gradient_checkpointing'"),
+    ('model: {path: x}\ndata: {dataset: d.jsonl}\ntrain: {backend: zero3}\n', "'train.backend'"),
+    ('model: x\ndata: {dataset: d.jsonl}\n', "'model'"),
+])
+def test_recipe_errors_name_the_key(tmp_path, text, key):
+    path = write(tmp_path, 'r.yaml', text)
+    with pytest.raises(RecipeError) as e:
+        load_recipe(path)
+    assert path in str(e.value) and key in str(e.value)
+
+
+def test_bad_yaml_names_file_and_line(tmp_path):
+    path = write(tmp_path, 'r.yaml', 'model:\n  path: [unclosed\n')
+    with pytest.raises(RecipeError) as e:
+        load_recipe(path)
+    assert path in str(e.value) and 'line' in str(e.value)
+
+
+def test_overrides_are_dotted_keys_with_yaml_values(tmp_path):
+    path = write(tmp_path, 'r.yaml', 'model: {path: x}\ndata: {dataset: d.jsonl}\n')
+    r = load_recipe(path, ['video.max_frames=16', 'train.lr=2e-5', 'train.target_modules=[q_proj, v_proj]',
+                           'train.max_steps=null', 'env.MY_FLAG=1', 'deepspeed.zero_optimization.overlap_comm=true',
+                           'data.dataset=[a.jsonl, b.jsonl]'])
+    assert r['video.max_frames'] == 16 and r['train.lr'] == 2e-5 and r['train.max_steps'] is None
+    assert r['train.target_modules'] == ['q_proj', 'v_proj'] and r['data.dataset'] == ['a.jsonl', 'b.jsonl']
+    assert r['env'] == {'MY_FLAG': 1} and r['deepspeed.zero_optimization'] == {'overlap_comm': True}
+    assert parse_override('a.b=') == ('a.b', None)
+    for bad in ('video.max_frames', 'video.nope=1', 'video.max_frames=x'):
+        with pytest.raises(RecipeError):
+            load_recipe(path, [bad])
+
+
+def test_every_schema_default_passes_its_own_check():
+    r = recipe_from_dict({'model': {'path': 'x'}, 'data': {'dataset': 'd'}})
+    assert set(r.values) == set(SCHEMA)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# exit codes of swift-vora train
+# ---------------------------------------------------------------------------------------------------------------
+def test_exit_codes_usage_does_not_fit_refused(tmp_path):
+    rc, _, err = train(write(tmp_path, 'bad.yaml', 'model: {path: x}\n'))
+    assert rc == 2 and 'data.dataset' in err
+    rc, _, err = train(os.path.join(REPO, 'recipes', '3060x4.yaml'), 'video.max_framez=3')
+    assert rc == 2 and 'video.max_frames' in err
+    rc, out, err = train(os.path.join(REPO, 'recipes', '3060x4.yaml'), f'model.path={DENSE_2B}', 'train.tuner=full')
+    assert rc == 3 and 'does not fit' in err and 'DOES NOT FIT' in out
+    rc, out, err = train(os.path.join(REPO, 'recipes', '3060x4.yaml'), f'model.path={MOE_35B}')
+    assert rc == 4 and 'zero3-moe' in out
+    rc, _, err = train(os.path.join(REPO, 'recipes', '3060x4.yaml'), 'model.path=/nonexistent/model')
+    assert rc == 2 and 'model.path' in err
+
+
+def test_refused_and_does_not_fit_launch_nothing(tmp_path):
+    """Without --dry-run a refusal stops before the launcher: nothing is written, no process starts."""
+    out_dir = tmp_path / 'out'
+    rc, _, _ = train(os.path.join(REPO, 'recipes', '3060x4.yaml'), f'model.path={MOE_35B}',
+                     f'train.output_dir={out_dir}')
+    assert rc == 4 and not out_dir.exists()
+    rc, _, _ = train(os.path.join(REPO, 'recipes', '3060x4.yaml'), f'model.path={DENSE_2B}', 'train.tuner=full',
+                     f'train.output_dir={out_dir}')
+    assert rc == 3 and not out_dir.exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# DeepSpeed JSON
+# ---------------------------------------------------------------------------------------------------------------
+def _preset(name):
+    with open(os.path.join(SWIFT_PRESETS, name)) as f:
+        return json.load(f)
+
+
+def test_zero3_for_12gb_cards_is_the_field_configuration():
+    z = zero_config(3, 'none', 11.76)['zero_optimization']
+    assert z['stage'] == 3 and z['overlap_comm'] is False and z['contiguous_gradients'] is True
+    assert z['reduce_bucket_size'] == 5e6 and z['stage3_prefetch_bucket_size'] == 5e6
+    assert z['stage3_param_persistence_threshold'] == 1e4
+    assert z['stage3_max_live_parameters'] == 1e8 and z['stage3_max_reuse_distance'] == 1e8
+    assert z['stage3_gather_16bit_weights_on_model_save'] is True
+    assert zero_config(3, 'none', 11.76)['bf16'] == {'enabled': 'auto'}
+
+
+def test_large_gpus_get_ms_swift_presets_verbatim():
+    """Above 16 GiB the JSON is ms-swift 4.6's own zero3.json / zero2.json (autos kept)."""
+    assert zero_config(3, 'none', 139.8) == _preset('zero3.json')
+    assert zero_config(2, 'none', 23.69) == _preset('zero2.json')
+    assert ZERO3_SWIFT == _preset('zero3.json')['zero_optimization']
+    top_level = {k: v for k, v in _preset('zero3.json').items() if k != 'zero_optimization'}
+    assert {k: v for k, v in zero_config(3, 'none', 11.76).items() if k != 'zero_optimization'} == top_level
+    assert set(ZERO3_SMALL_GPU) <= set(ZERO3_SWIFT)  # same keys as swift's preset; only values differ
+
+
+@pytest.mark.parametrize('mem', [11.76, 139.8])
+def test_offload_variants_unpinned_small_subgroups(mem):
+    z = zero_config(3, 'cpu', mem)['zero_optimization']
+    assert z['offload_optimizer'] == {'device': 'cpu', 'pin_memory': False}
+    assert z['offload_param'] == {'device': 'cpu', 'pin_memory': False}
+    assert z['sub_group_size'] == 1e8
+    z2 = zero_config(2, 'cpu', mem)['zero_optimization']
+    assert z2['offload_optimizer'] == {'device': 'cpu', 'pin_memory': False} and 'offload_param' not in z2
+    # ms-swift's offload preset pins, ours does not: the rest is the same shape
+    assert set(_preset('zero3_offload.json')['zero_optimization']) <= set(zero_config(3, 'cpu', mem)['zero_optimization'])
+
+
+def test_zero_overrides_merge_but_cannot_change_the_stage():
+    z = zero_config(3, 'none', 11.76, {'reduce_bucket_size': 1e7, 'offload_param': {'pin_memory': True}})
+    assert z['zero_optimization']['reduce_bucket_size'] == 1e7
+    assert z['zero_optimization']['offload_param'] == {'device': 'none', 'pin_memory': True}
+    rc, _, err = train(os.path.join(REPO, 'recipes', '3060x4.yaml'), f'model.path={DENSE_2B}',
+                       'deepspeed.zero_optimization.stage=2')
+    assert rc == 2 and 'stage comes from train.backend' in err
+
+
+@pytest.mark.parametrize('mem, offload', [(11.76, 'none'), (11.76, 'cpu'), (139.8, 'none')])
+def test_transformers_integration_fills_every_auto(mem, offload):
+    """The HF Trainer's DeepSpeed integration resolves all "auto" values of our JSON (what swift sft uses)."""
+    from types import SimpleNamespace
+
+    from transformers import TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+    config = zero_config(3, offload, mem)
+    ds = HfTrainerDeepSpeedConfig(json.loads(json.dumps(config)))
+    args = TrainingArguments(output_dir='/tmp/unused', per_device_train_batch_size=1, gradient_accumulation_steps=4,
+                             report_to=[], use_cpu=True)
+    ds.trainer_config_process(args)
+    model = SimpleNamespace(config=SimpleNamespace(hidden_size=2048, hidden_sizes=None))
+    ds.trainer_config_finalize(args, model, num_training_steps=10)
+    assert 'auto' not in json.dumps(ds.config), ds.config
+    assert ds.is_zero3()
+
+
+def test_deepspeed_validates_the_zero_section():
+    pytest.importorskip('deepspeed', reason='deepspeed (the [deepspeed] extra) not installed')
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    for mem, offload in ((11.76, 'none'), (11.76, 'cpu'), (139.8, 'cpu')):
+        z = zero_config(3, offload, mem)['zero_optimization']
+        z = {k: (2048**2 if v == 'auto' else v) for k, v in z.items()}
+        parsed = DeepSpeedZeroConfig(**z)
+        assert parsed.stage == 3 and parsed.overlap_comm is False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the swift sft launch
+# ---------------------------------------------------------------------------------------------------------------
+def swift_sft_parser():
+    from swift.arguments import SftArguments
+    from swift.utils.utils import _patch_get_type_hints
+    from transformers import HfArgumentParser
+    with _patch_get_type_hints():
+        return HfArgumentParser([SftArguments])
+
+
+def test_swift_sft_command_parses_with_ms_swift_arguments():
+    rc, d, err = dry_json(os.path.join(REPO, 'recipes', '3060x4.yaml'), f'model.path={DENSE_2B}')
+    assert rc == 0, err
+    launch = d['launch']
+    argv = launch['argv']
+    assert os.path.basename(argv[0]) == 'swift' and argv[1] == 'sft'
+    ns, unknown = swift_sft_parser().parse_known_args(argv[2:])
+    assert unknown == []
+    assert ns.custom_register_path == ['swift_vora'] and ns.template == 'video_ora' and ns.model_type == 'qwen3_vl'
+    assert ns.dataset == ['data/train.jsonl'] and ns.tuner_type == 'lora' and ns.target_modules == ['all-linear']
+    ds_path = ns.deepspeed
+    assert ds_path.endswith('deepspeed_zero3.json') and json.loads(launch['files'][ds_path])['zero_optimization'][
+        'stage3_max_live_parameters'] == 1e8  # 12 GB cards: the field configuration
+    env = launch['env']
+    assert env['NPROC_PER_NODE'] == '4' and 'NNODES' not in env
+    assert env['SWIFT_VORA_MAX_FRAMES'] == '64' and env['SWIFT_VORA_PAIR_TOKENS'] == '196'
+    assert env['SWIFT_VORA_WINDOW'] == '32' and env['SWIFT_VORA_STRIDE'] == '16'
+    assert env['HF_HUB_OFFLINE'] == '1' and env['SWIFT_VORA_ENCODE_LOG'].endswith('encode_log.jsonl')
+    assert d['plan']['command'][0] == 'env' and d['plan']['command'][-len(argv):] == argv
+
+
+def test_budget_env_round_trips_to_the_template_budget():
+    from swift_vora.budget import VideoBudget
+    rc, d, _ = dry_json(os.path.join(REPO, 'recipes', '3090x3.yaml'), f'model.path={DENSE_2B}', 'video.max_frames=20',
+                        'video.max_video_tokens=1000')
+    assert rc == 0
+    budget = VideoBudget.from_env(d['launch']['env'])
+    assert budget == VideoBudget(fps=2.0, min_frames=4, max_frames=20, pair_tokens=196, min_pair_tokens=16,
+                                 max_video_tokens=1000)
+
+
+def test_two_nodes_use_torchrun_rendezvous_env(tmp_path):
+    recipe = os.path.join(REPO, 'recipes', '3060x4.yaml')
+    rc, d, _ = dry_json(recipe, f'model.path={DENSE_2B}', 'nodes=2',
+                        env={'NODE_RANK': '1', 'MASTER_ADDR': '10.1.2.3', 'MASTER_PORT': '29511'})
+    assert rc == 0
+    env = d['launch']['env']
+    assert (env['NNODES'], env['NODE_RANK'], env['MASTER_ADDR'], env['MASTER_PORT'], env['NPROC_PER_NODE']) == (
+        '2', '1', '10.1.2.3', '29511', '4')
+    # without the rendezvous variables the dry run shows shell expansions that fail loudly, and a real launch stops
+    env_clean = {k: '' for k in ('NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT')}
+    rc, d, _ = dry_json(recipe, f'model.path={DENSE_2B}', 'nodes=2', env=env_clean)
+    assert rc == 0 and d['launch']['env']['NODE_RANK'].startswith('${NODE_RANK:?')
+    assert '"${MASTER_ADDR:?set MASTER_ADDR on every node}"' in d['launch']['shell']
+    rc, _, err = train(recipe, f'model.path={DENSE_2B}', 'nodes=2', f'train.output_dir={tmp_path / "o"}',
+                       env=env_clean)
+    assert rc == 2 and 'NODE_RANK' in err and not (tmp_path / 'o').exists()
+
+
+def test_extra_args_cannot_switch_the_backend():
+    recipe = recipe_from_dict(dict(minimal(), extra_args=['--tuner_backend', 'unsloth']))
+    with pytest.raises(LaunchUsageError):
+        build_launch(plan_recipe(recipe), recipe)
+    recipe = recipe_from_dict(dict(minimal(), extra_args=['--save_total_limit', '2']))
+    assert build_launch(plan_recipe(recipe), recipe).argv[-2:] == ['--save_total_limit', '2']
+
+
+def test_recipe_env_cannot_override_the_budget():
+    recipe = recipe_from_dict(dict(minimal(), env={'SWIFT_VORA_MAX_FRAMES': '512'}))
+    with pytest.raises(LaunchUsageError):
+        build_launch(plan_recipe(recipe), recipe)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MoE + ZeRO-3: refused on every path (exit 4)
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('recipe, overrides', [
+    ('3060x4', []),  # the recipe's deepspeed_zero3 with a MoE model
+    ('3090x3', []),
+    ('h200x1', ['train.backend=deepspeed_zero3']),
+    ('h200x8', ['train.backend=deepspeed_zero3']),
+    ('h200x8', ['train.backend=deepspeed_zero3', 'deepspeed.offload=cpu']),
+    ('h200x1', ['train.backend=ddp', 'extra_args=[--deepspeed, zero3]']),
+    ('h200x1', ['train.backend=ddp', 'extra_args=[--deepspeed=zero3_offload]']),
+    ('h200x1', ['train.backend=ddp', 'extra_args=[--deepspeed, \'{"zero_optimization": {"stage": 3}}\']']),
+    ('h200x1', ['train.backend=deepspeed_zero2', 'deepspeed.zero_optimization.stage=3']),
+    ('h200x8', ['extra_args=[--deepspeed, zero3]']),
+])
+@pytest.mark.parametrize('model', [MOE_35B, MOE_30B_VL])
+def test_moe_with_zero3_is_refused_everywhere(recipe, overrides, model):
+    rc, d, err = dry_json(os.path.join(REPO, 'recipes', f'{recipe}.yaml'), f'model.path={model}', 'model.type=null',
+                          *overrides)
+    assert rc == 4, (rc, err)
+    assert d['plan']['verdict'] == 'refused' and 'launch' not in d and d['plan']['command'] == []
+
+
+def test_moe_zero3_guard_reads_json_files(tmp_path):
+    cfg = tmp_path / 'ds.json'
+    cfg.write_text(json.dumps({'zero_optimization': {'stage': 3}}))
+    assert deepspeed_stage(str(cfg), {}) == 3
+    assert deepspeed_stage('zero3_offload', {}) == 3 and deepspeed_stage('zero2', {}) == 2
+    rc, d, _ = dry_json(os.path.join(REPO, 'recipes', 'h200x1.yaml'), f'model.path={MOE_35B}', 'train.backend=ddp',
+                        f'extra_args=[--deepspeed, {cfg}]')
+    assert rc == 4
+    # the guard itself, independent of the planner: a plan that says "fits" is still refused
+    recipe = recipe_from_dict(dict(minimal(MOE_35B, backend='deepspeed_zero3')))
+    with pytest.raises(LaunchRefused):
+        build_launch({'backend': 'deepspeed_zero3', 'verdict': 'fits', 'num_gpus': 4}, recipe)
+
+
+def test_dense_zero3_and_moe_zero2_are_not_refused():
+    rc, d, _ = dry_json(os.path.join(REPO, 'recipes', '3060x4.yaml'), f'model.path={DENSE_2B}')
+    assert rc == 0 and d['launch']['backend'] == 'deepspeed_zero3'
+    rc, d, err = dry_json(os.path.join(REPO, 'recipes', 'h200x1.yaml'), f'model.path={MOE_35B}',
+                          'train.backend=deepspeed_zero2', 'train.tuner=full', 'deepspeed.offload=cpu')
+    assert rc in (0, 3), err  # ZeRO-2 is allowed for MoE (it may not fit)
+    assert d['plan']['verdict'] != 'refused'

@@ -1,0 +1,116 @@
+"""Megatron-SWIFT expert-parallel LoRA: the generated `megatron sft` argv, parsed with Megatron-SWIFT's own
+argument class (MegatronSftArguments through HfArgumentParser, as `megatron sft` does). Nothing runs: megatron
+needs transformer_engine and GPUs."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from swift_vora.backends.launch import LaunchUsageError, build_launch
+from swift_vora.backends.megatron import megatron_sft_args, parallel_sizes
+from swift_vora.backends.planning import plan_recipe
+from swift_vora.backends.recipe import load_recipe
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(REPO, 'tests', 'fixtures', 'configs')
+MOE_35B = os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json')
+MOE_30B_VL = os.path.join(CONFIGS, 'qwen3_vl_moe_30b_a3b.json')
+H200X8 = os.path.join(REPO, 'recipes', 'h200x8.yaml')
+
+
+def launch_for(*overrides, model=MOE_35B, environ=None):
+    recipe = load_recipe(H200X8, [f'model.path={model}', *overrides])
+    plan = plan_recipe(recipe)
+    assert plan.verdict == 'fits', plan.reasons
+    return build_launch(plan, recipe, environ=environ or {})
+
+
+def flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_expert_parallel_lora_arguments():
+    launch = launch_for()
+    argv = launch.argv
+    assert os.path.basename(argv[0]) == 'megatron' and argv[1] == 'sft'
+    assert flag(argv, '--tuner_type') == 'lora' and flag(argv, '--target_modules') == 'all-linear'
+    assert flag(argv, '--expert_model_parallel_size') == '8' and flag(argv, '--tensor_model_parallel_size') == '1'
+    assert flag(argv, '--moe_grouped_gemm') == 'true' and flag(argv, '--moe_permute_fusion') == 'true'
+    assert flag(argv, '--recompute_granularity') == 'full' and flag(argv, '--recompute_method') == 'uniform'
+    assert flag(argv, '--merge_lora') == 'true' and flag(argv, '--save_safetensors') == 'true'
+    assert flag(argv, '--custom_register_path') == 'swift_vora' and flag(argv, '--template') == 'video_ora'
+    assert 'all-router' not in argv and '--deepspeed' not in argv
+    assert launch.env['NPROC_PER_NODE'] == '8' and launch.env['CUDA_DEVICE_MAX_CONNECTIONS'] == '1'
+
+
+def test_two_nodes_keep_ep8_and_double_data_parallel():
+    launch = launch_for('nodes=2', 'megatron.global_batch=32',
+                        environ={'NODE_RANK': '0', 'MASTER_ADDR': 'node0', 'MASTER_PORT': '29500'})
+    assert (launch.env['NNODES'], launch.env['NODE_RANK'], launch.env['MASTER_ADDR']) == ('2', '0', 'node0')
+    assert flag(launch.argv, '--expert_model_parallel_size') == '8'
+
+
+def test_model_type_must_match_the_config():
+    with pytest.raises(LaunchUsageError, match='model.type=qwen3_vl_moe'):
+        launch_for(model=MOE_30B_VL)
+    assert flag(launch_for('model.type=null', model=MOE_30B_VL).argv, '--model_type') == 'qwen3_vl_moe'
+
+
+def test_parallel_sizes_are_checked():
+    recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', 'megatron.ep=3'])
+    with pytest.raises(LaunchUsageError):
+        parallel_sizes(plan_view_stub(8), recipe)
+    recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', 'megatron.global_batch=12'])
+    with pytest.raises(LaunchUsageError):
+        megatron_sft_args(plan_view_stub(8), recipe)
+    recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', 'train.target_modules=[all-linear, all-router]'])
+    with pytest.raises(LaunchUsageError):
+        megatron_sft_args(plan_view_stub(8), recipe)
+
+
+def plan_view_stub(world):
+    from swift_vora.backends.launch import PlanView
+    return PlanView(backend='megatron_ep_lora', verdict='fits', reasons=[], num_gpus=world, nodes=1, ep=8, tp=1,
+                    offload='none', micro_batch=1, is_moe=True, model_type='qwen3_5_moe', gpu_peak_gib=None,
+                    host_peak_gib=None)
+
+
+@pytest.fixture(scope='module')
+def megatron_parser_available():
+    import importlib.util
+    for name in ('megatron', 'mcore_bridge'):  # found, not imported: mcore_bridge imports transformer_engine
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f'{name} (the [megatron] extra: megatron-core, mcore-bridge) is not installed')
+
+
+def test_generated_argv_parses_with_megatron_swift_arguments(megatron_parser_available):
+    """Every flag of the dry-run command is an argument of MegatronSftArguments, with the intended value."""
+    from swift_vora.backends.megatron import validate_argv
+    argvs = [launch_for().argv[2:], launch_for('megatron.tp=2', 'megatron.recompute=selective').argv[2:],
+             launch_for('model.type=qwen3_vl_moe', model=MOE_30B_VL).argv[2:]]
+    results = validate_argv(argvs)
+    values = results[0]['values']
+    assert values['expert_model_parallel_size'] == 8 and values['tuner_type'] == 'lora'
+    assert values['target_modules'] == ['all-linear'] and values['moe_grouped_gemm'] is True
+    assert values['moe_permute_fusion'] is True and values['recompute_granularity'] == 'full'
+    assert values['recompute_method'] == 'uniform' and values['merge_lora'] is True
+    assert values['custom_register_path'] == ['swift_vora'] and values['template'] == 'video_ora'
+    assert values['model_type'] == 'qwen3_5_moe' and values['freeze_vit'] is True
+    assert results[1]['values']['tensor_model_parallel_size'] == 2
+    assert results[1]['values']['sequence_parallel'] is True
+    assert results[1]['values']['recompute_granularity'] == 'selective'
+    assert results[2]['values']['model_type'] == 'qwen3_vl_moe'
+    # the check is real: a flag Megatron-SWIFT does not have is reported
+    with pytest.raises(ValueError, match='no_such_flag'):
+        validate_argv([['--model', 'x', '--no_such_flag', '1']])
+
+
+def test_dry_run_prints_the_megatron_command(megatron_parser_available):
+    proc = subprocess.run([sys.executable, '-m', 'swift_vora', 'train', H200X8, f'model.path={MOE_35B}', '--dry-run',
+                           '--json'], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    assert d['plan']['backend'] == 'megatron_ep_lora' and d['launch']['argv'][1] == 'sft'
+    assert 'megatron sft' in d['launch']['shell'] and '--expert_model_parallel_size 8' in d['launch']['shell']
