@@ -10,4 +10,6 @@ def register_all() -> None:
     from .template import register_video_ora_template
     register_video_ora_template()
     register_video_ora_dataset()
+    from .guards.registry import register_guards  # training guards (issue 5): callbacks_map + default-on
+    register_guards()
     _registered = True

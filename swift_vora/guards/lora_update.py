@@ -1,0 +1,202 @@
+"""Guard `lora_update`: every LoRA adapter tensor is actually trained.
+
+PEFT initialises `lora_B` to zero, so on the first optimizer step `lora_A` gets a zero gradient (expected) and
+only `lora_B` moves; from the second step on, `lora_A` moves too. A tensor that never moves means a frozen
+adapter: `requires_grad=False` (e.g. a module wrongly marked as a ZeRO-3 leaf, or a freeze pattern that
+matched the adapter), a module whose output never reaches the loss, or gradients lost on the way.
+
+Criterion (cheap, works under ZeRO-3): for every adapter tensor keep three float64 numbers of the data this
+rank holds -- sum, L1 norm and squared L2 norm (under ZeRO-3: of its partition `ds_tensor`, so nothing is
+gathered) -- computed on the device, stacked, and compared after the step. Any element that changes by at
+least one unit in the last place changes at least one of these for all practical sizes (float64 accumulation
+error is far below a float32/bfloat16 ulp), while the memory is 3 numbers per tensor, not a copy. Ranks
+combine their per-tensor "changed" flags with one all-reduce (max), so a tensor counts as updated if any
+partition changed. Weight decay cannot fake an update of `lora_B`: it starts at zero, and decay keeps zero at
+zero; `lora_A` only gets a gradient through a non-zero `lora_B`.
+
+Steps count only when they really updated: the learning rate was > 0 (warm-up can start at 0) and the step
+was not skipped (fp16 overflow). After the first counted step the `lora_B` count is logged; after
+`SWIFT_VORA_LORA_CHECK_STEPS` counted steps (default 2) every adapter tensor must have changed since the
+start, or the run stops with the names. Raise that number for MoE adapters, where an expert that no token was
+routed to has a legitimately unchanged adapter. The result goes to `lora_update.json` and the log
+("n of m adapter tensors updated").
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+from swift.callbacks import TrainerCallback
+
+from .common import GuardError, all_reduce_max, env_int, logger, output_dir, rank, unwrap_model, write_json
+
+NAME = 'lora_update'
+CHECK_STEPS_ENV = 'SWIFT_VORA_LORA_CHECK_STEPS'
+ADAPTER_MARKERS = ('lora_A', 'lora_B', 'lora_embedding_A', 'lora_embedding_B')
+
+
+def adapter_kind(name: str) -> Optional[str]:
+    for marker in ADAPTER_MARKERS:
+        if f'.{marker}.' in name or name.endswith(f'.{marker}') or f'.{marker}_' in name:
+            return 'B' if marker.endswith('B') else 'A'
+    return None
+
+
+def local_data(param):
+    """What this rank holds of a parameter: its ZeRO-3 partition when partitioned, else the tensor."""
+    ds_tensor = getattr(param, 'ds_tensor', None)
+    return ds_tensor if ds_tensor is not None else param.data
+
+
+class AdapterTracker:
+    """Float64 checksums of every LoRA tensor (local partition under ZeRO-3)."""
+
+    def __init__(self, model):
+        self.names: List[str] = []
+        self.kinds: List[str] = []
+        self.params = []
+        for name, param in model.named_parameters():
+            kind = adapter_kind(name)
+            if kind is not None:
+                self.names.append(name)
+                self.kinds.append(kind)
+                self.params.append(param)
+        self.baseline = None
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def frozen(self) -> List[str]:
+        return [n for n, p in zip(self.names, self.params) if not p.requires_grad]
+
+    def checksums(self):
+        import torch
+        rows = []
+        device = None
+        for param in self.params:
+            data = local_data(param).detach()
+            device = device or data.device
+            if data.numel() == 0:
+                rows.append(torch.zeros(3, dtype=torch.float64, device=device))
+                continue
+            rows.append(torch.stack([data.sum(dtype=torch.float64),
+                                     torch.linalg.vector_norm(data, ord=1, dtype=torch.float64),
+                                     torch.linalg.vector_norm(data, ord=2, dtype=torch.float64)**2]).to(device))
+        if not rows:
+            return torch.zeros(0, 3, dtype=torch.float64)
+        return torch.stack(rows)
+
+    def snapshot(self) -> None:
+        self.baseline = self.checksums()
+
+    def changed_since_baseline(self) -> List[bool]:
+        """Per tensor: did any rank's partition change since `snapshot()`? One all-reduce, one host copy."""
+        if not self.params:
+            return []
+        now = self.checksums()
+        flags = (now != self.baseline).any(dim=1).to(now.dtype)
+        flags = all_reduce_max(flags)
+        return [bool(f) for f in flags.cpu().tolist()]
+
+    def counts(self, changed: List[bool]) -> Dict[str, Tuple[int, int]]:
+        out = {}
+        for kind in ('A', 'B'):
+            idx = [i for i, k in enumerate(self.kinds) if k == kind]
+            out[kind] = (sum(1 for i in idx if changed[i]), len(idx))
+        return out
+
+
+def step_was_applied(trainer) -> bool:
+    engine = getattr(trainer, 'model_wrapped', None)
+    if getattr(trainer, 'is_deepspeed_enabled', False) and hasattr(engine, 'was_step_applied'):
+        try:
+            return bool(engine.was_step_applied())
+        except Exception:  # noqa: BLE001
+            return True
+    accelerator = getattr(trainer, 'accelerator', None)
+    return not bool(getattr(accelerator, 'optimizer_step_was_skipped', False))
+
+
+def current_lr(trainer) -> float:
+    try:
+        return float(trainer._get_learning_rate())
+    except Exception:  # noqa: BLE001 -- fall back to the optimizer's groups
+        groups = getattr(getattr(trainer, 'optimizer', None), 'param_groups', None) or [{}]
+        return max(float(g.get('lr', 0.0) or 0.0) for g in groups)
+
+
+class LoraUpdateGuard(TrainerCallback):
+
+    def __init__(self, args, trainer):
+        super().__init__(args, trainer)
+        self.tracker: Optional[AdapterTracker] = None
+        self.effective_steps = 0
+        self.check_steps = max(1, env_int(CHECK_STEPS_ENV, 2))
+        self.report: Dict[str, Any] = {}
+        self.done = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.tracker = AdapterTracker(unwrap_model(self.trainer))
+        if not len(self.tracker):
+            logger.info('swift-vora lora_update: no LoRA adapter tensors in the model; nothing to check.')
+            self.done = True
+            return
+        self.tracker.snapshot()
+        frozen = self.tracker.frozen()
+        self.report = {'tensors': len(self.tracker), 'check_after_steps': self.check_steps,
+                       'requires_grad_false': frozen, 'steps': []}
+        if frozen:
+            logger.warning(f'swift-vora lora_update: {len(frozen)} adapter tensor(s) have requires_grad=False and will '
+                           f'not train: {frozen[:10]}')
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        if self.done or self.tracker is None:
+            return
+        lr = current_lr(self.trainer)
+        applied = step_was_applied(self.trainer)
+        if lr <= 0 or not applied:
+            self.report['steps'].append({'global_step': state.global_step + 1, 'lr': lr, 'applied': applied,
+                                         'counted': False})
+            return
+        self.effective_steps += 1
+        if self.effective_steps not in (1, self.check_steps):
+            return
+        changed = self.tracker.changed_since_baseline()
+        counts = self.tracker.counts(changed)
+        n_changed = sum(changed)
+        m = len(changed)
+        self.report['steps'].append({'global_step': state.global_step + 1, 'lr': lr, 'counted': True,
+                                     'effective_step': self.effective_steps, 'updated': n_changed, 'of': m,
+                                     'lora_A': counts['A'], 'lora_B': counts['B']})
+        if self.effective_steps == 1:
+            logger.info(f'swift-vora lora_update: after the first optimizer step {counts["B"][0]} of {counts["B"][1]} '
+                        f'lora_B tensors changed ({counts["A"][0]} of {counts["A"][1]} lora_A: their gradient is zero on this step, '
+                        'weight decay alone may move them).')
+        if self.effective_steps < self.check_steps:
+            return
+        self.done = True
+        stale = [name for name, c in zip(self.tracker.names, changed) if not c]
+        self.report.update({'updated': n_changed, 'of': m, 'not_updated': stale,
+                            'criterion': 'float64 sum/L1/L2^2 of each local partition, changed on any rank'})
+        self._write()
+        message = (f'{n_changed} of {m} adapter tensors updated after {self.check_steps} optimizer steps '
+                   f'(lora_A {counts["A"][0]}/{counts["A"][1]}, lora_B {counts["B"][0]}/{counts["B"][1]})')
+        if stale:
+            frozen = set(self.report.get('requires_grad_false') or [])
+            details = ', '.join(f'{n}{" (requires_grad=False)" if n in frozen else ""}' for n in stale[:20])
+            raise GuardError(NAME, f'{message}. Never changed: {details}'
+                                   f'{f" and {len(stale) - 20} more" if len(stale) > 20 else ""}. A frozen adapter '
+                                   'trains nothing: check freeze settings / ZeRO-3 leaf modules, or for MoE experts '
+                                   f'that no token reached raise {CHECK_STEPS_ENV}.')
+        logger.info(f'swift-vora lora_update: {message}.')
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.tracker is not None and len(self.tracker) and not self.done:
+            self.report['note'] = (f'training ended after {self.effective_steps} counted optimizer step(s), fewer than '
+                                   f'{self.check_steps}: not checked')
+            logger.warning(f'swift-vora lora_update: {self.report["note"]}.')
+            self._write()
+
+    def _write(self) -> None:
+        if rank() == 0:
+            write_json(os.path.join(output_dir(self.trainer), 'lora_update.json'), self.report)

@@ -1,0 +1,40 @@
+"""How guards are switched on and off, and how they get into ms-swift's trainer."""
+import types
+
+import pytest
+
+from swift_vora.guards.registry import GUARDS, enabled_guards
+
+
+def test_selection_from_env():
+    assert enabled_guards({}) == list(GUARDS)
+    assert enabled_guards({'SWIFT_VORA_GUARDS': 'none'}) == []
+    assert enabled_guards({'SWIFT_VORA_GUARDS': 'supervision,coverage'}) == ['coverage', 'supervision']
+    assert 'memory' not in enabled_guards({'SWIFT_VORA_GUARDS': 'all,-memory'})
+    assert enabled_guards({'SWIFT_VORA_GUARDS': 'none', 'SWIFT_VORA_GUARD_MEMORY': '1'}) == ['memory']
+    assert 'verify_adapter' not in enabled_guards({'SWIFT_VORA_GUARD_VERIFY_ADAPTER': '0'})
+    with pytest.raises(ValueError, match='unknown guard'):
+        enabled_guards({'SWIFT_VORA_GUARDS': 'coverag'})
+
+
+def test_registered_in_callbacks_map_and_default_on(monkeypatch):
+    pytest.importorskip('swift')
+    import swift_vora  # noqa: F401 -- the plugin import
+    swift_vora.register()
+    from swift.callbacks import callbacks_map
+    from swift.trainers.mixin import SwiftMixin
+    assert {f'vora_{name}' for name in GUARDS} <= set(callbacks_map)
+    assert getattr(SwiftMixin._get_callbacks, '_swift_vora_guards', False)
+
+    class FakeTrainer:  # what _get_callbacks needs from a trainer
+        pass
+
+    args = types.SimpleNamespace(callbacks=['vora_memory'])
+    monkeypatch.delenv('SWIFT_VORA_GUARDS', raising=False)
+    names = [type(cb).__name__ for cb in SwiftMixin._get_callbacks(FakeTrainer(), args)]
+    assert names.count('MemoryGuard') == 1 and 'CoverageGuard' in names and len(names) == len(GUARDS)
+    monkeypatch.setenv('SWIFT_VORA_GUARDS', 'none')
+    names = [type(cb).__name__ for cb in SwiftMixin._get_callbacks(FakeTrainer(), args)]
+    assert names == ['MemoryGuard']  # explicit --callbacks still work with the defaults off
+    args = types.SimpleNamespace(callbacks=[])
+    assert SwiftMixin._get_callbacks(FakeTrainer(), args) == []

@@ -1,0 +1,80 @@
+"""`swift-vora verify-adapter`: reload base + adapter in a fresh process and compare every saved tensor."""
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+torch = pytest.importorskip('torch')
+peft = pytest.importorskip('peft')
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def adapter_dir(tiny_model_dir, tmp_path_factory):
+    """A LoRA adapter on the tiny model with non-zero B (as after training), saved by PEFT."""
+    from transformers import Qwen3VLForConditionalGeneration
+    out = tmp_path_factory.mktemp('adapter') / 'checkpoint-1'
+    torch.manual_seed(0)
+    model = peft.get_peft_model(Qwen3VLForConditionalGeneration.from_pretrained(tiny_model_dir),
+                                peft.LoraConfig(r=4, target_modules=['q_proj', 'v_proj']))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if 'lora_B' in name:
+                param.normal_()
+    model.save_pretrained(str(out))
+    return str(out)
+
+
+def _renamed_copy(adapter_dir, dst):
+    """The adapter with module paths that no longer match the model (e.g. saved under another layout)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(adapter_dir, dst)
+    path = os.path.join(dst, 'adapter_model.safetensors')
+    tensors = load_file(path)
+    save_file({k.replace('.language_model.', '.text_model.'): v for k, v in tensors.items()}, path)
+    return str(dst)
+
+
+def test_cli_in_a_fresh_process_ok(adapter_dir, tiny_model_dir):
+    env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1'}
+    proc = subprocess.run([sys.executable, '-m', 'swift_vora', 'verify-adapter', adapter_dir, '--json'], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    # the base came from adapter_config.json (no --base)
+    assert report['ok'] and report['tensors'] == report['matched'] == 8 and report['base'] == tiny_model_dir
+
+
+def test_renamed_keys_load_silently_then_fail_verification(adapter_dir, tiny_model_dir, tmp_path, capsys):
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from swift_vora.guards.cli import run_verify_adapter
+    broken = _renamed_copy(adapter_dir, tmp_path / 'broken')
+    # Reproduce: PEFT loads it without an error -- and every lora_B is still zero: the user gets the base model.
+    model = peft.PeftModel.from_pretrained(Qwen3VLForConditionalGeneration.from_pretrained(tiny_model_dir), broken)
+    assert all(float(p.abs().sum()) == 0 for n, p in model.named_parameters() if 'lora_B' in n)
+    # verify-adapter: exit 1, every saved tensor missing, every loaded adapter tensor not in the file.
+    code = run_verify_adapter(types.SimpleNamespace(checkpoint=broken, base=tiny_model_dir, json=False))
+    out = capsys.readouterr().out
+    assert code == 1 and out.startswith('FAILED: 0 of 8 saved adapter tensors match')
+    assert out.count('missing (saved, not in the loaded model)') == 8 and out.count('not in file') == 8
+
+
+def test_usage_errors(tmp_path, capsys):
+    from swift_vora.guards.cli import run_verify_adapter
+    assert run_verify_adapter(types.SimpleNamespace(checkpoint=str(tmp_path), base=None, json=False)) == 2
+    assert 'adapter_model.safetensors does not exist' in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_training_runs_it_after_the_final_save(guards_ddp_run):
+    assert guards_ddp_run['rc'] == 0, guards_ddp_run['log'][-3000:]
+    report = json.load(open(os.path.join(guards_ddp_run['run_dir'], 'verify_adapter.json')))
+    assert report['exit_code'] == 0 and report['ok'] and report['matched'] == report['tensors'] == 28
+    assert 'swift-vora verify_adapter: 28 of 28 saved adapter tensors match after reload' in guards_ddp_run['log']
