@@ -106,3 +106,145 @@ def build_tiny_qwen3_vl(out_dir: str, moe: bool = False, shape: TinyShape = Tiny
     with open(os.path.join(out_dir, 'SWIFT_VORA_TINY_MODEL.txt'), 'w') as f:
         f.write('Random weights built offline by swift_vora.tiny_model; for tests and demos only.\n')
     return out_dir
+
+
+# ---- Models of a given shape (benchmarks) ---------------------------------------------------------------------
+# Added for benchmarks/throughput.py and benchmarks/learnability.py; the functions above are unchanged.
+
+@dataclass
+class Qwen3VLShape:
+    """Every size of a dense Qwen3-VL checkpoint that matters for speed and memory."""
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vision_depth: int
+    vision_hidden: int
+    vision_intermediate: int
+    vision_heads: int
+    deepstack_visual_indexes: tuple = (0,)
+    mrope_section: tuple = (2, 3, 3)  # sums to head_dim / 2
+    rope_theta: float = 5000000.0
+    vision_num_position_embeddings: int = 2304
+    tie_word_embeddings: bool = True
+
+
+# Qwen3-VL-2B-Instruct's sizes (text: hidden 2048, 28 layers, 16 heads, 8 KV heads, head_dim 128, FFN 6144, tied
+# embeddings; vision: depth 24, hidden 1024, FFN 4096, 16 heads, deepstack [5, 11, 17]); 2.13 B parameters.
+QWEN3_VL_2B = Qwen3VLShape(hidden_size=2048, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
+                           intermediate_size=6144, vision_depth=24, vision_hidden=1024, vision_intermediate=4096,
+                           vision_heads=16, deepstack_visual_indexes=(5, 11, 17), mrope_section=(24, 20, 20))
+
+# Small enough to train from scratch in a minute on one GPU (learnability benchmark): ~4 M non-embedding
+# parameters in the language model, a 2-layer vision tower.
+QWEN3_VL_LEARN = Qwen3VLShape(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64,
+                              intermediate_size=1024, vision_depth=2, vision_hidden=128, vision_intermediate=512,
+                              vision_heads=2, deepstack_visual_indexes=(0,), mrope_section=(12, 10, 10))
+
+# TinyShape's sizes (build_tiny_qwen3_vl's default), as a Qwen3VLShape: smoke tests of the benchmarks.
+QWEN3_VL_TINY = Qwen3VLShape(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                             intermediate_size=128, vision_depth=2, vision_hidden=32, vision_intermediate=64,
+                             vision_heads=2, deepstack_visual_indexes=(0,), mrope_section=(2, 3, 3))
+
+QWEN3_VL_SHAPES = {'2b': QWEN3_VL_2B, 'learn': QWEN3_VL_LEARN, 'tiny': QWEN3_VL_TINY}
+
+
+def qwen3_vl_config(shape: Qwen3VLShape):
+    """The transformers `Qwen3VLConfig` of a shape (offline; no download)."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    text = dict(vocab_size=QWEN3_VL_VOCAB, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+                num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
+                num_key_value_heads=shape.num_kv_heads, head_dim=shape.head_dim, max_position_embeddings=32768,
+                hidden_act='silu', rope_parameters={'rope_type': 'default', 'rope_theta': shape.rope_theta,
+                                                    'mrope_section': list(shape.mrope_section),
+                                                    'mrope_interleaved': True})
+    vision = dict(depth=shape.vision_depth, hidden_size=shape.vision_hidden,
+                  intermediate_size=shape.vision_intermediate, num_heads=shape.vision_heads, patch_size=16,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=shape.hidden_size,
+                  num_position_embeddings=shape.vision_num_position_embeddings,
+                  deepstack_visual_indexes=list(shape.deepstack_visual_indexes), hidden_act='gelu_pytorch_tanh')
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=shape.tie_word_embeddings)
+    config.architectures = [Qwen3VLForConditionalGeneration.__name__]
+    return config
+
+
+def qwen3_vl_param_counts(shape: Qwen3VLShape) -> Dict[str, int]:
+    """Parameter counts computed from the shape alone (no model built); used for FLOP estimates.
+
+    `llm_matmul`: the language model's per-token matmul weights (attention q/k/v/o + gated MLP, all layers),
+    i.e. what every text or video token is multiplied through; embeddings and the LM head are counted apart
+    (`embedding`, `lm_head`; tied checkpoints store them once). `vision_matmul`: the vision tower's per-patch
+    matmul weights (blocks, plus the patch embedding); `merger`: the patch merger(s) (per merged token).
+    """
+    h, hd = shape.hidden_size, shape.head_dim
+    attn = h * shape.num_heads * hd * 2 + h * shape.num_kv_heads * hd * 2
+    mlp = 3 * h * shape.intermediate_size
+    vh = shape.vision_hidden
+    vblock = 4 * vh * vh + 2 * vh * shape.vision_intermediate
+    patch_embed = 3 * 2 * 16 * 16 * vh
+    merged_in = vh * 4
+    merger = merged_in * merged_in + merged_in * h  # fc1 (4vh -> 4vh) and fc2 (4vh -> hidden)
+    n_mergers = 1 + len(shape.deepstack_visual_indexes)
+    return {
+        'llm_matmul': shape.num_layers * (attn + mlp),
+        'embedding': QWEN3_VL_VOCAB * h,
+        'lm_head': QWEN3_VL_VOCAB * h,
+        'vision_matmul': shape.vision_depth * vblock + patch_embed,
+        'merger': n_mergers * merger,
+        'attn_dim': shape.num_heads * hd,
+        'vision_attn_dim': vh,
+    }
+
+
+def write_qwen3_vl_processor(out_dir: str) -> None:
+    """Tokenizer (special tokens on the real ids), processor and generation config, as build_tiny_qwen3_vl writes."""
+    from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessor, Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    raw = _byte_level_tokenizer(QWEN3_VL_VOCAB, QWEN3_VL_FIRST_SPECIAL_ID, QWEN3_VL_SPECIAL, QWEN3_ADDED)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token='<|im_end|>', pad_token='<|endoftext|>',
+                                        model_max_length=32768)
+    image_processor = Qwen2VLImageProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
+    video_processor = Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
+    processor = Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                 video_processor=video_processor)
+    processor.save_pretrained(out_dir)
+    with open(os.path.join(out_dir, 'generation_config.json'), 'w') as f:
+        json.dump({'eos_token_id': [151645, 151643], 'pad_token_id': 151643, 'do_sample': False}, f)
+
+
+def build_qwen3_vl(out_dir: str, shape: 'Qwen3VLShape | str' = 'tiny', seed: int = 0, dtype: str = 'bfloat16',
+                   device: str = 'cpu') -> str:
+    """Write a random dense Qwen3-VL checkpoint of `shape` (a Qwen3VLShape or a QWEN3_VL_SHAPES key) to `out_dir`.
+
+    `device='cuda'` initialises the weights on the GPU (a 2B model in seconds instead of a minute on CPU);
+    the saved checkpoint is the same kind either way. Returns `out_dir`.
+    """
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+
+    if isinstance(shape, str):
+        shape = QWEN3_VL_SHAPES[shape]
+    os.makedirs(out_dir, exist_ok=True)
+    torch.manual_seed(seed)
+    config = qwen3_vl_config(shape)
+    torch_dtype = getattr(torch, dtype)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch_dtype)
+    try:
+        with torch.device(device):
+            model = Qwen3VLForConditionalGeneration(config)
+    finally:
+        torch.set_default_dtype(previous)
+    model = model.to(torch_dtype)
+    model.config.dtype = torch_dtype
+    model.save_pretrained(out_dir, safe_serialization=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    del model
+    write_qwen3_vl_processor(out_dir)
+    with open(os.path.join(out_dir, 'SWIFT_VORA_TINY_MODEL.txt'), 'w') as f:
+        f.write(f'Random weights built offline by swift_vora.tiny_model.build_qwen3_vl ({n_params} parameters); '
+                'for tests and benchmarks only.\n')
+    return out_dir

@@ -1,0 +1,801 @@
+"""Training throughput on video: plain `swift sft` against the swift-vora path, same model, clips and tokens.
+
+    python benchmarks/throughput.py                 # on the GPU machine (after scripts/gpu/setup_env.sh)
+    python benchmarks/throughput.py --smoke         # CPU: tiny model, 2 clips, a few steps (tests the script)
+
+What runs (each variant is one real `swift sft` process; nothing is timed in-process by hand):
+- `baseline`: gpu-machine.md's measured baseline. Random-weight Qwen3-VL with the 2B shape, synthetic 32 s
+  clips (640x360, 8 fps, mp4v), `FPS=2 FPS_MAX_FRAMES=64 VIDEO_MAX_TOKEN_NUM=196 VIDEO_MIN_TOKEN_NUM=128`
+  (64 frames, 32 groups x 180 tokens), `--tuner_type lora --target_modules all-linear --torch_dtype bfloat16
+  --gradient_checkpointing true --attn_impl sdpa --per_device_train_batch_size 1 --dataloader_num_workers 4`.
+- `vora`: the same model, clips and video token budget through `--custom_register_path swift_vora
+  --template video_ora --dataset ANNOTATIONS.jsonl` (SWIFT_VORA_FPS=2, SWIFT_VORA_MAX_FRAMES=64,
+  SWIFT_VORA_PAIR_TOKENS=196, SWIFT_VORA_MIN_PAIR_TOKENS=128, whole-clip windows), with these levers:
+  no checkpointing and no backward through the frozen vision tower (`--vit_gradient_checkpointing false`:
+  swift otherwise checkpoints the frozen ViT and makes its inputs require grad), no LLM checkpointing
+  (`--gradient_checkpointing false`: trades memory, which the H200 has, for the recomputed forward), and
+  12 persistent DataLoader workers. The per-sample tokens are asserted equal to the
+  baseline's from the two encode logs.
+- `vora_gc` (optional, `--variants baseline,vora,vora_gc`): `vora` with the LLM checkpointed (memory-lean).
+Both runs use the same text (prompt and answer) per clip, so only the path differs. Not used, and why:
+padding-free / packing need flash-attn (no wheel there); `--use_liger_kernel` mainly saves the logits
+memory, which swift 4.6 already avoids (`use_logits_to_keep` is on for Qwen3-VL under transformers 5);
+decoded-frame caching would only pay when clips repeat, and every measured sample here is a distinct clip.
+
+Measurement: a callback (this file doubles as a swift plugin: `--custom_register_path benchmarks/throughput.py
+--callbacks vora_bench`) logs a CUDA-synchronised timestamp at every optimizer step, the number of samples
+(micro-batches x batch size, gradient accumulation set explicitly), the main process's time blocked in
+`DataLoader.__next__`, and torch's peak memory. The rate is samples after the warm-up steps divided by the
+time between the end of the last warm-up step and the end of the last step. swift's own logging.jsonl gives
+its `memory(GiB)`. py-spy (if on PATH) samples the trainer for a few seconds inside the measured window.
+
+Model FLOPs per sample (written into the JSON as `flops_formula`), frozen ViT and merger, LoRA on the LLM:
+  F = 2*N_vit*P + L_vit*4*sum_g(p_g^2)*d_vit             vision tower, forward only (frozen, no input grad)
+    + 2*N_merger*V                                        patch mergers, forward only (frozen)
+    + 4*N_llm*T + 6*N_lora*T                              LLM: forward 2N + activation-grad backward 2N on frozen
+                                                          weights; LoRA weights trainable (6N)
+    + 6*L*T^2*d_attn                                      causal attention: forward 2*T^2*d per layer, backward 2x
+    + 4*h*vocab*S                                         LM head on the S supervised positions (logits_to_keep)
+  with P = vision patches (4 per video token), p_g = patches per temporal group, V = video tokens, T = tokens,
+  N_* = matmul weights (swift_vora.tiny_model.qwen3_vl_param_counts). Recomputation under checkpointing and
+  backward through the frozen ViT are not useful work and are not counted, so MFU compares runs fairly:
+  MFU = F * samples_per_s / 790e12 (the H200's measured bf16 matmul rate, gpu-machine.md / KINDS.md).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEAK_BF16_FLOPS = 790e12  # measured 8192^3 bf16 matmul on the lent H200 (KINDS.md)
+BENCH_DIR_ENV = 'SWIFT_VORA_BENCH_DIR'
+CALLBACK_NAME = 'vora_bench'
+VIDEO_TOKEN_ID = 151656
+
+OFFLINE_ENV = {
+    'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'MODELSCOPE_OFFLINE': '1',
+    'USE_HF': '1', 'NCCL_NVLS_ENABLE': '0', 'TORCH_SYMM_MEM_DISABLE_MULTICAST': '1', 'NVSHMEM_DISABLE_NVLS': '1',
+    'FORCE_QWENVL_VIDEO_READER': 'decord', 'TOKENIZERS_PARALLELISM': 'false', 'PYTHONUNBUFFERED': '1',
+}
+
+
+# ==== shared helpers (learnability.py imports these) =============================================================
+
+def now_stamp() -> str:
+    return _dt.datetime.now().strftime('%Y-%m-%d')
+
+
+def swift_cmd() -> List[str]:
+    """`swift` as installed next to this interpreter (or on PATH); else the same CLI through `python -m`."""
+    local = os.path.join(os.path.dirname(sys.executable), 'swift')
+    if os.path.isfile(local) and os.access(local, os.X_OK):
+        return [local]
+    found = shutil.which('swift')
+    if found:
+        return [found]
+    return [sys.executable, '-m', 'swift.cli.main']
+
+
+def base_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = dict(os.environ)
+    for key, value in OFFLINE_ENV.items():
+        env.setdefault(key, value)
+    env.setdefault('HF_DATASETS_CACHE', '/tmp/swift_vora_hf_datasets')
+    env.setdefault('MODELSCOPE_CACHE', '/tmp/swift_vora_modelscope')
+    # DataLoader workers and swift's own subprocess must find this checkout (the plugin, this file).
+    env['PYTHONPATH'] = os.pathsep.join(p for p in [REPO, env.get('PYTHONPATH', '')] if p)
+    if extra:
+        env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_logged(cmd: List[str], log_path: str, env: Dict[str, str], cwd: str = REPO,
+               timeout: Optional[float] = None) -> subprocess.Popen:
+    """Start `cmd` with stdout+stderr to `log_path` (the command line is the log's first line)."""
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    log = open(log_path, 'w')
+    log.write('$ ' + ' '.join(_quote(c) for c in cmd) + '\n')
+    log.flush()
+    # Own process group (not a new session: the device machine ends a call's leftover processes by session),
+    # so a timeout can kill swift's whole tree (its trainer subprocess and DataLoader workers).
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, process_group=0)
+    proc._log = log  # closed by wait_logged
+    proc._timeout = timeout
+    _CHILDREN.append(proc)
+    return proc
+
+
+_CHILDREN: List[subprocess.Popen] = []
+
+
+def _kill_children() -> None:
+    for proc in _CHILDREN:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+import atexit  # noqa: E402
+
+atexit.register(_kill_children)
+
+
+def wait_logged(proc: subprocess.Popen, what: str, log_path: str) -> None:
+    try:
+        rc = proc.wait(timeout=getattr(proc, '_timeout', None))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        rc = 'timeout'
+    finally:
+        proc._log.close()
+    if rc != 0:
+        print(f'--- {what} failed (exit {rc}); last lines of {log_path}:', file=sys.stderr)
+        print(tail(log_path, 60), file=sys.stderr)
+        raise SystemExit(f'{what} failed (exit {rc}); see {log_path}')
+
+
+def tail(path: str, n: int = 40) -> str:
+    try:
+        with open(path, errors='replace') as f:
+            return ''.join(f.readlines()[-n:])
+    except OSError:
+        return ''
+
+
+def _quote(arg: str) -> str:
+    return arg if arg and all(c.isalnum() or c in '@%+=:,./-_' for c in arg) else "'" + arg.replace("'", "'\\''") + "'"
+
+
+def cmdline(cmd: List[str], env_keys: Dict[str, str]) -> str:
+    """A copy-pasteable shell line: the benchmark-specific env assignments, then the command."""
+    prefix = ' '.join(f'{k}={_quote(str(v))}' for k, v in env_keys.items())
+    return (prefix + ' ' if prefix else '') + ' '.join(_quote(c) for c in cmd)
+
+
+def hardware() -> Dict[str, Any]:
+    info: Dict[str, Any] = {'cpus': os.cpu_count(), 'python': sys.version.split()[0]}
+    try:
+        import torch
+        info['torch'] = torch.__version__
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            info['gpu'] = props.name
+            info['gpu_mem_gib'] = round(props.total_memory / 2**30, 1)
+            info['gpu_count'] = torch.cuda.device_count()
+        else:
+            info['gpu'] = None
+    except Exception as exc:  # noqa: BLE001 - informational only
+        info['torch_error'] = repr(exc)
+    for name in ('transformers', 'peft', 'ms_swift', 'accelerate'):
+        try:
+            from importlib.metadata import version
+            info[name] = version(name.replace('_', '-'))
+        except Exception:  # noqa: BLE001
+            info[name] = None
+    return info
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def read_jsonl(path: str) -> List[Dict[str, Any]]:
+    rows = []
+    if not os.path.isfile(path):
+        return rows
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+    return rows
+
+
+def write_results(payload: Dict[str, Any], results_dir: str, name: str, out_dir: Optional[str]) -> str:
+    os.makedirs(results_dir, exist_ok=True)
+    path = os.path.join(results_dir, f'{name}-{now_stamp()}.json')
+    with open(path, 'w') as f:
+        json.dump(payload, f, indent=2, sort_keys=False)
+        f.write('\n')
+    if out_dir and os.path.abspath(out_dir) != os.path.abspath(results_dir):
+        os.makedirs(out_dir, exist_ok=True)
+        shutil.copy(path, os.path.join(out_dir, os.path.basename(path)))
+    return path
+
+
+def build_model(out_dir: str, shape: str, dtype: str, seed: int = 0) -> float:
+    """Build a random checkpoint in a separate process (the driver keeps no CUDA context or cached memory)."""
+    if os.path.isfile(os.path.join(out_dir, 'config.json')):
+        return 0.0
+    t0 = time.time()
+    device = 'cuda' if cuda_available() else 'cpu'
+    code = ('import sys; sys.path.insert(0, %r); from swift_vora.tiny_model import build_qwen3_vl; '
+            'build_qwen3_vl(%r, %r, seed=%d, dtype=%r, device=%r)' % (REPO, out_dir, shape, seed, dtype, device))
+    subprocess.run([sys.executable, '-c', code], check=True, env=base_env())
+    return time.time() - t0
+
+
+def make_clips(out_dir: str, n: int, duration: float, fps: float, size, seed: int = 0, workers: int = 1,
+               max_events: int = 2) -> List[Dict[str, Any]]:
+    """`n` synthetic clips (swift_vora.synthetic) in parallel; returns [{'video', 'duration', 'windows'}]."""
+    import random
+
+    from swift_vora import synthetic
+    os.makedirs(out_dir, exist_ok=True)
+    rng = random.Random(seed)
+    jobs = []
+    for i in range(n):
+        events = synthetic.random_intervals(duration, rng, max_events=max_events)
+        jobs.append((os.path.join(out_dir, f'clip_{i:04d}.mp4'), duration, events, fps, tuple(size), seed + i))
+    if workers > 1 and n > 1:
+        from multiprocessing import get_context
+        with get_context('fork').Pool(min(workers, n)) as pool:
+            pool.starmap(_write_clip, jobs)
+    else:
+        for job in jobs:
+            _write_clip(*job)
+    return [{'video': j[0], 'duration': duration, 'windows': [list(e) for e in j[2]]} for j in jobs]
+
+
+def _write_clip(path, duration, events, fps, size, seed):
+    from swift_vora import synthetic
+    if not os.path.isfile(path):
+        synthetic.write_video(path, duration, events, fps=fps, size=size, seed=seed)
+    return path
+
+
+# ==== the swift plugin side: instrumentation inside the `swift sft` process ======================================
+
+def _install_instrumentation() -> None:
+    """Registers the `vora_bench` callback and the data-wait / encode probes (only with SWIFT_VORA_BENCH_DIR)."""
+    bench_dir = os.environ.get(BENCH_DIR_ENV)
+    if not bench_dir:
+        return
+    import threading
+
+    import torch
+    from swift.callbacks import callbacks_map
+    from swift.callbacks.base import TrainerCallback
+
+    state = {'data_wait_s': 0.0, 'batches': 0, 'main_pid': None}
+    lock = threading.Lock()
+    progress_path = os.path.join(bench_dir, 'progress.jsonl')
+    encode_path = os.path.join(bench_dir, 'encode.jsonl')
+
+    def _emit(record):
+        with lock, open(progress_path, 'a') as f:
+            f.write(json.dumps(record) + '\n')
+
+    # 1. Time the training loop spends blocked on the next batch (main process only).
+    from torch.utils.data import dataloader as _dl
+    if not getattr(_dl._BaseDataLoaderIter.__next__, '_vora_bench', False):
+        original_next = _dl._BaseDataLoaderIter.__next__
+
+        def __next__(self):
+            if state['main_pid'] != os.getpid():
+                return original_next(self)
+            t0 = time.perf_counter()
+            try:
+                return original_next(self)
+            finally:
+                state['data_wait_s'] += time.perf_counter() - t0
+                state['batches'] += 1
+
+        __next__._vora_bench = True
+        _dl._BaseDataLoaderIter.__next__ = __next__
+
+    # 2. Tokens per encoded sample, whatever the template (runs in the DataLoader workers too).
+    from swift.template import Template
+    if not getattr(Template.encode, '_vora_bench', False):
+        original_encode = Template.encode
+        counter = {'n': 0}
+
+        def encode(self, inputs, *args, **kwargs):
+            encoded = original_encode(self, inputs, *args, **kwargs)
+            if counter['n'] < 256 and isinstance(encoded, dict) and encoded.get('input_ids') is not None:
+                counter['n'] += 1
+                ids = list(encoded['input_ids'])
+                labels = encoded.get('labels')
+                grid = encoded.get('video_grid_thw')
+                rec = {'pid': os.getpid(), 'template': type(self).__name__, 'tokens': len(ids),
+                       'video_tokens': sum(1 for t in ids if t == VIDEO_TOKEN_ID),
+                       'supervised': sum(1 for t in labels if t != -100) if labels is not None else None,
+                       'video_grid_thw': grid.tolist() if hasattr(grid, 'tolist') else None}
+                with open(encode_path, 'a') as f:
+                    f.write(json.dumps(rec) + '\n')
+            return encoded
+
+        encode._vora_bench = True
+        Template.encode = encode
+
+    class BenchCallback(TrainerCallback):
+
+        def __init__(self, args, trainer):
+            super().__init__(args, trainer)
+            self.micro = 0
+            self.batch_size = int(args.per_device_train_batch_size)
+
+        def _sync(self):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+
+        def on_train_begin(self, args, state_, control, **kwargs):
+            state['main_pid'] = os.getpid()
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+            _emit({'event': 'begin', 'pid': os.getpid(), 't': time.time(), 'batch_size': self.batch_size,
+                   'grad_accum': int(args.gradient_accumulation_steps), 'max_steps': int(state_.max_steps)})
+
+        def on_substep_end(self, args, state_, control, **kwargs):
+            self.micro += 1
+
+        def on_step_end(self, args, state_, control, **kwargs):
+            self.micro += 1
+            self._sync()
+            rec = {'event': 'step', 'step': int(state_.global_step), 'micro': self.micro,
+                   'samples': self.micro * self.batch_size, 't': time.time(), 'data_wait_s': state['data_wait_s'],
+                   'batches_fetched': state['batches']}
+            if torch.cuda.is_available():
+                rec['max_allocated_gib'] = torch.cuda.max_memory_allocated() / 2**30
+                rec['max_reserved_gib'] = torch.cuda.max_memory_reserved() / 2**30
+            _emit(rec)
+
+        def on_train_end(self, args, state_, control, **kwargs):
+            self._sync()
+            rec = {'event': 'end', 't': time.time(), 'data_wait_s': state['data_wait_s']}
+            if torch.cuda.is_available():
+                rec['max_allocated_gib'] = torch.cuda.max_memory_allocated() / 2**30
+                rec['max_reserved_gib'] = torch.cuda.max_memory_reserved() / 2**30
+            _emit(rec)
+
+    callbacks_map[CALLBACK_NAME] = BenchCallback
+
+
+if __name__ != '__main__' and 'swift' in sys.modules:  # imported by swift's plugin loader
+    _install_instrumentation()
+
+
+# ==== the driver =================================================================================================
+
+def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict[str, Dict[str, Any]]:
+    """Per variant: extra env, template flags and lever flags."""
+    if smoke:  # tiny clips: 8 s, 1 fps -> 8 frames, 4 groups of 3x4 tokens
+        baseline_env = {'FPS': '1', 'FPS_MAX_FRAMES': '8', 'VIDEO_MAX_TOKEN_NUM': '12', 'VIDEO_MIN_TOKEN_NUM': '4'}
+        vora_env = {'SWIFT_VORA_FPS': '1', 'SWIFT_VORA_MAX_FRAMES': '8', 'SWIFT_VORA_PAIR_TOKENS': '12',
+                    'SWIFT_VORA_MIN_PAIR_TOKENS': '4'}
+    else:
+        baseline_env = {'FPS': '2', 'FPS_MAX_FRAMES': '64', 'VIDEO_MAX_TOKEN_NUM': '196', 'VIDEO_MIN_TOKEN_NUM': '128'}
+        vora_env = {'SWIFT_VORA_FPS': '2', 'SWIFT_VORA_MAX_FRAMES': '64', 'SWIFT_VORA_PAIR_TOKENS': '196',
+                    'SWIFT_VORA_MIN_PAIR_TOKENS': '128'}
+    vora_env.update({'SWIFT_VORA_MIN_FRAMES': '4', 'SWIFT_VORA_WINDOW': '0', 'SWIFT_VORA_LOG_FIRST': '2'})
+    vora_flags = ['--dataloader_num_workers', str(workers_vora), '--vit_gradient_checkpointing', 'false']
+    if workers_vora > 0:  # prefetch stays at 2 per worker: a 64-frame sample is ~140 MB of float32 pixels in /dev/shm
+        vora_flags += ['--dataloader_persistent_workers', 'true']
+    return {
+        'baseline': {'env': baseline_env, 'plugins': [], 'template': [], 'dataset': 'rows',
+                     'flags': ['--gradient_checkpointing', 'true', '--dataloader_num_workers', str(workers_baseline)]},
+        'vora': {'env': vora_env, 'plugins': ['swift_vora'], 'template': ['--template', 'video_ora'],
+                 'dataset': 'annotations', 'flags': ['--gradient_checkpointing', 'false'] + vora_flags},
+        'vora_gc': {'env': vora_env, 'plugins': ['swift_vora'], 'template': ['--template', 'video_ora'],
+                    'dataset': 'annotations', 'flags': ['--gradient_checkpointing', 'true'] + vora_flags},
+    }
+
+
+def build_inputs(args, work: str) -> Dict[str, str]:
+    """Model + clips + the two dataset files (same clips, same text)."""
+    from swift_vora import intervals, prompt, synthetic
+
+    t0 = time.time()
+    if args.smoke:
+        clips = make_clips(os.path.join(work, 'clips'), args.clips, 8.0, 4.0, (128, 96), workers=1)
+    else:
+        clips = make_clips(os.path.join(work, 'clips'), args.clips, 32.0, 8.0, (640, 360),
+                           workers=min(16, os.cpu_count() or 1))
+    t_clips = time.time() - t0
+    model_dir = args.model_dir or os.path.join(work, 'model')
+    t_model = build_model(model_dir, 'tiny' if args.smoke else '2b', 'float32' if args.smoke else 'bfloat16')
+    rows_path = os.path.join(work, 'rows.jsonl')
+    ann_path = os.path.join(work, 'annotations.jsonl')
+    with open(rows_path, 'w') as rows, open(ann_path, 'w') as anns:
+        for i, clip in enumerate(clips):
+            text = prompt.build_prompt(synthetic.QUERY, clip['duration'])
+            answer = intervals.format_answer(clip['windows'])
+            rows.write(json.dumps({'messages': [{'role': 'user', 'content': text},
+                                                {'role': 'assistant', 'content': answer}],
+                                   'videos': [clip['video']]}) + '\n')
+            anns.write(json.dumps({'id': f'clip_{i:04d}', 'video': clip['video'], 'duration': clip['duration'],
+                                   'query': synthetic.QUERY, 'windows': clip['windows']}) + '\n')
+    return {'model': model_dir, 'rows': rows_path, 'annotations': ann_path, 'build_model_s': round(t_model, 1),
+            'make_clips_s': round(t_clips, 1)}
+
+
+def sft_command(args, spec: Dict[str, Any], inputs: Dict[str, str], out_dir: str) -> List[str]:
+    plugins = spec['plugins'] + [os.path.relpath(os.path.abspath(__file__), REPO)]
+    cmd = swift_cmd() + ['sft', '--custom_register_path', *plugins,
+                         '--model', inputs['model'], '--model_type', 'qwen3_vl', *spec['template'],
+                         '--dataset', inputs[spec['dataset']],
+                         '--tuner_type', 'lora', '--target_modules', 'all-linear',
+                         '--attn_impl', 'sdpa', '--per_device_train_batch_size', '1',
+                         '--gradient_accumulation_steps', str(args.grad_accum), '--max_steps', str(args.steps),
+                         '--learning_rate', '1e-4', '--logging_steps', '1', '--save_strategy', 'no',
+                         '--split_dataset_ratio', '0', '--eval_strategy', 'no', '--report_to', 'none',
+                         '--output_dir', out_dir, '--add_version', 'false', '--check_model', 'false',
+                         '--callbacks', CALLBACK_NAME, '--dataset_num_proc', '1', '--seed', '42']
+    if args.smoke:
+        cmd += ['--torch_dtype', 'float32', '--fp16', 'false', '--bf16', 'false']
+    else:
+        cmd += ['--torch_dtype', 'bfloat16']
+    return cmd + spec['flags']
+
+
+def run_variant(name: str, args, spec, inputs, work: str) -> Dict[str, Any]:
+    vdir = os.path.join(work, name)
+    shutil.rmtree(vdir, ignore_errors=True)
+    os.makedirs(vdir)
+    env_extra = dict(spec['env'])
+    env_extra[BENCH_DIR_ENV] = vdir
+    if name.startswith('vora'):
+        env_extra['SWIFT_VORA_ENCODE_LOG'] = os.path.join(vdir, 'vora_encode.jsonl')
+    cmd = sft_command(args, spec, inputs, os.path.join(vdir, 'output'))
+    log_path = os.path.join(vdir, 'sft.log')
+    t0 = time.time()
+    proc = run_logged(cmd, log_path, base_env(env_extra), timeout=args.variant_timeout)
+    profile = None
+    if args.profile_seconds > 0 and shutil.which('py-spy'):
+        profile = _profile_when_measuring(proc, vdir, args)
+    wait_logged(proc, f'swift sft ({name})', log_path)
+    wall = time.time() - t0
+    return summarize_variant(name, vdir, args, cmdline(cmd, spec['env']), wall, profile)
+
+
+def _profile_when_measuring(proc, vdir, args) -> Optional[Dict[str, Any]]:
+    """Wait for the first measured step, then py-spy the trainer process for `profile_seconds`."""
+    progress = os.path.join(vdir, 'progress.jsonl')
+    pid = None
+    while proc.poll() is None:
+        rows = read_jsonl(progress)
+        begin = [r for r in rows if r.get('event') == 'begin']
+        steps = [r for r in rows if r.get('event') == 'step']
+        if begin:
+            pid = begin[0]['pid']
+        if pid and steps and steps[-1]['step'] >= args.warmup_steps:
+            break
+        time.sleep(0.5)
+    if proc.poll() is not None or not pid:
+        return None
+    raw = os.path.join(vdir, 'pyspy.txt')
+    spy_log = os.path.join(vdir, 'pyspy.log')
+    cmd = ['py-spy', 'record', '--pid', str(pid), '--duration', str(args.profile_seconds), '--rate', '50',
+           '--format', 'raw', '--threads', '--nonblocking', '--output', raw]
+    with open(spy_log, 'w') as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.profile_seconds + 60)
+    if rc != 0 or not os.path.isfile(raw):
+        return {'error': f'py-spy exit {rc}', 'log': tail(spy_log, 10)}
+    return summarize_profile(raw)
+
+
+def summarize_profile(raw_path: str, top: int = 15) -> Dict[str, Any]:
+    """Self and inclusive shares per function from py-spy's raw (collapsed-stack) output."""
+    self_counts: Dict[str, int] = {}
+    incl_counts: Dict[str, int] = {}
+    thread_counts: Dict[str, int] = {}
+    buckets = {
+        'checkpoint_recompute_or_backward': ('torch/utils/checkpoint.py',),
+        'autograd_backward': ('torch/autograd/', '_engine_run_backward'),
+        'vision_tower': ('Qwen3VLVisionModel', 'modeling_qwen3_vl.py:Qwen3VLVisionBlock', 'VisionBlock'),
+        'dataloader_next': ('dataloader.py:__next__', '_next_data', '_get_data'),
+        'pin_memory_thread': ('pin_memory.py',),
+        'optimizer_step': ('optimizer.py', 'adamw.py'),
+        'cuda_sync_or_item': ('synchronize', '.item', '_local_scalar_dense'),
+    }
+    bucket_counts = {k: 0 for k in buckets}
+    total = 0
+    with open(raw_path, errors='replace') as f:
+        for line in f:
+            line = line.rstrip('\n')
+            if not line or ' ' not in line:
+                continue
+            stack, _, count = line.rpartition(' ')
+            try:
+                n = int(count)
+            except ValueError:
+                continue
+            frames = [fr.strip() for fr in stack.split(';') if fr.strip()]
+            if not frames:
+                continue
+            total += n
+            thread = frames[0] if frames[0].startswith(('thread', 'process')) else 'main'
+            thread_counts[thread] = thread_counts.get(thread, 0) + n
+            funcs = [_frame_key(fr) for fr in frames if not fr.startswith(('thread', 'process'))]
+            if funcs:
+                self_counts[funcs[-1]] = self_counts.get(funcs[-1], 0) + n
+            for key in set(funcs):
+                incl_counts[key] = incl_counts.get(key, 0) + n
+            for bucket, needles in buckets.items():
+                if any(any(nd in fr for nd in needles) for fr in frames):
+                    bucket_counts[bucket] += n
+
+    def shares(counts):
+        return [[k, round(v / total, 4)] for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:top]]
+
+    return {'samples': total, 'rate_hz': 50, 'threads': shares(thread_counts), 'top_self': shares(self_counts),
+            'top_inclusive': shares(incl_counts),
+            'buckets': {k: round(v / total, 4) if total else 0.0 for k, v in bucket_counts.items()},
+            'note': 'shares of all sampled stacks (all threads, --nonblocking, idle excluded by py-spy)'}
+
+
+def _frame_key(frame: str) -> str:
+    """`func (path/file.py:123)` -> `func (file.py)`."""
+    name, _, where = frame.partition(' (')
+    where = where.rstrip(')')
+    path = where.rsplit(':', 1)[0]
+    parts = path.replace('\\', '/').split('/')
+    short = '/'.join(parts[-2:]) if len(parts) > 1 else path
+    return f'{name} ({short})'
+
+
+def summarize_variant(name, vdir, args, command, wall, profile) -> Dict[str, Any]:
+    progress = read_jsonl(os.path.join(vdir, 'progress.jsonl'))
+    steps = [r for r in progress if r.get('event') == 'step']
+    end = next((r for r in progress if r.get('event') == 'end'), {})
+    if len(steps) <= args.warmup_steps:
+        raise SystemExit(f'{name}: only {len(steps)} steps logged (warm-up {args.warmup_steps}); see {vdir}/sft.log')
+    first, last = steps[args.warmup_steps - 1] if args.warmup_steps else None, steps[-1]
+    if first is None:
+        begin = next(r for r in progress if r.get('event') == 'begin')
+        t_start, s_start, w_start = begin['t'], 0, 0.0
+    else:
+        t_start, s_start, w_start = first['t'], first['samples'], first['data_wait_s']
+    measured = last['samples'] - s_start
+    seconds = last['t'] - t_start
+    enc = read_jsonl(os.path.join(vdir, 'encode.jsonl'))
+    tokens = [r['tokens'] for r in enc]
+    video_tokens = [r['video_tokens'] for r in enc]
+    supervised = [r['supervised'] for r in enc if r.get('supervised') is not None]
+    grids = [r['video_grid_thw'] for r in enc if r.get('video_grid_thw')]
+    swift_log = read_jsonl(os.path.join(vdir, 'output', 'logging.jsonl'))
+    swift_mem = [r['memory(GiB)'] for r in swift_log if isinstance(r.get('memory(GiB)'), (int, float))]
+    result = {
+        'variant': name,
+        'command': command,
+        'samples_measured': measured,
+        'seconds_measured': round(seconds, 3),
+        'samples_per_s': round(measured / seconds, 4) if seconds > 0 else None,
+        's_per_sample': round(seconds / measured, 4) if measured else None,
+        'warmup_steps': args.warmup_steps,
+        'steps': len(steps),
+        'grad_accum': args.grad_accum,
+        'data_wait_s_measured': round(last['data_wait_s'] - w_start, 3),
+        'data_wait_fraction': round((last['data_wait_s'] - w_start) / seconds, 4) if seconds > 0 else None,
+        'peak_allocated_gib': round(end.get('max_allocated_gib', last.get('max_allocated_gib', 0.0)), 2)
+        if ('max_allocated_gib' in end or 'max_allocated_gib' in last) else None,
+        'peak_reserved_gib': round(end.get('max_reserved_gib', last.get('max_reserved_gib', 0.0)), 2)
+        if ('max_reserved_gib' in end or 'max_reserved_gib' in last) else None,
+        'swift_log_memory_gib': max(swift_mem) if swift_mem else None,
+        'tokens_per_sample': _mean(tokens),
+        'video_tokens_per_sample': _mean(video_tokens),
+        'supervised_tokens_per_sample': _mean(supervised),
+        'tokens_per_sample_set': sorted(set(tokens)),
+        'video_grid_thw': grids[0] if grids else None,
+        'encoded_samples_logged': len(enc),
+        'wall_s': round(wall, 1),
+        'log': os.path.relpath(os.path.join(vdir, 'sft.log'), vdir),
+    }
+    if result['samples_per_s'] and result['tokens_per_sample']:
+        result['tokens_per_s'] = round(result['samples_per_s'] * result['tokens_per_sample'], 1)
+    vora_enc = read_jsonl(os.path.join(vdir, 'vora_encode.jsonl'))
+    if vora_enc:
+        result['vora_encode_log'] = {'samples': len(vora_enc),
+                                     'frames': sorted({r.get('frames_from_tensors') for r in vora_enc}),
+                                     'video_tokens': sorted({r.get('video_tokens') for r in vora_enc}),
+                                     'total_tokens': sorted({r.get('total_tokens') for r in vora_enc})}
+    if profile is not None:
+        result['profile'] = profile
+    return result
+
+
+def _mean(values):
+    return round(sum(values) / len(values), 1) if values else None
+
+
+def flops_per_sample(shape_name: str, tokens: float, video_tokens: float, supervised: float, grid) -> Dict[str, float]:
+    """Model FLOPs of one sample (see the module docstring); `grid` = one video's [t, h, w] in patches."""
+    from swift_vora.tiny_model import QWEN3_VL_SHAPES, qwen3_vl_param_counts
+    shape = QWEN3_VL_SHAPES[shape_name]
+    n = qwen3_vl_param_counts(shape)
+    t_groups, gh, gw = grid
+    patches_per_group = gh * gw
+    patches = t_groups * patches_per_group
+    lora_r = 8
+    # LoRA on every LLM linear (q,k,v,o,gate,up,down): r * (in + out) per linear.
+    h, hd = shape.hidden_size, shape.head_dim
+    per_layer = [(h, shape.num_heads * hd), (h, shape.num_kv_heads * hd), (h, shape.num_kv_heads * hd),
+                 (shape.num_heads * hd, h), (h, shape.intermediate_size), (h, shape.intermediate_size),
+                 (shape.intermediate_size, h)]
+    n_lora = shape.num_layers * sum(lora_r * (a + b) for a, b in per_layer)
+    parts = {
+        'vision_matmul': 2 * n['vision_matmul'] * patches,
+        'vision_attention': shape.vision_depth * 4 * t_groups * patches_per_group ** 2 * n['vision_attn_dim'],
+        'merger': 2 * n['merger'] * video_tokens,
+        'llm_matmul': 4 * n['llm_matmul'] * tokens,
+        'lora': 6 * n_lora * tokens,
+        'llm_attention': 6 * shape.num_layers * tokens ** 2 * n['attn_dim'],
+        'lm_head': 4 * n['lm_head'] * supervised,
+    }
+    parts['total'] = sum(parts.values())
+    return parts
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--smoke', action='store_true', help='CPU: tiny model, 2 clips, a few steps, float32')
+    parser.add_argument('--out', default=os.environ.get('OUT') or None,
+                        help='folder for logs and a copy of the JSON (default: $OUT, else the work dir)')
+    parser.add_argument('--work', default=None, help='work dir (model, clips, runs); default /tmp/swift_vora_bench')
+    parser.add_argument('--results-dir', default=os.path.join(REPO, 'benchmarks', 'results'))
+    parser.add_argument('--variants', default='baseline,vora')
+    parser.add_argument('--clips', type=int, default=None, help='distinct clips (default: one per sample)')
+    parser.add_argument('--steps', type=int, default=None, help='optimizer steps per variant (default 14; smoke 2)')
+    parser.add_argument('--grad-accum', type=int, default=None, help='gradient accumulation (default 4; smoke 1)')
+    parser.add_argument('--warmup-steps', type=int, default=None, help='steps not timed (default 2; smoke 1)')
+    parser.add_argument('--workers-baseline', type=int, default=None, help='default 4 (smoke 1)')
+    parser.add_argument('--workers-vora', type=int, default=None, help='default 12 (smoke 1)')
+    parser.add_argument('--profile-seconds', type=int, default=None, help='py-spy window; 0 = off (default 12)')
+    parser.add_argument('--model-dir', default=None, help='reuse a built model directory')
+    parser.add_argument('--variant-timeout', type=float, default=None, help='seconds per swift sft (default none)')
+    parser.add_argument('--deadline', type=float, default=None,
+                        help='seconds from start after which running swift processes are killed and the results '
+                             'so far written (run_all.sh sets it from the device tool\'s 10-minute limit)')
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run atexit: kill the swift process groups
+    smoke = args.smoke
+    args.steps = args.steps or (2 if smoke else 14)
+    args.grad_accum = args.grad_accum or (1 if smoke else 4)
+    args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (1 if smoke else 2)
+    args.workers_baseline = args.workers_baseline if args.workers_baseline is not None else (1 if smoke else 4)
+    args.workers_vora = args.workers_vora if args.workers_vora is not None else (1 if smoke else 12)
+    args.profile_seconds = args.profile_seconds if args.profile_seconds is not None else (0 if smoke else 12)
+    args.clips = args.clips or (2 if smoke else args.steps * args.grad_accum)
+    if not smoke and not cuda_available():
+        raise SystemExit('no CUDA device: run with --smoke on CPU')
+    work = args.work or ('/tmp/swift_vora_bench_smoke' if smoke else '/tmp/swift_vora_bench')
+    os.makedirs(work, exist_ok=True)
+    out = args.out or work
+    sys.path.insert(0, REPO)
+
+    t0 = time.time()
+    inputs = build_inputs(args, work)
+    print(f'inputs ready in {time.time() - t0:.0f} s: model {inputs["build_model_s"]} s, clips {inputs["make_clips_s"]} s',
+          flush=True)
+    specs = variant_specs(smoke, args.workers_baseline, args.workers_vora)
+    variants = [v.strip() for v in args.variants.split(',') if v.strip()]
+    unknown = [v for v in variants if v not in specs]
+    if unknown:
+        raise SystemExit(f'unknown variant(s) {unknown}; known: {sorted(specs)}')
+    results: Dict[str, Dict[str, Any]] = {}
+    errors: Dict[str, str] = {}
+    for name in variants:
+        print(f'== {name}', flush=True)
+        if args.deadline is not None:
+            left = args.deadline - (time.time() - t0) - 10
+            if left < 60:
+                errors[name] = f'skipped: {left:.0f} s left before the deadline'
+                print(f'{name}: {errors[name]}', file=sys.stderr, flush=True)
+                continue
+            args.variant_timeout = min(args.variant_timeout or left, left)
+        try:
+            results[name] = run_variant(name, args, specs[name], inputs, work)
+        except SystemExit as exc:  # one failed variant must not cost the others' numbers
+            errors[name] = str(exc)
+            print(f'{name}: FAILED: {exc}', file=sys.stderr, flush=True)
+            continue
+        finally:
+            _copy_logs(os.path.join(work, name), out, name)
+        r = results[name]
+        print(f'{name}: {r["samples_per_s"]} samples/s ({r["s_per_sample"]} s/sample), '
+              f'{r["tokens_per_sample"]} tokens/sample, peak reserved {r["peak_reserved_gib"]} GiB, '
+              f'data wait {r["data_wait_fraction"]}, wall {r["wall_s"]} s', flush=True)
+
+    # Same work per sample? (the tokens of both paths, read from the encode logs)
+    checks = {}
+    if 'baseline' in results:
+        base = results['baseline']
+        for name, r in results.items():
+            if name == 'baseline':
+                continue
+            same_video = base['video_tokens_per_sample'] == r['video_tokens_per_sample']
+            rel = abs((r['tokens_per_sample'] or 0) - (base['tokens_per_sample'] or 0)) / max(1, base['tokens_per_sample'] or 1)
+            checks[name] = {'video_tokens_equal': same_video, 'total_tokens_rel_diff': round(rel, 4)}
+            if not same_video or rel > 0.01:
+                print(f'WARNING: {name} encodes {r["tokens_per_sample"]} tokens ({r["video_tokens_per_sample"]} video) '
+                      f'per sample, baseline {base["tokens_per_sample"]} ({base["video_tokens_per_sample"]})',
+                      file=sys.stderr)
+
+    shape_name = 'tiny' if smoke else '2b'
+    mfu = {}
+    flops = None
+    for name, r in results.items():
+        if not (r.get('tokens_per_sample') and r.get('video_grid_thw') and r.get('samples_per_s')):
+            continue
+        flops = flops_per_sample(shape_name, r['tokens_per_sample'], r['video_tokens_per_sample'] or 0,
+                                 r['supervised_tokens_per_sample'] or 0, r['video_grid_thw'][0])
+        r['model_flops_per_sample'] = flops
+        r['mfu'] = round(flops['total'] * r['samples_per_s'] / PEAK_BF16_FLOPS, 4)
+        mfu[name] = r['mfu']
+
+    def pick(name, key):
+        return results.get(name, {}).get(key)
+
+    payload = {
+        'benchmark': 'throughput',
+        'date': _dt.datetime.now().isoformat(timespec='seconds'),
+        'smoke': smoke,
+        'gpu': hardware().get('gpu'),
+        'hardware': hardware(),
+        'model': {'shape': shape_name, 'dir': inputs['model'], 'build_s': inputs['build_model_s']},
+        'clips': {'count': args.clips, 'seconds': 8.0 if smoke else 32.0, 'size': [128, 96] if smoke else [640, 360],
+                  'fps': 4.0 if smoke else 8.0, 'codec': 'mp4v', 'make_s': inputs['make_clips_s']},
+        'command': 'python benchmarks/throughput.py' + (' --smoke' if smoke else '') + ' ' + ' '.join(argv or sys.argv[1:]),
+        'baseline_command': pick('baseline', 'command'),
+        'swift_vora_command': pick('vora', 'command'),
+        'baseline_samples_per_s': pick('baseline', 'samples_per_s'),
+        'swift_vora_samples_per_s': pick('vora', 'samples_per_s'),
+        'speedup': round(pick('vora', 'samples_per_s') / pick('baseline', 'samples_per_s'), 3)
+        if pick('vora', 'samples_per_s') and pick('baseline', 'samples_per_s') else None,
+        'baseline_tokens_per_s': pick('baseline', 'tokens_per_s'),
+        'swift_vora_tokens_per_s': pick('vora', 'tokens_per_s'),
+        'baseline_peak_gib': pick('baseline', 'peak_reserved_gib'),
+        'swift_vora_peak_gib': pick('vora', 'peak_reserved_gib'),
+        'peak_gib_source': 'torch.cuda.max_memory_reserved in the trainer (what swift logs as memory(GiB)); '
+                           'allocated and swift\'s own value are in variants',
+        'mfu': mfu,
+        'mfu_peak_flops': PEAK_BF16_FLOPS,
+        'flops_formula': 'F = 2*N_vit*P + L_vit*4*sum_g(p_g^2)*d_vit + 2*N_merger*V + 4*N_llm*T + 6*N_lora*T '
+                         '+ 6*L*T^2*d_attn + 4*h*vocab*S; MFU = F * samples_per_s / 790e12 '
+                         '(frozen ViT/merger forward only; frozen LLM weights forward + activation-grad backward; '
+                         'recomputation not counted)',
+        'model_flops_per_sample': flops,
+        'token_checks': checks,
+        'variants': results,
+        'errors': errors,
+        'total_wall_s': round(time.time() - t0, 1),
+    }
+    path = write_results(payload, args.results_dir if not smoke else os.path.join(work, 'results'), 'throughput',
+                         out)
+    print(json.dumps({k: payload[k] for k in ('gpu', 'baseline_samples_per_s', 'swift_vora_samples_per_s', 'speedup',
+                                               'baseline_peak_gib', 'swift_vora_peak_gib', 'mfu', 'token_checks',
+                                               'total_wall_s')}, indent=1))
+    print(f'wrote {path}')
+    return 1 if errors else 0
+
+
+def _copy_logs(vdir: str, out: str, name: str) -> None:
+    """sft.log (and the py-spy raw profile) into OUT, flat, for the device tool's 8-file limit."""
+    if not out or not os.path.isdir(vdir) or os.path.abspath(out) == os.path.abspath(os.path.dirname(vdir)):
+        return
+    os.makedirs(out, exist_ok=True)
+    src = os.path.join(vdir, 'sft.log')
+    if os.path.isfile(src):
+        shutil.copy(src, os.path.join(out, f'throughput-{name}.log'))
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# One entry point for the lent GPU machine: set up the carried wheels, run phases, leave results in $OUT.
+#
+#   bash scripts/gpu/run_all.sh PHASE[,PHASE...] [extra args for the phase's command]
+#
+# Run from the repository root through the device tool with carry [".whl/swift"] (plus ".whl/unsloth" for the
+# unsloth phase). Phases (each must fit the tool's 10-minute command limit; estimates in brackets):
+#   setup         install + versions + the `--custom_register_path swift_vora` check only          [~1 min]
+#   throughput    benchmarks/throughput.py: plain swift sft vs swift-vora, 2B-shape Qwen3-VL        [~6 min]
+#   learnability  benchmarks/learnability.py: true vs shuffled labels, R1@0.5 on held-out videos     [~6 min]
+#   calibrate     benchmarks/calibrate_memory.py (measured vs planned memory), JSON into $OUT
+#   e2e           pytest -m gpu tests/ (the GPU-marked tests; none marked = rc 0 with a note); junit XML into $OUT
+#   unsloth       scripts/gpu/unsloth_smoke.sh (needs carry [".whl/swift", ".whl/unsloth"]: ~59 MiB with the repo)
+# Example: `bash scripts/gpu/run_all.sh throughput --variants baseline,vora,vora_gc`.
+#
+# $OUT receives (the tool returns at most 8 files): run.log (all output), each phase's results JSON
+# (<name>-<date>.json; copy it into benchmarks/results/ in the repo) and logs-<phase>.tgz (swift logs,
+# encode/progress logs, py-spy profiles, inference results; no videos, models or checkpoints).
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+OUT="${OUT:-/tmp/swift_vora_out}"
+LOGS=/tmp/swift_vora_logs
+
+main() {
+  local phases="${1:-setup}"
+  shift || true
+  cd "$ROOT" || return 2
+  echo "== run_all $phases $* ($(date -u +%FT%TZ)) on $(hostname), $(nproc) cores"
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader 2>/dev/null || true
+  local t0=$SECONDS
+  # shellcheck source=/dev/null
+  source "$ROOT/scripts/gpu/setup_env.sh" swift || { echo "== setup failed"; return 1; }
+  echo "== setup done in $((SECONDS - t0)) s"
+
+  local rc=0 phase t1 work
+  IFS=',' read -r -a list <<< "$phases"
+  for phase in "${list[@]}"; do
+    t1=$SECONDS
+    work=""
+    echo "== phase $phase"
+    case "$phase" in
+      setup) ;;
+      throughput)
+        work=/tmp/swift_vora_bench
+        python3 benchmarks/throughput.py --out "$LOGS/$phase" --work "$work" "$@" || rc=1;;
+      learnability)
+        work=/tmp/swift_vora_learn
+        python3 benchmarks/learnability.py --out "$LOGS/$phase" --work "$work" "$@" || rc=1;;
+      calibrate)
+        mkdir -p "$LOGS/$phase"
+        if [ -f benchmarks/calibrate_memory.py ]
+        then python3 benchmarks/calibrate_memory.py --out "$LOGS/$phase/calibrate_memory-$(date +%F).json" "$@" || rc=1
+        else echo "calibrate: benchmarks/calibrate_memory.py is not in this checkout"; rc=2
+        fi;;
+      e2e)
+        python3 -m pytest -m gpu -q -rs --junitxml="$OUT/e2e-junit.xml" tests/ "$@"
+        case $? in 0) ;; 5) echo "e2e: no test is marked gpu";; *) rc=1;; esac;;
+      unsloth)
+        if [ -f scripts/gpu/unsloth_smoke.sh ]; then
+          mkdir -p "$LOGS/$phase"
+          OUT="$LOGS/$phase" bash scripts/gpu/unsloth_smoke.sh /tmp/unsloth_smoke "$@" || rc=1
+        else
+          echo "unsloth: scripts/gpu/unsloth_smoke.sh is not in this checkout"; rc=2
+        fi;;
+      *) echo "unknown phase '$phase' (setup|throughput|learnability|calibrate|e2e|unsloth)"; rc=2;;
+    esac
+    echo "== phase $phase done in $((SECONDS - t1)) s (rc so far $rc)"
+    # Results JSON flat into $OUT; the logs into one archive (the 8-file limit).
+    find "$LOGS/$phase" -maxdepth 1 -name '*.json' -exec cp {} "$OUT"/ \; 2>/dev/null
+    local dirs=()
+    [ -d "$LOGS/$phase" ] && dirs+=("${LOGS#/tmp/}/$phase")
+    [ -n "$work" ] && [ -d "$work" ] && dirs+=("${work#/tmp/}")
+    if [ ${#dirs[@]} -gt 0 ]; then
+      tar czf "$OUT/logs-$phase.tgz" -C /tmp --exclude='*.mp4' --exclude='*.safetensors' --exclude='*.pt' \
+        --exclude='*.bin' --exclude='*.pth' --exclude='checkpoint-*' --exclude='model' --exclude='model-*' \
+        --exclude='clips' --exclude='data' "${dirs[@]}" 2>/dev/null || true
+    fi
+  done
+  ls -la "$OUT"
+  echo "== run_all done in $SECONDS s, rc=$rc"
+  return $rc
+}
+
+mkdir -p "$OUT" "$LOGS"
+main "$@" 2>&1 | tee -a "$OUT/run.log"
+exit "${PIPESTATUS[0]}"
