@@ -68,8 +68,6 @@ def _byte_level_tokenizer(vocab_size: int, first_special_id: int, special: List[
 def build_tiny_qwen3_vl(out_dir: str, moe: bool = False, shape: TinyShape = TinyShape(), seed: int = 0) -> str:
     """Write a random Qwen3-VL (dense or MoE) checkpoint to `out_dir`; return the directory."""
     import torch
-    from transformers import (PreTrainedTokenizerFast, Qwen2VLImageProcessor, Qwen3VLProcessor)
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(seed)
@@ -93,16 +91,7 @@ def build_tiny_qwen3_vl(out_dir: str, moe: bool = False, shape: TinyShape = Tiny
     model = Model(config).to(torch.bfloat16)
     model.save_pretrained(out_dir, safe_serialization=True)
 
-    raw = _byte_level_tokenizer(QWEN3_VL_VOCAB, QWEN3_VL_FIRST_SPECIAL_ID, QWEN3_VL_SPECIAL, QWEN3_ADDED)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token='<|im_end|>', pad_token='<|endoftext|>',
-                                        model_max_length=32768)
-    image_processor = Qwen2VLImageProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
-    video_processor = Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
-    processor = Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
-                                 video_processor=video_processor)
-    processor.save_pretrained(out_dir)
-    with open(os.path.join(out_dir, 'generation_config.json'), 'w') as f:
-        json.dump({'eos_token_id': [151645, 151643], 'pad_token_id': 151643, 'do_sample': False}, f)
+    write_qwen3_vl_processor(out_dir)
     with open(os.path.join(out_dir, 'SWIFT_VORA_TINY_MODEL.txt'), 'w') as f:
         f.write('Random weights built offline by swift_vora.tiny_model; for tests and demos only.\n')
     return out_dir

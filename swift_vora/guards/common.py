@@ -307,3 +307,18 @@ def get_tap(trainer) -> BatchTap:
 
 def now() -> float:
     return round(time.time(), 3)
+
+
+def tensors_equal(a, b):
+    """Element-wise equality in the stored dtype (NaN equals NaN); returns (equal, max abs difference)."""
+    import torch
+    if torch.equal(a, b):
+        return True, 0.0
+    if a.is_floating_point():
+        same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+        if bool(same.all()):
+            return True, 0.0
+        diff = (a.double() - b.double()).abs()
+        diff[same] = 0
+        return False, float(diff.max())
+    return False, float('nan')

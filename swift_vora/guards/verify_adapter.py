@@ -60,22 +60,10 @@ def load_base_and_adapter(ckpt: str, base: str):
     return PeftModel.from_pretrained(model, ckpt, is_trainable=False)
 
 
-def _equal(a, b):
-    import torch
-    if torch.equal(a, b):
-        return True, 0.0
-    if a.is_floating_point():
-        same = (a == b) | (torch.isnan(a) & torch.isnan(b))
-        if bool(same.all()):
-            return True, 0.0
-        diff = (a.double() - b.double()).abs()
-        diff[same] = 0
-        return False, float(diff.max())
-    return False, float('nan')
-
-
 def verify_adapter(ckpt: str, base: Optional[str] = None) -> Dict[str, Any]:
     from peft import get_peft_model_state_dict
+
+    from .common import tensors_equal
     from safetensors import safe_open
 
     ckpt = os.path.abspath(ckpt)
@@ -102,7 +90,7 @@ def verify_adapter(ckpt: str, base: Optional[str] = None) -> Dict[str, Any]:
                 report['mismatched'].append({'key': key, 'reason': f'shape {list(value.shape)} != saved '
                                                                    f'{list(saved.shape)}'})
                 continue
-            same, max_diff = _equal(value, saved)
+            same, max_diff = tensors_equal(value, saved)
             if same:
                 report['matched'] += 1
             else:

@@ -30,7 +30,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from swift.callbacks import TrainerCallback
 
-from .common import GuardError, all_gather_objects, logger, output_dir, rank, unwrap_model, world_size, write_json
+from .common import (GuardError, all_gather_objects, logger, output_dir, rank, tensors_equal, unwrap_model, world_size,
+                     write_json)
 
 NAME = 'zero3_load'
 MODE_ENV = 'SWIFT_VORA_ZERO3_LOAD'
@@ -85,21 +86,6 @@ def _gathered(param):
     return contextlib.nullcontext()
 
 
-def _equal(a, b) -> Tuple[bool, float]:
-    import torch
-    if torch.equal(a, b):
-        return True, 0.0
-    if a.is_floating_point():
-        both_nan = torch.isnan(a) & torch.isnan(b)
-        same = (a == b) | both_nan
-        if bool(same.all()):
-            return True, 0.0
-        diff = (a.double() - b.double()).abs()
-        diff[same] = 0
-        return False, float(diff.max())
-    return False, float('nan')
-
-
 def verify_loaded_weights(model, model_dir: str) -> Dict[str, Any]:
     """Compare every checkpoint tensor with the (possibly ZeRO-3 partitioned) model; collective under DS."""
     from safetensors import safe_open
@@ -146,7 +132,7 @@ def verify_loaded_weights(model, model_dir: str) -> Dict[str, Any]:
                     local['skipped'].append({'key': key, 'reason': f'model dtype {value.dtype}'})
                     continue
                 ref = handles[path].get_tensor(key).to(device=value.device, dtype=value.dtype)
-                same, max_diff = _equal(value.reshape(ref.shape), ref)
+                same, max_diff = tensors_equal(value.reshape(ref.shape), ref)
                 if same:
                     local['matched'] += 1
                 else:
