@@ -177,3 +177,96 @@ def test_two_ranks_three_samples_pad_and_record(guards_ddp_run):
     summary = [json.loads(x) for x in open(os.path.join(run['run_dir'], 'coverage_summary.jsonl'))]
     assert summary[-1]['never_seen'] == [] and summary[-1]['consumed_per_rank'] == [2, 2]
     assert 'swift-vora coverage: epoch 0: 3 of 3 samples trained' in run['log']
+
+
+class _Log:
+    """Records what the coverage guard logs, by level."""
+
+    def __init__(self):
+        self.lines = []
+
+    def info(self, msg, *a, **k):
+        self.lines.append(('INFO', msg))
+
+    def warning(self, msg, *a, **k):
+        self.lines.append(('WARNING', msg))
+
+
+def _train_epoch(guard, trainer, lazy, *, batches, grad_accum, max_steps=-1):
+    """HF's `_run_epoch` as the guard sees it: `batches` micro-batches of one sample, an optimizer step every
+    `grad_accum` of them, and `control.should_training_stop` once `max_steps` is reached (DefaultFlowCallback)."""
+    control = types.SimpleNamespace(should_training_stop=False, should_epoch_stop=False)
+    trainer.args.max_steps = max_steps
+    guard.on_epoch_begin(trainer.args, trainer.state, control)
+    for step in range(batches):
+        trainer.training_step(None, trainer.data_collator([lazy[step]]))
+        if (step + 1) % grad_accum == 0 or step + 1 == batches:
+            trainer.state.global_step += 1
+            if 0 < max_steps <= trainer.state.global_step:
+                control.should_training_stop = True
+                break
+    guard.on_epoch_end(trainer.args, trainer.state, control)
+
+
+def test_step_budget_ending_the_epoch_is_not_reported_as_never_seen(tmp_path, monkeypatch):
+    """H200 run (docs/runs/h200-zero3-dense-guards.log): 14 samples, `--max_steps 4 --gradient_accumulation_steps
+    2` trains 8 samples by design, and the guard warned `NEVER SEEN: 6 ... (encode errors swapped them ...)`.
+    The epoch did not end, so those 6 were not reached: INFO, `epoch_complete: false`, `reason: max_steps`."""
+    from datasets import Dataset
+    from swift.dataset import LazyLLMDataset
+
+    from swift_vora.guards import coverage
+    from swift_vora.guards.coverage import CoverageGuard
+    rows = Dataset.from_list([{'text': f'row{i}', 'chat_template_kwargs': {'sample_id': f's{i}'}} for i in range(14)])
+    lazy = LazyLLMDataset(rows, lambda row, return_length=False: {'label': 5}, random_state=0)
+    trainer = _fake_trainer(lazy, tmp_path)
+    log = _Log()
+    monkeypatch.setattr(coverage, 'logger', log)
+    monkeypatch.setenv('SWIFT_VORA_TAIL', 'pad')
+    guard = CoverageGuard(trainer.args, trainer)
+    guard.on_init_end(trainer.args, trainer.state, None)
+    assert guard.plan['batches_per_rank'] == [14]
+    _train_epoch(guard, trainer, lazy, batches=14, grad_accum=2, max_steps=4)
+
+    epoch_lines = [(level, m) for level, m in log.lines if 'epoch 0' in m]
+    assert len(epoch_lines) == 1, log.lines
+    level, message = epoch_lines[0]
+    # Before the fix: ('WARNING', 'epoch 0: 8 of 14 samples trained; NEVER SEEN: 6: ... (encode errors ...)').
+    assert level == 'INFO' and 'NEVER SEEN' not in message and 'encode error' not in message, message
+    assert 'training stopped at step 4 of the epoch (max_steps) after 8 of 14 samples; 6 not reached' in message
+    assert 's8' in message  # still named
+    summary = [json.loads(line) for line in open(tmp_path / 'coverage_summary.jsonl')][-1]
+    assert summary['epoch_complete'] is False and summary['reason'] == 'max_steps'
+    assert summary['not_reached'] == list(range(8, 14)) and summary['never_seen'] == []
+    assert summary['batches_consumed_per_rank'] == [8] and summary['batches_planned_per_rank'] == [14]
+    per_rank = [json.loads(line) for line in open(tmp_path / 'coverage.rank0.jsonl')][-1]
+    assert per_rank['batches_consumed'] == 8 and per_rank['batches_planned'] == 14
+
+
+def test_step_budget_ending_with_the_epoch_still_warns_never_seen(tmp_path, monkeypatch):
+    """The criterion is batches consumed vs the sampler's planned batches, not `should_training_stop`: a budget
+    that ends exactly with the epoch sets that flag too, and a swapped sample must still be a NEVER SEEN warning."""
+    from datasets import Dataset
+    from swift.dataset import LazyLLMDataset
+
+    from swift_vora.guards import coverage
+    from swift_vora.guards.coverage import CoverageGuard
+    rows = Dataset.from_list([{'text': f'row{i}', 'chat_template_kwargs': {'sample_id': f's{i}'}} for i in range(4)])
+
+    def encode(row, return_length=False):
+        if row['text'] == 'row1':
+            raise ValueError('broken video')
+        return {'label': 5}
+
+    lazy = LazyLLMDataset(rows, encode, random_state=0)
+    trainer = _fake_trainer(lazy, tmp_path)
+    log = _Log()
+    monkeypatch.setattr(coverage, 'logger', log)
+    guard = CoverageGuard(trainer.args, trainer)
+    guard.on_init_end(trainer.args, trainer.state, None)
+    _train_epoch(guard, trainer, lazy, batches=4, grad_accum=2, max_steps=2)
+    level, message = [(level, m) for level, m in log.lines if 'epoch 0' in m][0]
+    assert level == 'WARNING' and 'NEVER SEEN: 1: 1 (s1)' in message and 'encode errors' in message, message
+    summary = [json.loads(line) for line in open(tmp_path / 'coverage_summary.jsonl')][-1]
+    assert summary['epoch_complete'] is True and summary['reason'] is None and summary['never_seen'] == [1]
+    assert summary['not_reached'] == []

@@ -18,7 +18,12 @@ will draw (`len(sampler)`). That sampler floors the dataset to a multiple of the
 - During training every batch's source indices and sample ids are recorded (see common.py: the tag is set
   where the row is actually encoded, so a row that ms-swift swapped for a random one after an encode error is
   not counted). At each epoch end each rank appends one line to `coverage.rank{R}.jsonl` and rank 0 logs a
-  summary line and writes `coverage_summary.json` with the samples never seen.
+  summary line and appends to `coverage_summary.jsonl` the samples never seen.
+- An epoch is complete when every rank consumed the batches its sampler planned (`len(sampler)`, replayed
+  above; counted at the training step). Only then are unseen samples "NEVER SEEN" (a warning: encode errors,
+  tail dropping). When training stops first (`max_steps`, a callback's `should_training_stop`, ...) -- which
+  `control.should_training_stop` alone cannot tell, since a budget that ends with the epoch sets it too -- the
+  unseen samples were just not reached: logged at INFO with the reason, `epoch_complete: false`.
 """
 from __future__ import annotations
 
@@ -157,6 +162,8 @@ class CoverageGuard(TrainerCallback):
         self.n_source = 0
         self.epoch = -1
         self.seen: List[Tuple[Any, Any]] = []
+        self.batches = 0  # micro-batches this rank trained in the current epoch
+        self.step_at_epoch_begin = 0
         self.enabled = True
 
     # before training -------------------------------------------------------------------------------------
@@ -237,37 +244,77 @@ class CoverageGuard(TrainerCallback):
     def on_epoch_begin(self, args, state, control, **kwargs):
         self.epoch += 1
         self.seen = []
+        self.batches = 0
+        self.step_at_epoch_begin = getattr(state, 'global_step', 0) or 0
 
     def on_batch(self, meta, inputs) -> None:
+        self.batches += 1
         if meta and meta.get('indices'):
             self.seen.extend(zip(meta['indices'], meta['sample_ids']))
+
+    def _planned_batches(self, r: int) -> Optional[int]:
+        planned = (self.plan or {}).get('batches_per_rank') or []
+        if not planned:
+            return None
+        return planned[r] if r < len(planned) else max(planned)  # ms-swift gives every rank the same count
+
+    @staticmethod
+    def _stop_reason(args, state, control) -> str:
+        """Why the epoch ended before its planned batches, from what the trainer knows."""
+        step = getattr(state, 'global_step', 0) or 0
+        if (getattr(args, 'max_steps', -1) or -1) > 0 and step >= args.max_steps:
+            return 'max_steps'
+        if (getattr(state, 'max_steps', 0) or 0) > 0 and step >= state.max_steps:
+            return 'step_budget'  # a fractional num_train_epochs: HF's own max_steps
+        if getattr(control, 'should_training_stop', False):
+            return 'training_stopped'  # a callback, e.g. early stopping
+        if getattr(control, 'should_epoch_stop', False):
+            return 'epoch_stopped'
+        return 'dataloader_short'  # fewer batches than planned, e.g. resumed mid-epoch (skipped batches unseen)
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if not self.enabled:
             return
         r = rank()
         indices = [i for i, _ in self.seen]
+        planned = self._planned_batches(r)
         row = {'epoch': self.epoch, 'rank': r, 'batches_consumed_samples': len(self.seen), 'indices': indices,
-               'sample_ids': [s for _, s in self.seen], 'global_step': state.global_step}
+               'sample_ids': [s for _, s in self.seen], 'global_step': state.global_step,
+               'batches_consumed': self.batches, 'batches_planned': planned}
         append_jsonl(os.path.join(output_dir(self.trainer), f'coverage.rank{r}.jsonl'), row)
-        gathered = all_gather_objects(indices)
+        gathered = all_gather_objects({'indices': indices, 'batches': self.batches, 'planned': planned})
         if r != 0:
             return
-        per_rank = [len(x) for x in gathered]
-        seen = {i for rank_indices in gathered for i in rank_indices if i is not None}
-        never = [i for i in range(self.n_source) if i not in seen]
-        tracked = any(rank_indices for rank_indices in gathered)
+        per_rank = [len(x['indices']) for x in gathered]
+        consumed = [x['batches'] for x in gathered]
+        planned_per_rank = [x['planned'] for x in gathered]
+        complete = all(p is None or c >= p for c, p in zip(consumed, planned_per_rank))
+        reason = None if complete else self._stop_reason(args, state, control)
+        seen = {i for x in gathered for i in x['indices'] if i is not None}
+        unseen = [i for i in range(self.n_source) if i not in seen]
+        never, not_reached = (unseen, []) if complete else ([], unseen)
+        tracked = any(x['indices'] for x in gathered)
         summary = {'epoch': self.epoch, 'samples': self.n_source, 'seen': len(seen), 'never_seen': never,
                    'never_seen_ids': self._ids(never, limit=200) if never else '', 'consumed_per_rank': per_rank,
-                   'tracked': tracked, 'max_steps': getattr(args, 'max_steps', -1)}
+                   'tracked': tracked, 'max_steps': getattr(args, 'max_steps', -1), 'epoch_complete': complete,
+                   'reason': reason, 'not_reached': not_reached,
+                   'not_reached_ids': self._ids(not_reached, limit=200) if not_reached else '',
+                   'batches_consumed_per_rank': consumed, 'batches_planned_per_rank': planned_per_rank,
+                   'global_step': state.global_step}
         append_jsonl(os.path.join(output_dir(self.trainer), 'coverage_summary.jsonl'), summary)
         if not tracked:
             logger.warning(f'swift-vora coverage: epoch {self.epoch}: sample ids were not tracked '
                            f'({getattr(self.trainer, "_swift_vora_tap").tracking_note}).')
+        elif not complete:
+            steps = (state.global_step or 0) - self.step_at_epoch_begin
+            logger.info(f'swift-vora coverage: epoch {self.epoch}: training stopped at step {steps} of the epoch '
+                        f'({reason}) after {len(seen)} of {self.n_source} samples; {len(not_reached)} not reached'
+                        f'{": " + self._ids(not_reached) if not_reached else ""} (batches per rank {consumed} of '
+                        f'{planned_per_rank} planned; unseen samples of an unfinished epoch are not checked).')
         elif never:
             logger.warning(f'swift-vora coverage: epoch {self.epoch}: {len(seen)} of {self.n_source} samples trained; '
-                           f'NEVER SEEN: {len(never)}: {self._ids(never)} (encode errors swapped them for other '
-                           'samples, max_steps, or tail dropping).')
+                           f'NEVER SEEN: {len(never)}: {self._ids(never)} (the epoch finished, so encode errors '
+                           'swapped them for other samples, or tail dropping).')
         else:
             logger.info(f'swift-vora coverage: epoch {self.epoch}: {len(seen)} of {self.n_source} samples trained '
                         f'(consumed per rank {per_rank}); never seen: none.')
