@@ -78,11 +78,12 @@ ACT_CHECKPOINT_BYTES_PER_HIDDEN = 2
 VIT_ACT_BYTES_PER_HIDDEN = 16  # norm in/out x2, qkv(3h)->counted below, attn out, proj out, residuals
 VIT_ACT_BYTES_PER_QKV = 6  # 3h qkv output x 2 B
 VIT_ACT_BYTES_PER_FFN = 6  # fc1 out, GELU out, fc2 in (bf16)
-# The vision tower under swift's defaults: frozen (freeze_vit=True) but vit_gradient_checkpointing defaults to
-# gradient_checkpointing and swift makes the ViT inputs require grad, so the checkpointed blocks keep their
-# inputs and backward re-runs them (see /work/shared/notes/gpu-machine.md: 18 % of the trainer's time in the
-# frozen ViT forward). VISION_MODE_DEFAULT names that assumption; 'no_grad' is the cheaper alternative.
-VISION_MODE_DEFAULT = 'checkpointed_requires_grad'
+# The frozen vision tower: the notes expected swift to checkpoint it with inputs requiring grad (so backward
+# re-runs it and its block inputs are kept). Measured on the H200 with ms-swift 4.6.0 + transformers 5.17
+# (docs/memory-model.md): torch warns "None of the inputs have requires_grad=True" in the ViT and the peaks of
+# runs with and without ViT checkpointing are identical, i.e. nothing of the frozen ViT is kept for backward.
+# 'no_grad' is therefore the default; 'checkpointed_requires_grad' remains for stacks that do backprop into it.
+VISION_MODE_DEFAULT = 'no_grad'
 
 # ------------------------------------------------------------------------------------------------------------
 # Logits and loss

@@ -85,7 +85,7 @@ class PlanRequest:
     lora_targets: str = 'all-linear'  # all-linear | all-linear-except-experts | attention
     nodes: int = 1
     gradient_checkpointing: bool = True
-    vision_mode: str = C.VISION_MODE_DEFAULT  # checkpointed_requires_grad (swift default) | no_grad
+    vision_mode: str = C.VISION_MODE_DEFAULT  # no_grad (measured default) | checkpointed_requires_grad
 
     def validate(self) -> None:
         checks = [('tuner', self.tuner, TUNERS), ('backend', self.backend, BACKEND_CHOICES),
