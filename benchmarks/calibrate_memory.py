@@ -60,6 +60,11 @@ VIDEO_24K = {'clip_seconds': 32, 'fps': 2, 'max_frames': 64, 'frame_tokens': 768
 Q35_MOE_FIX = {'vision_config': {'out_hidden_size': 2048}}
 
 # The default matrix for one H200 (what the lead runs first). Each entry fits one 139.8 GiB GPU as predicted.
+# How the harness runs the frozen ViT when an entry names no mode: the way the recorded H200 runs
+# (benchmarks/results/calibration-h200-*.json) did, so they stay reproducible after the planner's own default
+# became 'no_grad' (docs/memory-model.md). Prediction and run always use the same mode.
+HARNESS_VISION_MODE = 'checkpointed_requires_grad'
+
 DEFAULT_MATRIX = [
     {'name': 'qwen3_vl_2b-lora8-video6k', 'config': f'{FIX}/qwen3_vl_2b.json', 'tuner': 'lora', 'video': VIDEO_6K},
     {'name': 'qwen3_vl_2b-lora8-video24k', 'config': f'{FIX}/qwen3_vl_2b.json', 'tuner': 'lora', 'video': VIDEO_24K},
@@ -131,7 +136,7 @@ def predicted(entry, spec, tok):
                        lora_targets=entry.get('lora_targets', 'all-linear'),
                        micro_batch=int(entry.get('micro_batch', 1)),
                        gradient_checkpointing=bool(entry.get('gradient_checkpointing', True)),
-                       vision_mode=entry.get('vision_mode', C.VISION_MODE_DEFAULT),
+                       vision_mode=entry.get('vision_mode', HARNESS_VISION_MODE),
                        logits_positions=entry.get('logits', 'supervised'), dataloader_workers=0)
     e = estimate(spec, tok, setup)
     return {'phases': e.phases_gib(), 'breakdown_gib': e.gpu_gib(), 'trainable_params': e.trainable_params,
@@ -250,7 +255,7 @@ def run_one(entry, device, default_steps):
             model = cls.from_config(cfg, dtype=dtype, attn_implementation='sdpa')
         tuner = entry.get('tuner', 'lora')
         gc_on = bool(entry.get('gradient_checkpointing', True))
-        vision_mode = entry.get('vision_mode', C.VISION_MODE_DEFAULT)
+        vision_mode = entry.get('vision_mode', HARNESS_VISION_MODE)
         if gc_on:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': True})
             model.enable_input_require_grads()
