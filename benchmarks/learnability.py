@@ -38,6 +38,7 @@ import os
 import random
 import signal
 import sys
+import tempfile
 import time
 from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
@@ -335,7 +336,7 @@ def main(argv=None) -> int:
         args.max_steps = 2 if smoke else max(1, math.ceil(args.epochs * args.train_videos * windows_per_video / args.batch))
     if not smoke and not cuda_available() and not args.allow_cpu:
         raise SystemExit('no CUDA device: run with --smoke on CPU (or --allow-cpu)')
-    work = args.work or ('/tmp/swift_vora_learn_smoke' if smoke else '/tmp/swift_vora_learn')
+    work = args.work or os.path.join(tempfile.gettempdir(), 'swift_vora_learn_smoke' if smoke else 'swift_vora_learn')
     os.makedirs(work, exist_ok=True)
     out = args.out or work
     runs = [r.strip() for r in args.runs.split(',') if r.strip()]

@@ -51,6 +51,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
@@ -88,8 +89,8 @@ def base_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     env = dict(os.environ)
     for key, value in OFFLINE_ENV.items():
         env.setdefault(key, value)
-    env.setdefault('HF_DATASETS_CACHE', '/tmp/swift_vora_hf_datasets')
-    env.setdefault('MODELSCOPE_CACHE', '/tmp/swift_vora_modelscope')
+    env.setdefault('HF_DATASETS_CACHE', os.path.join(tempfile.gettempdir(), 'swift_vora_hf_datasets'))
+    env.setdefault('MODELSCOPE_CACHE', os.path.join(tempfile.gettempdir(), 'swift_vora_modelscope'))
     # DataLoader workers and swift's own subprocess must find this checkout (the plugin, this file).
     env['PYTHONPATH'] = os.pathsep.join(p for p in [REPO, env.get('PYTHONPATH', '')] if p)
     if extra:
@@ -649,7 +650,7 @@ def main(argv=None) -> int:
     parser.add_argument('--smoke', action='store_true', help='CPU: tiny model, 2 clips, a few steps, float32')
     parser.add_argument('--out', default=os.environ.get('OUT') or None,
                         help='folder for logs and a copy of the JSON (default: $OUT, else the work dir)')
-    parser.add_argument('--work', default=None, help='work dir (model, clips, runs); default /tmp/swift_vora_bench')
+    parser.add_argument('--work', default=None, help='work dir (model, clips, runs); default: <temp dir>/swift_vora_bench')
     parser.add_argument('--results-dir', default=os.path.join(REPO, 'benchmarks', 'results'))
     parser.add_argument('--variants', default='baseline,vora')
     parser.add_argument('--clips', type=int, default=None, help='distinct clips (default: one per sample)')
@@ -676,7 +677,7 @@ def main(argv=None) -> int:
     args.clips = args.clips or (2 if smoke else args.steps * args.grad_accum)
     if not smoke and not cuda_available():
         raise SystemExit('no CUDA device: run with --smoke on CPU')
-    work = args.work or ('/tmp/swift_vora_bench_smoke' if smoke else '/tmp/swift_vora_bench')
+    work = args.work or os.path.join(tempfile.gettempdir(), 'swift_vora_bench_smoke' if smoke else 'swift_vora_bench')
     os.makedirs(work, exist_ok=True)
     out = args.out or work
     sys.path.insert(0, REPO)

@@ -81,8 +81,8 @@ def plan_view_stub(world):
 def megatron_parser_available():
     import importlib.util
     for name in ('megatron', 'mcore_bridge'):  # found, not imported: mcore_bridge imports transformer_engine
-        if importlib.util.find_spec(name) is None:
-            pytest.skip(f'{name} (the [megatron] extra: megatron-core, mcore-bridge) is not installed')
+        # a test dependency (pyproject [test]): missing it is a broken install, not a reason to skip
+        assert importlib.util.find_spec(name) is not None, f'{name} is not installed (pip install -e .[test])'
 
 
 def test_generated_argv_parses_with_megatron_swift_arguments(megatron_parser_available):

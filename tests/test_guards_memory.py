@@ -6,8 +6,8 @@ import types
 
 import pytest
 
-torch = pytest.importorskip('torch')
-pytest.importorskip('swift')
+import torch
+import swift  # noqa: F401  (a test dependency: pyproject [test])
 
 
 class _Collect(logging.Handler):

@@ -4,8 +4,8 @@ import types
 
 import pytest
 
-torch = pytest.importorskip('torch')
-pytest.importorskip('swift')
+import torch
+import swift  # noqa: F401  (a test dependency: pyproject [test])
 
 ROW = {'messages': [{'role': 'user', 'content': 'Query: item 0 with a long question that fills the context'},
                     {'role': 'assistant', 'content': '[[1.0, 3.0]]'}]}

@@ -16,8 +16,8 @@ import textwrap
 
 import pytest
 
-torch = pytest.importorskip('torch')
-pytest.importorskip('swift')
+import torch
+import swift  # noqa: F401  (a test dependency: pyproject [test])
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -128,7 +128,7 @@ def test_key_layouts_map_onto_the_model(tiny_model_dir, tmp_path):
 
 @pytest.mark.slow
 def test_two_process_zero3_load_and_lora_tracking(tiny_model_dir, tmp_path):
-    pytest.importorskip('deepspeed')
+    import deepspeed  # noqa: F401  (a test dependency: pyproject [test])
     broken = _write_checkpoint_variant(tiny_model_dir, tmp_path / 'broken', lambda k: k + 's' if k == (
         'model.language_model.layers.1.mlp.down_proj.weight') else k)
     script = tmp_path / 'zero3_check.py'

@@ -97,8 +97,7 @@ def test_megatron_supported_list_matches_installed_mcore_bridge():
     import re
     from swift_vora.plan.model_spec import SUPPORTED_MODEL_TYPES
     found = importlib.util.find_spec('mcore_bridge')
-    if found is None or not found.submodule_search_locations:
-        pytest.skip('mcore-bridge not installed')
+    assert found is not None and found.submodule_search_locations, 'mcore-bridge is not installed (pip install -e .[test])'
     root = os.path.join(list(found.submodule_search_locations)[0], 'model')
     registered = set()
     for dirpath, _, files in os.walk(root):
