@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional
 
 from swift.callbacks import TrainerCallback
 
+from ..plan.probe import package_versions  # the one metadata lookup, shared with `swift-vora doctor`
 from .common import logger, now, output_dir, rank, world_size, write_json
 
 NAME = 'fingerprint'
@@ -44,17 +45,6 @@ def sha256_file(path: str) -> Optional[str]:
         return digest.hexdigest()
     except OSError:
         return None
-
-
-def package_versions(names: List[str] = PACKAGES) -> Dict[str, Optional[str]]:
-    from importlib import metadata
-    out: Dict[str, Optional[str]] = {}
-    for name in names:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
 
 
 def _git(args: List[str], cwd: str, raw: bool = False) -> Optional[str]:
@@ -114,7 +104,7 @@ def build_fingerprint(extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         'python': {'executable': sys.executable, 'version': sys.version.split()[0], 'implementation':
                    platform.python_implementation(), 'prefix': sys.prefix},
         'platform': {'system': platform.platform(), 'machine': platform.machine(), 'host': socket.gethostname()},
-        'packages': package_versions(),
+        'packages': package_versions(PACKAGES),
         'swift_vora': {'version': getattr(swift_vora, '__version__', None), 'git': git_state(package_dir),
                        'plugin': plugin_hashes(package_dir)},
         'recipe': {'path': recipe, 'sha256': sha256_file(recipe) if recipe else None},
