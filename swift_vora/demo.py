@@ -13,14 +13,12 @@ import glob
 import json
 import os
 import subprocess
-import sys
 import time
 from typing import Dict, List
 
 from .budget import VideoBudget
+from .offline import OFFLINE_ENV, swift_argv
 
-OFFLINE_ENV = {'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1',
-               'MODELSCOPE_OFFLINE': '1', 'USE_HF': '1', 'TOKENIZERS_PARALLELISM': 'false'}
 DEMO_BUDGET = VideoBudget(fps=1.0, min_frames=4, max_frames=8, pair_tokens=16, min_pair_tokens=4)
 DEMO_WINDOW = {'SWIFT_VORA_WINDOW': '8', 'SWIFT_VORA_STRIDE': '8', 'SWIFT_VORA_MIN_EVENT': '0.5'}
 
@@ -32,11 +30,6 @@ def register_commands(subparsers) -> None:
     p.add_argument('--eval-videos', type=int, default=2)
     p.add_argument('--epochs', type=int, default=2)
     p.set_defaults(handler=run_demo)
-
-
-def _swift_cli() -> List[str]:
-    swift = os.path.join(os.path.dirname(sys.executable), 'swift')
-    return [swift] if os.path.exists(swift) else [sys.executable, '-m', 'swift.cli.main']
 
 
 def _run(argv: List[str], env: Dict[str, str], log_path: str) -> None:
@@ -81,13 +74,13 @@ def run_demo(args) -> int:
         if report.invalid:
             raise SystemExit(f'synthetic annotations invalid: {report.invalid}')
 
-    env = {**os.environ, **OFFLINE_ENV, **DEMO_BUDGET.to_env(), **DEMO_WINDOW,
+    env = {**os.environ, **OFFLINE_ENV, 'TOKENIZERS_PARALLELISM': 'false', **DEMO_BUDGET.to_env(), **DEMO_WINDOW,
            'SWIFT_VORA_ENCODE_LOG': os.path.join(out, 'encode_log.jsonl')}
     if os.path.exists(env['SWIFT_VORA_ENCODE_LOG']):
         os.remove(env['SWIFT_VORA_ENCODE_LOG'])
     train_dir = os.path.join(out, 'train')
     print('[3/5] training LoRA with swift sft --custom_register_path swift_vora', flush=True)
-    _run(_swift_cli() + [
+    _run(swift_argv() + [
         'sft', '--custom_register_path', 'swift_vora', '--model', model_dir, '--model_type', 'qwen3_vl',
         '--template', 'video_ora', '--dataset', train_ann, '--tuner_type', 'lora', '--target_modules', 'all-linear',
         '--lora_rank', '8', '--learning_rate', '1e-3', '--num_train_epochs', str(args.epochs),
@@ -102,7 +95,7 @@ def run_demo(args) -> int:
     result_path = os.path.join(out, 'predictions.jsonl')
     if os.path.exists(result_path):
         os.remove(result_path)
-    _run(_swift_cli() + [
+    _run(swift_argv() + [
         'infer', '--adapters', checkpoint, '--val_dataset', eval_ann, '--infer_backend', 'transformers',
         '--max_new_tokens', '24', '--temperature', '0', '--result_path', result_path
     ], env, os.path.join(out, 'infer.log'))

@@ -3,8 +3,9 @@ import os
 
 import pytest
 
-OFFLINE_ENV = {'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1',
-               'MODELSCOPE_OFFLINE': '1', 'USE_HF': '1', 'TOKENIZERS_PARALLELISM': 'false'}
+from swift_vora.offline import OFFLINE_ENV as _SWIFT_OFFLINE_ENV
+
+OFFLINE_ENV = {**_SWIFT_OFFLINE_ENV, 'TOKENIZERS_PARALLELISM': 'false'}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -26,15 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..budget import VideoBudget
+from ..offline import OFFLINE_ENV
 from .recipe import Recipe
 
-OFFLINE_ENV = {
-    'HF_HUB_OFFLINE': '1',
-    'TRANSFORMERS_OFFLINE': '1',
-    'HF_DATASETS_OFFLINE': '1',
-    'MODELSCOPE_OFFLINE': '1',
-    'USE_HF': '1',
-}
 # Flags the backend sets from the plan; `extra_args` may not change them (choose them in the recipe instead).
 RESERVED_FLAGS = ('--deepspeed', '--tuner_backend', '--model', '--model_type', '--template', '--custom_register_path',
                   '--external_plugins', '--expert_model_parallel_size', '--tensor_model_parallel_size',

@@ -57,8 +57,6 @@ TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'mer
 PROCESSOR_FILES = ('preprocessor_config.json', 'video_preprocessor_config.json', 'processor_config.json')
 EXTRA_FILES = ('generation_config.json', )
 MEGATRON_ONLY = ('latest_checkpointed_iteration.txt', )
-OFFLINE_ENV = {'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1',
-               'MODELSCOPE_OFFLINE': '1', 'USE_HF': '1'}
 
 
 class MergeError(Exception):
@@ -114,6 +112,7 @@ def base_model_of(adapter_dir: str, source: str, info: Dict[str, Any]) -> Option
 
 # ---------------------------------------------------------------------------------------------------------------
 def _swift_export(adapter_dir: str, staged: str) -> None:
+    from ..offline import OFFLINE_ENV
     from .launch import console_script
     argv = [console_script('swift'), 'export', '--adapters', adapter_dir, '--merge_lora', 'true', '--output_dir',
             staged, '--torch_dtype', 'bfloat16', '--safe_serialization', 'true', '--use_hf', 'true']

@@ -15,8 +15,8 @@ import subprocess
 import sys
 from typing import Dict, Iterable, List, Optional
 
-OFFLINE_ENV = {'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1',
-               'MODELSCOPE_OFFLINE': '1', 'USE_HF': '1'}
+from ..offline import OFFLINE_ENV, swift_argv
+
 
 
 class InferenceError(RuntimeError):
@@ -29,10 +29,8 @@ def default_backend() -> str:
 
 def swift_infer_argv(annotations: str, result_path: str, model: Optional[str], adapters: Optional[str],
                      backend: str, max_new_tokens: int, model_type: Optional[str] = None) -> List[str]:
-    swift = os.path.join(os.path.dirname(sys.executable), 'swift')
-    argv = [swift] if os.path.exists(swift) else [sys.executable, '-m', 'swift.cli.main']
-    argv += ['infer', '--val_dataset', annotations, '--result_path', result_path, '--infer_backend', backend,
-             '--max_new_tokens', str(max_new_tokens), '--temperature', '0']
+    argv = swift_argv() + ['infer', '--val_dataset', annotations, '--result_path', result_path, '--infer_backend',
+                           backend, '--max_new_tokens', str(max_new_tokens), '--temperature', '0']
     if adapters:
         argv += ['--adapters', adapters]  # the checkpoint's args.json brings model, template and plugin
     if model:
