@@ -277,6 +277,9 @@ def _install_instrumentation() -> None:
     from swift.callbacks.base import TrainerCallback
 
     state = {'data_wait_s': 0.0, 'batches': 0, 'main_pid': None}
+    # SWIFT_VORA_BENCH_TORCH_PROFILE=N: torch.profiler over optimizer step N (all its micro-batches)
+    torch_profile_step = int(os.environ['SWIFT_VORA_BENCH_TORCH_PROFILE']) if os.environ.get(
+        'SWIFT_VORA_BENCH_TORCH_PROFILE') else None
     lock = threading.Lock()
     progress_path = os.path.join(bench_dir, 'progress.jsonl')
     encode_path = os.path.join(bench_dir, 'encode.jsonl')
@@ -345,6 +348,12 @@ def _install_instrumentation() -> None:
             _emit({'event': 'begin', 'pid': os.getpid(), 't': time.time(), 'batch_size': self.batch_size,
                    'grad_accum': int(args.gradient_accumulation_steps), 'max_steps': int(state_.max_steps)})
 
+        def on_step_begin(self, args, state_, control, **kwargs):
+            if torch_profile_step is not None and int(state_.global_step) == torch_profile_step:
+                self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                               torch.profiler.ProfilerActivity.CUDA])
+                self.prof.__enter__()
+
         def on_substep_end(self, args, state_, control, **kwargs):
             self.micro += 1
 
@@ -358,6 +367,10 @@ def _install_instrumentation() -> None:
                 rec['max_allocated_gib'] = torch.cuda.max_memory_allocated() / 2**30
                 rec['max_reserved_gib'] = torch.cuda.max_memory_reserved() / 2**30
             _emit(rec)
+            if getattr(self, 'prof', None) is not None:
+                self.prof.__exit__(None, None, None)
+                _write_torch_profile(self.prof, bench_dir)
+                self.prof = None
 
         def on_train_end(self, args, state_, control, **kwargs):
             self._sync()
@@ -368,6 +381,43 @@ def _install_instrumentation() -> None:
             _emit(rec)
 
     callbacks_map[CALLBACK_NAME] = BenchCallback
+
+
+# Kernel families for the GPU-time breakdown of a profiled step (first match wins; names of CUDA kernels).
+KERNEL_CLASSES = [
+    ('attention', ('flash', 'fmha', 'attention', 'sdpa', 'efficient_attention')),
+    ('matmul (GEMM)', ('gemm', 'sm90_xmma', 'cutlass', 'ampere_', 'sm80_', 'cublas', 'nvjet', 'matmul')),
+    ('copy / cast', ('copy_kernel', 'direct_copy', 'cat_', 'catarray', 'index')),
+    ('dropout', ('dropout', )),
+    ('norm', ('norm', )),
+    ('elementwise / reduce (torch)', ('at::native', )),
+    ('triton (liger / compiled)', ('triton', 'liger')),
+]
+
+
+def _write_torch_profile(prof, out_dir: str) -> None:
+    """torch_profile.txt (top ops by device time) and torch_profile.json (GPU time by kernel family)."""
+    events = prof.key_averages()
+    with open(os.path.join(out_dir, 'torch_profile.txt'), 'w') as f:
+        f.write(events.table(sort_by='self_device_time_total', row_limit=60))
+    by_class: Dict[str, float] = {}
+    kernels = []
+    for e in events:
+        t = getattr(e, 'self_device_time_total', 0.0) or 0.0
+        if t <= 0 or getattr(e, 'device_type', None) is None or 'CUDA' not in str(e.device_type):
+            continue
+        low = e.key.lower()
+        cls = next((c for c, keys in KERNEL_CLASSES if any(k in low for k in keys)), 'other')
+        by_class[cls] = by_class.get(cls, 0.0) + t
+        kernels.append((t, e.key[:120], cls, e.count))
+    total = sum(by_class.values()) or 1.0
+    kernels.sort(reverse=True)
+    summary = {'gpu_kernel_ms': round(total / 1e3, 1),
+               'by_class_fraction': {k: round(v / total, 4) for k, v in sorted(by_class.items(), key=lambda x: -x[1])},
+               'top_kernels': [{'ms': round(t / 1e3, 2), 'kernel': k, 'class': c, 'calls': n}
+                               for t, k, c, n in kernels[:25]]}
+    with open(os.path.join(out_dir, 'torch_profile.json'), 'w') as f:
+        json.dump(summary, f, indent=1)
 
 
 if __name__ != '__main__' and 'swift' in sys.modules:  # imported by swift's plugin loader
@@ -397,6 +447,23 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
                  'dataset': 'annotations', 'flags': ['--gradient_checkpointing', 'false'] + vora_flags},
         'vora_gc': {'env': vora_env, 'plugins': ['swift_vora'], 'template': ['--template', 'video_ora'],
                     'dataset': 'annotations', 'flags': ['--gradient_checkpointing', 'true'] + vora_flags},
+        # Liger's Triton kernels for Qwen3-VL (RMSNorm, RoPE, fused linear cross entropy) through HF Trainer's
+        # `use_liger_kernel`, as ms-swift passes it.
+        'vora_liger': {'env': vora_env, 'plugins': ['swift_vora'], 'template': ['--template', 'video_ora'],
+                       'dataset': 'annotations',
+                       'flags': ['--gradient_checkpointing', 'false', '--use_liger_kernel', 'true'] + vora_flags},
+        'vora_gc_liger': {'env': vora_env, 'plugins': ['swift_vora'], 'template': ['--template', 'video_ora'],
+                          'dataset': 'annotations',
+                          'flags': ['--gradient_checkpointing', 'true', '--use_liger_kernel', 'true'] + vora_flags},
+        # Memory calibration (docs/memory-model.md), not speed: a second video budget (4 fps -> 128 frames, twice
+        # the tokens) and ZeRO-3 on one GPU, both with the LLM checkpointed.
+        'cal_f128': {'env': {**vora_env, 'SWIFT_VORA_FPS': str(2 * float(vora_env['SWIFT_VORA_FPS'])),
+                             'SWIFT_VORA_MAX_FRAMES': str(2 * int(vora_env['SWIFT_VORA_MAX_FRAMES']))},
+                     'plugins': ['swift_vora'], 'template': ['--template', 'video_ora'], 'dataset': 'annotations',
+                     'other_budget': True, 'flags': ['--gradient_checkpointing', 'true'] + vora_flags},
+        'cal_zero3': {'env': {**vora_env, 'NPROC_PER_NODE': '1'}, 'plugins': ['swift_vora'],
+                      'template': ['--template', 'video_ora'], 'dataset': 'annotations',
+                      'flags': ['--gradient_checkpointing', 'true', '--deepspeed', 'zero3'] + vora_flags},
     }
 
 
@@ -428,14 +495,18 @@ def build_inputs(args, work: str) -> Dict[str, str]:
             'make_clips_s': round(t_clips, 1)}
 
 
-def sft_command(args, spec: Dict[str, Any], inputs: Dict[str, str], out_dir: str) -> List[str]:
+def _names(csv: str) -> List[str]:
+    return [v.strip() for v in (csv or '').split(',') if v.strip()]
+
+
+def sft_command(args, spec: Dict[str, Any], inputs: Dict[str, str], out_dir: str, extra_steps: int = 0) -> List[str]:
     plugins = spec['plugins'] + [os.path.relpath(os.path.abspath(__file__), REPO)]
     cmd = swift_cmd() + ['sft', '--custom_register_path', *plugins,
                          '--model', inputs['model'], '--model_type', 'qwen3_vl', *spec['template'],
                          '--dataset', inputs[spec['dataset']],
                          '--tuner_type', 'lora', '--target_modules', 'all-linear',
                          '--attn_impl', 'sdpa', '--per_device_train_batch_size', '1',
-                         '--gradient_accumulation_steps', str(args.grad_accum), '--max_steps', str(args.steps),
+                         '--gradient_accumulation_steps', str(args.grad_accum), '--max_steps', str(args.steps + extra_steps),
                          '--learning_rate', '1e-4', '--logging_steps', '1', '--save_strategy', 'no',
                          '--split_dataset_ratio', '0', '--eval_strategy', 'no', '--report_to', 'none',
                          '--output_dir', out_dir, '--add_version', 'false', '--check_model', 'false',
@@ -453,9 +524,12 @@ def run_variant(name: str, args, spec, inputs, work: str) -> Dict[str, Any]:
     os.makedirs(vdir)
     env_extra = dict(spec['env'])
     env_extra[BENCH_DIR_ENV] = vdir
+    profiled = name in _names(args.torch_profile)
+    if profiled:  # the step after the measured ones (global_step == steps when it begins)
+        env_extra['SWIFT_VORA_BENCH_TORCH_PROFILE'] = str(args.steps)
     if name.startswith('vora'):
         env_extra['SWIFT_VORA_ENCODE_LOG'] = os.path.join(vdir, 'vora_encode.jsonl')
-    cmd = sft_command(args, spec, inputs, os.path.join(vdir, 'output'))
+    cmd = sft_command(args, spec, inputs, os.path.join(vdir, 'output'), extra_steps=1 if profiled else 0)
     log_path = os.path.join(vdir, 'sft.log')
     t0 = time.time()
     proc = run_logged(cmd, log_path, base_env(env_extra), timeout=args.variant_timeout)
@@ -555,8 +629,10 @@ def _frame_key(frame: str) -> str:
 
 def summarize_variant(name, vdir, args, command, wall, profile) -> Dict[str, Any]:
     progress = read_jsonl(os.path.join(vdir, 'progress.jsonl'))
-    steps = [r for r in progress if r.get('event') == 'step']
+    steps = [r for r in progress if r.get('event') == 'step'][:args.steps]  # not the profiled extra step
     end = next((r for r in progress if r.get('event') == 'end'), {})
+    if name in _names(args.torch_profile):  # the peaks of the measured steps only (not the profiled one)
+        end = {}
     if len(steps) <= args.warmup_steps:
         raise SystemExit(f'{name}: only {len(steps)} steps logged (warm-up {args.warmup_steps}); see {vdir}/sft.log')
     first, last = steps[args.warmup_steps - 1] if args.warmup_steps else None, steps[-1]
@@ -610,6 +686,10 @@ def summarize_variant(name, vdir, args, command, wall, profile) -> Dict[str, Any
                                      'total_tokens': sorted({r.get('total_tokens') for r in vora_enc})}
     if profile is not None:
         result['profile'] = profile
+    torch_profile = os.path.join(vdir, 'torch_profile.json')
+    if os.path.isfile(torch_profile):
+        with open(torch_profile) as f:
+            result['torch_profile'] = json.load(f)
     return result
 
 
@@ -660,6 +740,11 @@ def main(argv=None) -> int:
     parser.add_argument('--workers-baseline', type=int, default=None, help='default 4 (smoke 1)')
     parser.add_argument('--workers-vora', type=int, default=None, help='default 12 (smoke 1)')
     parser.add_argument('--profile-seconds', type=int, default=None, help='py-spy window; 0 = off (default 12)')
+    parser.add_argument('--torch-profile', default='',
+                        help='comma list of variants that run one extra optimizer step after the measured ones '
+                             'under torch.profiler (CPU + CUDA): torch_profile.txt / .json (GPU time by kernel '
+                             'family) next to the log; the extra step is not counted')
+    parser.add_argument('--name', default='throughput', help='results file name prefix (default throughput)')
     parser.add_argument('--model-dir', default=None, help='reuse a built model directory')
     parser.add_argument('--variant-timeout', type=float, default=None, help='seconds per swift sft (default none)')
     parser.add_argument('--deadline', type=float, default=None,
@@ -720,7 +805,7 @@ def main(argv=None) -> int:
     if 'baseline' in results:
         base = results['baseline']
         for name, r in results.items():
-            if name == 'baseline':
+            if name == 'baseline' or specs[name].get('other_budget'):
                 continue
             same_video = base['video_tokens_per_sample'] == r['video_tokens_per_sample']
             rel = abs((r['tokens_per_sample'] or 0) - (base['tokens_per_sample'] or 0)) / max(1, base['tokens_per_sample'] or 1)
@@ -756,15 +841,6 @@ def main(argv=None) -> int:
                   'fps': 4.0 if smoke else 8.0, 'codec': 'mp4v', 'make_s': inputs['make_clips_s']},
         'command': 'python benchmarks/throughput.py' + (' --smoke' if smoke else '') + ' ' + ' '.join(argv or sys.argv[1:]),
         'baseline_command': pick('baseline', 'command'),
-        'swift_vora_command': pick('vora', 'command'),
-        'baseline_samples_per_s': pick('baseline', 'samples_per_s'),
-        'swift_vora_samples_per_s': pick('vora', 'samples_per_s'),
-        'speedup': round(pick('vora', 'samples_per_s') / pick('baseline', 'samples_per_s'), 3)
-        if pick('vora', 'samples_per_s') and pick('baseline', 'samples_per_s') else None,
-        'baseline_tokens_per_s': pick('baseline', 'tokens_per_s'),
-        'swift_vora_tokens_per_s': pick('vora', 'tokens_per_s'),
-        'baseline_peak_gib': pick('baseline', 'peak_reserved_gib'),
-        'swift_vora_peak_gib': pick('vora', 'peak_reserved_gib'),
         'peak_gib_source': 'torch.cuda.max_memory_reserved in the trainer (what swift logs as memory(GiB)); '
                            'allocated and swift\'s own value are in variants',
         'mfu': mfu,
@@ -779,13 +855,49 @@ def main(argv=None) -> int:
         'errors': errors,
         'total_wall_s': round(time.time() - t0, 1),
     }
-    path = write_results(payload, args.results_dir if not smoke else os.path.join(work, 'results'), 'throughput',
+    apply_headline(payload)
+    path = write_results(payload, args.results_dir if not smoke else os.path.join(work, 'results'), args.name,
                          out)
     print(json.dumps({k: payload[k] for k in ('gpu', 'baseline_samples_per_s', 'swift_vora_samples_per_s', 'speedup',
                                                'baseline_peak_gib', 'swift_vora_peak_gib', 'mfu', 'token_checks',
                                                'total_wall_s')}, indent=1))
     print(f'wrote {path}')
     return 1 if errors else 0
+
+
+HEADLINE_RULE = ('swift_vora_* = the fastest swift-vora variant (vora*, not cal_*) whose peak reserved memory is not '
+                 'above the baseline\'s (the issue\'s "at no more peak memory"); fastest_any_memory = the fastest '
+                 'swift-vora variant whatever its memory')
+
+
+def apply_headline(payload: Dict[str, Any]) -> Dict[str, Any]:
+    """Fill the swift_vora_* headline fields of a results payload from its variants (HEADLINE_RULE)."""
+    variants = payload.get('variants') or {}
+    base = variants.get('baseline') or {}
+    ours = {n: v for n, v in variants.items() if n.startswith('vora') and v.get('samples_per_s')}
+    fits = {n: v for n, v in ours.items() if base.get('peak_reserved_gib') is None
+            or (v.get('peak_reserved_gib') or 0) <= base['peak_reserved_gib']}
+    name = max(fits, key=lambda n: fits[n]['samples_per_s']) if fits else None
+    fastest = max(ours, key=lambda n: ours[n]['samples_per_s']) if ours else None
+    head = variants.get(name) or {}
+    payload.update({
+        'headline_rule': HEADLINE_RULE,
+        'baseline_samples_per_s': base.get('samples_per_s'),
+        'swift_vora_variant': name,
+        'swift_vora_command': head.get('command'),
+        'swift_vora_samples_per_s': head.get('samples_per_s'),
+        'speedup': round(head['samples_per_s'] / base['samples_per_s'], 3)
+        if head.get('samples_per_s') and base.get('samples_per_s') else None,
+        'baseline_tokens_per_s': base.get('tokens_per_s'),
+        'swift_vora_tokens_per_s': head.get('tokens_per_s'),
+        'baseline_peak_gib': base.get('peak_reserved_gib'),
+        'swift_vora_peak_gib': head.get('peak_reserved_gib'),
+        'fastest_any_memory': {'variant': fastest, 'samples_per_s': ours[fastest]['samples_per_s'],
+                               'peak_gib': ours[fastest].get('peak_reserved_gib'),
+                               'speedup': round(ours[fastest]['samples_per_s'] / base['samples_per_s'], 3)
+                               if base.get('samples_per_s') else None} if fastest else None,
+    })
+    return payload
 
 
 def _copy_logs(vdir: str, out: str, name: str) -> None:

@@ -155,3 +155,25 @@ def test_max_plots_zero_writes_no_plots(tmp_path, capsys, qvh_file, qvh_rows):
                  '--max-plots', '0']) == 0
     assert (out / 'metrics.json').stat().st_size > 0 and (out / 'report.md').stat().st_size > 0
     assert not (out / 'plots').exists()
+
+
+def test_unreadable_answer_on_an_empty_truth_scores_zero(tmp_path, capsys):
+    # Seen on the H200 end-to-end run: a barely trained model answered '[[[[...' on every clip, and the clips
+    # with nothing to keep scored IoU 1 ("both sides empty"), giving mIoU 75 for four unreadable answers.
+    ann = write_jsonl(tmp_path / 'a.jsonl', [
+        {'id': 'empty_answered', 'video': 'a.mp4', 'duration': 32, 'windows': []},
+        {'id': 'empty_garbage', 'video': 'b.mp4', 'duration': 32, 'windows': []},
+        {'id': 'empty_missing', 'video': 'c.mp4', 'duration': 32, 'windows': []},
+        {'id': 'half_garbage', 'video': 'd.mp4', 'duration': 64, 'windows': [[10, 20]]},
+    ])
+    preds = write_jsonl(tmp_path / 'p.jsonl', [
+        {'id': 'empty_answered', 'response': '[]'},
+        {'id': 'empty_garbage', 'response': '[[[[[[[[[[[[[[[['},
+        # one clip unreadable, the other answered: the video still counts as answered
+        {'id': 'half_garbage', 'clip_start': 0, 'clip_end': 32, 'response': '[[10.0, 20.0]]'},
+        {'id': 'half_garbage', 'clip_start': 32, 'clip_end': 64, 'response': '[[[[['},
+    ])
+    rc, m, _ = run_json(capsys, '--annotations', ann, '--predictions', preds)
+    assert rc == 0 and m['parse_failures'] == 2 and m['missing_predictions'] == 1
+    assert m['mIoU'] == 50.0  # 1 (answered []) + 0 (garbage) + 0 (missing) + 1 (half_garbage: 10-20 exact)
+    assert m['mean-F1'] == 50.0

@@ -80,10 +80,13 @@ def test_eval_runs_inference_with_the_adapter_and_writes_the_report(trained, tmp
                 'SWIFT_VORA_WINDOW'):
         monkeypatch.setenv(key, BUDGET_ENV[key])
     out = tmp_path / 'report'
+    # --predictions in a folder that does not exist yet (the H200 end-to-end run failed there once)
+    predictions_path = tmp_path / 'not_made_yet' / 'predictions.jsonl'
     code = main(['eval', '--annotations', trained['clean'], '--adapters', trained['checkpoint'], '--out-dir',
-                 str(out), '--json', '--max-new-tokens', '8', '--infer-backend', 'transformers'])
+                 str(out), '--predictions', str(predictions_path), '--json', '--max-new-tokens', '8',
+                 '--infer-backend', 'transformers'])
     assert code == 0
-    predictions = [json.loads(line) for line in open(out / 'predictions.jsonl')]
+    predictions = [json.loads(line) for line in open(predictions_path)]
     assert len(predictions) == 6  # 3 videos x 2 windows of 8 s, mapped back by source id and clip start
     assert {p['id'] for p in predictions} == {'synthetic_0000', 'synthetic_0001', 'synthetic_0002'}
     assert sorted({p['clip_start'] for p in predictions}) == [0.0, 8.0]

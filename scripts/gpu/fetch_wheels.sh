@@ -56,6 +56,9 @@ SWIFT_SET=(
   typing-inspection==0.4.5 addict==2.4.0 binpacking==2.0.1 dacite==1.9.2 hjson==3.1.0
   # py-spy: sampling profiler for benchmarks/throughput.py (binary in /tmp/site/bin).
   py-spy==0.4.3
+  # liger-kernel: Triton RMSNorm / RoPE / fused linear cross entropy (`--use_liger_kernel true`; Triton is in the
+  # image with torch). Pure Python, 0.9 MB.
+  liger-kernel==0.8.5
 )
 # Not carried, already in the image (KINDS.md list): pyarrow, xxhash, fsspec, pandas, requests, httpx,
 # huggingface-hub, numpy, pyyaml, tqdm, filelock, packaging, safetensors, tokenizers, einops, msgpack,

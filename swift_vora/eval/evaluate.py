@@ -284,7 +284,8 @@ def score(fmt: str, anns: Dict[str, Annotation], preds: Dict[str, VideoPredictio
     stats = stats or {}
     windows = {k: (preds[k].windows if k in preds else []) for k in anns}
     gt = {k: a.windows for k, a in anns.items()}
-    keep = M.keep_metrics(gt, {k: [(s, e) for s, e, _ in w] for k, w in windows.items()})
+    unanswered = [k for k in anns if k not in preds or len(preds[k].failures) >= max(1, preds[k].rows)]
+    keep = M.keep_metrics(gt, {k: [(s, e) for s, e, _ in w] for k, w in windows.items()}, unanswered)
     per_keep = keep.pop('per_video')
     if fmt == 'qvhighlights':
         want_hl = any(p.saliency is not None for p in preds.values())

@@ -63,6 +63,7 @@ def run_inference(annotations: str, out_path: str, model: Optional[str] = None, 
     if not model and not adapters:
         raise ValueError('inference needs --model or --adapters')
     out_path = os.path.abspath(out_path)
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)  # --predictions may name a folder not made yet
     result_path = out_path + '.swift_infer.jsonl'
     if os.path.exists(result_path):
         os.remove(result_path)

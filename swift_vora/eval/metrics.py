@@ -278,12 +278,18 @@ def video_keep_scores(gt: Iterable[Window], pred: Iterable[Window]) -> dict:
             'precision': precision, 'recall': recall, 'f1': f1, 'iou': iou}
 
 
-def keep_metrics(gt: Mapping[str, Sequence[Window]], pred: Mapping[str, Sequence[Window]]) -> dict:
+def keep_metrics(gt: Mapping[str, Sequence[Window]], pred: Mapping[str, Sequence[Window]],
+                 unanswered: Sequence[str] = ()) -> dict:
     """Kept-seconds metrics over every ground-truth video (a missing prediction keeps nothing).
 
     `kept-precision`/`kept-recall`/`kept-F1`/`kept-IoU`: seconds pooled over all videos (micro);
-    `mIoU`, `mean-F1`: per-video IoU / F1 averaged (macro). Percent, two decimals."""
+    `mIoU`, `mean-F1`: per-video IoU / F1 averaged (macro). Percent, two decimals.
+    `unanswered`: videos with no usable answer (missing, or every response a parse failure). They score 0 on the
+    per-video ratios even when their ground truth is empty -- "both sides empty scores 1" is for a model that
+    answered `[]`, not for one whose answer could not be read."""
     per = {vid: video_keep_scores(windows, pred.get(vid) or []) for vid, windows in gt.items()}
+    for vid in set(unanswered) & set(per):
+        per[vid].update(precision=0.0, recall=0.0, f1=0.0, iou=0.0)
     g = sum(v['gt_seconds'] for v in per.values())
     p = sum(v['pred_seconds'] for v in per.values())
     inter = sum(v['overlap_seconds'] for v in per.values())

@@ -10,6 +10,8 @@ Selection, read when the trainer is built:
 - `SWIFT_VORA_GUARDS=all` (default) | `none` | a comma list of names, optionally starting from `all` and
   removing some: `all,-memory,-verify_adapter`.
 - `SWIFT_VORA_GUARD_<NAME>=0|1` overrides one guard either way (e.g. `SWIFT_VORA_GUARD_VERIFY_ADAPTER=0`).
+The same wrap appends `vora_lora_autocast` (swift_vora/lora_autocast.py, a speed lever, not a guard) unless
+`SWIFT_VORA_LORA_AUTOCAST_INPUTS=0`.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ GUARDS: Dict[str, tuple] = {
     'verify_adapter': ('swift_vora.guards.verify_adapter', 'VerifyAdapterGuard'),
 }
 _TRUE, _FALSE = ('1', 'true', 'yes', 'on'), ('0', 'false', 'no', 'off')
+LORA_AUTOCAST = PREFIX + 'lora_autocast'  # the one default callback that is not a guard (SWIFT_VORA_LORA_AUTOCAST_INPUTS)
 
 
 def enabled_guards(environ: Optional[Dict[str, str]] = None) -> List[str]:
@@ -83,6 +86,8 @@ def register_guards() -> None:
 
     for name in GUARDS:
         callbacks_map.setdefault(PREFIX + name, guard_class(name))
+    from ..lora_autocast import LoraAutocastInputs
+    callbacks_map.setdefault(LORA_AUTOCAST, LoraAutocastInputs)
     original = SwiftMixin._get_callbacks
     if getattr(original, '_swift_vora_guards', False):
         return
@@ -95,6 +100,10 @@ def register_guards() -> None:
         for name in enabled_guards():
             if PREFIX + name not in named:
                 callbacks.append(callbacks_map[PREFIX + name](args, self))
+        # Not a guard, but trainer-level like them: LoRA inputs in the autocast dtype (swift_vora/lora_autocast.py).
+        from ..lora_autocast import LoraAutocastInputs, enabled
+        if enabled() and LORA_AUTOCAST not in named:
+            callbacks.append(LoraAutocastInputs(args, self))
         return callbacks
 
     _get_callbacks._swift_vora_guards = True

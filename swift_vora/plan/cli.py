@@ -153,27 +153,46 @@ def request_from_args(args):
         vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT)
 
 
-def cmd_plan(args) -> int:
+class PlanUsageError(ValueError):
+    """Bad arguments (exit 2)."""
+
+
+def plan_from_args(args):
+    """The Plan for parsed `plan` arguments. Raises PlanUsageError (exit 2), UnsupportedModel/ValueError (exit 1)."""
     from .hardware import resolve
-    from .model_spec import UnsupportedModel, load_model_spec
+    from .model_spec import load_model_spec
     from .select import make_plan
     try:
         req = request_from_args(args)
         req.validate()
         hw = resolve(args.hardware, args.gpus, args.gpu_mem_gib, args.host_ram_gib, args.nodes)
     except (ValueError, KeyError) as e:
-        print(f'swift-vora plan: {e.args[0] if e.args else e}', file=sys.stderr)
-        return EXIT_USAGE
+        raise PlanUsageError(e.args[0] if e.args else str(e)) from e
     try:
         spec = load_model_spec(args.model)
     except FileNotFoundError as e:
+        raise PlanUsageError(str(e)) from e
+    req.hardware = hw
+    return make_plan(req, spec=spec, hardware=hw)
+
+
+def plan_from_argv(argv: List[str]):
+    """`swift-vora plan ARGV` as a Plan object (benchmarks/calibration_table.py recomputes its table with it)."""
+    parser = argparse.ArgumentParser(prog='swift-vora')
+    register_commands(parser.add_subparsers(dest='command'))
+    return plan_from_args(parser.parse_args(['plan', *argv]))
+
+
+def cmd_plan(args) -> int:
+    from .model_spec import UnsupportedModel
+    try:
+        plan = plan_from_args(args)
+    except PlanUsageError as e:
         print(f'swift-vora plan: {e}', file=sys.stderr)
         return EXIT_USAGE
     except (UnsupportedModel, ValueError) as e:
         print(f'swift-vora plan: {e}', file=sys.stderr)
         return EXIT_INVALID
-    req.hardware = hw
-    plan = make_plan(req, spec=spec, hardware=hw)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2, default=str))
     else:
@@ -181,6 +200,7 @@ def cmd_plan(args) -> int:
     return plan.exit_code
 
 
+# ---------------------------------------------------------------------------------------------------------------
 def _table(items: Dict[str, float], indent: str = '  ') -> List[str]:
     if not items:
         return [f'{indent}(none)']

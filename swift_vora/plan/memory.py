@@ -307,7 +307,11 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
         if s.vision_mode == 'checkpointed_requires_grad':
             kept = v.depth * C.ACT_CHECKPOINT_BYTES_PER_HIDDEN * v.hidden_size * P
             gpu['activations: vision tower (frozen, checkpointed, inputs require grad)'] = kept + merged_out + pixels
-            vit_ws = C.ACT_BACKWARD_FACTOR * block
+            # The recomputed block's activations plus the gradients alive at once: the block is frozen, so only
+            # activation gradients exist, and autograd frees them as it goes -- the FFN-wide one and the
+            # residual-stream one at most (not ACT_BACKWARD_FACTOR x block, which assumes every saved tensor has
+            # a gradient of its own at the same time).
+            vit_ws = block + P * C.BYTES_BF16 * (v.intermediate_size + v.hidden_size)
         elif s.vision_mode == 'no_grad':
             gpu['activations: vision tower outputs (frozen, no grad)'] = merged_out + pixels
             vit_ws = block  # transient during its forward only
