@@ -231,6 +231,17 @@ def test_swift_sft_command_parses_with_ms_swift_arguments():
     assert d['plan']['command'][0] == 'env' and d['plan']['command'][-len(argv):] == argv
 
 
+def test_liger_kernel_is_opt_in_and_reaches_swift_sft():
+    rc, d, err = dry_json(os.path.join(REPO, 'recipes', '3060x4.yaml'), f'model.path={DENSE_2B}')
+    assert rc == 0, err
+    assert '--use_liger_kernel' not in d['launch']['argv']  # liger-kernel is not a dependency: off by default
+    rc, d, err = dry_json(os.path.join(REPO, 'recipes', '3060x4.yaml'), f'model.path={DENSE_2B}',
+                          'train.liger_kernel=true')
+    assert rc == 0, err
+    ns, unknown = swift_sft_parser().parse_known_args(d['launch']['argv'][2:])
+    assert unknown == [] and ns.use_liger_kernel is True
+
+
 def test_budget_env_round_trips_to_the_template_budget():
     from swift_vora.budget import VideoBudget
     rc, d, _ = dry_json(os.path.join(REPO, 'recipes', '3090x3.yaml'), f'model.path={DENSE_2B}', 'video.max_frames=20',

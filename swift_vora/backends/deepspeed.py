@@ -148,6 +148,8 @@ def build_swift_sft_launch(view: PlanView, recipe: Recipe, environ: Optional[Map
         argv += ['--max_steps', str(recipe['train.max_steps'])]
     if recipe['train.attn_impl']:
         argv += ['--attn_impl', recipe['train.attn_impl']]
+    if recipe['train.liger_kernel']:
+        argv += ['--use_liger_kernel', 'true']
     argv += ['--dataloader_num_workers', str(recipe['train.dataloader_workers']), '--save_steps',
              str(recipe['train.save_steps']), '--logging_steps', str(recipe['train.logging_steps']), '--output_dir',
              recipe['train.output_dir'], '--add_version', bool_arg(recipe['train.add_version']), '--seed',
