@@ -86,6 +86,12 @@ ROWS: List[Dict[str, Any]] = [
      'plan': ['--gpus', '1', '--gpu-mem-gib', '139.8', '--host-ram-gib', '128', '--fps', '2', '--max-frames', '32',
               '--backend', 'deepspeed_zero3', '--tuner', 'lora', '--lora-rank', '16', '--frame-tokens', '220',
               '--clip-seconds', '32', '--answer-tokens', '14']},
+    {'id': 12, 'what': '2B LoRA r16 via `swift-vora train recipes/3090x3.yaml hardware=local` on 2 H200s (ZeRO-3), '
+                       '16/8/12 s windows, 16-32 frames x 180 tok, <= 3,382 tok (multi_gpu_zero3; max over ranks)',
+     'source': ('multi-gpu-zero3-h200x2-2026-11-29.json', None), 'scope': 'run',
+     'plan': ['--gpus', '2', '--gpu-mem-gib', '140.4', '--host-ram-gib', '251.8', '--fps', '2', '--max-frames', '32',
+              '--backend', 'deepspeed_zero3', '--tuner', 'lora', '--lora-rank', '16', '--frame-tokens', '180',
+              '--clip-seconds', '16', '--answer-tokens', '11']},
 ]
 # Row 6 of the first calibration (throughput `vora_gc`) is the same planner input as row 5 and measured the same
 # peak; it is listed in docs/memory-model.md but not counted as a distinct configuration.

@@ -60,8 +60,9 @@ def keep_lora_inputs_in_autocast_dtype(model) -> int:
         if not torch.is_autocast_enabled(device_type):
             for layer in layers:
                 layer.cast_input_dtype_enabled = True
-            logger.warning('swift-vora lora_autocast: autocast is off at the first forward; PEFT casts the LoRA '
-                           f'inputs to the adapter dtype again on {len(layers)} layers')
+            # e.g. DeepSpeed's bf16 engine, which runs without autocast: nothing to skip there
+            logger.info('swift-vora lora_autocast: autocast is off at the first forward (DeepSpeed, or --bf16 '
+                        f'false); PEFT casts the LoRA inputs to the adapter dtype again on {len(layers)} layers')
 
     handle = layers[0].register_forward_pre_hook(check_autocast)
     return len(layers)

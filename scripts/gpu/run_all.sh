@@ -11,6 +11,7 @@
 #   calibrate     benchmarks/calibrate_memory.py (measured vs planned memory), JSON into $OUT
 #   e2e           pytest -m gpu tests/ (the GPU-marked tests; none marked = rc 0 with a note); junit XML into $OUT
 #   e2e_dense     scripts/gpu/e2e_dense.sh: recipe -> ZeRO-3 LoRA -> verify-adapter -> merge -> eval (2B shape) [~5 min]
+#   multi_gpu_zero3  scripts/gpu/multi_gpu_zero3.sh: NCCL sanity + ZeRO-3 LoRA on every GPU of the host, all guards
 #   unsloth       scripts/gpu/unsloth_smoke.sh (needs carry [".whl/swift", ".whl/unsloth"]: ~59 MiB with the repo)
 # Example: `bash scripts/gpu/run_all.sh throughput --variants baseline,vora,vora_gc`.
 #
@@ -60,6 +61,9 @@ main() {
       e2e_dense)
         work=/tmp/e2e_dense
         OUT="$LOGS/$phase" bash scripts/gpu/e2e_dense.sh "$work" "$@" || rc=1;;
+      multi_gpu_zero3)
+        work=/tmp/mgpu
+        OUT="$LOGS/$phase" bash scripts/gpu/multi_gpu_zero3.sh "$work" "$@" || rc=1;;
       unsloth)
         if [ -f scripts/gpu/unsloth_smoke.sh ]; then
           mkdir -p "$LOGS/$phase"
@@ -67,7 +71,7 @@ main() {
         else
           echo "unsloth: scripts/gpu/unsloth_smoke.sh is not in this checkout"; rc=2
         fi;;
-      *) echo "unknown phase '$phase' (setup|throughput|learnability|calibrate|e2e|e2e_dense|unsloth)"; rc=2;;
+      *) echo "unknown phase '$phase' (setup|throughput|learnability|calibrate|e2e|e2e_dense|multi_gpu_zero3|unsloth)"; rc=2;;
     esac
     echo "== phase $phase done in $((SECONDS - t1)) s (rc so far $rc)"
     # Results JSON flat into $OUT; the logs into one archive (the 8-file limit).

@@ -25,9 +25,10 @@ from typing import Any, Dict, Mapping, Optional
 
 from .launch import (Launch, LaunchUsageError, PlanView, bool_arg, common_env, console_script, lora_args,
                      swift_common_args)
+from ..plan import constants as C
 from .recipe import Recipe
 
-SMALL_GPU_GIB = 16.0  # at or below: the field-tested 12 GB configuration
+SMALL_GPU_GIB = C.ZERO3_SMALL_GPU_GIB  # at or below: the field-tested 12 GB configuration
 
 # The values the transformers integration fills ("auto"): see transformers.integrations.deepspeed
 # HfTrainerDeepSpeedConfig.trainer_config_process / trainer_config_finalize.

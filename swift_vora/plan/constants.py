@@ -39,11 +39,18 @@ BYTES_NF4 = 0.5 + 0.127 / 8
 ZERO2_BUCKET_ELEMENTS = 2e8  # reduce_bucket_size / allgather_bucket_size in swift's zero2 presets
 ZERO2_BUCKET_COPIES = 2  # ipg buffer + the bucket being reduced [fit]
 ZERO3_MAX_LIVE_PARAMS = 1e9  # stage3_max_live_parameters in swift's zero3 presets
+ZERO3_SMALL_GPU_GIB = 16.0  # at or below: swift_vora.backends.deepspeed generates the 12 GB field configuration,
+ZERO3_MAX_LIVE_PARAMS_SMALL_GPU = 1e8  # whose stage3_max_live_parameters (and max_reuse_distance) is 1e8
 # ZeRO-3 gathers each module's full bf16 weights before use and releases them after (prefetch is by
 # stage3_prefetch_bucket_size, which "auto" makes 0.9 x hidden^2 elements -- small next to the largest tensor):
 # peak gathered bytes ~ this factor x the largest tensor (the embedding / tied lm_head for Qwen3-VL-2B, 311 M).
 # 2.0 (a prefetched copy of an equally large tensor) over-predicted the one-GPU ZeRO-3 run by 0.5 GiB
 # (docs/memory-model.md, row 8); 1.0 is the gather alone. [fit]
+# On more than one GPU the gathered copies of other ranks' partitions are also kept for reuse, up to
+# stage3_max_live_parameters (DeepSpeed releases a parameter only past stage3_max_reuse_distance): on 2 H200s
+# the 2B LoRA run held ~2.2 GiB of gathered weights at its backward peak = 1e9 live parameters + the tied
+# embedding being fetched (docs/memory-model.md, row 12). On one GPU the partition is the whole tensor and
+# nothing extra is kept (rows 8, 11).
 ZERO3_GATHER_FACTOR = 1.0
 # Host RAM pinned/bounce buffers on top of the offloaded optimizer state (pinned allocations round up; DeepSpeed's
 # estimator pads host memory by additional_buffer_factor=1.5 — we use a smaller, explicit pad) [fit]

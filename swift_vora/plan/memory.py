@@ -48,6 +48,7 @@ class TrainSetup:
     vision_mode: str = C.VISION_MODE_DEFAULT
     logits_positions: str = 'auto'  # 'auto' (the backend's default) | 'supervised' | 'all'
     dataloader_workers: int = C.HOST_DATALOADER_WORKERS
+    zero3_max_live_params: float = C.ZERO3_MAX_LIVE_PARAMS  # the generated DeepSpeed JSON's value
 
     @property
     def world(self) -> int:
@@ -175,7 +176,10 @@ def _model_states(spec: ModelSpec, s: TrainSetup):
                 add(gpu, 'weights shard (ZeRO-3, bf16)', (W + adapters) / N)
                 for c, v in wb.items():
                     comp_bytes[c] += v / N
-            gathered = C.ZERO3_GATHER_FACTOR * C.BYTES_BF16 * min(spec.largest_tensor_params, C.ZERO3_MAX_LIVE_PARAMS)
+            largest = min(spec.largest_tensor_params, s.zero3_max_live_params)
+            gathered = C.ZERO3_GATHER_FACTOR * C.BYTES_BF16 * largest
+            if N > 1:  # other ranks' partitions, kept gathered for reuse up to stage3_max_live_parameters
+                gathered += C.BYTES_BF16 * min(s.zero3_max_live_params, spec.total_params * (N - 1) / N)
             add(gpu, 'ZeRO-3 gathered parameters (working set)', gathered)
         else:
             add(gpu, wname, W)

@@ -269,7 +269,9 @@ def _setup(req: PlanRequest, hw: Hardware, backend: str, ep: int, tp: int) -> Tr
     return TrainSetup(backend=backend, tuner=req.tuner, gpus_per_node=hw.num_gpus, nodes=hw.nodes,
                       offload=req.offload, quant=req.quant, tp=tp, ep=ep, micro_batch=req.micro_batch,
                       lora_rank=req.lora_rank, lora_targets=req.lora_targets,
-                      gradient_checkpointing=req.gradient_checkpointing, vision_mode=req.vision_mode)
+                      gradient_checkpointing=req.gradient_checkpointing, vision_mode=req.vision_mode,
+                      zero3_max_live_params=(C.ZERO3_MAX_LIVE_PARAMS_SMALL_GPU
+                                             if hw.gpu_mem_gib <= C.ZERO3_SMALL_GPU_GIB else C.ZERO3_MAX_LIVE_PARAMS))
 
 
 def _fits(est: MemoryEstimate, hw: Hardware) -> Tuple[bool, bool]:
