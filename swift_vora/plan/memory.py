@@ -176,8 +176,8 @@ def _model_states(spec: ModelSpec, s: TrainSetup):
                 add(gpu, 'weights shard (ZeRO-3, bf16)', (W + adapters) / N)
                 for c, v in wb.items():
                     comp_bytes[c] += v / N
-            largest = min(spec.largest_tensor_params, s.zero3_max_live_params)
-            gathered = C.ZERO3_GATHER_FACTOR * C.BYTES_BF16 * largest
+            # a parameter is gathered whole, however small stage3_max_live_parameters is
+            gathered = C.ZERO3_GATHER_FACTOR * C.BYTES_BF16 * spec.largest_tensor_params
             if N > 1:  # other ranks' partitions, kept gathered for reuse up to stage3_max_live_parameters
                 gathered += C.BYTES_BF16 * min(s.zero3_max_live_params, spec.total_params * (N - 1) / N)
             add(gpu, 'ZeRO-3 gathered parameters (working set)', gathered)
