@@ -1,0 +1,98 @@
+"""Qwen3-VL / Qwen3.5 vision attention without a device sync per layer and with one attention call per layer.
+
+Without flash-attn, transformers 5.17's `Qwen3VLVisionAttention.forward` (and the identical Qwen3-VL-MoE, Qwen3.5,
+Qwen3.5-MoE copies) splits the packed patch sequence per frame group with `lengths.tolist()` on a CUDA tensor --
+a device-to-host sync in every one of the 24 vision layers -- and runs one attention call per group (32 per
+layer for a 64-frame clip). The H200 profile (docs/benchmarks.md) showed the training step host-bound: the GPU
+idle half the time. This narrow patch computes the split sizes once per vision forward (cached on the
+`cu_seqlens` tensor that all layers share) and, when every group has the same length -- always the case for one
+video, whose frame groups share one grid -- runs all groups as one batched attention call. The arithmetic is the
+same block-diagonal attention (tests/test_vit_attention.py compares outputs with transformers' own forward).
+Flash-attention configurations keep transformers' path (they pass `cu_seqlens` to a varlen kernel).
+
+Upstream: huggingface/transformers#47703 ("Fix D2H sync in Qwen VL vision encoder") and #48418 ("avoid repeated
+vision attention synchronization"), both open when this was written. `SWIFT_VORA_VIT_ATTENTION=transformers`
+keeps transformers' forward.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import List
+
+ENV = 'SWIFT_VORA_VIT_ATTENTION'
+# (module, class) of every vision attention with the per-chunk split; identical code in transformers 5.17.
+CLASSES = [
+    ('transformers.models.qwen3_vl.modeling_qwen3_vl', 'Qwen3VLVisionAttention'),
+    ('transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe', 'Qwen3VLMoeVisionAttention'),
+    ('transformers.models.qwen3_5.modeling_qwen3_5', 'Qwen3_5VisionAttention'),
+    ('transformers.models.qwen3_5_moe.modeling_qwen3_5_moe', 'Qwen3_5MoeVisionAttention'),
+]
+_CACHE_ATTR = '_swift_vora_split_sizes'
+
+
+def enabled(environ=None) -> bool:
+    environ = os.environ if environ is None else environ
+    return environ.get(ENV, 'batched').strip().lower() != 'transformers'
+
+
+def split_sizes(cu_seqlens) -> List[int]:
+    """Lengths of the packed sequences, read from the device once per `cu_seqlens` tensor (one sync, not 24)."""
+    sizes = getattr(cu_seqlens, _CACHE_ATTR, None)
+    if sizes is None:
+        sizes = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        setattr(cu_seqlens, _CACHE_ATTR, sizes)
+    return sizes
+
+
+def _make_forward(original, mod):
+    import torch
+
+    def forward(self, hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kwargs):
+        if mod.is_flash_attention_requested(self.config):
+            return original(self, hidden_states, cu_seqlens, position_embeddings=position_embeddings,
+                            max_seqlen=max_seqlen, **kwargs)
+        seq_length = hidden_states.shape[0]
+        q, k, v = self.qkv(hidden_states).reshape(seq_length, 3, self.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+        cos, sin = position_embeddings
+        q, k = mod.apply_rotary_pos_emb_vision(q, k, cos, sin)
+        q, k, v = (t.transpose(0, 1) for t in (q, k, v))  # [heads, seq, head_dim]
+        attention = mod.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                              mod.eager_attention_forward)
+        common = dict(attention_mask=None, scaling=self.scaling,
+                      dropout=0.0 if not self.training else self.attention_dropout, is_causal=False, **kwargs)
+        sizes = split_sizes(cu_seqlens)
+        heads, head_dim = q.shape[0], q.shape[-1]
+        if len(set(sizes)) == 1:  # equal groups: one batched call, [groups, heads, length, head_dim]
+            groups, length = len(sizes), sizes[0]
+            q, k, v = (t.reshape(heads, groups, length, head_dim).transpose(0, 1) for t in (q, k, v))
+            out = attention(self, q, k, v, **common)[0]  # [groups, length, heads, head_dim]
+        else:
+            parts = zip(*(t.split(sizes, dim=1) for t in (q, k, v)))
+            out = torch.cat([attention(self, a.unsqueeze(0), b.unsqueeze(0), c.unsqueeze(0), **common)[0]
+                             for a, b, c in parts], dim=1)
+        out = out.reshape(seq_length, -1).contiguous()
+        return self.proj(out)
+
+    forward._swift_vora_original = original
+    return forward
+
+
+def patch_vision_attention() -> List[str]:
+    """Install the forward on every importable class of CLASSES (idempotent); returns the patched class names."""
+    if not enabled():
+        return []
+    patched = []
+    for module_name, class_name in CLASSES:
+        try:
+            mod = importlib.import_module(module_name)
+        except ImportError:  # an older transformers without this model
+            continue
+        cls = getattr(mod, class_name, None)
+        if cls is None:
+            continue
+        if not getattr(cls.forward, '_swift_vora_original', None):
+            cls.forward = _make_forward(cls.forward, sys.modules[cls.__module__])
+        patched.append(class_name)
+    return patched
