@@ -17,6 +17,7 @@ Allocated is torch.cuda.max_memory_allocated, reserved is torch.cuda.max_memory_
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -27,7 +28,8 @@ RESULTS = os.path.join(REPO, 'benchmarks', 'results')
 CONFIGS = os.path.join(REPO, 'tests', 'fixtures', 'configs')
 TOLERANCE = 0.10
 
-H200 = ['--gpus', '1', '--gpu-mem-gib', '139.8', '--host-ram-gib', '128', '--fps', '2', '--max-frames', '64']
+H200_HW = ['--gpus', '1', '--gpu-mem-gib', '139.8', '--host-ram-gib', '128']
+H200 = [*H200_HW, '--fps', '2', '--max-frames', '64']
 M2B = os.path.join(CONFIGS, 'qwen3_vl_2b.json')
 # The 35B-A3B fixture with the merger override the harness ran (`overrides` in its JSON): the fixture's merger
 # emits 3584 for a 2048-wide LLM. Written to a temp file by `_moe_config()`.
@@ -74,8 +76,7 @@ ROWS: List[Dict[str, Any]] = [
               '--answer-tokens', '16']},
     {'id': 9, 'what': 'Qwen3-VL-2B, LoRA r8 all-linear, GC, ViT inputs require grad, 24k tokens (harness)',
      'source': ('calibration-h200-r2-2026-11-29.json', 'qwen3_vl_2b-lora8-video24k'), 'scope': 'training',
-     'plan': ['--gpus', '1', '--gpu-mem-gib', '139.8', '--host-ram-gib', '128', '--backend', 'ddp', '--tuner', 'lora',
-              *VIDEO_24K, *CR]},
+     'plan': [*H200_HW, '--backend', 'ddp', '--tuner', 'lora', *VIDEO_24K, *CR]},
     {'id': 10, 'what': 'Qwen3-VL-2B, LoRA r8 all-linear, GC, frozen ViT without grad, 6,656 tok (harness)',
      'source': ('calibration-h200-r2-2026-11-29.json', 'qwen3_vl_2b-lora8-video6k-vit-nograd'), 'scope': 'training',
      'plan': [*H200, '--backend', 'ddp', '--tuner', 'lora', '--frame-tokens', '196', '--clip-seconds', '32',
@@ -83,8 +84,7 @@ ROWS: List[Dict[str, Any]] = [
     {'id': 11, 'what': '2B LoRA r16 via `swift-vora train recipes/h200x1.yaml` (planner: ZeRO-3, 1 GPU), 32 frames x '
                        '220 tok, ~4,010 tok (e2e_dense; peak after the checkpoint save)',
      'source': ('e2e-dense-h200-2026-11-29.json', None), 'scope': 'run',
-     'plan': ['--gpus', '1', '--gpu-mem-gib', '139.8', '--host-ram-gib', '128', '--fps', '2', '--max-frames', '32',
-              '--backend', 'deepspeed_zero3', '--tuner', 'lora', '--lora-rank', '16', '--frame-tokens', '220',
+     'plan': [*H200_HW, '--fps', '2', '--max-frames', '32', '--backend', 'deepspeed_zero3', '--tuner', 'lora', '--lora-rank', '16', '--frame-tokens', '220',
               '--clip-seconds', '32', '--answer-tokens', '14']},
     {'id': 12, 'what': '2B LoRA r16 via `swift-vora train recipes/3090x3.yaml hardware=local` on 2 H200s (ZeRO-3), '
                        '16/8/12 s windows, 16-32 frames x 180 tok, <= 3,382 tok (multi_gpu_zero3; max over ranks)',
@@ -97,7 +97,9 @@ ROWS: List[Dict[str, Any]] = [
 # peak; it is listed in docs/memory-model.md but not counted as a distinct configuration.
 
 
+@functools.lru_cache(maxsize=None)
 def _moe_config() -> str:
+    """Written once per process (rows 3 and 4 share it)."""
     import tempfile
     path = os.path.join(tempfile.gettempdir(), f'{MOE}.json')
     with open(os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json')) as f:

@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from throughput import (REPO, base_env, build_model, cmdline, cuda_available, hardware, read_jsonl,  # noqa: E402
-                        run_logged, swift_cmd, tail, write_results)
+                        run_logged, swift_cmd, tail, wait_or_kill, write_results)
 
 sys.path.insert(0, REPO)
 
@@ -254,17 +254,7 @@ def start_train(name, args, model, dataset, work, env):
 
 def wait_soft(proc, deadline_at: Optional[float]) -> Any:
     """Exit code of `proc`, or 'deadline' after killing its process group at `deadline_at` (epoch seconds)."""
-    import signal as _signal
-    import subprocess as _sp
-    try:
-        rc = proc.wait(timeout=None if deadline_at is None else max(1.0, deadline_at - time.time()))
-    except _sp.TimeoutExpired:
-        os.killpg(proc.pid, _signal.SIGKILL)
-        proc.wait()
-        rc = 'deadline'
-    finally:
-        proc._log.close()
-    return rc
+    return wait_or_kill(proc, None if deadline_at is None else max(1.0, deadline_at - time.time()), 'deadline')
 
 
 def find_checkpoint(out_dir: str) -> Optional[str]:

@@ -131,15 +131,21 @@ import atexit  # noqa: E402
 atexit.register(_kill_children)
 
 
-def wait_logged(proc: subprocess.Popen, what: str, log_path: str) -> None:
+def wait_or_kill(proc: subprocess.Popen, timeout: Optional[float], expired: str = 'timeout') -> Any:
+    """Exit code of `proc` (started by run_logged), or `expired` after killing its process group once `timeout`
+    seconds have passed; closes its log either way (learnability.py uses it too)."""
     try:
-        rc = proc.wait(timeout=getattr(proc, '_timeout', None))
+        return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        rc = 'timeout'
+        return expired
     finally:
         proc._log.close()
+
+
+def wait_logged(proc: subprocess.Popen, what: str, log_path: str) -> None:
+    rc = wait_or_kill(proc, getattr(proc, '_timeout', None))
     if rc != 0:
         print(f'--- {what} failed (exit {rc}); last lines of {log_path}:', file=sys.stderr)
         print(tail(log_path, 60), file=sys.stderr)
@@ -440,30 +446,27 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
     vora_flags = ['--dataloader_num_workers', str(workers_vora), '--vit_gradient_checkpointing', 'false']
     if workers_vora > 0:  # prefetch stays at 2 per worker: a 64-frame sample is ~140 MB of float32 pixels in /dev/shm
         vora_flags += ['--dataloader_persistent_workers', 'true']
+    def vora(gc: bool, *flags: str, env: Optional[Dict[str, str]] = None, **keys) -> Dict[str, Any]:
+        """A swift-vora variant: the plugin, the video_ora template, the annotations, the levers above."""
+        return {'env': env or vora_env, 'plugins': ['swift_vora'], 'template': ['--template', 'video_ora'],
+                'dataset': 'annotations', 'flags': ['--gradient_checkpointing', 'true' if gc else 'false', *flags]
+                + vora_flags, **keys}
+
     return {
         'baseline': {'env': baseline_env, 'plugins': [], 'template': [], 'dataset': 'rows',
                      'flags': ['--gradient_checkpointing', 'true', '--dataloader_num_workers', str(workers_baseline)]},
-        'vora': {'env': vora_env, 'plugins': ['swift_vora'], 'template': ['--template', 'video_ora'],
-                 'dataset': 'annotations', 'flags': ['--gradient_checkpointing', 'false'] + vora_flags},
-        'vora_gc': {'env': vora_env, 'plugins': ['swift_vora'], 'template': ['--template', 'video_ora'],
-                    'dataset': 'annotations', 'flags': ['--gradient_checkpointing', 'true'] + vora_flags},
+        'vora': vora(False),
+        'vora_gc': vora(True),
         # Liger's Triton kernels for Qwen3-VL (RMSNorm, RoPE, fused linear cross entropy) through HF Trainer's
         # `use_liger_kernel`, as ms-swift passes it.
-        'vora_liger': {'env': vora_env, 'plugins': ['swift_vora'], 'template': ['--template', 'video_ora'],
-                       'dataset': 'annotations',
-                       'flags': ['--gradient_checkpointing', 'false', '--use_liger_kernel', 'true'] + vora_flags},
-        'vora_gc_liger': {'env': vora_env, 'plugins': ['swift_vora'], 'template': ['--template', 'video_ora'],
-                          'dataset': 'annotations',
-                          'flags': ['--gradient_checkpointing', 'true', '--use_liger_kernel', 'true'] + vora_flags},
+        'vora_liger': vora(False, '--use_liger_kernel', 'true'),
+        'vora_gc_liger': vora(True, '--use_liger_kernel', 'true'),
         # Memory calibration (docs/memory-model.md), not speed: a second video budget (4 fps -> 128 frames, twice
         # the tokens) and ZeRO-3 on one GPU, both with the LLM checkpointed.
-        'cal_f128': {'env': {**vora_env, 'SWIFT_VORA_FPS': str(2 * float(vora_env['SWIFT_VORA_FPS'])),
-                             'SWIFT_VORA_MAX_FRAMES': str(2 * int(vora_env['SWIFT_VORA_MAX_FRAMES']))},
-                     'plugins': ['swift_vora'], 'template': ['--template', 'video_ora'], 'dataset': 'annotations',
-                     'other_budget': True, 'flags': ['--gradient_checkpointing', 'true'] + vora_flags},
-        'cal_zero3': {'env': {**vora_env, 'NPROC_PER_NODE': '1'}, 'plugins': ['swift_vora'],
-                      'template': ['--template', 'video_ora'], 'dataset': 'annotations',
-                      'flags': ['--gradient_checkpointing', 'true', '--deepspeed', 'zero3'] + vora_flags},
+        'cal_f128': vora(True, env={**vora_env, 'SWIFT_VORA_FPS': str(2 * float(vora_env['SWIFT_VORA_FPS'])),
+                                    'SWIFT_VORA_MAX_FRAMES': str(2 * int(vora_env['SWIFT_VORA_MAX_FRAMES']))},
+                         other_budget=True),
+        'cal_zero3': vora(True, '--deepspeed', 'zero3', env={**vora_env, 'NPROC_PER_NODE': '1'}),
     }
 
 
@@ -495,10 +498,6 @@ def build_inputs(args, work: str) -> Dict[str, str]:
             'make_clips_s': round(t_clips, 1)}
 
 
-def _names(csv: str) -> List[str]:
-    return [v.strip() for v in (csv or '').split(',') if v.strip()]
-
-
 def sft_command(args, spec: Dict[str, Any], inputs: Dict[str, str], out_dir: str, extra_steps: int = 0) -> List[str]:
     plugins = spec['plugins'] + [os.path.relpath(os.path.abspath(__file__), REPO)]
     cmd = swift_cmd() + ['sft', '--custom_register_path', *plugins,
@@ -524,7 +523,7 @@ def run_variant(name: str, args, spec, inputs, work: str) -> Dict[str, Any]:
     os.makedirs(vdir)
     env_extra = dict(spec['env'])
     env_extra[BENCH_DIR_ENV] = vdir
-    profiled = name in _names(args.torch_profile)
+    profiled = name in args.torch_profile
     if profiled:  # the step after the measured ones (global_step == steps when it begins)
         env_extra['SWIFT_VORA_BENCH_TORCH_PROFILE'] = str(args.steps)
     if name.startswith('vora'):
@@ -631,7 +630,7 @@ def summarize_variant(name, vdir, args, command, wall, profile) -> Dict[str, Any
     progress = read_jsonl(os.path.join(vdir, 'progress.jsonl'))
     steps = [r for r in progress if r.get('event') == 'step'][:args.steps]  # not the profiled extra step
     end = next((r for r in progress if r.get('event') == 'end'), {})
-    if name in _names(args.torch_profile):  # the peaks of the measured steps only (not the profiled one)
+    if name in args.torch_profile:  # the peaks of the measured steps only (not the profiled one)
         end = {}
     if len(steps) <= args.warmup_steps:
         raise SystemExit(f'{name}: only {len(steps)} steps logged (warm-up {args.warmup_steps}); see {vdir}/sft.log')
@@ -773,6 +772,7 @@ def main(argv=None) -> int:
           flush=True)
     specs = variant_specs(smoke, args.workers_baseline, args.workers_vora)
     variants = [v.strip() for v in args.variants.split(',') if v.strip()]
+    args.torch_profile = [v.strip() for v in args.torch_profile.split(',') if v.strip()]
     unknown = [v for v in variants if v not in specs]
     if unknown:
         raise SystemExit(f'unknown variant(s) {unknown}; known: {sorted(specs)}')

@@ -23,9 +23,9 @@ import json
 import os
 from typing import Any, Dict, Mapping, Optional
 
+from ..plan import constants as C
 from .launch import (Launch, LaunchUsageError, PlanView, bool_arg, common_env, console_script, lora_args,
                      swift_common_args)
-from ..plan import constants as C
 from .recipe import Recipe
 
 SMALL_GPU_GIB = C.ZERO3_SMALL_GPU_GIB  # at or below: the field-tested 12 GB configuration
@@ -57,7 +57,7 @@ ZERO3_SWIFT = {
     'zero_quantized_gradients': False,
     'stage3_prefetch_bucket_size': 'auto',
     'stage3_param_persistence_threshold': 'auto',
-    'stage3_max_live_parameters': 1e9,
+    'stage3_max_live_parameters': C.ZERO3_MAX_LIVE_PARAMS,  # 1e9, as in swift's preset; the planner reads it
     'stage3_max_reuse_distance': 1e9,
     'stage3_gather_16bit_weights_on_model_save': True,
 }
@@ -72,7 +72,7 @@ ZERO3_SMALL_GPU = {
     'reduce_bucket_size': 5e6,
     'stage3_prefetch_bucket_size': 5e6,
     'stage3_param_persistence_threshold': 1e4,
-    'stage3_max_live_parameters': 1e8,
+    'stage3_max_live_parameters': C.ZERO3_MAX_LIVE_PARAMS_SMALL_GPU,  # 1e8; the planner models the same value
     'stage3_max_reuse_distance': 1e8,
     'stage3_gather_16bit_weights_on_model_save': True,
 }
