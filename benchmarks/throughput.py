@@ -443,6 +443,8 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         vora_env = {'SWIFT_VORA_FPS': '2', 'SWIFT_VORA_MAX_FRAMES': '64', 'SWIFT_VORA_PAIR_TOKENS': '196',
                     'SWIFT_VORA_MIN_PAIR_TOKENS': '128'}
     vora_env.update({'SWIFT_VORA_MIN_FRAMES': '4', 'SWIFT_VORA_WINDOW': '0', 'SWIFT_VORA_LOG_FIRST': '2'})
+    # the CPU smoke checks the wiring with dynamo + AOT autograd; inductor's C++ codegen would take minutes there
+    compile_env = {'SWIFT_VORA_COMPILE': 'layers', **({'SWIFT_VORA_COMPILE_BACKEND': 'aot_eager'} if smoke else {})}
     vora_flags = ['--dataloader_num_workers', str(workers_vora), '--vit_gradient_checkpointing', 'false']
     if workers_vora > 0:  # prefetch stays at 2 per worker: a 64-frame sample is ~140 MB of float32 pixels in /dev/shm
         vora_flags += ['--dataloader_persistent_workers', 'true']
@@ -461,6 +463,10 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         # `use_liger_kernel`, as ms-swift passes it.
         'vora_liger': vora(False, '--use_liger_kernel', 'true'),
         'vora_gc_liger': vora(True, '--use_liger_kernel', 'true'),
+        # + regional torch.compile of the 28 decoder layers (swift_vora/compile_layers.py), with and without Liger
+        # (inductor fuses RMSNorm and RoPE itself; without Liger the loss is swift's, not the fused linear CE).
+        'vora_gc_liger_compile': vora(True, '--use_liger_kernel', 'true', env={**vora_env, **compile_env}),
+        'vora_gc_compile': vora(True, env={**vora_env, **compile_env}),
         # Memory calibration (docs/memory-model.md), not speed: a second video budget (4 fps -> 128 frames, twice
         # the tokens) and ZeRO-3 on one GPU, both with the LLM checkpointed.
         'cal_f128': vora(True, env={**vora_env, 'SWIFT_VORA_FPS': str(2 * float(vora_env['SWIFT_VORA_FPS'])),

@@ -10,8 +10,8 @@ skipping the cast keeps the arithmetic of the LoRA matmuls (the adapters and the
 
 This uses PEFT's own switch (`layer.cast_input_dtype_enabled`, what `peft.helpers.disable_input_dtype_casting`
 sets). It is applied only to LoRA layers whose adapter dtype differs from the base weight dtype, and only while
-autocast is really on: a forward pre-hook checks `torch.is_autocast_enabled` at the first forward and puts PEFT's
-cast back if it is not (e.g. `--bf16 false`). `SWIFT_VORA_LORA_AUTOCAST_INPUTS=0` keeps PEFT's behaviour.
+autocast is really on: a forward pre-hook (on the module that holds the repeated layers) checks
+`torch.is_autocast_enabled` at the first forward and puts PEFT's cast back if it is not (e.g. `--bf16 false`). `SWIFT_VORA_LORA_AUTOCAST_INPUTS=0` keeps PEFT's behaviour.
 """
 from __future__ import annotations
 
@@ -44,6 +44,20 @@ def upcasting_lora_layers(model) -> List:
     return layers
 
 
+def hook_site(model, first_layer):
+    """Where the one-shot autocast check hooks in: the module holding the repeated blocks (e.g. the language model
+    around `layers.0.self_attn.q_proj`), so that the check runs inside the forward's autocast but outside a layer
+    that swift_vora/compile_layers.py may compile (a hook that removes itself breaks a compiled graph); the first
+    LoRA layer itself when it is not inside a ModuleList."""
+    import torch
+    name = next(n for n, m in model.named_modules() if m is first_layer)
+    parts = name.split('.') if name else []
+    for i in range(1, len(parts)):
+        if isinstance(model.get_submodule('.'.join(parts[:i])), torch.nn.ModuleList):
+            return model.get_submodule('.'.join(parts[:i - 1]))
+    return first_layer
+
+
 def keep_lora_inputs_in_autocast_dtype(model) -> int:
     """Switch PEFT's input cast off on the upcasting LoRA layers while autocast is on; returns how many layers."""
     import torch
@@ -53,10 +67,11 @@ def keep_lora_inputs_in_autocast_dtype(model) -> int:
     for layer in layers:
         layer.cast_input_dtype_enabled = False
 
+    site = hook_site(model, layers[0])
+    device_type = next(site.parameters()).device.type
+
     def check_autocast(module, args):
         handle.remove()
-        x = args[0] if args else None
-        device_type = x.device.type if isinstance(x, torch.Tensor) else 'cuda'
         if not torch.is_autocast_enabled(device_type):
             for layer in layers:
                 layer.cast_input_dtype_enabled = True
@@ -64,7 +79,7 @@ def keep_lora_inputs_in_autocast_dtype(model) -> int:
             logger.info('swift-vora lora_autocast: autocast is off at the first forward (DeepSpeed, or --bf16 '
                         f'false); PEFT casts the LoRA inputs to the adapter dtype again on {len(layers)} layers')
 
-    handle = layers[0].register_forward_pre_hook(check_autocast)
+    handle = site.register_forward_pre_hook(check_autocast)
     return len(layers)
 
 

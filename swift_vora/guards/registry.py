@@ -10,8 +10,9 @@ Selection, read when the trainer is built:
 - `SWIFT_VORA_GUARDS=all` (default) | `none` | a comma list of names, optionally starting from `all` and
   removing some: `all,-memory,-verify_adapter`.
 - `SWIFT_VORA_GUARD_<NAME>=0|1` overrides one guard either way (e.g. `SWIFT_VORA_GUARD_VERIFY_ADAPTER=0`).
-The same wrap appends `vora_lora_autocast` (swift_vora/lora_autocast.py, a speed lever, not a guard) unless
-`SWIFT_VORA_LORA_AUTOCAST_INPUTS=0`.
+The same wrap appends two speed levers that are not guards: `vora_lora_autocast` (swift_vora/lora_autocast.py)
+unless `SWIFT_VORA_LORA_AUTOCAST_INPUTS=0`, and `vora_compile_layers` (swift_vora/compile_layers.py) when
+`SWIFT_VORA_COMPILE=layers`.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ GUARDS: Dict[str, tuple] = {
     'verify_adapter': ('swift_vora.guards.verify_adapter', 'VerifyAdapterGuard'),
 }
 _TRUE, _FALSE = ('1', 'true', 'yes', 'on'), ('0', 'false', 'no', 'off')
-LORA_AUTOCAST = PREFIX + 'lora_autocast'  # the one default callback that is not a guard (SWIFT_VORA_LORA_AUTOCAST_INPUTS)
+LORA_AUTOCAST = PREFIX + 'lora_autocast'  # a default callback that is not a guard (SWIFT_VORA_LORA_AUTOCAST_INPUTS)
+COMPILE_LAYERS = PREFIX + 'compile_layers'  # opt-in, not a guard (SWIFT_VORA_COMPILE=layers)
 
 
 def enabled_guards(environ: Optional[Dict[str, str]] = None) -> List[str]:
@@ -87,7 +89,9 @@ def register_guards() -> None:
     for name in GUARDS:
         callbacks_map.setdefault(PREFIX + name, guard_class(name))
     from ..lora_autocast import LoraAutocastInputs
+    from ..compile_layers import CompileDecoderLayers
     callbacks_map.setdefault(LORA_AUTOCAST, LoraAutocastInputs)
+    callbacks_map.setdefault(COMPILE_LAYERS, CompileDecoderLayers)
     original = SwiftMixin._get_callbacks
     if getattr(original, '_swift_vora_guards', False):
         return
@@ -104,6 +108,9 @@ def register_guards() -> None:
         from ..lora_autocast import LoraAutocastInputs, enabled
         if enabled() and LORA_AUTOCAST not in named:
             callbacks.append(LoraAutocastInputs(args, self))
+        from ..compile_layers import CompileDecoderLayers, mode
+        if mode() != 'off' and COMPILE_LAYERS not in named:
+            callbacks.append(CompileDecoderLayers(args, self))
         return callbacks
 
     _get_callbacks._swift_vora_guards = True

@@ -1,0 +1,126 @@
+"""Regional torch.compile of the decoder layers (swift_vora/compile_layers.py) on a tiny Qwen3-VL with PEFT LoRA,
+transformers' gradient checkpointing (reentrant, as ms-swift uses on one process) and bf16 autocast: the same loss
+and LoRA gradients as eager, no graph break (the lora_autocast check sits outside the compiled layers), one graph
+shared by all layers, and the switch/skip rules a user sees."""
+import functools
+import types
+
+import pytest
+import torch
+import torch.utils.checkpoint as checkpoint_module
+from peft import LoraConfig, get_peft_model
+
+from swift_vora import compile_layers, lora_autocast
+from swift_vora.tiny_model import build_qwen3_vl
+
+
+@pytest.fixture(scope='module')
+def model_dir(tmp_path_factory):
+    return build_qwen3_vl(str(tmp_path_factory.mktemp('qwen3vl')), 'tiny')
+
+
+@pytest.fixture
+def reentrant_checkpoint(monkeypatch):
+    """What swift's `_fix_gradient_checkpointing` does on one process: every checkpoint call is reentrant."""
+    original = checkpoint_module.checkpoint
+    monkeypatch.setattr(checkpoint_module, 'checkpoint',
+                        functools.wraps(original)(lambda *a, use_reentrant=None, **k: original(
+                            *a, use_reentrant=True, **k)))
+
+
+def lora_model(model_dir, dropout=0.0):
+    from transformers import AutoModelForImageTextToText
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.bfloat16)
+    # LoRA on the language model's linear layers, as swift's all-linear does for a multimodal model
+    model = get_peft_model(model, LoraConfig(r=8, target_modules=r'.*language_model.*_proj', lora_dropout=dropout))
+    for name, p in model.named_parameters():
+        if 'lora_B' in name:
+            torch.nn.init.normal_(p, std=0.02)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': True})
+    model.enable_input_require_grads()
+    model.train()
+    assert lora_autocast.keep_lora_inputs_in_autocast_dtype(model) == 14
+    return model
+
+
+def train_steps(model, lengths, seed=0):
+    losses = []
+    for i, length in enumerate(lengths):
+        ids = torch.randint(0, 1000, (1, length), generator=torch.Generator().manual_seed(length))
+        torch.manual_seed(seed + i)  # dropout masks
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        losses.append(out.loss.item())
+    grads = {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return losses, grads
+
+
+def test_finds_the_decoder_layers_not_the_vision_blocks(model_dir):
+    model = lora_model(model_dir)
+    layers = compile_layers.decoder_layers(model)
+    assert [type(x).__name__ for x in layers] == ['Qwen3VLTextDecoderLayer'] * 2
+    assert layers[0] is model.base_model.model.model.language_model.layers[0]
+
+
+def test_compiled_layers_train_like_eager(model_dir, reentrant_checkpoint):
+    import torch._dynamo
+    torch._dynamo.reset()
+    lengths = (70, 67, 70)  # a second length: the dynamic-shape recompile is exercised too
+    eager_losses, eager_grads = train_steps(lora_model(model_dir), lengths)
+
+    model = lora_model(model_dir)
+    names_before = [n for n, _ in model.named_parameters()]
+    assert compile_layers.compile_decoder_layers(model, backend='aot_eager') == 2
+    losses, grads = train_steps(model, lengths)
+
+    assert [n for n, _ in model.named_parameters()] == names_before  # in place: adapter names/saving unchanged
+    assert losses == eager_losses
+    assert set(grads) == set(eager_grads) and len(grads) == 28  # 2 layers x 7 projections x (A, B)
+    for name in grads:
+        torch.testing.assert_close(grads[name], eager_grads[name], rtol=0, atol=0, msg=name)
+    counters = compile_layers.compile_counters()
+    assert counters['graph_breaks'] == 0, counters['graph_break_reasons']
+    # one graph per grad mode (checkpoint's no-grad forward, its recompute) and shape class, shared by both layers
+    assert counters['unique_graphs'] == 4
+    assert not any(layer.cast_input_dtype_enabled for layer in lora_autocast.upcasting_lora_layers(model))
+
+
+@pytest.mark.slow
+def test_inductor_with_lora_dropout_matches_eager(model_dir, reentrant_checkpoint):
+    """Inductor itself (C++ kernels on CPU), with LoRA dropout: the checkpoint recompute must redraw the masks."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    eager_losses, eager_grads = train_steps(lora_model(model_dir, dropout=0.1), (64,))
+    model = lora_model(model_dir, dropout=0.1)
+    compile_layers.compile_decoder_layers(model, backend='inductor')
+    losses, grads = train_steps(model, (64,))
+    assert losses[0] == pytest.approx(eager_losses[0], rel=1e-2)
+    for name in grads:  # fused bf16 kernels round differently; a different dropout mask would be far off
+        rel = (grads[name] - eager_grads[name]).norm() / eager_grads[name].norm()
+        assert rel < 0.05, (name, rel.item())
+
+
+def test_mode_switch(monkeypatch):
+    assert compile_layers.mode({}) == 'off'
+    assert compile_layers.mode({compile_layers.ENV: 'layers'}) == 'layers'
+    assert compile_layers.mode({compile_layers.ENV: '0'}) == 'off'
+    with pytest.raises(ValueError, match='SWIFT_VORA_COMPILE'):
+        compile_layers.mode({compile_layers.ENV: 'everything'})
+
+
+def test_callback_skips_deepspeed_and_off(monkeypatch, model_dir):
+    model = lora_model(model_dir)
+    callback = compile_layers.CompileDecoderLayers.__new__(compile_layers.CompileDecoderLayers)
+    monkeypatch.setenv(compile_layers.ENV, 'off')
+    callback.on_train_begin(types.SimpleNamespace(deepspeed=None), None, None, model=model)
+    assert callback.compiled == 0
+    monkeypatch.setenv(compile_layers.ENV, 'layers')
+    callback.on_train_begin(types.SimpleNamespace(deepspeed='zero3'), None, None, model=model)
+    assert callback.compiled == 0
+    assert all(layer._compiled_call_impl is None for layer in compile_layers.decoder_layers(model))
+    monkeypatch.setenv(compile_layers.BACKEND_ENV, 'aot_eager')
+    callback.on_train_begin(types.SimpleNamespace(deepspeed=None), None, None, model=model)
+    assert callback.compiled == 2
+    assert all(layer._compiled_call_impl is not None for layer in compile_layers.decoder_layers(model))
