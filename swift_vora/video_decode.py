@@ -1,0 +1,57 @@
+"""One decoder thread per video reader: the DataLoader workers are the parallelism, not ffmpeg's threads.
+
+qwen_vl_utils opens every training video with `decord.VideoReader(path)`, whose default `num_threads=0` lets
+ffmpeg start a decoding thread per core. With N DataLoader workers that is N x cores threads on the machine; on
+the H200 host (16 cores, 12 workers) they competed with the trainer's own threads, which after regional compilation
+are what limits a step (docs/benchmarks.md: step time fell from ~1.9 s to ~1.2 s once the workers had decoded their
+backlog). Single-threaded decoding also costs less CPU per clip (measured on a 32 s 640x360 clip: 0.41 s against
+0.63 s with decord's default, on 2 cores).
+
+Narrow patch: `decord.VideoReader` is replaced by a subclass whose `num_threads` defaults to
+`SWIFT_VORA_DECODE_THREADS` (default 1; 0 = decord's own default, i.e. no patch). Explicit `num_threads=` arguments
+are kept. Applied in the process that decodes (the template's video path), once per process.
+"""
+from __future__ import annotations
+
+import os
+
+ENV = 'SWIFT_VORA_DECODE_THREADS'
+
+
+def decoder_threads(environ=None) -> int:
+    environ = os.environ if environ is None else environ
+    raw = environ.get(ENV, '1').strip() or '1'
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f'{ENV}={raw!r}: expected a whole number of threads (0 = decord default)') from None
+    if value < 0:
+        raise ValueError(f'{ENV}={raw!r}: expected 0 or more threads')
+    return value
+
+
+def limit_decord_threads(environ=None) -> int:
+    """Make `decord.VideoReader(path)` use `decoder_threads()` threads; returns that number (0: untouched)."""
+    threads = decoder_threads(environ)
+    import decord
+    current = decord.VideoReader
+    original = getattr(current, '_swift_vora_original', current)
+    if threads == 0:
+        decord.VideoReader = original
+        return 0
+    if getattr(current, '_swift_vora_threads', None) == threads:
+        return threads
+
+    class VideoReader(original):
+        __doc__ = original.__doc__
+        _swift_vora_original = original
+        _swift_vora_threads = threads
+
+        def __init__(self, uri, *args, **kwargs):
+            if len(args) < 3:  # num_threads is the 4th parameter after uri: (ctx, width, height, num_threads)
+                kwargs.setdefault('num_threads', threads)
+            super().__init__(uri, *args, **kwargs)
+
+    VideoReader.__name__ = VideoReader.__qualname__ = original.__name__
+    decord.VideoReader = VideoReader
+    return threads
