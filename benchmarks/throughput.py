@@ -766,8 +766,8 @@ def main(argv=None) -> int:
     args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (1 if smoke else 2)
     args.workers_baseline = args.workers_baseline if args.workers_baseline is not None else (1 if smoke else 4)
     args.workers_vora = args.workers_vora if args.workers_vora is not None else (1 if smoke else 12)
-    # py-spy off unless asked: sampling inside the timed window slowed the host-bound compiled variant by ~20 %
-    # (steps 1.5-1.75 s under py-spy, 1.21-1.31 s after it, 2026-11-29 run 3); --torch-profile measures outside it.
+    # py-spy off unless asked: a sampler inside the timed window can only cost a host-limited step;
+    # --torch-profile profiles an extra step outside the window instead.
     args.profile_seconds = args.profile_seconds or 0
     args.clips = args.clips or (2 if smoke else args.steps * args.grad_accum)
     if not smoke and not cuda_available():

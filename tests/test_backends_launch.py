@@ -242,6 +242,34 @@ def test_liger_kernel_is_opt_in_and_reaches_swift_sft():
     assert unknown == [] and ns.use_liger_kernel is True
 
 
+def test_compile_is_opt_in_reaches_the_plugin_and_says_where_it_does_not_apply():
+    recipe = os.path.join(REPO, 'recipes', '3090x3.yaml')
+    rc, d, err = dry_json(recipe, f'model.path={DENSE_2B}', env={'PYTORCH_CUDA_ALLOC_CONF': ''})
+    assert rc == 0, err
+    assert 'SWIFT_VORA_COMPILE' not in d['launch']['env']
+    assert d['launch']['env']['PYTORCH_CUDA_ALLOC_CONF'] == 'expandable_segments:True'
+    # the compiled path of the benchmark: no DeepSpeed, the layers compiled by the plugin
+    rc, d, err = dry_json(recipe, f'model.path={DENSE_2B}', 'train.backend=ddp', 'train.compile=layers')
+    assert rc == 0, err
+    assert d['launch']['env']['SWIFT_VORA_COMPILE'] == 'layers'
+    assert not any('train.compile' in n for n in d['launch']['notes'])
+    # under ZeRO-3 (the planner's dense choice here) and next to Liger the user is told, with the numbers
+    rc, d, err = dry_json(recipe, f'model.path={DENSE_2B}', 'train.backend=deepspeed_zero3', 'train.compile=layers',
+                          'train.liger_kernel=true')
+    assert rc == 0, err
+    notes = ' '.join(d['launch']['notes'])
+    assert 'not applied under DeepSpeed' in notes and '2.01 samples/s' in notes
+    rc, _, err = dry_json(recipe, f'model.path={DENSE_2B}', 'train.compile=everything')
+    assert rc != 0 and "'train.compile'" in err and 'off, layers' in err
+
+
+def test_a_user_allocator_setting_is_kept():
+    rc, d, err = dry_json(os.path.join(REPO, 'recipes', '3090x3.yaml'), f'model.path={DENSE_2B}',
+                          env={'PYTORCH_CUDA_ALLOC_CONF': 'max_split_size_mb:128'})
+    assert rc == 0, err
+    assert 'PYTORCH_CUDA_ALLOC_CONF' not in d['launch']['env']  # inherited from the user's environment as set
+
+
 def test_budget_env_round_trips_to_the_template_budget():
     from swift_vora.budget import VideoBudget
     rc, d, _ = dry_json(os.path.join(REPO, 'recipes', '3090x3.yaml'), f'model.path={DENSE_2B}', 'video.max_frames=20',

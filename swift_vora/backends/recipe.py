@@ -71,6 +71,10 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     # samples/s on top of swift-vora's LoRA path on the H200 at no more memory (docs/benchmarks.md). GPU + the
     # liger-kernel package (pip install liger-kernel) needed.
     'train.liger_kernel': ((bool, ), False),
+    # Regional torch.compile of the LLM decoder layers (swift_vora/compile_layers.py): off | layers. 2B Qwen3-VL LoRA
+    # on the H200: 3.04 samples/s against 1.78 for plain swift sft (1.71x) at less memory (docs/benchmarks.md);
+    # about a minute of compile in the first step. Not applied under DeepSpeed; measured slower with liger_kernel.
+    'train.compile': ((str, ), 'off'),
     'train.dataloader_workers': ((int, ), 2),  # decode workers per GPU; each holds decoded frames in RAM
     'train.output_dir': ((str, ), 'output/swift-vora'),
     'train.add_version': ((bool, ), True),  # swift appends v<N>-<time> to output_dir (never overwrites)
@@ -178,6 +182,7 @@ def _check(values: Dict[str, Any], where: str) -> None:
                           'unsloth_split_lora'),
         'train.tuner': ('lora', 'full', 'selective'),
         'train.dtype': ('bfloat16', 'float16', 'float32'),
+        'train.compile': ('off', 'layers'),
         'deepspeed.offload': (None, 'none', 'cpu'),
         'megatron.recompute': ('full', 'selective', 'none'),
     }
