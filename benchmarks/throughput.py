@@ -470,6 +470,9 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         # (inductor fuses RMSNorm and RoPE itself; without Liger the loss is swift's, not the fused linear CE).
         'vora_gc_liger_compile': vora(True, '--use_liger_kernel', 'true', env={**vora_env, **compile_env}),
         'vora_gc_compile': vora(True, env={**vora_env, **compile_env}),
+        # + inductor's C++ wrapper (upstream switch): the compiled graphs launch their kernels from C++ instead of
+        # generated Python; the run-3 py-spy had ~20 % of the host samples in the Python wrappers. Not measured yet.
+        'vora_gc_compile_cpp': vora(True, env={**vora_env, **compile_env, 'TORCHINDUCTOR_CPP_WRAPPER': '1'}),
         # Memory calibration (docs/memory-model.md), not speed: a second video budget (4 fps -> 128 frames, twice
         # the tokens) and ZeRO-3 on one GPU, both with the LLM checkpointed.
         'cal_f128': vora(True, env={**vora_env, 'SWIFT_VORA_FPS': str(2 * float(vora_env['SWIFT_VORA_FPS'])),
