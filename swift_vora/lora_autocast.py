@@ -11,7 +11,8 @@ skipping the cast keeps the arithmetic of the LoRA matmuls (the adapters and the
 This uses PEFT's own switch (`layer.cast_input_dtype_enabled`, what `peft.helpers.disable_input_dtype_casting`
 sets). It is applied only to LoRA layers whose adapter dtype differs from the base weight dtype, and only while
 autocast is really on: a forward pre-hook (on the module that holds the repeated layers) checks
-`torch.is_autocast_enabled` at the first forward and puts PEFT's cast back if it is not (e.g. `--bf16 false`). `SWIFT_VORA_LORA_AUTOCAST_INPUTS=0` keeps PEFT's behaviour.
+`torch.is_autocast_enabled` at the first forward and puts PEFT's cast back if it is not (e.g. `--bf16 false`).
+`SWIFT_VORA_LORA_AUTOCAST_INPUTS=0` keeps PEFT's behaviour.
 """
 from __future__ import annotations
 
