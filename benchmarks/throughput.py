@@ -27,7 +27,8 @@ Measurement: a callback (this file doubles as a swift plugin: `--custom_register
 (micro-batches x batch size, gradient accumulation set explicitly), the main process's time blocked in
 `DataLoader.__next__`, and torch's peak memory. The rate is samples after the warm-up steps divided by the
 time between the end of the last warm-up step and the end of the last step. swift's own logging.jsonl gives
-its `memory(GiB)`. py-spy (if on PATH and --profile-seconds N is given) samples the trainer for N seconds inside the measured window.
+its `memory(GiB)`. py-spy (if on PATH and --profile-seconds N is given) samples the trainer for N seconds inside
+the measured window.
 
 Model FLOPs per sample (written into the JSON as `flops_formula`), frozen ViT and merger, LoRA on the LLM:
   F = 2*N_vit*P + L_vit*4*sum_g(p_g^2)*d_vit             vision tower, forward only (frozen, no input grad)
@@ -443,17 +444,18 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         vora_env = {'SWIFT_VORA_FPS': '2', 'SWIFT_VORA_MAX_FRAMES': '64', 'SWIFT_VORA_PAIR_TOKENS': '196',
                     'SWIFT_VORA_MIN_PAIR_TOKENS': '128'}
     vora_env.update({'SWIFT_VORA_MIN_FRAMES': '4', 'SWIFT_VORA_WINDOW': '0', 'SWIFT_VORA_LOG_FIRST': '2'})
-    # the CPU smoke checks the wiring with dynamo + AOT autograd; inductor's C++ codegen would take minutes there
     # The compiled path also lets the CUDA allocator grow segments instead of caching fixed blocks
     # (expandable_segments): the same allocations in less reserved memory (what swift-vora train sets).
+    # The CPU smoke checks the wiring with dynamo + AOT autograd; inductor's C++ codegen would take minutes there.
     compile_env = {'SWIFT_VORA_COMPILE': 'layers', 'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True',
                    **({'SWIFT_VORA_COMPILE_BACKEND': 'aot_eager'} if smoke else {})}
     vora_flags = ['--dataloader_num_workers', str(workers_vora), '--vit_gradient_checkpointing', 'false']
     if workers_vora > 0:  # prefetch stays at 2 per worker: a 64-frame sample is ~140 MB of float32 pixels in /dev/shm
         vora_flags += ['--dataloader_persistent_workers', 'true']
     def vora(gc: bool, *flags: str, env: Optional[Dict[str, str]] = None, **keys) -> Dict[str, Any]:
-        """A swift-vora variant: the plugin, the video_ora template, the annotations, the levers above."""
-        return {'env': env or vora_env, 'plugins': ['swift_vora'], 'template': ['--template', 'video_ora'],
+        """A swift-vora variant: the plugin, the video_ora template, the annotations, the levers above; `env` is
+        laid over the swift-vora budget env."""
+        return {'env': {**vora_env, **(env or {})}, 'plugins': ['swift_vora'], 'template': ['--template', 'video_ora'],
                 'dataset': 'annotations', 'flags': ['--gradient_checkpointing', 'true' if gc else 'false', *flags]
                 + vora_flags, **keys}
 
@@ -468,17 +470,17 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         'vora_gc_liger': vora(True, '--use_liger_kernel', 'true'),
         # + regional torch.compile of the 28 decoder layers (swift_vora/compile_layers.py), with and without Liger
         # (inductor fuses RMSNorm and RoPE itself; without Liger the loss is swift's, not the fused linear CE).
-        'vora_gc_liger_compile': vora(True, '--use_liger_kernel', 'true', env={**vora_env, **compile_env}),
-        'vora_gc_compile': vora(True, env={**vora_env, **compile_env}),
+        'vora_gc_liger_compile': vora(True, '--use_liger_kernel', 'true', env=compile_env),
+        'vora_gc_compile': vora(True, env=compile_env),
         # + inductor's C++ wrapper (upstream switch): the compiled graphs launch their kernels from C++ instead of
         # generated Python; the run-3 py-spy had ~20 % of the host samples in the Python wrappers. Not measured yet.
-        'vora_gc_compile_cpp': vora(True, env={**vora_env, **compile_env, 'TORCHINDUCTOR_CPP_WRAPPER': '1'}),
+        'vora_gc_compile_cpp': vora(True, env={**compile_env, 'TORCHINDUCTOR_CPP_WRAPPER': '1'}),
         # Memory calibration (docs/memory-model.md), not speed: a second video budget (4 fps -> 128 frames, twice
         # the tokens) and ZeRO-3 on one GPU, both with the LLM checkpointed.
-        'cal_f128': vora(True, env={**vora_env, 'SWIFT_VORA_FPS': str(2 * float(vora_env['SWIFT_VORA_FPS'])),
+        'cal_f128': vora(True, env={'SWIFT_VORA_FPS': str(2 * float(vora_env['SWIFT_VORA_FPS'])),
                                     'SWIFT_VORA_MAX_FRAMES': str(2 * int(vora_env['SWIFT_VORA_MAX_FRAMES']))},
                          other_budget=True),
-        'cal_zero3': vora(True, '--deepspeed', 'zero3', env={**vora_env, 'NPROC_PER_NODE': '1'}),
+        'cal_zero3': vora(True, '--deepspeed', 'zero3', env={'NPROC_PER_NODE': '1'}),
     }
 
 
@@ -517,7 +519,8 @@ def sft_command(args, spec: Dict[str, Any], inputs: Dict[str, str], out_dir: str
                          '--dataset', inputs[spec['dataset']],
                          '--tuner_type', 'lora', '--target_modules', 'all-linear',
                          '--attn_impl', 'sdpa', '--per_device_train_batch_size', '1',
-                         '--gradient_accumulation_steps', str(args.grad_accum), '--max_steps', str(args.steps + extra_steps),
+                         '--gradient_accumulation_steps', str(args.grad_accum),
+                         '--max_steps', str(args.steps + extra_steps),
                          '--learning_rate', '1e-4', '--logging_steps', '1', '--save_strategy', 'no',
                          '--split_dataset_ratio', '0', '--eval_strategy', 'no', '--report_to', 'none',
                          '--output_dir', out_dir, '--add_version', 'false', '--check_model', 'false',
@@ -750,7 +753,8 @@ def main(argv=None) -> int:
     parser.add_argument('--warmup-steps', type=int, default=None, help='steps not timed (default 2; smoke 1)')
     parser.add_argument('--workers-baseline', type=int, default=None, help='default 4 (smoke 1)')
     parser.add_argument('--workers-vora', type=int, default=None, help='default 12 (smoke 1)')
-    parser.add_argument('--profile-seconds', type=int, default=None, help='py-spy window inside the timed steps, seconds (default 0 = off)')
+    parser.add_argument('--profile-seconds', type=int, default=None,
+                        help='py-spy window inside the timed steps, seconds (default 0 = off)')
     parser.add_argument('--torch-profile', default='',
                         help='comma list of variants that run one extra optimizer step after the measured ones '
                              'under torch.profiler (CPU + CUDA): torch_profile.txt / .json (GPU time by kernel '

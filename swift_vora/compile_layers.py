@@ -70,7 +70,7 @@ def compile_decoder_layers(model, backend: str = 'inductor') -> int:
 
 
 def compile_counters() -> dict:
-    """What dynamo did so far: graphs compiled, graph breaks (by reason), recompiles -- logged after step 1."""
+    """What dynamo did so far: graphs compiled and graph breaks (by reason) -- logged after step 1."""
     from torch._dynamo.utils import counters
     breaks = dict(counters['graph_break'])
     return {'unique_graphs': counters['stats'].get('unique_graphs', 0),
@@ -79,6 +79,8 @@ def compile_counters() -> dict:
 
 class CompileDecoderLayers(TrainerCallback):
     """Compiles the decoder layers when training begins; logs dynamo's counters after the first optimizer step."""
+
+    compiled = 0  # how many layers this callback compiled
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.compiled = 0
@@ -99,5 +101,5 @@ class CompileDecoderLayers(TrainerCallback):
                     f'(backend={backend}); the first steps include the compile time')
 
     def on_step_end(self, args, state, control, **kwargs):
-        if getattr(self, 'compiled', 0) and state.global_step == 1:
+        if self.compiled and state.global_step == 1:
             logger.info(f'swift-vora compile: after step 1: {compile_counters()}')

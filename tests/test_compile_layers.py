@@ -20,13 +20,17 @@ def model_dir(tmp_path_factory):
     return build_qwen3_vl(str(tmp_path_factory.mktemp('qwen3vl')), 'tiny')
 
 
-@pytest.fixture
-def reentrant_checkpoint(monkeypatch):
+def force_reentrant_checkpoint(monkeypatch):
     """What swift's `_fix_gradient_checkpointing` does on one process: every checkpoint call is reentrant."""
     original = checkpoint_module.checkpoint
     monkeypatch.setattr(checkpoint_module, 'checkpoint',
                         functools.wraps(original)(lambda *a, use_reentrant=None, **k: original(
                             *a, use_reentrant=True, **k)))
+
+
+@pytest.fixture
+def reentrant_checkpoint(monkeypatch):
+    force_reentrant_checkpoint(monkeypatch)
 
 
 def lora_model(model_dir, dropout=0.0):
@@ -101,9 +105,7 @@ def test_inductor_dropout_under_checkpoint_keeps_the_masks(model_dir, monkeypatc
             if 'lora_B' in name:
                 torch.nn.init.normal_(p, std=0.5, generator=torch.Generator().manual_seed(1))
         if use_checkpoint:
-            original = checkpoint_module.checkpoint
-            monkeypatch.setattr(checkpoint_module, 'checkpoint', functools.wraps(original)(
-                lambda *a, use_reentrant=None, **k: original(*a, use_reentrant=True, **k)))
+            force_reentrant_checkpoint(monkeypatch)
         else:
             model.gradient_checkpointing_disable()
         compile_layers.compile_decoder_layers(model, backend='inductor')

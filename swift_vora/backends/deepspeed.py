@@ -24,6 +24,7 @@ import os
 from typing import Any, Dict, Mapping, Optional
 
 from ..plan import constants as C
+from ..plan.memory import DEEPSPEED_BACKENDS
 from .launch import (Launch, LaunchUsageError, PlanView, bool_arg, common_env, console_script, lora_args,
                      swift_common_args)
 from .recipe import Recipe
@@ -153,9 +154,10 @@ def build_swift_sft_launch(view: PlanView, recipe: Recipe, environ: Optional[Map
         argv += ['--use_liger_kernel', 'true']
     files: Dict[str, str] = {}
     notes = []
+    uses_deepspeed = view.backend in DEEPSPEED_BACKENDS
     if recipe['train.compile'] != 'off':
         env['SWIFT_VORA_COMPILE'] = recipe['train.compile']
-        if view.backend in ('deepspeed_zero2', 'deepspeed_zero3'):
+        if uses_deepspeed:
             notes.append(f'train.compile={recipe["train.compile"]} is not applied under DeepSpeed ({view.backend}): '
                          'the layers run uncompiled (the plugin logs it); train.backend=ddp compiles them')
         if recipe['train.liger_kernel']:
@@ -171,7 +173,7 @@ def build_swift_sft_launch(view: PlanView, recipe: Recipe, environ: Optional[Map
              str(recipe['train.save_steps']), '--logging_steps', str(recipe['train.logging_steps']), '--output_dir',
              recipe['train.output_dir'], '--add_version', bool_arg(recipe['train.add_version']), '--seed',
              str(recipe['train.seed']), '--report_to', 'none']
-    if view.backend in ('deepspeed_zero2', 'deepspeed_zero3'):
+    if uses_deepspeed:
         stage = 3 if view.backend == 'deepspeed_zero3' else 2
         offload = recipe['deepspeed.offload'] or view.offload
         config = zero_config(stage, offload, view.gpu_mem_gib, recipe['deepspeed.zero_optimization'])

@@ -88,8 +88,8 @@ def register_guards() -> None:
 
     for name in GUARDS:
         callbacks_map.setdefault(PREFIX + name, guard_class(name))
-    from ..lora_autocast import LoraAutocastInputs
-    from ..compile_layers import CompileDecoderLayers
+    from ..compile_layers import CompileDecoderLayers, mode as compile_mode
+    from ..lora_autocast import LoraAutocastInputs, enabled as lora_autocast_enabled
     callbacks_map.setdefault(LORA_AUTOCAST, LoraAutocastInputs)
     callbacks_map.setdefault(COMPILE_LAYERS, CompileDecoderLayers)
     original = SwiftMixin._get_callbacks
@@ -104,12 +104,10 @@ def register_guards() -> None:
         for name in enabled_guards():
             if PREFIX + name not in named:
                 callbacks.append(callbacks_map[PREFIX + name](args, self))
-        # Not a guard, but trainer-level like them: LoRA inputs in the autocast dtype (swift_vora/lora_autocast.py).
-        from ..lora_autocast import LoraAutocastInputs, enabled
-        if enabled() and LORA_AUTOCAST not in named:
+        # Not guards, but trainer-level like them: the speed levers (switches read when the trainer is built).
+        if lora_autocast_enabled() and LORA_AUTOCAST not in named:
             callbacks.append(LoraAutocastInputs(args, self))
-        from ..compile_layers import CompileDecoderLayers, mode
-        if mode() != 'off' and COMPILE_LAYERS not in named:
+        if compile_mode() != 'off' and COMPILE_LAYERS not in named:
             callbacks.append(CompileDecoderLayers(args, self))
         return callbacks
 
