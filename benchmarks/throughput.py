@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import gzip
 import json
 import os
 import shutil
@@ -287,6 +288,12 @@ def _install_instrumentation() -> None:
     # SWIFT_VORA_BENCH_TORCH_PROFILE=N: torch.profiler over optimizer step N (all its micro-batches)
     torch_profile_step = int(os.environ['SWIFT_VORA_BENCH_TORCH_PROFILE']) if os.environ.get(
         'SWIFT_VORA_BENCH_TORCH_PROFILE') else None
+    # SWIFT_VORA_BENCH_SYNC_DEBUG=N: count the synchronising CUDA calls of optimizer step N by call site
+    sync_debug_step = int(os.environ['SWIFT_VORA_BENCH_SYNC_DEBUG']) if os.environ.get(
+        'SWIFT_VORA_BENCH_SYNC_DEBUG') else None
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import step_timeline
+    gc_timer = step_timeline.GcTimer().start()
     lock = threading.Lock()
     progress_path = os.path.join(bench_dir, 'progress.jsonl')
     encode_path = os.path.join(bench_dir, 'encode.jsonl')
@@ -350,6 +357,8 @@ def _install_instrumentation() -> None:
 
         def on_train_begin(self, args, state_, control, **kwargs):
             state['main_pid'] = os.getpid()
+            if torch_profile_step is not None:  # phase marks, so that the trace's GPU gaps can be placed
+                step_timeline.Regions(self.trainer)
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
             _emit({'event': 'begin', 'pid': os.getpid(), 't': time.time(), 'batch_size': self.batch_size,
@@ -360,6 +369,8 @@ def _install_instrumentation() -> None:
                 self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                                torch.profiler.ProfilerActivity.CUDA])
                 self.prof.__enter__()
+            if sync_debug_step is not None and int(state_.global_step) == sync_debug_step:
+                self.syncs = step_timeline.SyncRecorder().__enter__()
 
         def on_substep_end(self, args, state_, control, **kwargs):
             self.micro += 1
@@ -369,7 +380,7 @@ def _install_instrumentation() -> None:
             self._sync()
             rec = {'event': 'step', 'step': int(state_.global_step), 'micro': self.micro,
                    'samples': self.micro * self.batch_size, 't': time.time(), 'data_wait_s': state['data_wait_s'],
-                   'batches_fetched': state['batches']}
+                   'batches_fetched': state['batches'], 'gc_s': gc_timer.snapshot()['seconds']}
             if torch.cuda.is_available():
                 rec['max_allocated_gib'] = torch.cuda.max_memory_allocated() / 2**30
                 rec['max_reserved_gib'] = torch.cuda.max_memory_reserved() / 2**30
@@ -378,6 +389,11 @@ def _install_instrumentation() -> None:
                 self.prof.__exit__(None, None, None)
                 _write_torch_profile(self.prof, bench_dir)
                 self.prof = None
+            if getattr(self, 'syncs', None) is not None:
+                self.syncs.__exit__(None, None, None)
+                with open(os.path.join(bench_dir, 'syncs.json'), 'w') as f:
+                    json.dump(self.syncs.summary(), f, indent=1)
+                self.syncs = None
 
         def on_train_end(self, args, state_, control, **kwargs):
             self._sync()
@@ -413,6 +429,8 @@ def _write_torch_profile(prof, out_dir: str) -> None:
         t = getattr(e, 'self_device_time_total', 0.0) or 0.0
         if t <= 0 or getattr(e, 'device_type', None) is None or 'CUDA' not in str(e.device_type):
             continue
+        if e.key.startswith('vora/'):  # step_timeline's phase marks: spans over kernels, not kernels
+            continue
         low = e.key.lower()
         cls = next((c for c, keys in KERNEL_CLASSES if any(k in low for k in keys)), 'other')
         by_class[cls] = by_class.get(cls, 0.0) + t
@@ -423,6 +441,16 @@ def _write_torch_profile(prof, out_dir: str) -> None:
                'by_class_fraction': {k: round(v / total, 4) for k, v in sorted(by_class.items(), key=lambda x: -x[1])},
                'top_kernels': [{'ms': round(t / 1e3, 2), 'kernel': k, 'class': c, 'calls': n}
                                for t, k, c, n in kernels[:25]]}
+    trace = os.path.join(out_dir, 'trace.json')
+    try:  # where the GPU idles in this step (step_timeline.gpu_idle), then the trace compressed for the logs
+        prof.export_chrome_trace(trace)
+        import step_timeline
+        summary['gpu_idle'] = step_timeline.gpu_idle_from_file(trace)
+        with open(trace, 'rb') as src, gzip.open(trace + '.gz', 'wb') as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(trace)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        summary['gpu_idle'] = {'error': repr(exc)}
     with open(os.path.join(out_dir, 'torch_profile.json'), 'w') as f:
         json.dump(summary, f, indent=1)
 
@@ -471,7 +499,17 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         # + regional torch.compile of the 28 decoder layers (swift_vora/compile_layers.py), with and without Liger
         # (inductor fuses RMSNorm and RoPE itself; without Liger the loss is swift's, not the fused linear CE).
         'vora_gc_liger_compile': vora(True, '--use_liger_kernel', 'true', env=compile_env),
+        # Since run 6 with swift_vora/host_overhead.py (on by default): the parameter count for the logged FLOPs
+        # taken once and the DeepStack merge without host syncs.
         'vora_gc_compile': vora(True, env=compile_env),
+        # ... with one batch in flight per DataLoader worker instead of swift's 2: a smaller backlog for the 12
+        # workers to decode next to the trainer in the first measured steps
+        'vora_gc_compile_pf1': vora(True, '--dataloader_prefetch_factor', '1', env=compile_env),
+        # ... with the checkpoint inside the compiled layers (SWIFT_VORA_COMPILE_CHECKPOINT=graph; fails to compile on
+        # torch 2.11, run 6)
+        'vora_gc_compile_graphckpt': vora(True, env={**compile_env, 'SWIFT_VORA_COMPILE_CHECKPOINT': 'graph'}),
+        # ... without swift_vora/host_overhead.py: what runs 3-5 measured as `vora_gc_compile`
+        'vora_gc_compile_r5': vora(True, env={**compile_env, 'SWIFT_VORA_HOST_OVERHEAD': '0'}),
         # + inductor's C++ wrapper (upstream switch): the compiled graphs launch their kernels from C++ instead of
         # generated Python; the run-3 py-spy had ~20 % of the host samples in the Python wrappers. Not measured yet.
         'vora_gc_compile_cpp': vora(True, env={**compile_env, 'TORCHINDUCTOR_CPP_WRAPPER': '1'}),
@@ -538,12 +576,18 @@ def run_variant(name: str, args, spec, inputs, work: str) -> Dict[str, Any]:
     os.makedirs(vdir)
     env_extra = dict(spec['env'])
     env_extra[BENCH_DIR_ENV] = vdir
-    profiled = name in args.torch_profile
-    if profiled:  # the step after the measured ones (global_step == steps when it begins)
-        env_extra['SWIFT_VORA_BENCH_TORCH_PROFILE'] = str(args.steps)
+    # Diagnostic steps run after the measured ones and are not counted: the profiled step first
+    # (global_step == steps when it begins), then the sync-debug step.
+    extra = 0
+    if name in args.torch_profile:
+        env_extra['SWIFT_VORA_BENCH_TORCH_PROFILE'] = str(args.steps + extra)
+        extra += 1
+    if name in args.sync_debug:
+        env_extra['SWIFT_VORA_BENCH_SYNC_DEBUG'] = str(args.steps + extra)
+        extra += 1
     if name.startswith('vora'):
         env_extra['SWIFT_VORA_ENCODE_LOG'] = os.path.join(vdir, 'vora_encode.jsonl')
-    cmd = sft_command(args, spec, inputs, os.path.join(vdir, 'output'), extra_steps=1 if profiled else 0)
+    cmd = sft_command(args, spec, inputs, os.path.join(vdir, 'output'), extra_steps=extra)
     log_path = os.path.join(vdir, 'sft.log')
     t0 = time.time()
     proc = run_logged(cmd, log_path, base_env(env_extra), timeout=args.variant_timeout)
@@ -645,7 +689,7 @@ def summarize_variant(name, vdir, args, command, wall, profile) -> Dict[str, Any
     progress = read_jsonl(os.path.join(vdir, 'progress.jsonl'))
     steps = [r for r in progress if r.get('event') == 'step'][:args.steps]  # not the profiled extra step
     end = next((r for r in progress if r.get('event') == 'end'), {})
-    if name in args.torch_profile:  # the peaks of the measured steps only (not the profiled one)
+    if name in args.torch_profile or name in args.sync_debug:  # the peaks of the measured steps only
         end = {}
     if len(steps) <= args.warmup_steps:
         raise SystemExit(f'{name}: only {len(steps)} steps logged (warm-up {args.warmup_steps}); see {vdir}/sft.log')
@@ -690,21 +734,31 @@ def summarize_variant(name, vdir, args, command, wall, profile) -> Dict[str, Any
         'wall_s': round(wall, 1),
         'log': os.path.relpath(os.path.join(vdir, 'sft.log'), vdir),
     }
-    if result['samples_per_s'] and result['tokens_per_sample']:
-        result['tokens_per_s'] = round(result['samples_per_s'] * result['tokens_per_sample'], 1)
     vora_enc = read_jsonl(os.path.join(vdir, 'vora_encode.jsonl'))
     if vora_enc:
+        # Tokens appended by swift_vora/shape_bucket.py: processed, but not counted as work (FLOPs, tokens/s).
+        result['tail_padding_per_sample'] = _mean([r.get('tail_padding') or 0 for r in vora_enc])
         result['vora_encode_log'] = {'samples': len(vora_enc),
                                      'frames': sorted({r.get('frames_from_tensors') for r in vora_enc}),
                                      'video_tokens': sorted({r.get('video_tokens') for r in vora_enc}),
                                      'total_tokens': sorted({r.get('total_tokens') for r in vora_enc})}
+    if result['samples_per_s'] and result['tokens_per_sample']:  # real tokens (without tail padding) per second
+        result['tokens_per_s'] = round(result['samples_per_s'] * real_tokens(result), 1)
     if profile is not None:
         result['profile'] = profile
-    torch_profile = os.path.join(vdir, 'torch_profile.json')
-    if os.path.isfile(torch_profile):
-        with open(torch_profile) as f:
-            result['torch_profile'] = json.load(f)
+    for key, fname in (('torch_profile', 'torch_profile.json'), ('syncs', 'syncs.json')):
+        path = os.path.join(vdir, fname)
+        if os.path.isfile(path):
+            with open(path) as f:
+                result[key] = json.load(f)
+    if first is not None and 'gc_s' in last and 'gc_s' in first:
+        result['gc_s_measured'] = round(last['gc_s'] - first['gc_s'], 3)
     return result
+
+
+def real_tokens(result: Dict[str, Any]) -> float:
+    """Tokens per sample without the tail padding of swift_vora/shape_bucket.py (the work a sample is)."""
+    return (result.get('tokens_per_sample') or 0) - (result.get('tail_padding_per_sample') or 0)
 
 
 def _mean(values):
@@ -759,6 +813,9 @@ def main(argv=None) -> int:
                         help='comma list of variants that run one extra optimizer step after the measured ones '
                              'under torch.profiler (CPU + CUDA): torch_profile.txt / .json (GPU time by kernel '
                              'family) next to the log; the extra step is not counted')
+    parser.add_argument('--sync-debug', default='',
+                        help='comma list of variants that run one more extra step with torch\'s CUDA sync debug mode '
+                             'on: syncs.json counts the synchronising calls made from Python, by call site')
     parser.add_argument('--name', default='throughput', help='results file name prefix (default throughput)')
     parser.add_argument('--model-dir', default=None, help='reuse a built model directory')
     parser.add_argument('--variant-timeout', type=float, default=None, help='seconds per swift sft (default none)')
@@ -791,6 +848,7 @@ def main(argv=None) -> int:
     specs = variant_specs(smoke, args.workers_baseline, args.workers_vora)
     variants = [v.strip() for v in args.variants.split(',') if v.strip()]
     args.torch_profile = [v.strip() for v in args.torch_profile.split(',') if v.strip()]
+    args.sync_debug = [v.strip() for v in args.sync_debug.split(',') if v.strip()]
     unknown = [v for v in variants if v not in specs]
     if unknown:
         raise SystemExit(f'unknown variant(s) {unknown}; known: {sorted(specs)}')
@@ -826,7 +884,7 @@ def main(argv=None) -> int:
             if name == 'baseline' or specs[name].get('other_budget'):
                 continue
             same_video = base['video_tokens_per_sample'] == r['video_tokens_per_sample']
-            rel = abs((r['tokens_per_sample'] or 0) - (base['tokens_per_sample'] or 0)) / max(1, base['tokens_per_sample'] or 1)
+            rel = abs(real_tokens(r) - real_tokens(base)) / max(1, real_tokens(base))
             checks[name] = {'video_tokens_equal': same_video, 'total_tokens_rel_diff': round(rel, 4)}
             if not same_video or rel > 0.01:
                 print(f'WARNING: {name} encodes {r["tokens_per_sample"]} tokens ({r["video_tokens_per_sample"]} video) '
@@ -839,7 +897,7 @@ def main(argv=None) -> int:
     for name, r in results.items():
         if not (r.get('tokens_per_sample') and r.get('video_grid_thw') and r.get('samples_per_s')):
             continue
-        flops = flops_per_sample(shape_name, r['tokens_per_sample'], r['video_tokens_per_sample'] or 0,
+        flops = flops_per_sample(shape_name, real_tokens(r), r['video_tokens_per_sample'] or 0,
                                  r['supervised_tokens_per_sample'] or 0, r['video_grid_thw'][0])
         r['model_flops_per_sample'] = flops
         r['mfu'] = round(flops['total'] * r['samples_per_s'] / PEAK_BF16_FLOPS, 4)

@@ -14,9 +14,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
 
 
-def _run_smoke(script, tmp_path):
+def _run_smoke(script, tmp_path, *extra):
     work, out = tmp_path / 'work', tmp_path / 'out'
-    cmd = [sys.executable, os.path.join('benchmarks', script), '--smoke', '--work', str(work), '--out', str(out)]
+    cmd = [sys.executable, os.path.join('benchmarks', script), '--smoke', '--work', str(work), '--out', str(out),
+           *extra]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-4000:] + '\n' + proc.stderr[-4000:]
     name = script.split('.')[0]
@@ -27,7 +28,7 @@ def _run_smoke(script, tmp_path):
 
 @pytest.mark.slow
 def test_throughput_smoke(tmp_path):
-    res = _run_smoke('throughput.py', tmp_path)
+    res = _run_smoke('throughput.py', tmp_path, '--torch-profile', 'vora', '--sync-debug', 'vora')
     for key in ('gpu', 'command', 'baseline_samples_per_s', 'swift_vora_samples_per_s', 'baseline_peak_gib',
                 'swift_vora_peak_gib', 'mfu', 'flops_formula', 'variants'):
         assert key in res, key
@@ -41,6 +42,11 @@ def test_throughput_smoke(tmp_path):
     assert set(res['mfu']) == {'baseline', 'vora'}
     assert '--custom_register_path swift_vora' in res['swift_vora_command']
     assert '--template video_ora' in res['swift_vora_command']
+    # The diagnostic steps ran after the measured ones (not counted) and left their reports.
+    assert vora['steps'] == 2 and '--max_steps 4' in vora['command']
+    assert vora['torch_profile']['gpu_idle'] == {'error': 'no GPU events in the trace'}  # CPU: no kernels
+    assert vora['syncs']['syncs'] == 0 and 'note' in vora['syncs']
+    assert vora['gc_s_measured'] >= 0
 
 
 @pytest.mark.slow

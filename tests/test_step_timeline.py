@@ -1,0 +1,107 @@
+"""benchmarks/step_timeline.py: where a profiled step's GPU idles, and which Python calls synchronise."""
+import os
+import sys
+import warnings
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
+
+import step_timeline  # noqa: E402
+
+
+def _x(name, cat, ts, dur, **kw):
+    return {'ph': 'X', 'name': name, 'cat': cat, 'ts': ts, 'dur': dur, **kw}
+
+
+def test_gpu_idle_splits_the_gaps_by_the_innermost_region():
+    trace = {'traceEvents': [
+        _x('vora/training_step', 'user_annotation', 0, 1000),
+        _x('vora/vision_tower', 'user_annotation', 100, 200),
+        _x('k1', 'kernel', 0, 100),
+        _x('k2', 'kernel', 150, 50),      # 50 us idle before it, inside vision_tower
+        _x('k3', 'kernel', 190, 100),     # overlaps k2: no gap
+        _x('k4', 'kernel', 700, 100),     # 410 us idle, in training_step only
+        _x('memcpy', 'gpu_memcpy', 805, 10),  # 5 us: below min_gap_us, not counted
+        _x('cudaStreamSynchronize', 'cuda_runtime', 280, 20),
+        _x('aten::nonzero', 'cpu_op', 310, 30),
+        _x('aten::nonzero', 'cpu_op', 350, 30),
+        {'ph': 'i', 'name': 'marker', 'ts': 5},
+    ]}
+    got = step_timeline.gpu_idle(trace, min_gap_us=20)
+    assert got['window_ms'] == 0.815 and got['gpu_idle_ms'] == 0.46 and got['gaps'] == 2
+    assert got['gpu_busy_ms'] == 0.35
+    assert got['idle_ms_by_region'] == {'vora/training_step': 0.41, 'vora/vision_tower': 0.05}
+    largest = got['largest_gaps'][0]
+    assert largest['ms'] == 0.41 and largest['region'] == 'vora/training_step' and largest['at_ms'] == 0.29
+    assert largest['host_call_when_idle_began'] == 'cudaStreamSynchronize'
+    assert largest['host_ops_during'] == ['aten::nonzero x2']
+
+
+def test_gpu_idle_without_kernels_says_so():
+    assert step_timeline.gpu_idle({'traceEvents': [_x('aten::mm', 'cpu_op', 0, 5)]}) == {
+        'error': 'no GPU events in the trace'}
+
+
+def _sync_here():
+    warnings.warn('called a synchronizing CUDA operation', UserWarning)
+
+
+def test_sync_recorder_counts_by_call_site_and_passes_other_warnings_on():
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter('always')
+        with step_timeline.SyncRecorder(depth=2) as rec:
+            for _ in range(3):
+                _sync_here()
+            warnings.warn('something else', UserWarning)
+    summary = rec.summary()
+    assert summary['syncs'] == 3 and summary['sites'] == 1
+    assert '_sync_here' in summary['by_site'][0]['site']
+    assert [str(w.message) for w in seen] == ['something else']
+    if torch.cuda.is_available():
+        assert torch.cuda.get_sync_debug_mode() == 0
+
+
+def test_regions_mark_the_trainer_phases_in_a_profile():
+    class Vision(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    class TextModel(torch.nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.visual, self.language = Vision(), TextModel()
+            Vision.__name__ = 'ToyVisionModel'
+            TextModel.__name__ = 'ToyTextModel'
+
+        def forward(self, x):
+            return self.language(self.visual(x))
+
+    class Accelerator:
+        def backward(self, loss):
+            loss.backward()
+
+    class Trainer:
+        def __init__(self):
+            self.model, self.accelerator = Model(), Accelerator()
+
+        def training_step(self, x):
+            loss = self.model(x).sum()
+            self.accelerator.backward(loss)
+            return loss
+
+    trainer = Trainer()
+    step_timeline.Regions(trainer)
+    step_timeline.Regions(trainer)  # a second install does not wrap twice
+    x = torch.ones(3, requires_grad=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        assert trainer.training_step(x).item() == 9.0
+    names = [e.name for e in prof.events() if e.name.startswith('vora/')]
+    assert sorted(set(names)) == ['vora/backward', 'vora/language_model', 'vora/training_step', 'vora/vision_tower']
+    assert names.count('vora/training_step') == 1
+    assert x.grad.tolist() == [2.0, 2.0, 2.0]
