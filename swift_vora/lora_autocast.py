@@ -17,18 +17,18 @@ autocast is really on: a forward pre-hook (on the module that holds the repeated
 from __future__ import annotations
 
 import logging
-import os
 from typing import List
 
 from swift.callbacks import TrainerCallback
+
+from . import env_switch
 
 ENV = 'SWIFT_VORA_LORA_AUTOCAST_INPUTS'
 logger = logging.getLogger('swift')
 
 
 def enabled(environ=None) -> bool:
-    environ = os.environ if environ is None else environ
-    return environ.get(ENV, '1').strip().lower() not in ('0', 'false', 'no', 'off')
+    return env_switch.flag(ENV, environ)
 
 
 def upcasting_lora_layers(model) -> List:

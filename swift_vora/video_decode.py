@@ -13,21 +13,13 @@ are kept. Applied in the process that decodes (the template's video path), once 
 """
 from __future__ import annotations
 
-import os
+from . import env_switch
 
 ENV = 'SWIFT_VORA_DECODE_THREADS'
 
 
 def decoder_threads(environ=None) -> int:
-    environ = os.environ if environ is None else environ
-    raw = environ.get(ENV, '1').strip() or '1'
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f'{ENV}={raw!r}: expected a whole number of threads (0 = decord default)') from None
-    if value < 0:
-        raise ValueError(f'{ENV}={raw!r}: expected 0 or more threads')
-    return value
+    return env_switch.count(ENV, environ, default=1, unit='threads (0 = decord default)')
 
 
 def limit_decord_threads(environ=None) -> int:
