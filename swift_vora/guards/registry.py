@@ -10,8 +10,9 @@ Selection, read when the trainer is built:
 - `SWIFT_VORA_GUARDS=all` (default) | `none` | a comma list of names, optionally starting from `all` and
   removing some: `all,-memory,-verify_adapter`.
 - `SWIFT_VORA_GUARD_<NAME>=0|1` overrides one guard either way (e.g. `SWIFT_VORA_GUARD_VERIFY_ADAPTER=0`).
-The same wrap appends two speed levers that are not guards: `vora_lora_autocast` (swift_vora/lora_autocast.py)
-unless `SWIFT_VORA_LORA_AUTOCAST_INPUTS=0`, and `vora_compile_layers` (swift_vora/compile_layers.py) when
+The same wrap appends three speed levers that are not guards: `vora_lora_autocast` (swift_vora/lora_autocast.py)
+unless `SWIFT_VORA_LORA_AUTOCAST_INPUTS=0`, `vora_host_overhead` (swift_vora/host_overhead.py) unless
+`SWIFT_VORA_HOST_OVERHEAD=0`, and `vora_compile_layers` (swift_vora/compile_layers.py) when
 `SWIFT_VORA_COMPILE=layers`.
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ GUARDS: Dict[str, tuple] = {
 _TRUE, _FALSE = ('1', 'true', 'yes', 'on'), ('0', 'false', 'no', 'off')
 LORA_AUTOCAST = PREFIX + 'lora_autocast'  # a default callback that is not a guard (SWIFT_VORA_LORA_AUTOCAST_INPUTS)
 COMPILE_LAYERS = PREFIX + 'compile_layers'  # opt-in, not a guard (SWIFT_VORA_COMPILE=layers)
+HOST_OVERHEAD = PREFIX + 'host_overhead'  # a default callback that is not a guard (SWIFT_VORA_HOST_OVERHEAD)
 
 
 def enabled_guards(environ: Optional[Dict[str, str]] = None) -> List[str]:
@@ -89,8 +91,10 @@ def register_guards() -> None:
     for name in GUARDS:
         callbacks_map.setdefault(PREFIX + name, guard_class(name))
     from ..compile_layers import CompileDecoderLayers, mode as compile_mode
+    from ..host_overhead import HostOverhead, enabled as host_overhead_enabled
     from ..lora_autocast import LoraAutocastInputs, enabled as lora_autocast_enabled
     callbacks_map.setdefault(LORA_AUTOCAST, LoraAutocastInputs)
+    callbacks_map.setdefault(HOST_OVERHEAD, HostOverhead)
     callbacks_map.setdefault(COMPILE_LAYERS, CompileDecoderLayers)
     original = SwiftMixin._get_callbacks
     if getattr(original, '_swift_vora_guards', False):
@@ -107,6 +111,8 @@ def register_guards() -> None:
         # Not guards, but trainer-level like them: the speed levers (switches read when the trainer is built).
         if lora_autocast_enabled() and LORA_AUTOCAST not in named:
             callbacks.append(LoraAutocastInputs(args, self))
+        if host_overhead_enabled() and HOST_OVERHEAD not in named:
+            callbacks.append(HostOverhead(args, self))
         if compile_mode() != 'off' and COMPILE_LAYERS not in named:
             callbacks.append(CompileDecoderLayers(args, self))
         return callbacks

@@ -1,0 +1,135 @@
+"""Host work in the training loop that a host-bound step pays for in GPU idle time; three narrow fixes.
+
+With the decoder layers compiled (swift_vora/compile_layers.py) the H200 step of the 2B Qwen3-VL LoRA benchmark
+is limited by the host, not the GPU: every millisecond the Python side spends between kernel launches while the
+launch queue is empty is a millisecond the GPU waits. A trace of one step (benchmarks/step_timeline.py,
+docs/benchmarks.md) showed such costs that change nothing in what is trained:
+
+- `Trainer.floating_point_ops` (transformers), called after every micro-batch for the logged `total_flos`, counts
+  the model's parameters each time: `num_parameters(exclude_embeddings=True)` walks every module and parameter
+  (2,657 modules with LoRA on the 2B shape: 23 ms per call on a 2-core development machine). The count cannot change
+  while training runs, so it is taken once per model; the returned FLOPs are the same number.
+- The DeepStack merge of Qwen3-VL / Qwen3.5 (`_deepstack_process`, in transformers and as ms-swift replaces it)
+  adds the vision features into the first decoder layers with boolean-mask indexing, `hidden[mask, :]` read and
+  written: two device-to-host syncs per layer (the number of selected rows), six per sample, each draining the
+  launch queue in the middle of the forward. The same sum is computed without reading the mask on the host:
+  the features are scattered into a zero tensor in mask order (`masked_scatter`, which checks sizes on the device)
+  and added. Rows outside the mask add exactly 0, rows inside get the same bf16 sum, so the result is identical
+  (tests/test_host_overhead.py). Kept: ms-swift's sequence-parallel split, and vision features that require grad
+  (an unfrozen ViT: their backward, masked_select, syncs anyway).
+
+- `model.train()`, which transformers' `training_step` calls at the start of every micro-batch, walks all modules
+  recursively (13 ms for the 2B shape with LoRA on the same machine) while the GPU, drained by the previous
+  micro-batch's loss check, waits. When every module already has the flag a full call would leave it with (the
+  state after the last full `train()`), the call returns at once; any other state (after `eval()`, a module switched
+  by hand) takes the full call. The check reads one attribute per module (~0.3 ms).
+
+Installed by the `vora_host_overhead` callback when training begins (on by default; `SWIFT_VORA_HOST_OVERHEAD=0`
+leaves all three untouched).
+"""
+from __future__ import annotations
+
+import logging
+
+from swift.callbacks import TrainerCallback
+
+from . import env_switch
+
+ENV = 'SWIFT_VORA_HOST_OVERHEAD'
+logger = logging.getLogger('swift')
+
+
+def enabled(environ=None) -> bool:
+    return env_switch.flag(ENV, environ)
+
+
+def count_parameters_once(trainer) -> None:
+    """Make `trainer.floating_point_ops` count the model's parameters once per model (same value as transformers)."""
+    original = trainer.floating_point_ops
+    if getattr(original, '_swift_vora', False):
+        return
+    counts = {}
+
+    def floating_point_ops(inputs):
+        model = trainer.model
+        main_input = getattr(model, 'main_input_name', 'input_ids')
+        if main_input in inputs and hasattr(model, 'num_parameters'):
+            if id(model) not in counts:
+                counts[id(model)] = model.num_parameters(exclude_embeddings=True)
+            return 6 * inputs[main_input].numel() * counts[id(model)]
+        return original(inputs)
+
+    floating_point_ops._swift_vora = True
+    trainer.floating_point_ops = floating_point_ops
+
+
+def skip_repeated_train_mode(model) -> bool:
+    """Make `model.train()` return at once while every module still has the flag the last full call left it with.
+
+    Returns False when already installed."""
+    original = model.train
+    if getattr(original, '_swift_vora', False):
+        return False
+    modules = list(model.modules())
+    state = {'flags': None}  # every module's `training` after the last full train(True)
+
+    def train(mode: bool = True):
+        flags = state['flags']
+        if mode is True and flags is not None and all(m.training is f for m, f in zip(modules, flags)):
+            return model
+        result = original(mode)
+        state['flags'] = [m.training for m in modules] if mode is True else None
+        return result
+
+    train._swift_vora = True
+    model.train = train
+    return True
+
+
+def _sequence_parallel() -> bool:
+    try:
+        from swift.sequence_parallel import sequence_parallel
+    except ImportError:
+        return False
+    return bool(sequence_parallel.world_size and sequence_parallel.world_size > 1)
+
+
+def sync_free_deepstack(model) -> int:
+    """Replace `_deepstack_process` on every module of `model` that has one; returns how many were replaced."""
+    import torch
+    replaced = 0
+    for module in model.modules():
+        original = getattr(module, '_deepstack_process', None)
+        if original is None or getattr(original, '_swift_vora', False):
+            continue
+
+        def _deepstack_process(hidden_states, visual_pos_masks, visual_embeds, _original=original):
+            if visual_pos_masks is None or visual_embeds.requires_grad or _sequence_parallel():
+                return _original(hidden_states, visual_pos_masks, visual_embeds)
+            mask = visual_pos_masks.to(hidden_states.device)
+            if hidden_states.ndim == 3 and mask.ndim == 3:
+                mask = mask[..., 0]
+            embeds = visual_embeds.to(hidden_states.device, hidden_states.dtype)
+            added = torch.zeros_like(hidden_states).masked_scatter(mask.unsqueeze(-1), embeds)
+            return hidden_states + added
+
+        _deepstack_process._swift_vora = True
+        module._deepstack_process = _deepstack_process
+        replaced += 1
+    return replaced
+
+
+class HostOverhead(TrainerCallback):
+    """Installs both fixes on the trainer and its model when training begins."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if not enabled():
+            return
+        count_parameters_once(self.trainer)
+        model = model if model is not None else self.trainer.model
+        deepstack = sync_free_deepstack(model)
+        for candidate in {id(m): m for m in (model, getattr(self.trainer, 'model_wrapped', None)) if m is not None}.values():
+            skip_repeated_train_mode(candidate)
+        logger.info('swift-vora host overhead: parameters counted once for the logged FLOPs; '
+                    f'{deepstack} DeepStack merge(s) without host syncs; model.train() skips the module walk when '
+                    f'nothing changed ({ENV}=0 to keep all three as they were)')

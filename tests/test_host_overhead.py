@@ -1,0 +1,162 @@
+"""swift_vora/host_overhead.py: the logged FLOPs without re-counting parameters, and the DeepStack merge without
+host syncs -- both must leave every number exactly as transformers / ms-swift compute it."""
+import types
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import Trainer
+
+from swift_vora import host_overhead
+
+
+class CountingModel(torch.nn.Module):
+    main_input_name = 'input_ids'
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+        self.proj = torch.nn.Linear(4, 3)
+        self.calls = 0
+
+    def num_parameters(self, exclude_embeddings=False):
+        self.calls += 1
+        return sum(p.numel() for n, p in self.named_parameters() if not (exclude_embeddings and 'embed' in n))
+
+
+def test_floating_point_ops_same_value_counted_once():
+    model = CountingModel()
+    trainer = types.SimpleNamespace(model=model)
+    trainer.floating_point_ops = types.MethodType(Trainer.floating_point_ops, trainer)
+    inputs = {'input_ids': torch.zeros(1, 7, dtype=torch.long)}
+    expected = trainer.floating_point_ops(inputs)  # transformers' own: 6 * tokens * parameters
+    assert expected == 6 * 7 * 15 and model.calls == 1
+    host_overhead.count_parameters_once(trainer)
+    host_overhead.count_parameters_once(trainer)  # idempotent
+    assert [trainer.floating_point_ops(inputs) for _ in range(3)] == [expected] * 3
+    assert trainer.floating_point_ops({'input_ids': torch.zeros(2, 5, dtype=torch.long)}) == 6 * 10 * 15
+    assert model.calls == 2  # once more, not once per call
+    assert trainer.floating_point_ops({'pixel_values': torch.zeros(3)}) == 0  # no main input: transformers' path
+
+
+class OpsSeen(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+class TextModel(torch.nn.Module):
+    """The transformers 5.17 Qwen3-VL text model's merge, verbatim (boolean-mask read and write)."""
+
+    def _deepstack_process(self, hidden_states, visual_pos_masks, visual_embeds):
+        visual_pos_masks = visual_pos_masks.to(hidden_states.device)
+        visual_embeds = visual_embeds.to(hidden_states.device, hidden_states.dtype)
+        hidden_states = hidden_states.clone()
+        local_this = hidden_states[visual_pos_masks, :] + visual_embeds
+        hidden_states[visual_pos_masks, :] = local_this
+        return hidden_states
+
+
+class Wrapper(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.language_model = TextModel()
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float32])
+def test_deepstack_merge_is_identical_without_mask_indexing(dtype):
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(1, 50, 8, generator=gen).to(dtype).requires_grad_()
+    mask = torch.zeros(1, 50, dtype=torch.bool)
+    mask[0, 5:25] = True
+    mask[0, 30:33] = True
+    embeds = torch.randn(int(mask.sum()), 8, generator=gen)  # float32 from the vision tower, cast inside
+    model = Wrapper()
+    with OpsSeen() as seen:
+        reference = model.language_model._deepstack_process(hidden, mask, embeds)
+    # boolean-mask indexing: on CUDA its nonzero reads the row count on the host (a sync)
+    assert {'aten.index', 'aten.index_put_'} <= seen.ops
+    ref_grad, = torch.autograd.grad(reference.float().square().sum(), hidden)
+
+    assert host_overhead.sync_free_deepstack(model) == 1
+    assert host_overhead.sync_free_deepstack(model) == 0  # already replaced
+    with OpsSeen() as seen:
+        merged = model.language_model._deepstack_process(hidden, mask, embeds)
+    assert not {'aten.index', 'aten.index_put_', 'aten.nonzero'} & seen.ops and 'aten.masked_scatter' in seen.ops
+    assert torch.equal(merged, reference)
+    grad, = torch.autograd.grad(merged.float().square().sum(), hidden)
+    assert torch.equal(grad, ref_grad)
+
+
+def test_deepstack_keeps_the_original_when_it_must():
+    calls = []
+
+    class Text(torch.nn.Module):
+        def _deepstack_process(self, hidden_states, visual_pos_masks, visual_embeds):
+            calls.append(visual_pos_masks)
+            return hidden_states
+
+    model = torch.nn.Sequential(Text())
+    host_overhead.sync_free_deepstack(model)
+    hidden = torch.zeros(1, 4, 2)
+    model[0]._deepstack_process(hidden, None, torch.zeros(2))  # no visual tokens
+    model[0]._deepstack_process(hidden, torch.ones(1, 4, dtype=torch.bool),
+                                torch.zeros(4, 2, requires_grad=True))  # an unfrozen vision tower
+    assert len(calls) == 2
+
+
+def test_callback_switch(monkeypatch):
+    model = Wrapper()
+    trainer = types.SimpleNamespace(model=model, floating_point_ops=lambda inputs: 1)
+    callback = host_overhead.HostOverhead(types.SimpleNamespace(), trainer)
+    monkeypatch.setenv(host_overhead.ENV, '0')
+    callback.on_train_begin(None, None, None, model=model)
+    assert not hasattr(trainer.floating_point_ops, '_swift_vora')
+    assert not hasattr(model.language_model._deepstack_process, '_swift_vora')
+    monkeypatch.delenv(host_overhead.ENV)
+    callback.on_train_begin(None, None, None, model=model)
+    assert trainer.floating_point_ops._swift_vora and model.language_model._deepstack_process._swift_vora
+
+
+class Leaf(torch.nn.Module):
+    walks = 0
+
+    def train(self, mode=True):
+        Leaf.walks += 1
+        return super().train(mode)
+
+
+class Frozen(torch.nn.Module):
+    """Like ms-swift's frozen vision tower: stays in eval whatever train() is asked."""
+
+    def train(self, mode=True):
+        Leaf.walks += 1
+        return super().train(False)
+
+
+def test_train_mode_skips_the_walk_only_when_nothing_changed():
+    model = torch.nn.Sequential(Leaf(), torch.nn.Sequential(Leaf(), Frozen()))
+    assert host_overhead.skip_repeated_train_mode(model) is True
+    assert host_overhead.skip_repeated_train_mode(model) is False  # installed once
+
+    def flags():
+        return [m.training for m in model.modules()]
+
+    Leaf.walks = 0
+    assert model.train() is model and Leaf.walks == 3  # the first call walks
+    expected = flags()
+    assert expected == [True, True, True, True, False]
+    for _ in range(3):
+        model.train()
+    assert Leaf.walks == 3 and flags() == expected  # nothing changed: no walk
+    model.eval()  # nn.Module.eval -> train(False): a full walk, and the next train() walks again
+    assert not any(flags()) and Leaf.walks == 6
+    model.train()
+    assert flags() == expected and Leaf.walks == 9
+    model[1][0].eval()  # one module switched by hand (its own train(False): one call)
+    model.train()
+    assert flags() == expected and Leaf.walks == 13
