@@ -7,13 +7,26 @@ layer with inductor fuses the elementwise work around the matmuls into a few Tri
 per-op Python dispatch and autograd bookkeeping with one compiled forward and one compiled backward.
 
 This is PyTorch's "regional compilation" recipe (https://pytorch.org/tutorials/recipes/regional_compilation.html):
-`nn.Module.compile()` on every layer of the repeated block, in place, so parameter names, PEFT's adapter saving and
-transformers' gradient checkpointing (which calls the layer inside `torch.utils.checkpoint`) are unchanged. The
-layers share one compiled graph per grad mode and shape class (dynamo inlines the module and lifts its parameters),
-so 28 layers compile once, not 28 times. The first steps pay the compile (about a minute on the H200 host).
-PEFT's LoRA dropout is fused by inductor with its own RNG; gradient checkpointing stays exact because the
-checkpointed forward (no-grad graph) and its recompute (training graph) draw the same masks from the RNG state that
-`torch.utils.checkpoint` restores (tests/test_compile_layers.py checks this on CPU and, marked gpu, on CUDA).
+`nn.Module.compile()` on every layer of the repeated block, in place, so parameter names and PEFT's adapter saving
+are unchanged. The layers share one compiled graph per grad mode and shape class (dynamo inlines the module and lifts
+its parameters), so 28 layers compile once, not 28 times. The first steps pay the compile (about a minute on the H200
+host). PEFT's LoRA dropout is fused by inductor with its own RNG.
+
+Where gradient checkpointing runs (`SWIFT_VORA_COMPILE_CHECKPOINT`):
+- `eager` (default; runs 3-6 of docs/benchmarks.md): transformers' (reentrant) checkpoint around each compiled
+  layer. Every layer's backward goes through Python first (CheckpointFunction: RNG state fork, input detach, a
+  guarded call of the compiled training graph, a nested autograd.backward); the diagnostic trace of this path shows
+  the GPU waiting between those calls.
+- `graph`: the layer's forward wrapped in `torch.utils.checkpoint.checkpoint`, which dynamo traces as an
+  activation-checkpoint region: the forward saves only the layer's inputs and the recompute runs inside the compiled
+  backward -- one compiled forward and one compiled backward per layer, as torchtitan does it. Correct with torch
+  2.14 (CPU tests below), but on the H200's torch 2.11 inductor's partitioner rejects the graph (`AssertionError:
+  Node add_538 was invalid, but is output`, run 6), so it is opt-in until that torch is replaced.
+Dropout stays exact either way. Inside the graph, AOTAutograd replays the forward's RNG state in the recompute (under
+`aot_eager` training is bit-identical to eager reentrant checkpointing with the same seed; with inductor the gradient
+is the derivative of the loss that was computed). Around it, the checkpointed forward (no-grad graph) and its
+recompute (training graph) draw the same masks from the RNG state `torch.utils.checkpoint` restores.
+tests/test_compile_layers.py checks these on CPU and, marked gpu, on CUDA.
 
 `SWIFT_VORA_COMPILE=layers` turns it on (recipe key `train.compile: layers`); it is off by default because on a CPU
 or a tiny model the compile costs more than it saves. Not applied under DeepSpeed (ZeRO-3 gathers parameters in
@@ -30,7 +43,9 @@ from swift.callbacks import TrainerCallback
 
 ENV = 'SWIFT_VORA_COMPILE'
 BACKEND_ENV = 'SWIFT_VORA_COMPILE_BACKEND'
+CHECKPOINT_ENV = 'SWIFT_VORA_COMPILE_CHECKPOINT'
 MODES = ('off', 'layers')
+CHECKPOINT_PLACES = ('graph', 'eager')
 logger = logging.getLogger('swift')
 
 
@@ -41,6 +56,15 @@ def mode(environ=None) -> str:
         value = 'off'
     if value not in MODES:
         raise ValueError(f'{ENV}={value!r}: expected one of {", ".join(MODES)}')
+    return value
+
+
+def checkpoint_place(environ=None) -> str:
+    """Where a compiled layer's gradient checkpointing runs: `graph` (inside the compiled region) or `eager`."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(CHECKPOINT_ENV, 'eager').strip().lower() or 'eager'
+    if value not in CHECKPOINT_PLACES:
+        raise ValueError(f'{CHECKPOINT_ENV}={value!r}: expected one of {", ".join(CHECKPOINT_PLACES)}')
     return value
 
 
@@ -61,11 +85,58 @@ def decoder_layers(model) -> List:
     return best
 
 
-def compile_decoder_layers(model, backend: str = 'inductor') -> int:
-    """`layer.compile()` on every decoder layer (in place); returns how many layers."""
+def checkpointed_forward(self, *args, **kwargs):
+    """A decoder layer's forward inside `torch.utils.checkpoint` when training with grad (traced by dynamo as an
+    activation-checkpoint region of the compiled graph); the plain forward otherwise (eval, no_grad)."""
+    import functools
+
+    import torch
+    forward = functools.partial(type(self).forward, self)
+    if self.training and torch.is_grad_enabled():
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    return forward(*args, **kwargs)
+
+
+def _with_plain_checkpoint(compiled):
+    """Run `compiled` with torch's own `torch.utils.checkpoint.checkpoint` in place.
+
+    ms-swift's `_fix_gradient_checkpointing` replaces that function by one that forces its `use_reentrant` choice
+    (True on one process) and keeps torch's as `_old_checkpoint`. Compiling the activation-checkpoint region calls
+    `checkpoint(..., use_reentrant=False, context_fn=...)` from inside torch (`tag_activation_checkpoint`), which
+    the forced reentrant variant rejects. Only the compiled layers' calls (where tracing happens) see torch's own;
+    every other checkpoint call keeps ms-swift's."""
+    import torch.utils.checkpoint as checkpoint_module
+
+    def call(*args, **kwargs):
+        current = checkpoint_module.checkpoint
+        original = getattr(checkpoint_module, '_old_checkpoint', None)
+        if original is None or current is original:
+            return compiled(*args, **kwargs)
+        checkpoint_module.checkpoint = original
+        try:
+            return compiled(*args, **kwargs)
+        finally:
+            checkpoint_module.checkpoint = current
+
+    return call
+
+
+def compile_decoder_layers(model, backend: str = 'inductor', checkpoint: str = 'eager') -> int:
+    """`layer.compile()` on every decoder layer (in place); returns how many layers.
+
+    With `checkpoint='graph'`, layers that transformers checkpoints (`gradient_checkpointing` set by
+    `gradient_checkpointing_enable`) are checkpointed inside the compiled region instead: transformers' wrapper is
+    switched off for them and `checkpointed_forward` becomes their forward."""
+    import types
     layers = decoder_layers(model)
     for layer in layers:
+        inside = checkpoint == 'graph' and getattr(layer, 'gradient_checkpointing', False)
+        if inside:
+            layer.gradient_checkpointing = False
+            layer.forward = types.MethodType(checkpointed_forward, layer)
         layer.compile(backend=backend)
+        if inside:
+            layer._compiled_call_impl = _with_plain_checkpoint(layer._compiled_call_impl)
     return len(layers)
 
 
@@ -92,13 +163,18 @@ class CompileDecoderLayers(TrainerCallback):
                            'would be traced into the compiled layers); training runs uncompiled')
             return
         backend = os.environ.get(BACKEND_ENV, 'inductor').strip() or 'inductor'
-        self.compiled = compile_decoder_layers(model, backend=backend)
+        place = checkpoint_place()
+        checkpointed = sum(bool(getattr(layer, 'gradient_checkpointing', False)) for layer in decoder_layers(model))
+        self.compiled = compile_decoder_layers(model, backend=backend, checkpoint=place)
         if not self.compiled:
             logger.warning(f'swift-vora compile: {ENV}=layers but no repeated *DecoderLayer list was found in '
                            f'{type(model).__name__}; training runs uncompiled')
             return
+        where = (f'; gradient checkpointing of {checkpointed} layers ' + (
+            'inside the compiled graph' if place == 'graph' else "around the compiled layer (transformers')")
+            if checkpointed else '')
         logger.info(f'swift-vora compile: {self.compiled} decoder layers compiled with torch.compile '
-                    f'(backend={backend}); the first steps include the compile time')
+                    f'(backend={backend}){where}; the first steps include the compile time')
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.compiled and state.global_step == 1:
