@@ -12,6 +12,8 @@ What it adds over ms-swift's `qwen3_vl` template:
 - Every encoded sample is reported: frames, `video_grid_thw`, video tokens, total and supervised tokens
   (the first few at INFO, all of them as JSONL in `SWIFT_VORA_ENCODE_LOG`, which `swift-vora train` and
   the guards point into the output directory).
+- Training encodes can be padded at their end to a multiple of N tokens (shape_bucket.py; on with compiled
+  decoder layers): fewer distinct lengths for the kernels, nothing changed for the real tokens.
 The same class serves Qwen3-VL (dense/MoE) and Qwen3.5 (dense/MoE): the vision token ids are read from
 the tokenizer rather than hard-coded.
 """
@@ -28,6 +30,7 @@ from swift.template import register_template
 from swift.template.templates.qwen import QwenTemplateMeta, Qwen3VLTemplate
 from swift.utils import get_logger
 
+from . import shape_bucket
 from .budget import FRAME_FACTOR, VideoBudget
 
 logger = get_logger()
@@ -149,9 +152,12 @@ class VideoOraTemplate(Qwen3VLTemplate):
                 self._frame_cap = new_cap
         finally:
             self._frame_cap = None
-        report = self._report(inputs, encoded, reductions)
+        padding = shape_bucket.padding_for(len(encoded['input_ids']), shape_bucket.pad_multiple(),
+                                           self.max_length) if self.is_training else 0
+        report = self._report(inputs, encoded, reductions, tail_padding=padding)
         if self.is_training and report['supervised_tokens'] == 0:
             raise SampleRejected(f'{self._sample_name(inputs)}: no supervised tokens (empty answer?)')
+        shape_bucket.pad_tail(encoded, padding, self.tokenizer.pad_token_id)
         return encoded
 
     def _sample_name(self, inputs) -> str:
@@ -161,7 +167,7 @@ class VideoOraTemplate(Qwen3VLTemplate):
             name = inputs.videos[0] if isinstance(inputs.videos[0], str) else 'video'
         return f'sample {name}'
 
-    def _report(self, inputs, encoded, reductions) -> Dict[str, Any]:
+    def _report(self, inputs, encoded, reductions, tail_padding: int = 0) -> Dict[str, Any]:
         input_ids = encoded['input_ids']
         labels = encoded.get('labels')
         grid = encoded.get('video_grid_thw')
@@ -175,6 +181,7 @@ class VideoOraTemplate(Qwen3VLTemplate):
             'total_tokens': len(input_ids),
             'supervised_tokens': sum(1 for t in labels if t != -100) if labels is not None else 0,
             'frame_reductions': reductions,
+            'tail_padding': tail_padding,  # pad tokens appended after this report's counts (shape_bucket.py)
             'source': 'read from the encoded tensors',
         }
         cap = max((r['budget']['max_video_tokens'] or 0) for r in self._video_reports) if self._video_reports else 0
