@@ -21,12 +21,13 @@ Where gradient checkpointing runs (`SWIFT_VORA_COMPILE_CHECKPOINT`):
   activation-checkpoint region: the forward saves only the layer's inputs and the recompute runs inside the compiled
   backward -- one compiled forward and one compiled backward per layer, as torchtitan does it. Correct with torch
   2.14 (CPU tests below), but on the H200's torch 2.11 inductor's partitioner rejects the graph (`AssertionError:
-  Node add_538 was invalid, but is output`, run 6), so it is opt-in until that torch is replaced.
+  Node add_538 was invalid, but is output`, the check call of run 6), so it is opt-in until that stack's torch is
+  newer.
 Dropout stays exact either way. Inside the graph, AOTAutograd replays the forward's RNG state in the recompute (under
 `aot_eager` training is bit-identical to eager reentrant checkpointing with the same seed; with inductor the gradient
 is the derivative of the loss that was computed). Around it, the checkpointed forward (no-grad graph) and its
 recompute (training graph) draw the same masks from the RNG state `torch.utils.checkpoint` restores.
-tests/test_compile_layers.py checks these on CPU and, marked gpu, on CUDA.
+tests/test_compile_layers.py checks both on CPU, and the around-the-layer masks on CUDA too (marked gpu).
 
 `SWIFT_VORA_COMPILE=layers` turns it on (recipe key `train.compile: layers`); it is off by default because on a CPU
 or a tiny model the compile costs more than it saves. Not applied under DeepSpeed (ZeRO-3 gathers parameters in

@@ -17,7 +17,6 @@ docs/benchmarks.md) showed such costs that change nothing in what is trained:
   and added. Rows outside the mask add exactly 0, rows inside get the same bf16 sum, so the result is identical
   (tests/test_host_overhead.py). Kept: ms-swift's sequence-parallel split, and vision features that require grad
   (an unfrozen ViT: their backward, masked_select, syncs anyway).
-
 - `model.train()`, which transformers' `training_step` calls at the start of every micro-batch, walks all modules
   recursively (13 ms for the 2B shape with LoRA on the same machine) while the GPU, drained by the previous
   micro-batch's loss check, waits. When every module already has the flag a full call would leave it with (the
@@ -120,7 +119,7 @@ def sync_free_deepstack(model) -> int:
 
 
 class HostOverhead(TrainerCallback):
-    """Installs both fixes on the trainer and its model when training begins."""
+    """Installs the three fixes on the trainer and its model when training begins."""
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if not enabled():
@@ -128,7 +127,8 @@ class HostOverhead(TrainerCallback):
         count_parameters_once(self.trainer)
         model = model if model is not None else self.trainer.model
         deepstack = sync_free_deepstack(model)
-        for candidate in {id(m): m for m in (model, getattr(self.trainer, 'model_wrapped', None)) if m is not None}.values():
+        wrapped = getattr(self.trainer, 'model_wrapped', None)  # what training_step gets when something wraps it
+        for candidate in [model] + ([wrapped] if wrapped is not None and wrapped is not model else []):
             skip_repeated_train_mode(candidate)
         logger.info('swift-vora host overhead: parameters counted once for the logged FLOPs; '
                     f'{deepstack} DeepStack merge(s) without host syncs; model.train() skips the module walk when '

@@ -174,7 +174,8 @@ def test_inductor_checkpoint_in_graph_gradient_is_that_of_the_computed_loss(mode
 
 @pytest.mark.slow
 def test_inductor_dropout_under_checkpoint_keeps_the_masks(model_dir, monkeypatch):
-    """Checkpointing around the compiled layer (`SWIFT_VORA_COMPILE_CHECKPOINT=eager`). Inductor itself (C++ kernels on CPU) with LoRA dropout: checkpointing must not change what is trained. The
+    """Checkpointing around the compiled layer (`SWIFT_VORA_COMPILE_CHECKPOINT=eager`). Inductor itself (C++
+    kernels on CPU) with LoRA dropout: checkpointing must not change what is trained. The
     checkpointed forward runs the no-grad graph and its recompute the training graph; had either drawn other
     dropout masks, loss and gradients would move as far as with another seed (the contrast below), not by the
     bf16 rounding of differently fused kernels."""
