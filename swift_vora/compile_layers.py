@@ -42,6 +42,8 @@ from typing import List
 
 from swift.callbacks import TrainerCallback
 
+from . import env_switch
+
 ENV = 'SWIFT_VORA_COMPILE'
 BACKEND_ENV = 'SWIFT_VORA_COMPILE_BACKEND'
 CHECKPOINT_ENV = 'SWIFT_VORA_COMPILE_CHECKPOINT'
@@ -51,22 +53,12 @@ logger = logging.getLogger('swift')
 
 
 def mode(environ=None) -> str:
-    environ = os.environ if environ is None else environ
-    value = environ.get(ENV, 'off').strip().lower() or 'off'
-    if value in ('0', 'false', 'no', 'none'):
-        value = 'off'
-    if value not in MODES:
-        raise ValueError(f'{ENV}={value!r}: expected one of {", ".join(MODES)}')
-    return value
+    return env_switch.choice(ENV, MODES, environ, aliases={k: 'off' for k in ('0', 'false', 'no', 'none')})
 
 
 def checkpoint_place(environ=None) -> str:
     """Where a compiled layer's gradient checkpointing runs: `graph` (inside the compiled region) or `eager`."""
-    environ = os.environ if environ is None else environ
-    value = environ.get(CHECKPOINT_ENV, 'eager').strip().lower() or 'eager'
-    if value not in CHECKPOINT_PLACES:
-        raise ValueError(f'{CHECKPOINT_ENV}={value!r}: expected one of {", ".join(CHECKPOINT_PLACES)}')
-    return value
+    return env_switch.choice(CHECKPOINT_ENV, CHECKPOINT_PLACES, environ, default='eager')
 
 
 def decoder_layers(model) -> List:

@@ -1,10 +1,10 @@
-"""The speed levers' environment switches, read one way: on/off flags and whole-number counts.
+"""The speed levers' environment switches, read one way: on/off flags, whole-number counts and named choices.
 
 Each lever module names its variable and default; a bad value raises an error that quotes `NAME=value`."""
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 OFF = ('0', 'false', 'no', 'off')
 
@@ -30,4 +30,17 @@ def count(name: str, environ: Optional[Mapping[str, str]] = None, default: int =
         raise ValueError(f'{name}={raw!r}: expected a whole number of {unit}') from None
     if value < 0:
         raise ValueError(f'{name}={raw!r}: expected 0 or more {unit}')
+    return value
+
+
+def choice(name: str, choices: Sequence[str], environ: Optional[Mapping[str, str]] = None,
+           default: Optional[str] = None, aliases: Optional[Mapping[str, str]] = None) -> str:
+    """One of `choices` (case-insensitive; unset or empty gives `default`, the first choice if None); `aliases` map
+    other spellings to a choice."""
+    environ = os.environ if environ is None else environ
+    default = choices[0] if default is None else default
+    value = (environ.get(name) or '').strip().lower() or default
+    value = (aliases or {}).get(value, value)
+    if value not in choices:
+        raise ValueError(f'{name}={value!r}: expected one of {", ".join(choices)}')
     return value
