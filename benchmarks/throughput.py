@@ -477,15 +477,19 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
     # The CPU smoke checks the wiring with dynamo + AOT autograd; inductor's C++ codegen would take minutes there.
     compile_env = {'SWIFT_VORA_COMPILE': 'layers', 'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True',
                    **({'SWIFT_VORA_COMPILE_BACKEND': 'aot_eager'} if smoke else {})}
-    vora_flags = ['--dataloader_num_workers', str(workers_vora), '--vit_gradient_checkpointing', 'false']
-    if workers_vora > 0:  # prefetch stays at 2 per worker: a 64-frame sample is ~140 MB of float32 pixels in /dev/shm
-        vora_flags += ['--dataloader_persistent_workers', 'true']
-    def vora(gc: bool, *flags: str, env: Optional[Dict[str, str]] = None, **keys) -> Dict[str, Any]:
+    def vora_flags(workers: int) -> List[str]:
+        flags = ['--dataloader_num_workers', str(workers), '--vit_gradient_checkpointing', 'false']
+        if workers > 0:  # prefetch stays at 2 per worker: a 64-frame sample is ~140 MB of float32 pixels in /dev/shm
+            flags += ['--dataloader_persistent_workers', 'true']
+        return flags
+
+    def vora(gc: bool, *flags: str, env: Optional[Dict[str, str]] = None, workers: Optional[int] = None,
+             **keys) -> Dict[str, Any]:
         """A swift-vora variant: the plugin, the video_ora template, the annotations, the levers above; `env` is
-        laid over the swift-vora budget env."""
+        laid over the swift-vora budget env; `workers` DataLoader workers (default `--workers-vora`)."""
         return {'env': {**vora_env, **(env or {})}, 'plugins': ['swift_vora'], 'template': ['--template', 'video_ora'],
                 'dataset': 'annotations', 'flags': ['--gradient_checkpointing', 'true' if gc else 'false', *flags]
-                + vora_flags, **keys}
+                + vora_flags(workers_vora if workers is None else workers), **keys}
 
     return {
         'baseline': {'env': baseline_env, 'plugins': [], 'template': [], 'dataset': 'rows',
@@ -513,6 +517,14 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         # + inductor's C++ wrapper (upstream switch): the compiled graphs launch their kernels from C++ instead of
         # generated Python; the run-3 py-spy had ~20 % of the host samples in the Python wrappers. Not measured yet.
         'vora_gc_compile_cpp': vora(True, env={**compile_env, 'TORCHINDUCTOR_CPP_WRAPPER': '1'}),
+        # + the compiled layers as CUDA graphs (SWIFT_VORA_COMPILE_MODE=reduce-overhead): each layer's forward,
+        # recompute and backward replayed as one launch each; the 64-token buckets keep the recorded shapes few.
+        'vora_gc_compile_cg': vora(True, env={**compile_env, 'SWIFT_VORA_COMPILE_MODE': 'reduce-overhead'}),
+        # Since run 9 the DataLoader workers run niced (SWIFT_VORA_WORKER_NICE, default 10) and token accuracy is
+        # counted on the device (host_overhead.py). Without the nice, and with half the workers (6 still decode
+        # ahead of 3.5 samples/s, and compete less with the trainer while they do):
+        'vora_gc_compile_nonice': vora(True, env={**compile_env, 'SWIFT_VORA_WORKER_NICE': '0'}),
+        'vora_gc_compile_w6': vora(True, env=compile_env, workers=6),
         # Memory calibration (docs/memory-model.md), not speed: a second video budget (4 fps -> 128 frames, twice
         # the tokens) and ZeRO-3 on one GPU, both with the LLM checkpointed.
         'cal_f128': vora(True, env={'SWIFT_VORA_FPS': str(2 * float(vora_env['SWIFT_VORA_FPS'])),

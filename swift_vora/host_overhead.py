@@ -1,4 +1,4 @@
-"""Host work in the training loop that a host-bound step pays for in GPU idle time; three narrow fixes.
+"""Host work in the training loop that a host-bound step pays for in GPU idle time; four narrow fixes.
 
 With the decoder layers compiled (swift_vora/compile_layers.py) the H200 step of the 2B Qwen3-VL LoRA benchmark
 is limited by the host, not the GPU: every millisecond the Python side spends between kernel launches while the
@@ -23,8 +23,15 @@ docs/benchmarks.md) showed such costs that change nothing in what is trained:
   state after the last full `train()`), the call returns at once; any other state (after `eval()`, a module switched
   by hand) takes the full call. The check reads one attribute per module (~0.3 ms).
 
+- ms-swift's token accuracy (`_compute_acc` -> `compute_acc`) copies predictions and labels to the host after
+  every micro-batch (`.cpu()`: two syncs between the forward and the backward) to append one boolean per token to
+  a mean that is read only when the step is logged. The same comparison is made on the device and kept there as two
+  counts (tokens right, tokens supervised); the metric adds them up when it is computed for the log -- one read per
+  logged step, the same mean (a sum of booleans over the same count). Other strategies (`acc_strategy seq`),
+  sequence parallelism, encoder-decoders and non-LM tasks keep ms-swift's code.
+
 Installed by the `vora_host_overhead` callback when training begins (on by default; `SWIFT_VORA_HOST_OVERHEAD=0`
-leaves all three untouched).
+leaves all four untouched).
 """
 from __future__ import annotations
 
@@ -118,13 +125,67 @@ def sync_free_deepstack(model) -> int:
     return replaced
 
 
+def deferred_token_accuracy(trainer) -> bool:
+    """Make `trainer._compute_acc` count token accuracy on the device for the metric to read when it is logged.
+
+    Returns False when already installed or when the trainer has no ms-swift metrics."""
+    import torch
+    original = getattr(trainer, '_compute_acc', None)
+    metrics = getattr(trainer, 'custom_metrics', None)
+    if original is None or getattr(original, '_swift_vora', False) or not isinstance(metrics, dict):
+        return False
+    from swift.metrics.utils import MeanMetric
+
+    class DeviceCountMean(MeanMetric):
+        """ms-swift's MeanMetric plus counts still on the device, added up when the mean is computed."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.add_state('pending', default_factory=list)
+
+        def update_on_device(self, right, supervised):
+            self.pending.append(torch.stack([right, supervised]))
+
+        def compute(self):
+            if self.pending:
+                right, supervised = torch.stack(self.pending).sum(0).tolist()  # the one host read per log
+                self.state += right
+                self.count += int(supervised)
+                self.pending = []
+            return super().compute()
+
+    def _compute_acc(outputs, labels, cu_seqlens=None):
+        args, template = trainer.args, trainer.template
+        logits = getattr(outputs, 'logits', None)
+        if (getattr(trainer, 'task_type', None) != 'causal_lm' or args.acc_strategy != 'token'
+                or getattr(template, 'sequence_parallel_size', 1) > 1 or template.is_encoder_decoder
+                or not torch.is_tensor(logits) or not torch.is_tensor(labels) or torch.is_floating_point(labels)
+                or logits.ndim != 3):
+            return original(outputs, labels, cu_seqlens=cu_seqlens)
+        preds = logits.argmax(dim=-1)[..., :-1]  # compute_acc's shift: the prediction for the next token
+        labels = labels[..., 1:]
+        if preds.shape != labels.shape:
+            return original(outputs, labels, cu_seqlens=cu_seqlens)
+        mode = 'train' if trainer.model.training else 'eval'
+        metric = metrics[mode].get('token_acc')
+        if not isinstance(metric, DeviceCountMean):
+            metric = metrics[mode]['token_acc'] = DeviceCountMean(nan_value=None, device=args.device)
+        supervised = labels != -100
+        metric.update_on_device((preds.eq(labels) & supervised).sum(), supervised.sum())
+
+    _compute_acc._swift_vora = True
+    trainer._compute_acc = _compute_acc
+    return True
+
+
 class HostOverhead(TrainerCallback):
-    """Installs the three fixes on the trainer and its model when training begins."""
+    """Installs the four fixes on the trainer and its model when training begins."""
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if not enabled():
             return
         count_parameters_once(self.trainer)
+        accuracy = deferred_token_accuracy(self.trainer)
         model = model if model is not None else self.trainer.model
         deepstack = sync_free_deepstack(model)
         wrapped = getattr(self.trainer, 'model_wrapped', None)  # what training_step gets when something wraps it
@@ -132,4 +193,5 @@ class HostOverhead(TrainerCallback):
             skip_repeated_train_mode(candidate)
         logger.info('swift-vora host overhead: parameters counted once for the logged FLOPs; '
                     f'{deepstack} DeepStack merge(s) without host syncs; model.train() skips the module walk when '
-                    f'nothing changed ({ENV}=0 to keep all three as they were)')
+                    f'nothing changed; token accuracy ' + ('counted on the device until logged' if accuracy else 'as ms-swift has it')
+                    + f' ({ENV}=0 to keep all four as they were)')

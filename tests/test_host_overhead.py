@@ -160,3 +160,67 @@ def test_train_mode_skips_the_walk_only_when_nothing_changed():
     model[1][0].eval()  # one module switched by hand (its own train(False): one call)
     model.train()
     assert flags() == expected and Leaf.walks == 13
+
+
+def swift_trainer(acc_strategy='token'):
+    """The parts of an ms-swift trainer that its `_compute_acc` and metric logging read, with ms-swift's own method."""
+    import collections
+
+    from swift.metrics.utils import MeanMetric
+    from swift.trainers.mixin import SwiftMixin
+
+    def mean():
+        return MeanMetric(nan_value=None, device='cpu')
+
+    trainer = types.SimpleNamespace(
+        args=types.SimpleNamespace(acc_strategy=acc_strategy, device='cpu'), task_type='causal_lm', problem_type=None,
+        template=types.SimpleNamespace(sequence_parallel_size=1, is_encoder_decoder=False), model=torch.nn.Linear(1, 1),
+        custom_metrics={'train': collections.defaultdict(mean), 'eval': collections.defaultdict(mean)})
+    trainer._compute_acc = types.MethodType(SwiftMixin._compute_acc, trainer)
+    return trainer
+
+
+def logged(trainer, mode):
+    from swift.trainers.mixin import SwiftMixin
+    return SwiftMixin.compute_custom_metrics(trainer.custom_metrics[mode])
+
+
+def test_token_accuracy_counted_on_device_logs_what_swift_logs(monkeypatch):
+    """The logged token accuracy is ms-swift's, to the last bit, over micro-batches with few, many and no supervised
+    tokens, in train and eval mode, across two logging windows; and the deferred path never calls ms-swift's
+    `compute_acc` (the one that copies to the host)."""
+    import swift.trainers.mixin as mixin
+    generator = torch.Generator().manual_seed(0)
+    batches = []
+    for supervised in (3, 40, 0, 17, 64):
+        logits = torch.randn(1, 65, 5, generator=generator)
+        labels = torch.randint(0, 5, (1, 65), generator=generator)
+        labels[0, :65 - supervised] = -100
+        batches.append((types.SimpleNamespace(logits=logits), labels))
+    reference, deferred = swift_trainer(), swift_trainer()
+    assert host_overhead.deferred_token_accuracy(deferred)
+    assert not host_overhead.deferred_token_accuracy(deferred)  # installed once
+    host_copies = []
+    original_compute_acc = mixin.compute_acc
+    monkeypatch.setattr(mixin, 'compute_acc', lambda *a, **k: host_copies.append(1) or original_compute_acc(*a, **k))
+    for window in (batches[:3], batches[3:]):
+        for mode in ('train', 'eval'):
+            for trainer in (reference, deferred):
+                trainer.model.train(mode == 'train')
+                for outputs, labels in window:
+                    trainer._compute_acc(outputs, labels)
+        for mode in ('train', 'eval'):
+            expected = logged(reference, mode)
+            assert 0 < expected['token_acc'] < 1
+            assert logged(deferred, mode) == expected
+    assert len(host_copies) == 2 * 5  # the reference's calls only
+
+
+def test_token_accuracy_other_strategies_keep_swift_code():
+    trainer = swift_trainer(acc_strategy='seq')
+    host_overhead.deferred_token_accuracy(trainer)
+    labels = torch.tensor([[-100, 1, 2, 3]])
+    logits = torch.nn.functional.one_hot(torch.tensor([[1, 2, 3, 0]]), 5).float()  # every next token right
+    trainer._compute_acc(types.SimpleNamespace(logits=logits), labels)
+    assert type(trainer.custom_metrics['train']['seq_acc']).__name__ == 'MeanMetric'
+    assert logged(trainer, 'train') == {'seq_acc': 1.0}
