@@ -520,10 +520,8 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         # + the compiled layers as CUDA graphs (SWIFT_VORA_COMPILE_MODE=reduce-overhead): each layer's forward,
         # recompute and backward replayed as one launch each; the 64-token buckets keep the recorded shapes few.
         'vora_gc_compile_cg': vora(True, env={**compile_env, 'SWIFT_VORA_COMPILE_MODE': 'reduce-overhead'}),
-        # Since run 9 the DataLoader workers run niced (SWIFT_VORA_WORKER_NICE, default 10) and token accuracy is
-        # counted on the device (host_overhead.py). Without the nice, and with half the workers (6 still decode
-        # ahead of 3.5 samples/s, and compete less with the trainer while they do):
-        'vora_gc_compile_nonice': vora(True, env={**compile_env, 'SWIFT_VORA_WORKER_NICE': '0'}),
+        # ... with half the DataLoader workers (6 still decode ahead of 3.5 samples/s, and compete less with the
+        # trainer while they do; run 9: slower, 3.10 against 3.30 samples/s)
         'vora_gc_compile_w6': vora(True, env=compile_env, workers=6),
         # Memory calibration (docs/memory-model.md), not speed: a second video budget (4 fps -> 128 frames, twice
         # the tokens) and ZeRO-3 on one GPU, both with the LLM checkpointed.

@@ -84,9 +84,8 @@ class VideoOraTemplate(Qwen3VLTemplate):
             return super().replace_tag(media_type, index, inputs)
         from qwen_vl_utils import fetch_video, smart_resize
 
-        from .video_decode import limit_decord_threads, lower_worker_priority
+        from .video_decode import limit_decord_threads
         limit_decord_threads()  # one ffmpeg thread per reader in each DataLoader worker (swift_vora/video_decode.py)
-        lower_worker_priority()  # the trainer's thread before the decoding workers
         kwargs = inputs.chat_template_kwargs or {}
         budget = self.sample_budget(kwargs)
         src_fps, n_src, height, width = _video_header(video)

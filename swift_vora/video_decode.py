@@ -10,22 +10,12 @@ clip: 0.41 s against 0.63 s with decord's default, measured on 2 cores).
 Narrow patch: `decord.VideoReader` is replaced by a subclass whose `num_threads` defaults to
 `SWIFT_VORA_DECODE_THREADS` (default 1; 0 = decord's own default, i.e. no patch). Explicit `num_threads=` arguments
 are kept. Applied in the process that decodes (the template's video path), once per process.
-
-The DataLoader workers also run at a lower CPU priority (`SWIFT_VORA_WORKER_NICE`, default +10; 0 = unchanged):
-after regional compilation the trainer's main thread is what keeps the GPU fed, and while the workers decode it
-shares the host's cores with them. On the H200 (runs 6-8 of docs/benchmarks.md) the optimizer steps taken while
-the 12 workers were still decoding ran 0.05-0.1 s slower than the ones after the last clip was decoded. With the
-workers niced the scheduler gives the trainer's threads the core first; the workers still get every idle cycle,
-which is all they need while their prefetched batches are ahead of training (the data wait the benchmark reports).
-Only DataLoader worker processes are touched (`torch.utils.data.get_worker_info()`), never the trainer.
 """
 from __future__ import annotations
 
 from . import env_switch
 
 ENV = 'SWIFT_VORA_DECODE_THREADS'
-NICE_ENV = 'SWIFT_VORA_WORKER_NICE'
-_niced = {}  # pid -> increment applied in that process
 
 
 def decoder_threads(environ=None) -> int:
@@ -57,24 +47,3 @@ def limit_decord_threads(environ=None) -> int:
     VideoReader.__name__ = VideoReader.__qualname__ = original.__name__
     decord.VideoReader = VideoReader
     return threads
-
-
-def worker_nice(environ=None) -> int:
-    return env_switch.count(NICE_ENV, environ, default=10, unit='nice levels (0 = unchanged)')
-
-
-def lower_worker_priority(environ=None) -> int:
-    """In a DataLoader worker, raise this process's nice value once by `worker_nice()`; returns the increment applied
-    now (0 in the trainer's own process, when already done, or when switched off). Linux applies nice per thread;
-    this runs on the worker's main thread before it opens a video, so the decoder threads it starts inherit it."""
-    import os
-
-    import torch.utils.data
-    pid = os.getpid()
-    if pid in _niced or torch.utils.data.get_worker_info() is None:
-        return 0
-    increment = worker_nice(environ)
-    _niced[pid] = increment
-    if increment:
-        os.nice(increment)
-    return increment

@@ -49,36 +49,3 @@ def test_zero_restores_decord_and_bad_values_name_the_variable(restore_decord):
     for bad in ('two', '-1'):
         with pytest.raises(ValueError, match=video_decode.ENV):
             video_decode.decoder_threads({video_decode.ENV: bad})
-
-
-class NiceProbe:
-    """A dataset whose items report the increment applied and the niceness of the process that loaded them."""
-
-    def __init__(self, environ):
-        self.environ = environ
-
-    def __len__(self):
-        return 3
-
-    def __getitem__(self, index):
-        import os
-        applied = video_decode.lower_worker_priority(self.environ)
-        return applied, os.getpriority(os.PRIO_PROCESS, 0)
-
-
-@pytest.mark.parametrize('setting, increment', [({}, 10), ({video_decode.NICE_ENV: '0'}, 0)])
-def test_dataloader_workers_run_niced_the_trainer_does_not(setting, increment):
-    """In real DataLoader worker processes: the first item raises the worker's nice value by the setting, later items
-    leave it; in the trainer's own process nothing changes."""
-    import os
-
-    import torch.utils.data
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    probe = NiceProbe(setting)
-    rows = list(torch.utils.data.DataLoader(probe, batch_size=None, num_workers=1))
-    assert [int(applied) for applied, _ in rows] == [increment, 0, 0]
-    assert {int(nice) for _, nice in rows} == {min(before + increment, 19)}
-    assert probe[0] == (0, before)  # in this (the trainer's) process: untouched
-    assert os.getpriority(os.PRIO_PROCESS, 0) == before
-    with pytest.raises(ValueError, match=video_decode.NICE_ENV):
-        video_decode.worker_nice({video_decode.NICE_ENV: 'low'})
