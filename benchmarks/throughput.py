@@ -515,11 +515,9 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         # ... without swift_vora/host_overhead.py: what runs 3-5 measured as `vora_gc_compile`
         'vora_gc_compile_r5': vora(True, env={**compile_env, 'SWIFT_VORA_HOST_OVERHEAD': '0'}),
         # + inductor's C++ wrapper (upstream switch): the compiled graphs launch their kernels from C++ instead of
-        # generated Python; the run-3 py-spy had ~20 % of the host samples in the Python wrappers. Not measured yet.
+        # generated Python; the run-3 py-spy had ~20 % of the host samples in the Python wrappers. Run 8: no gain
+        # (3.278 samples/s, the same step times as run 7, 0.2 GiB more reserved).
         'vora_gc_compile_cpp': vora(True, env={**compile_env, 'TORCHINDUCTOR_CPP_WRAPPER': '1'}),
-        # + the compiled layers as CUDA graphs (SWIFT_VORA_COMPILE_MODE=reduce-overhead): each layer's forward,
-        # recompute and backward replayed as one launch each; the 64-token buckets keep the recorded shapes few.
-        'vora_gc_compile_cg': vora(True, env={**compile_env, 'SWIFT_VORA_COMPILE_MODE': 'reduce-overhead'}),
         # ... with half the DataLoader workers (6 still decode ahead of 3.5 samples/s, and compete less with the
         # trainer while they do; run 9: slower, 3.10 against 3.30 samples/s)
         'vora_gc_compile_w6': vora(True, env=compile_env, workers=6),

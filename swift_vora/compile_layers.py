@@ -33,11 +33,6 @@ tests/test_compile_layers.py checks both on CPU, and the around-the-layer masks 
 or a tiny model the compile costs more than it saves. Not applied under DeepSpeed (ZeRO-3 gathers parameters in
 module hooks, which a compiled region would have to trace; DeepSpeed has its own `engine.compile()`).
 `SWIFT_VORA_COMPILE_BACKEND` picks the torch.compile backend (default inductor; `aot_eager` in the CPU tests).
-`SWIFT_VORA_COMPILE_MODE` picks inductor's mode: `default`, `reduce-overhead` (CUDA graphs: each compiled layer's
-kernels replayed as one graph launch, for a host that launches slower than the GPU runs -- the per-layer backward
-above; the 64-token buckets of shape_bucket.py keep the shapes, and so the recorded graphs, few) or
-`max-autotune-no-cudagraphs`. With CUDA graphs the callback marks every micro-batch as a new step for torch's
-CUDA-graph trees, so a graph's outputs are overwritten only after the micro-batch that read them.
 """
 from __future__ import annotations
 
@@ -52,10 +47,8 @@ from . import env_switch
 ENV = 'SWIFT_VORA_COMPILE'
 BACKEND_ENV = 'SWIFT_VORA_COMPILE_BACKEND'
 CHECKPOINT_ENV = 'SWIFT_VORA_COMPILE_CHECKPOINT'
-INDUCTOR_MODE_ENV = 'SWIFT_VORA_COMPILE_MODE'
 MODES = ('off', 'layers')
 CHECKPOINT_PLACES = ('graph', 'eager')
-INDUCTOR_MODES = ('default', 'reduce-overhead', 'max-autotune-no-cudagraphs')
 logger = logging.getLogger('swift')
 
 
@@ -66,20 +59,6 @@ def mode(environ=None) -> str:
 def checkpoint_place(environ=None) -> str:
     """Where a compiled layer's gradient checkpointing runs: `graph` (inside the compiled region) or `eager`."""
     return env_switch.choice(CHECKPOINT_ENV, CHECKPOINT_PLACES, environ, default='eager')
-
-
-def inductor_mode(environ=None) -> str:
-    """torch.compile's `mode` for the layers (inductor only): `default`, `reduce-overhead` (CUDA graphs) or
-    `max-autotune-no-cudagraphs`."""
-    return env_switch.choice(INDUCTOR_MODE_ENV, INDUCTOR_MODES, environ,
-                             aliases={'cudagraphs': 'reduce-overhead', 'max-autotune': 'max-autotune-no-cudagraphs'})
-
-
-def mark_micro_batch() -> None:
-    """Tell torch's CUDA-graph trees that a new micro-batch begins: the previous one's graph outputs (read by its
-    loss and backward, both done) may now be overwritten by the next replay."""
-    import torch
-    torch.compiler.cudagraph_mark_step_begin()
 
 
 def decoder_layers(model) -> List:
@@ -135,9 +114,8 @@ def _with_plain_checkpoint(compiled):
     return call
 
 
-def compile_decoder_layers(model, backend: str = 'inductor', checkpoint: str = 'eager', mode: str = 'default') -> int:
-    """`layer.compile()` on every decoder layer (in place); returns how many layers. `mode` is inductor's (torch.compile
-    takes a mode only with its default backend).
+def compile_decoder_layers(model, backend: str = 'inductor', checkpoint: str = 'eager') -> int:
+    """`layer.compile()` on every decoder layer (in place); returns how many layers.
 
     With `checkpoint='graph'`, layers that transformers checkpoints (`gradient_checkpointing` set by
     `gradient_checkpointing_enable`) are checkpointed inside the compiled region instead: transformers' wrapper is
@@ -149,12 +127,7 @@ def compile_decoder_layers(model, backend: str = 'inductor', checkpoint: str = '
         if inside:
             layer.gradient_checkpointing = False
             layer.forward = types.MethodType(checkpointed_forward, layer)
-        if mode == 'default':
-            layer.compile(backend=backend)
-        elif backend == 'inductor':
-            layer.compile(mode=mode)
-        else:
-            raise ValueError(f'{INDUCTOR_MODE_ENV}={mode} needs the inductor backend, not {BACKEND_ENV}={backend}')
+        layer.compile(backend=backend)
         if inside:
             layer._compiled_call_impl = _with_plain_checkpoint(layer._compiled_call_impl)
     return len(layers)
@@ -172,11 +145,9 @@ class CompileDecoderLayers(TrainerCallback):
     """Compiles the decoder layers when training begins; logs dynamo's counters after the first optimizer step."""
 
     compiled = 0  # how many layers this callback compiled
-    cudagraphs = False  # whether the layers run as CUDA graphs (mode reduce-overhead)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.compiled = 0
-        self.cudagraphs = False
         model = model if model is not None else getattr(self.trainer, 'model', None)
         if model is None or mode() == 'off':
             return
@@ -186,11 +157,8 @@ class CompileDecoderLayers(TrainerCallback):
             return
         backend = os.environ.get(BACKEND_ENV, 'inductor').strip() or 'inductor'
         place = checkpoint_place()
-        inductor = inductor_mode()
-        layers = decoder_layers(model)
-        checkpointed = sum(bool(getattr(layer, 'gradient_checkpointing', False)) for layer in layers)
-        self.compiled = compile_decoder_layers(model, backend=backend, checkpoint=place, mode=inductor)
-        self.cudagraphs = bool(self.compiled) and inductor == 'reduce-overhead'
+        checkpointed = sum(bool(getattr(layer, 'gradient_checkpointing', False)) for layer in decoder_layers(model))
+        self.compiled = compile_decoder_layers(model, backend=backend, checkpoint=place)
         if not self.compiled:
             logger.warning(f'swift-vora compile: {ENV}=layers but no repeated *DecoderLayer list was found in '
                            f'{type(model).__name__}; training runs uncompiled')
@@ -199,15 +167,7 @@ class CompileDecoderLayers(TrainerCallback):
             'inside the compiled graph' if place == 'graph' else "around the compiled layer (transformers')")
             if checkpointed else '')
         logger.info(f'swift-vora compile: {self.compiled} decoder layers compiled with torch.compile '
-                    f'(backend={backend}, mode={inductor}){where}; the first steps include the compile time')
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        if self.cudagraphs:
-            mark_micro_batch()
-
-    def on_substep_end(self, args, state, control, **kwargs):
-        if self.cudagraphs:  # the next micro-batch of the same optimizer step
-            mark_micro_batch()
+                    f'(backend={backend}){where}; the first steps include the compile time')
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.compiled and state.global_step == 1:

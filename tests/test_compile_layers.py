@@ -51,11 +51,9 @@ def lora_model(model_dir, dropout=0.0):
     return model
 
 
-def train_steps(model, lengths, seed=0, device='cpu', each_step=None):
+def train_steps(model, lengths, seed=0, device='cpu'):
     losses = []
     for i, length in enumerate(lengths):
-        if each_step is not None:
-            each_step()
         ids = torch.randint(0, 1000, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
         torch.manual_seed(seed + i)  # dropout masks (CPU and CUDA generators)
         with torch.autocast(device, dtype=torch.bfloat16):
@@ -204,38 +202,37 @@ def test_inductor_dropout_under_checkpoint_keeps_the_masks(model_dir, monkeypatc
     assert grad_diff(ckpt_grads, plain_grads) < 0.2 < grad_diff(other_grads, plain_grads)  # seen: 0.06 vs 1.96
 
 
+def cuda_train(model_dir, monkeypatch, seed, use_checkpoint):
+    """Four steps of the tiny LoRA model with dropout 0.5 on the GPU, layers compiled; losses and summed gradients."""
+    torch._dynamo.reset()
+    model = lora_model(model_dir, dropout=0.5).cuda()
+    for name, p in model.named_parameters():  # a large adapter path, so that masks show in loss and grads
+        if 'lora_B' in name:
+            torch.nn.init.normal_(p, std=0.5, generator=torch.Generator(device='cuda').manual_seed(1))
+    if use_checkpoint:
+        force_reentrant_checkpoint(monkeypatch)
+    else:
+        model.gradient_checkpointing_disable()
+    compile_layers.compile_decoder_layers(model, backend='inductor', checkpoint='eager')
+    result = train_steps(model, (64, 64, 64, 64), seed=seed, device='cuda')
+    monkeypatch.undo()
+    return result
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize('mode', ['default', 'reduce-overhead'])
-def test_cuda_checkpointed_compiled_layers_keep_the_masks(model_dir, monkeypatch, mode):
-    """The GPU path of the test above (Triton kernels, Philox RNG), and with `SWIFT_VORA_COMPILE_MODE=reduce-overhead`
-    the layers as CUDA graphs: over the warm-up, recording and replay steps, the checkpointed layers' losses and
-    LoRA gradients must be those of the same compiled layers without checkpointing (reference: default mode), not
-    those of another seed. A graph that replayed stale RNG offsets would draw other masks in the recompute."""
+def test_cuda_checkpointed_compiled_layers_keep_the_masks(model_dir, monkeypatch):
+    """The test above on the GPU (Triton kernels, Philox RNG) over four steps: checkpointed around the compiled
+    layers, the no-grad forward and its recompute draw the same masks, so losses and gradients are those of the same
+    compiled layers without checkpointing (seen on the H200: within 4e-4 of 11.9), not those of another seed."""
     if not torch.cuda.is_available():
         pytest.skip('needs a CUDA GPU (run on the GPU machine: bash scripts/gpu/run_all.sh e2e)')
-
-    def run(use_checkpoint, seed, layer_mode):
-        torch._dynamo.reset()
-        model = lora_model(model_dir, dropout=0.5).cuda()
-        for name, p in model.named_parameters():
-            if 'lora_B' in name:
-                torch.nn.init.normal_(p, std=0.5, generator=torch.Generator(device='cuda').manual_seed(1))
-        if use_checkpoint:
-            force_reentrant_checkpoint(monkeypatch)
-        else:
-            model.gradient_checkpointing_disable()
-        compile_layers.compile_decoder_layers(model, backend='inductor', checkpoint='eager', mode=layer_mode)
-        losses, grads = train_steps(model, (64, 64, 64, 64), seed=seed, device='cuda',
-                                    each_step=compile_layers.mark_micro_batch)
-        monkeypatch.undo()
-        return losses, grads
-
-    plain_losses, plain_grads = run(False, 7, 'default')
-    ckpt_losses, ckpt_grads = run(True, 7, mode)
-    other_losses, other_grads = run(False, 8, 'default')
-    for ckpt, plain, other in zip(ckpt_losses, plain_losses, other_losses):
-        assert abs(ckpt - plain) < 1e-3 * plain < abs(other - plain), (ckpt_losses, plain_losses, other_losses)
-    assert grad_diff(ckpt_grads, plain_grads) < 0.2 < grad_diff(other_grads, plain_grads)
+    plain_losses, plain_grads = cuda_train(model_dir, monkeypatch, seed=7, use_checkpoint=False)
+    losses, grads = cuda_train(model_dir, monkeypatch, seed=7, use_checkpoint=True)
+    other_losses, other_grads = cuda_train(model_dir, monkeypatch, seed=100, use_checkpoint=False)  # no seed overlap
+    tolerance = 2e-4 * max(plain_losses)
+    assert max(abs(a - b) for a, b in zip(losses, plain_losses)) < tolerance, (losses, plain_losses)
+    assert max(abs(a - b) for a, b in zip(other_losses, plain_losses)) > tolerance, (other_losses, plain_losses)
+    assert grad_diff(grads, plain_grads) < 0.2 < grad_diff(other_grads, plain_grads)
 
 
 class DropoutBlock(torch.nn.Module):
@@ -279,10 +276,6 @@ def test_mode_switch(monkeypatch):
     with pytest.raises(ValueError, match='SWIFT_VORA_COMPILE_CHECKPOINT'):
         compile_layers.checkpoint_place({compile_layers.CHECKPOINT_ENV: 'outside'})
     assert compile_layers.mode({}) == 'off'
-    assert compile_layers.inductor_mode({}) == 'default'
-    assert compile_layers.inductor_mode({compile_layers.INDUCTOR_MODE_ENV: 'cudagraphs'}) == 'reduce-overhead'
-    with pytest.raises(ValueError, match='SWIFT_VORA_COMPILE_MODE'):
-        compile_layers.inductor_mode({compile_layers.INDUCTOR_MODE_ENV: 'fast'})
     assert compile_layers.mode({compile_layers.ENV: 'layers'}) == 'layers'
     assert compile_layers.mode({compile_layers.ENV: '0'}) == 'off'
     with pytest.raises(ValueError, match='SWIFT_VORA_COMPILE'):
@@ -303,26 +296,3 @@ def test_callback_skips_deepspeed_and_off(monkeypatch, model_dir):
     callback.on_train_begin(types.SimpleNamespace(deepspeed=None), None, None, model=model)
     assert callback.compiled == 2
     assert all(layer._compiled_call_impl is not None for layer in compile_layers.decoder_layers(model))
-
-
-def test_cudagraph_mode_marks_every_micro_batch(monkeypatch, model_dir):
-    """With `SWIFT_VORA_COMPILE_MODE=reduce-overhead` the callback tells the CUDA-graph trees where each micro-batch
-    begins (step begin, and after each accumulated micro-batch); in the default mode it leaves them alone. The
-    mode needs inductor: another backend is an error naming both variables."""
-    marks = []
-    monkeypatch.setattr(compile_layers, 'mark_micro_batch', lambda: marks.append(1))
-    monkeypatch.setenv(compile_layers.ENV, 'layers')
-    args = types.SimpleNamespace(deepspeed=None)
-    for mode, expected in (('default', 0), ('reduce-overhead', 3)):
-        torch._dynamo.reset()
-        monkeypatch.setenv(compile_layers.INDUCTOR_MODE_ENV, mode)
-        callback = compile_layers.CompileDecoderLayers.__new__(compile_layers.CompileDecoderLayers)
-        callback.on_train_begin(args, None, None, model=lora_model(model_dir))  # compiles lazily: no CUDA needed
-        assert callback.compiled == 2 and callback.cudagraphs == (mode == 'reduce-overhead')
-        marks.clear()
-        callback.on_step_begin(args, None, None)
-        callback.on_substep_end(args, None, None)
-        callback.on_substep_end(args, None, None)
-        assert len(marks) == expected
-    with pytest.raises(ValueError, match='SWIFT_VORA_COMPILE_MODE=reduce-overhead needs the inductor backend'):
-        compile_layers.compile_decoder_layers(lora_model(model_dir), backend='aot_eager', mode='reduce-overhead')
