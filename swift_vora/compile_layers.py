@@ -114,14 +114,15 @@ def _with_plain_checkpoint(compiled):
     return call
 
 
-def compile_decoder_layers(model, backend: str = 'inductor', checkpoint: str = 'eager') -> int:
-    """`layer.compile()` on every decoder layer (in place); returns how many layers.
+def compile_decoder_layers(model, backend: str = 'inductor', checkpoint: str = 'eager', layers=None) -> int:
+    """`layer.compile()` on every decoder layer (in place; `layers`: `decoder_layers(model)` if the caller has not
+    found them already); returns how many layers.
 
     With `checkpoint='graph'`, layers that transformers checkpoints (`gradient_checkpointing` set by
     `gradient_checkpointing_enable`) are checkpointed inside the compiled region instead: transformers' wrapper is
     switched off for them and `checkpointed_forward` becomes their forward."""
     import types
-    layers = decoder_layers(model)
+    layers = decoder_layers(model) if layers is None else layers
     for layer in layers:
         inside = checkpoint == 'graph' and getattr(layer, 'gradient_checkpointing', False)
         if inside:
@@ -157,8 +158,9 @@ class CompileDecoderLayers(TrainerCallback):
             return
         backend = os.environ.get(BACKEND_ENV, 'inductor').strip() or 'inductor'
         place = checkpoint_place()
-        checkpointed = sum(bool(getattr(layer, 'gradient_checkpointing', False)) for layer in decoder_layers(model))
-        self.compiled = compile_decoder_layers(model, backend=backend, checkpoint=place)
+        layers = decoder_layers(model)
+        checkpointed = sum(bool(getattr(layer, 'gradient_checkpointing', False)) for layer in layers)
+        self.compiled = compile_decoder_layers(model, backend=backend, checkpoint=place, layers=layers)
         if not self.compiled:
             logger.warning(f'swift-vora compile: {ENV}=layers but no repeated *DecoderLayer list was found in '
                            f'{type(model).__name__}; training runs uncompiled')

@@ -17,9 +17,10 @@ keeps transformers' forward.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from typing import List
+
+from . import env_switch
 
 ENV = 'SWIFT_VORA_VIT_ATTENTION'
 # (module, class) of every vision attention with the per-chunk split; identical code in transformers 5.17.
@@ -33,8 +34,8 @@ _CACHE_ATTR = '_swift_vora_split_sizes'
 
 
 def enabled(environ=None) -> bool:
-    environ = os.environ if environ is None else environ
-    return environ.get(ENV, 'batched').strip().lower() != 'transformers'
+    """`batched` (default) patches; `transformers` keeps transformers' forward; anything else is an error."""
+    return env_switch.choice(ENV, ('batched', 'transformers'), environ) == 'batched'
 
 
 def split_sizes(cu_seqlens) -> List[int]:

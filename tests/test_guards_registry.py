@@ -15,6 +15,9 @@ def test_selection_from_env():
     assert 'verify_adapter' not in enabled_guards({'SWIFT_VORA_GUARD_VERIFY_ADAPTER': '0'})
     with pytest.raises(ValueError, match='unknown guard'):
         enabled_guards({'SWIFT_VORA_GUARDS': 'coverag'})
+    assert enabled_guards({'SWIFT_VORA_GUARD_MEMORY': ' '}) == list(GUARDS)  # empty: no change
+    with pytest.raises(ValueError, match="SWIFT_VORA_GUARD_MEMORY='of': expected one of"):  # a typo is not ignored
+        enabled_guards({'SWIFT_VORA_GUARD_MEMORY': 'of'})
 
 
 def test_registered_in_callbacks_map_and_default_on(monkeypatch):

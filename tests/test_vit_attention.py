@@ -64,3 +64,7 @@ def test_env_keeps_transformers_forward(original_forward, monkeypatch):
     monkeypatch.setenv(vit_attention.ENV, 'transformers')
     assert vit_attention.patch_vision_attention() == []
     assert M.Qwen3VLVisionAttention.forward is original_forward
+    monkeypatch.setenv(vit_attention.ENV, 'transformer')  # a typo must not silently patch
+    with pytest.raises(ValueError, match="SWIFT_VORA_VIT_ATTENTION='transformer'"):
+        vit_attention.patch_vision_attention()
+    assert M.Qwen3VLVisionAttention.forward is original_forward

@@ -58,12 +58,15 @@ def enabled_guards(environ: Optional[Dict[str, str]] = None) -> List[str]:
             if token not in chosen:
                 chosen.append(token)
     for name in GUARDS:
-        flag = environ.get(f'SWIFT_VORA_GUARD_{name.upper()}')
-        if flag is None:
+        variable = f'SWIFT_VORA_GUARD_{name.upper()}'
+        flag = (environ.get(variable) or '').strip().lower()
+        if not flag:
             continue
-        if flag.strip().lower() in _TRUE and name not in chosen:
+        if flag not in _TRUE + _FALSE:
+            raise ValueError(f'{variable}={flag!r}: expected one of {", ".join(_TRUE + _FALSE)}')
+        if flag in _TRUE and name not in chosen:
             chosen.append(name)
-        elif flag.strip().lower() in _FALSE and name in chosen:
+        elif flag in _FALSE and name in chosen:
             chosen.remove(name)
     return [name for name in GUARDS if name in chosen]
 
