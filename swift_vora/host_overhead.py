@@ -163,15 +163,15 @@ def deferred_token_accuracy(trainer) -> bool:
                 or logits.ndim != 3):
             return original(outputs, labels, cu_seqlens=cu_seqlens)
         preds = logits.argmax(dim=-1)[..., :-1]  # compute_acc's shift: the prediction for the next token
-        labels = labels[..., 1:]
-        if preds.shape != labels.shape:
+        targets = labels[..., 1:]
+        if preds.shape != targets.shape:  # compute_acc records nothing then; let it say so its own way
             return original(outputs, labels, cu_seqlens=cu_seqlens)
         mode = 'train' if trainer.model.training else 'eval'
         metric = metrics[mode].get('token_acc')
         if not isinstance(metric, DeviceCountMean):
             metric = metrics[mode]['token_acc'] = DeviceCountMean(nan_value=None, device=args.device)
-        supervised = labels != -100
-        metric.update_on_device((preds.eq(labels) & supervised).sum(), supervised.sum())
+        supervised = targets != -100
+        metric.update_on_device((preds.eq(targets) & supervised).sum(), supervised.sum())
 
     _compute_acc._swift_vora = True
     trainer._compute_acc = _compute_acc
@@ -191,7 +191,7 @@ class HostOverhead(TrainerCallback):
         wrapped = getattr(self.trainer, 'model_wrapped', None)  # what training_step gets when something wraps it
         for candidate in [model] + ([wrapped] if wrapped is not None and wrapped is not model else []):
             skip_repeated_train_mode(candidate)
+        accuracy_note = 'counted on the device until logged' if accuracy else 'as ms-swift has it'
         logger.info('swift-vora host overhead: parameters counted once for the logged FLOPs; '
                     f'{deepstack} DeepStack merge(s) without host syncs; model.train() skips the module walk when '
-                    f'nothing changed; token accuracy ' + ('counted on the device until logged' if accuracy else 'as ms-swift has it')
-                    + f' ({ENV}=0 to keep all four as they were)')
+                    f'nothing changed; token accuracy {accuracy_note} ({ENV}=0 to keep all four as they were)')

@@ -224,3 +224,14 @@ def test_token_accuracy_other_strategies_keep_swift_code():
     trainer._compute_acc(types.SimpleNamespace(logits=logits), labels)
     assert type(trainer.custom_metrics['train']['seq_acc']).__name__ == 'MeanMetric'
     assert logged(trainer, 'train') == {'seq_acc': 1.0}
+
+
+def test_token_accuracy_shape_mismatch_goes_to_swift_unshifted(monkeypatch):
+    """Logits that do not line up with the labels (not ms-swift's layout) are handed to ms-swift's own code with the
+    labels as they came."""
+    trainer = swift_trainer()
+    seen = []
+    trainer._compute_acc = lambda outputs, labels, cu_seqlens=None: seen.append(labels.shape)
+    host_overhead.deferred_token_accuracy(trainer)
+    trainer._compute_acc(types.SimpleNamespace(logits=torch.zeros(1, 5, 3)), torch.zeros(1, 7, dtype=torch.long))
+    assert seen == [torch.Size([1, 7])]
