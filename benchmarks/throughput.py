@@ -420,6 +420,7 @@ KERNEL_CLASSES = [
 
 def _write_torch_profile(prof, out_dir: str) -> None:
     """torch_profile.txt (top ops by device time) and torch_profile.json (GPU time by kernel family)."""
+    import step_timeline  # next to this file (on sys.path in the instrumented trainer)
     events = prof.key_averages()
     with open(os.path.join(out_dir, 'torch_profile.txt'), 'w') as f:
         f.write(events.table(sort_by='self_device_time_total', row_limit=60))
@@ -429,7 +430,7 @@ def _write_torch_profile(prof, out_dir: str) -> None:
         t = getattr(e, 'self_device_time_total', 0.0) or 0.0
         if t <= 0 or getattr(e, 'device_type', None) is None or 'CUDA' not in str(e.device_type):
             continue
-        if e.key.startswith('vora/'):  # step_timeline's phase marks: spans over kernels, not kernels
+        if e.key.startswith(step_timeline.REGION_PREFIX):  # phase marks: spans over kernels, not kernels
             continue
         low = e.key.lower()
         cls = next((c for c, keys in KERNEL_CLASSES if any(k in low for k in keys)), 'other')
@@ -444,7 +445,6 @@ def _write_torch_profile(prof, out_dir: str) -> None:
     trace = os.path.join(out_dir, 'trace.json')
     try:  # where the GPU idles in this step (step_timeline.gpu_idle), then the trace compressed for the logs
         prof.export_chrome_trace(trace)
-        import step_timeline
         summary['gpu_idle'] = step_timeline.gpu_idle_from_file(trace)
         with open(trace, 'rb') as src, gzip.open(trace + '.gz', 'wb') as dst:
             shutil.copyfileobj(src, dst)

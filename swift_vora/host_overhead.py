@@ -22,7 +22,6 @@ docs/benchmarks.md) showed such costs that change nothing in what is trained:
   micro-batch's loss check, waits. When every module already has the flag a full call would leave it with (the
   state after the last full `train()`), the call returns at once; any other state (after `eval()`, a module switched
   by hand) takes the full call. The check reads one attribute per module (~0.3 ms).
-
 - ms-swift's token accuracy (`_compute_acc` -> `compute_acc`) copies predictions and labels to the host after
   every micro-batch (`.cpu()`: two syncs between the forward and the backward) to append one boolean per token to
   a mean that is read only when the step is logged. The same comparison is made on the device and kept there as two

@@ -172,6 +172,24 @@ def test_inductor_checkpoint_in_graph_gradient_is_that_of_the_computed_loss(mode
     assert compile_layers.compile_counters()['graph_breaks'] == 0
 
 
+def inductor_dropout_run(model_dir, monkeypatch, seed, use_checkpoint, device, lengths):
+    """The tiny LoRA model with dropout 0.5 and a large adapter path (so that masks show in loss and gradients),
+    layers compiled with inductor, trained on `device` with or without the reentrant checkpoint around them."""
+    torch._dynamo.reset()
+    model = lora_model(model_dir, dropout=0.5).to(device)
+    for name, p in model.named_parameters():
+        if 'lora_B' in name:
+            torch.nn.init.normal_(p, std=0.5, generator=torch.Generator(device=device).manual_seed(1))
+    if use_checkpoint:
+        force_reentrant_checkpoint(monkeypatch)
+    else:
+        model.gradient_checkpointing_disable()
+    compile_layers.compile_decoder_layers(model, backend='inductor', checkpoint='eager')
+    result = train_steps(model, lengths, seed=seed, device=device)
+    monkeypatch.undo()
+    return result
+
+
 @pytest.mark.slow
 def test_inductor_dropout_under_checkpoint_keeps_the_masks(model_dir, monkeypatch):
     """Checkpointing around the compiled layer (`SWIFT_VORA_COMPILE_CHECKPOINT=eager`). Inductor itself (C++
@@ -181,18 +199,7 @@ def test_inductor_dropout_under_checkpoint_keeps_the_masks(model_dir, monkeypatc
     bf16 rounding of differently fused kernels."""
 
     def run(use_checkpoint, seed):
-        torch._dynamo.reset()
-        model = lora_model(model_dir, dropout=0.5)
-        for name, p in model.named_parameters():  # a large adapter path, so that masks show in loss and grads
-            if 'lora_B' in name:
-                torch.nn.init.normal_(p, std=0.5, generator=torch.Generator().manual_seed(1))
-        if use_checkpoint:
-            force_reentrant_checkpoint(monkeypatch)
-        else:
-            model.gradient_checkpointing_disable()
-        compile_layers.compile_decoder_layers(model, backend='inductor', checkpoint='eager')
-        losses, grads = train_steps(model, (64,), seed=seed)
-        monkeypatch.undo()
+        losses, grads = inductor_dropout_run(model_dir, monkeypatch, seed, use_checkpoint, 'cpu', (64,))
         return losses[0], grads
 
     plain_loss, plain_grads = run(False, seed=7)
@@ -202,23 +209,6 @@ def test_inductor_dropout_under_checkpoint_keeps_the_masks(model_dir, monkeypatc
     assert grad_diff(ckpt_grads, plain_grads) < 0.2 < grad_diff(other_grads, plain_grads)  # seen: 0.06 vs 1.96
 
 
-def cuda_train(model_dir, monkeypatch, seed, use_checkpoint):
-    """Four steps of the tiny LoRA model with dropout 0.5 on the GPU, layers compiled; losses and summed gradients."""
-    torch._dynamo.reset()
-    model = lora_model(model_dir, dropout=0.5).cuda()
-    for name, p in model.named_parameters():  # a large adapter path, so that masks show in loss and grads
-        if 'lora_B' in name:
-            torch.nn.init.normal_(p, std=0.5, generator=torch.Generator(device='cuda').manual_seed(1))
-    if use_checkpoint:
-        force_reentrant_checkpoint(monkeypatch)
-    else:
-        model.gradient_checkpointing_disable()
-    compile_layers.compile_decoder_layers(model, backend='inductor', checkpoint='eager')
-    result = train_steps(model, (64, 64, 64, 64), seed=seed, device='cuda')
-    monkeypatch.undo()
-    return result
-
-
 @pytest.mark.gpu
 def test_cuda_checkpointed_compiled_layers_keep_the_masks(model_dir, monkeypatch):
     """The test above on the GPU (Triton kernels, Philox RNG) over four steps: checkpointed around the compiled
@@ -226,9 +216,12 @@ def test_cuda_checkpointed_compiled_layers_keep_the_masks(model_dir, monkeypatch
     compiled layers without checkpointing (seen on the H200: within 4e-4 of 11.9), not those of another seed."""
     if not torch.cuda.is_available():
         pytest.skip('needs a CUDA GPU (run on the GPU machine: bash scripts/gpu/run_all.sh e2e)')
-    plain_losses, plain_grads = cuda_train(model_dir, monkeypatch, seed=7, use_checkpoint=False)
-    losses, grads = cuda_train(model_dir, monkeypatch, seed=7, use_checkpoint=True)
-    other_losses, other_grads = cuda_train(model_dir, monkeypatch, seed=100, use_checkpoint=False)  # no seed overlap
+    def run(use_checkpoint, seed):
+        return inductor_dropout_run(model_dir, monkeypatch, seed, use_checkpoint, 'cuda', (64, 64, 64, 64))
+
+    plain_losses, plain_grads = run(False, seed=7)
+    losses, grads = run(True, seed=7)
+    other_losses, other_grads = run(False, seed=100)  # seeds 100-103: no overlap with 7-10
     tolerance = 2e-4 * max(plain_losses)
     assert max(abs(a - b) for a, b in zip(losses, plain_losses)) < tolerance, (losses, plain_losses)
     assert max(abs(a - b) for a, b in zip(other_losses, plain_losses)) > tolerance, (other_losses, plain_losses)

@@ -21,6 +21,8 @@ import importlib
 import os
 from typing import Dict, List, Optional
 
+from .. import env_switch
+
 GUARDS_ENV = 'SWIFT_VORA_GUARDS'
 PREFIX = 'vora_'
 # name -> (module, class); the order is the order the callbacks run in.
@@ -33,7 +35,7 @@ GUARDS: Dict[str, tuple] = {
     'lora_update': ('swift_vora.guards.lora_update', 'LoraUpdateGuard'),
     'verify_adapter': ('swift_vora.guards.verify_adapter', 'VerifyAdapterGuard'),
 }
-_TRUE, _FALSE = ('1', 'true', 'yes', 'on'), ('0', 'false', 'no', 'off')
+_TRUE, _FALSE = ('1', 'true', 'yes', 'on'), env_switch.OFF
 LORA_AUTOCAST = PREFIX + 'lora_autocast'  # a default callback that is not a guard (SWIFT_VORA_LORA_AUTOCAST_INPUTS)
 COMPILE_LAYERS = PREFIX + 'compile_layers'  # opt-in, not a guard (SWIFT_VORA_COMPILE=layers)
 HOST_OVERHEAD = PREFIX + 'host_overhead'  # a default callback that is not a guard (SWIFT_VORA_HOST_OVERHEAD)
