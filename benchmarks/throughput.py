@@ -479,7 +479,7 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
                    **({'SWIFT_VORA_COMPILE_BACKEND': 'aot_eager'} if smoke else {})}
     def vora_flags(workers: int) -> List[str]:
         flags = ['--dataloader_num_workers', str(workers), '--vit_gradient_checkpointing', 'false']
-        if workers > 0:  # prefetch stays at 2 per worker: a 64-frame sample is ~140 MB of float32 pixels in /dev/shm
+        if workers > 0:  # prefetch stays at 2 per worker: a 64-frame sample is ~140 MB of float32 pixels in /dev/shm (70 in bf16)
             flags += ['--dataloader_persistent_workers', 'true']
         return flags
 
@@ -504,8 +504,14 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         # (inductor fuses RMSNorm and RoPE itself; without Liger the loss is swift's, not the fused linear CE).
         'vora_gc_liger_compile': vora(True, '--use_liger_kernel', 'true', env=compile_env),
         # Since run 6 with swift_vora/host_overhead.py (on by default): the parameter count for the logged FLOPs
-        # taken once and the DeepStack merge without host syncs.
+        # taken once and the DeepStack merge without host syncs. Since run 11 with the vision blocks compiled too
+        # (SWIFT_VORA_COMPILE_VISION) and the pixels handed over in bf16 (swift_vora/pixel_dtype.py), both default.
         'vora_gc_compile': vora(True, env=compile_env),
+        # ... as runs 7-10 measured it: vision tower eager, float32 pixels from the workers
+        'vora_gc_compile_r10': vora(True, env={**compile_env, 'SWIFT_VORA_COMPILE_VISION': '0',
+                                               'SWIFT_VORA_PIXEL_DTYPE': 'float32'}),
+        # ... with bf16 pixels but the vision tower eager (what the vision compile adds on its own)
+        'vora_gc_compile_eager_vision': vora(True, env={**compile_env, 'SWIFT_VORA_COMPILE_VISION': '0'}),
         # ... with one batch in flight per DataLoader worker instead of swift's 2: a smaller backlog for the 12
         # workers to decode next to the trainer in the first measured steps
         'vora_gc_compile_pf1': vora(True, '--dataloader_prefetch_factor', '1', env=compile_env),

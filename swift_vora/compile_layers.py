@@ -29,6 +29,14 @@ is the derivative of the loss that was computed). Around it, the checkpointed fo
 recompute (training graph) draw the same masks from the RNG state `torch.utils.checkpoint` restores.
 tests/test_compile_layers.py checks both on CPU, and the around-the-layer masks on CUDA too (marked gpu).
 
+The vision tower's blocks are compiled too (`SWIFT_VORA_COMPILE_VISION=0` leaves them eager). Run 6's trace spent
+~80 ms of every 4-sample step's GPU time in the frozen vision tower, over half of it outside the matmuls and the
+attention: autocast runs its LayerNorms and its rotary embedding in float32, as dozens of small kernels per block
+with the GPU waiting on their launches. A vision block's whole work between two frame-group splits (norms, qkv,
+rotary embedding, the batched attention of swift_vora/vit_attention.py, projection, MLP, residuals) is one compiled
+function shared by all blocks; the group sizes enter as ints read once per vision forward, so the graph has no
+host sync. Under a frozen tower it is an inference graph (nothing there needs autograd).
+
 `SWIFT_VORA_COMPILE=layers` turns it on (recipe key `train.compile: layers`); it is off by default because on a CPU
 or a tiny model the compile costs more than it saves. Not applied under DeepSpeed (ZeRO-3 gathers parameters in
 module hooks, which a compiled region would have to trace; DeepSpeed has its own `engine.compile()`).
@@ -47,6 +55,7 @@ from . import env_switch
 ENV = 'SWIFT_VORA_COMPILE'
 BACKEND_ENV = 'SWIFT_VORA_COMPILE_BACKEND'
 CHECKPOINT_ENV = 'SWIFT_VORA_COMPILE_CHECKPOINT'
+VISION_ENV = 'SWIFT_VORA_COMPILE_VISION'
 MODES = ('off', 'layers')
 CHECKPOINT_PLACES = ('graph', 'eager')
 logger = logging.getLogger('swift')
@@ -61,21 +70,38 @@ def checkpoint_place(environ=None) -> str:
     return env_switch.choice(CHECKPOINT_ENV, CHECKPOINT_PLACES, environ, default='eager')
 
 
-def decoder_layers(model) -> List:
-    """The repeated decoder layers of the language model: the longest ModuleList of one `*DecoderLayer` class.
-
-    Vision blocks (`*VisionBlock`) are not matched: the frozen vision tower runs without autograd and its attention
-    reads per-video split sizes on the host (swift_vora/vit_attention.py), which would break a compiled graph.
-    """
+def _repeated_blocks(model, suffix: str) -> List:
+    """The longest ModuleList of one class whose name ends with `suffix`."""
     import torch
     best: List = []
     for module in model.modules():
         if not isinstance(module, torch.nn.ModuleList) or len(module) < 2:
             continue
         classes = {type(child) for child in module}
-        if len(classes) == 1 and next(iter(classes)).__name__.endswith('DecoderLayer') and len(module) > len(best):
+        if len(classes) == 1 and next(iter(classes)).__name__.endswith(suffix) and len(module) > len(best):
             best = list(module)
     return best
+
+
+def compile_vision(environ=None) -> bool:
+    """With `SWIFT_VORA_COMPILE=layers`, the vision blocks are compiled too unless this says 0/false/no/off."""
+    return env_switch.flag(VISION_ENV, environ, default=True)
+
+
+def decoder_layers(model) -> List:
+    """The repeated decoder layers of the language model: the longest ModuleList of one `*DecoderLayer` class.
+    Vision blocks are compiled separately (`compile_vision_blocks`)."""
+    return _repeated_blocks(model, 'DecoderLayer')
+
+
+def vision_blocks(model) -> List:
+    """The vision tower's repeated blocks (`*VisionBlock`), if their attention class carries swift-vora's batched
+    forward (swift_vora/vit_attention.py); [] otherwise -- transformers' own attention reads the frame-group sizes
+    from the device in every block, which a compiled graph cannot do."""
+    from . import vit_attention
+    blocks = _repeated_blocks(model, 'VisionBlock')
+    attn = getattr(blocks[0], 'attn', None) if blocks else None
+    return blocks if attn is not None and vit_attention.is_patched(type(attn)) else []
 
 
 def checkpointed_forward(self, *args, **kwargs):
@@ -134,6 +160,37 @@ def compile_decoder_layers(model, backend: str = 'inductor', checkpoint: str = '
     return len(layers)
 
 
+def compile_vision_blocks(blocks, backend: str = 'inductor') -> int:
+    """Compile the vision blocks' work between the frame-group split and the next block: one compiled function
+    (norms, qkv, rotary embedding, the batched attention, projection, MLP, residuals) shared by all blocks, called
+    with the group sizes as ints that `vit_attention.split_sizes` reads once per vision forward. The model-level
+    kwargs that transformers hands down to every block (`num_items_in_batch`, `use_cache`) are not passed in: sdpa
+    and eager attention ignore them. Calls it cannot take (unequal groups, other attention implementations,
+    transformers' output-recording hooks on the attention) run transformers' block forward with the patched
+    attention, as without this. Returns how many blocks."""
+    import types
+
+    import torch
+
+    from . import vit_attention
+    if not blocks:
+        return 0
+    compiled = torch.compile(vit_attention.make_equal_groups_block(type(blocks[0]), type(blocks[0].attn)),
+                             backend=backend)
+
+    def forward(self, hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kwargs):
+        hooked = self.attn._forward_hooks or self.attn._forward_pre_hooks  # output_attentions recording
+        groups = None if hooked or position_embeddings is None else vit_attention.batched_groups(self.attn, cu_seqlens)
+        if groups is None:
+            return type(self).forward(self, hidden_states, cu_seqlens, position_embeddings=position_embeddings,
+                                      max_seqlen=max_seqlen, **kwargs)
+        return compiled(self, hidden_states, position_embeddings, *groups)
+
+    for block in blocks:
+        block.forward = types.MethodType(forward, block)
+    return len(blocks)
+
+
 def compile_counters() -> dict:
     """What dynamo did so far: graphs compiled and graph breaks (by reason) -- logged after step 1."""
     from torch._dynamo.utils import counters
@@ -143,12 +200,14 @@ def compile_counters() -> dict:
 
 
 class CompileDecoderLayers(TrainerCallback):
-    """Compiles the decoder layers when training begins; logs dynamo's counters after the first optimizer step."""
+    """Compiles the decoder layers (and the vision blocks) when training begins; logs dynamo's counters after the
+    first optimizer step."""
 
-    compiled = 0  # how many layers this callback compiled
+    compiled = 0  # how many decoder layers this callback compiled
+    compiled_vision = 0  # how many vision blocks
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.compiled = 0
+        self.compiled = self.compiled_vision = 0
         model = model if model is not None else getattr(self.trainer, 'model', None)
         if model is None or mode() == 'off':
             return
@@ -161,16 +220,24 @@ class CompileDecoderLayers(TrainerCallback):
         layers = decoder_layers(model)
         checkpointed = sum(bool(getattr(layer, 'gradient_checkpointing', False)) for layer in layers)
         self.compiled = compile_decoder_layers(model, backend=backend, checkpoint=place, layers=layers)
+        if compile_vision():
+            blocks = vision_blocks(model)
+            self.compiled_vision = compile_vision_blocks(blocks, backend=backend)
+            if not blocks and _repeated_blocks(model, 'VisionBlock'):
+                logger.info('swift-vora compile: vision blocks left uncompiled (transformers\' vision attention, '
+                            'SWIFT_VORA_VIT_ATTENTION=transformers or a model swift-vora does not patch)')
         if not self.compiled:
             logger.warning(f'swift-vora compile: {ENV}=layers but no repeated *DecoderLayer list was found in '
-                           f'{type(model).__name__}; training runs uncompiled')
-            return
+                           f'{type(model).__name__}; decoder layers run uncompiled')
+            if not self.compiled_vision:
+                return
         where = (f'; gradient checkpointing of {checkpointed} layers ' + (
             'inside the compiled graph' if place == 'graph' else "around the compiled layer (transformers')")
             if checkpointed else '')
-        logger.info(f'swift-vora compile: {self.compiled} decoder layers compiled with torch.compile '
+        vision = f', {self.compiled_vision} vision blocks' if self.compiled_vision else ''
+        logger.info(f'swift-vora compile: {self.compiled} decoder layers{vision} compiled with torch.compile '
                     f'(backend={backend}){where}; the first steps include the compile time')
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.compiled and state.global_step == 1:
+        if (self.compiled or self.compiled_vision) and state.global_step == 1:
             logger.info(f'swift-vora compile: after step 1: {compile_counters()}')

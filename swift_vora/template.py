@@ -30,7 +30,7 @@ from swift.template import register_template
 from swift.template.templates.qwen import QwenTemplateMeta, Qwen3VLTemplate
 from swift.utils import get_logger
 
-from . import shape_bucket
+from . import pixel_dtype, shape_bucket
 from .budget import FRAME_FACTOR, VideoBudget
 
 logger = get_logger()
@@ -69,6 +69,8 @@ class VideoOraTemplate(Qwen3VLTemplate):
         self._logged = 0
         self._frame_cap: Optional[int] = None
         self._video_reports: List[Dict[str, Any]] = []
+        # float32 pixels cast to the model's bf16/fp16 in the worker, as the model's forward would (pixel_dtype.py)
+        self.vora_pixel_dtype = pixel_dtype.target_dtype(getattr(self.model_info, 'torch_dtype', None))
 
     # ---- video decoding under the budget -------------------------------------------------------
     def _patch_factor(self) -> int:
@@ -158,6 +160,7 @@ class VideoOraTemplate(Qwen3VLTemplate):
         if self.is_training and report['supervised_tokens'] == 0:
             raise SampleRejected(f'{self._sample_name(inputs)}: no supervised tokens (empty answer?)')
         shape_bucket.pad_tail(encoded, padding, self.tokenizer.pad_token_id)
+        pixel_dtype.cast_pixels(encoded, self.vora_pixel_dtype)
         return encoded
 
     def _sample_name(self, inputs) -> str:

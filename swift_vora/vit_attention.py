@@ -47,6 +47,40 @@ def split_sizes(cu_seqlens) -> List[int]:
     return sizes
 
 
+def _attention_inputs(attn, mod, hidden_states, position_embeddings):
+    """q, k, v as [heads, seq, head_dim] after the rotary embedding (transformers' first half of the forward)."""
+    seq_length = hidden_states.shape[0]
+    q, k, v = attn.qkv(hidden_states).reshape(seq_length, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+    cos, sin = position_embeddings
+    q, k = mod.apply_rotary_pos_emb_vision(q, k, cos, sin)
+    return tuple(t.transpose(0, 1) for t in (q, k, v))
+
+
+def _attention_call(attn, mod, kwargs):
+    interface = mod.ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation,
+                                                          mod.eager_attention_forward)
+    common = dict(attention_mask=None, scaling=attn.scaling,
+                  dropout=0.0 if not attn.training else attn.attention_dropout, is_causal=False, **kwargs)
+    return interface, common
+
+
+def equal_groups_attention(attn, mod, hidden_states, position_embeddings, groups: int, length: int, **kwargs):
+    """The block-diagonal attention of `groups` packed frame groups of `length` patches each, as one batched call
+    (`mod`: the attention class's modeling module). Sizes are plain ints, so a compiled caller needs no sync."""
+    q, k, v = _attention_inputs(attn, mod, hidden_states, position_embeddings)
+    interface, common = _attention_call(attn, mod, kwargs)
+    heads, head_dim = q.shape[0], q.shape[-1]
+    q, k, v = (t.reshape(heads, groups, length, head_dim).transpose(0, 1) for t in (q, k, v))
+    out = interface(attn, q, k, v, **common)[0]  # [groups, length, heads, head_dim]
+    return attn.proj(out.reshape(groups * length, -1).contiguous())
+
+
+def equal_groups_sizes(cu_seqlens):
+    """(groups, length) when every packed group has the same length (one video, or videos of one grid), else None."""
+    sizes = split_sizes(cu_seqlens)
+    return (len(sizes), sizes[0]) if sizes and len(set(sizes)) == 1 else None
+
+
 def _make_forward(original, mod):
     import torch
 
@@ -54,30 +88,49 @@ def _make_forward(original, mod):
         if mod.is_flash_attention_requested(self.config):
             return original(self, hidden_states, cu_seqlens, position_embeddings=position_embeddings,
                             max_seqlen=max_seqlen, **kwargs)
-        seq_length = hidden_states.shape[0]
-        q, k, v = self.qkv(hidden_states).reshape(seq_length, 3, self.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-        cos, sin = position_embeddings
-        q, k = mod.apply_rotary_pos_emb_vision(q, k, cos, sin)
-        q, k, v = (t.transpose(0, 1) for t in (q, k, v))  # [heads, seq, head_dim]
-        attention = mod.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
-                                                              mod.eager_attention_forward)
-        common = dict(attention_mask=None, scaling=self.scaling,
-                      dropout=0.0 if not self.training else self.attention_dropout, is_causal=False, **kwargs)
-        sizes = split_sizes(cu_seqlens)
-        heads, head_dim = q.shape[0], q.shape[-1]
-        if len(set(sizes)) == 1:  # equal groups: one batched call, [groups, heads, length, head_dim]
-            groups, length = len(sizes), sizes[0]
-            q, k, v = (t.reshape(heads, groups, length, head_dim).transpose(0, 1) for t in (q, k, v))
-            out = attention(self, q, k, v, **common)[0]  # [groups, length, heads, head_dim]
-        else:
-            parts = zip(*(t.split(sizes, dim=1) for t in (q, k, v)))
-            out = torch.cat([attention(self, a.unsqueeze(0), b.unsqueeze(0), c.unsqueeze(0), **common)[0]
-                             for a, b, c in parts], dim=1)
-        out = out.reshape(seq_length, -1).contiguous()
-        return self.proj(out)
+        equal = equal_groups_sizes(cu_seqlens)
+        if equal is not None:
+            return equal_groups_attention(self, mod, hidden_states, position_embeddings, *equal, **kwargs)
+        q, k, v = _attention_inputs(self, mod, hidden_states, position_embeddings)
+        interface, common = _attention_call(self, mod, kwargs)
+        parts = zip(*(t.split(split_sizes(cu_seqlens), dim=1) for t in (q, k, v)))
+        out = torch.cat([interface(self, a.unsqueeze(0), b.unsqueeze(0), c.unsqueeze(0), **common)[0]
+                         for a, b, c in parts], dim=1)
+        return self.proj(out.reshape(hidden_states.shape[0], -1).contiguous())
 
     forward._swift_vora_original = original
+    forward._swift_vora_module = mod
     return forward
+
+
+def is_patched(attention_class) -> bool:
+    return bool(getattr(attention_class.forward, '_swift_vora_original', None))
+
+
+def batched_groups(attn, cu_seqlens):
+    """(groups, length) when `attn` can run as one batched call of equal groups through an interface that takes no
+    further arguments (transformers' `sdpa` and `eager` ignore the model-level kwargs such as `num_items_in_batch`
+    that reach every vision block); None otherwise (flash attention's varlen kernel, flex, unequal groups)."""
+    if attn.config._attn_implementation not in ('sdpa', 'eager'):
+        return None
+    return equal_groups_sizes(cu_seqlens)
+
+
+def make_equal_groups_block(block_class, attention_class):
+    """`block_class.forward` (transformers 5.17's Qwen3-VL vision block: pre-norm attention and MLP, each added to
+    the residual) with the attention as one batched call of equal frame groups: the function compile_layers
+    compiles for the vision blocks, taking the group sizes as ints so the compiled graph has no host sync.
+    Needs `attention_class` patched (its module is read from the patch)."""
+    mod = attention_class.forward._swift_vora_module
+
+    def block_forward(block, hidden_states, position_embeddings, groups: int, length: int):
+        attended = equal_groups_attention(block.attn, mod, block.norm1(hidden_states), position_embeddings,
+                                          groups, length)
+        hidden_states = hidden_states + attended
+        return hidden_states + block.mlp(block.norm2(hidden_states))
+
+    block_forward.__qualname__ = f'{block_class.__name__}.equal_groups_forward'
+    return block_forward
 
 
 def patch_vision_attention() -> List[str]:
@@ -93,7 +146,7 @@ def patch_vision_attention() -> List[str]:
         cls = getattr(mod, class_name, None)
         if cls is None:
             continue
-        if not getattr(cls.forward, '_swift_vora_original', None):
+        if not is_patched(cls):
             cls.forward = _make_forward(cls.forward, sys.modules[cls.__module__])
         patched.append(class_name)
     return patched

@@ -36,15 +36,17 @@ def test_registered_in_callbacks_map_and_default_on(monkeypatch):
     monkeypatch.delenv('SWIFT_VORA_GUARDS', raising=False)
     monkeypatch.delenv('SWIFT_VORA_LORA_AUTOCAST_INPUTS', raising=False)
     monkeypatch.delenv('SWIFT_VORA_HOST_OVERHEAD', raising=False)
+    monkeypatch.delenv('SWIFT_VORA_PIXEL_DTYPE', raising=False)
     names = [type(cb).__name__ for cb in SwiftMixin._get_callbacks(FakeTrainer(), args)]
     # every guard once, plus the speed levers that are on by default and are not guards
-    # (swift_vora/lora_autocast.py, swift_vora/host_overhead.py)
-    assert names.count('MemoryGuard') == 1 and 'CoverageGuard' in names and len(names) == len(GUARDS) + 2
-    assert names[-2:] == ['LoraAutocastInputs', 'HostOverhead']
-    assert {'vora_lora_autocast', 'vora_host_overhead'} <= set(callbacks_map)
+    # (swift_vora/lora_autocast.py, swift_vora/host_overhead.py, swift_vora/pixel_dtype.py's check)
+    assert names.count('MemoryGuard') == 1 and 'CoverageGuard' in names and len(names) == len(GUARDS) + 3
+    assert names[-3:] == ['LoraAutocastInputs', 'HostOverhead', 'PixelDtypeCheck']
+    assert {'vora_lora_autocast', 'vora_host_overhead', 'vora_pixel_dtype'} <= set(callbacks_map)
     monkeypatch.setenv('SWIFT_VORA_GUARDS', 'none')
     monkeypatch.setenv('SWIFT_VORA_LORA_AUTOCAST_INPUTS', '0')
     monkeypatch.setenv('SWIFT_VORA_HOST_OVERHEAD', '0')
+    monkeypatch.setenv('SWIFT_VORA_PIXEL_DTYPE', 'float32')
     names = [type(cb).__name__ for cb in SwiftMixin._get_callbacks(FakeTrainer(), args)]
     assert names == ['MemoryGuard']  # explicit --callbacks still work with the defaults off
     args = types.SimpleNamespace(callbacks=[])

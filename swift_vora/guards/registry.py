@@ -10,10 +10,11 @@ Selection, read when the trainer is built:
 - `SWIFT_VORA_GUARDS=all` (default) | `none` | a comma list of names, optionally starting from `all` and
   removing some: `all,-memory,-verify_adapter`.
 - `SWIFT_VORA_GUARD_<NAME>=0|1` overrides one guard either way (e.g. `SWIFT_VORA_GUARD_VERIFY_ADAPTER=0`).
-The same wrap appends three speed levers that are not guards: `vora_lora_autocast` (swift_vora/lora_autocast.py)
-unless `SWIFT_VORA_LORA_AUTOCAST_INPUTS=0`, `vora_host_overhead` (swift_vora/host_overhead.py) unless
-`SWIFT_VORA_HOST_OVERHEAD=0`, and `vora_compile_layers` (swift_vora/compile_layers.py) when
-`SWIFT_VORA_COMPILE=layers`.
+The same wrap appends the speed levers' callbacks, which are not guards: `vora_lora_autocast`
+(swift_vora/lora_autocast.py) unless `SWIFT_VORA_LORA_AUTOCAST_INPUTS=0`, `vora_host_overhead`
+(swift_vora/host_overhead.py) unless `SWIFT_VORA_HOST_OVERHEAD=0`, `vora_compile_layers` (swift_vora/compile_layers.py)
+when `SWIFT_VORA_COMPILE=layers`, and `vora_pixel_dtype` (swift_vora/pixel_dtype.py: checks the vision tower runs
+in the dtype the template hands pixels over in) unless `SWIFT_VORA_PIXEL_DTYPE=float32`.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ _TRUE, _FALSE = ('1', 'true', 'yes', 'on'), env_switch.OFF
 LORA_AUTOCAST = PREFIX + 'lora_autocast'  # a default callback that is not a guard (SWIFT_VORA_LORA_AUTOCAST_INPUTS)
 COMPILE_LAYERS = PREFIX + 'compile_layers'  # opt-in, not a guard (SWIFT_VORA_COMPILE=layers)
 HOST_OVERHEAD = PREFIX + 'host_overhead'  # a default callback that is not a guard (SWIFT_VORA_HOST_OVERHEAD)
+PIXEL_DTYPE = PREFIX + 'pixel_dtype'  # the check that goes with pixels cast in the workers (SWIFT_VORA_PIXEL_DTYPE)
 
 
 def enabled_guards(environ: Optional[Dict[str, str]] = None) -> List[str]:
@@ -98,9 +100,11 @@ def register_guards() -> None:
     from ..compile_layers import CompileDecoderLayers, mode as compile_mode
     from ..host_overhead import HostOverhead, enabled as host_overhead_enabled
     from ..lora_autocast import LoraAutocastInputs, enabled as lora_autocast_enabled
+    from ..pixel_dtype import PixelDtypeCheck, mode as pixel_mode
     callbacks_map.setdefault(LORA_AUTOCAST, LoraAutocastInputs)
     callbacks_map.setdefault(HOST_OVERHEAD, HostOverhead)
     callbacks_map.setdefault(COMPILE_LAYERS, CompileDecoderLayers)
+    callbacks_map.setdefault(PIXEL_DTYPE, PixelDtypeCheck)
     original = SwiftMixin._get_callbacks
     if getattr(original, '_swift_vora_guards', False):
         return
@@ -120,6 +124,8 @@ def register_guards() -> None:
             callbacks.append(HostOverhead(args, self))
         if compile_mode() != 'off' and COMPILE_LAYERS not in named:
             callbacks.append(CompileDecoderLayers(args, self))
+        if pixel_mode() == 'model' and PIXEL_DTYPE not in named:
+            callbacks.append(PixelDtypeCheck(args, self))
         return callbacks
 
     _get_callbacks._swift_vora_guards = True
