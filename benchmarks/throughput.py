@@ -479,7 +479,8 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
                    **({'SWIFT_VORA_COMPILE_BACKEND': 'aot_eager'} if smoke else {})}
     def vora_flags(workers: int) -> List[str]:
         flags = ['--dataloader_num_workers', str(workers), '--vit_gradient_checkpointing', 'false']
-        if workers > 0:  # prefetch stays at 2 per worker: a 64-frame sample is ~140 MB of float32 pixels in /dev/shm (70 in bf16)
+        # prefetch stays at 2 per worker: a 64-frame sample is ~140 MB of float32 pixels in /dev/shm (70 in bf16)
+        if workers > 0:
             flags += ['--dataloader_persistent_workers', 'true']
         return flags
 
@@ -510,6 +511,10 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         # ... as runs 7-10 measured it: vision tower eager, float32 pixels from the workers
         'vora_gc_compile_r10': vora(True, env={**compile_env, 'SWIFT_VORA_COMPILE_VISION': '0',
                                                'SWIFT_VORA_PIXEL_DTYPE': 'float32'}),
+        # ... with the batches copied to the GPU without blocking the host (accelerate's `non_blocking`, from the
+        # pinned DataLoader memory; swift's own accelerator_config default kept)
+        'vora_gc_compile_nb': vora(True, '--accelerator_config', '{"dispatch_batches": false, "non_blocking": true}',
+                                   env=compile_env),
         # ... with bf16 pixels but the vision tower eager (what the vision compile adds on its own)
         'vora_gc_compile_eager_vision': vora(True, env={**compile_env, 'SWIFT_VORA_COMPILE_VISION': '0'}),
         # ... with one batch in flight per DataLoader worker instead of swift's 2: a smaller backlog for the 12

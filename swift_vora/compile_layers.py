@@ -29,13 +29,13 @@ is the derivative of the loss that was computed). Around it, the checkpointed fo
 recompute (training graph) draw the same masks from the RNG state `torch.utils.checkpoint` restores.
 tests/test_compile_layers.py checks both on CPU, and the around-the-layer masks on CUDA too (marked gpu).
 
-The vision tower's blocks are compiled too (`SWIFT_VORA_COMPILE_VISION=0` leaves them eager). Run 6's trace spent
-~80 ms of every 4-sample step's GPU time in the frozen vision tower, over half of it outside the matmuls and the
-attention: autocast runs its LayerNorms and its rotary embedding in float32, as dozens of small kernels per block
-with the GPU waiting on their launches. A vision block's whole work between two frame-group splits (norms, qkv,
-rotary embedding, the batched attention of swift_vora/vit_attention.py, projection, MLP, residuals) is one compiled
-function shared by all blocks; the group sizes enter as ints read once per vision forward, so the graph has no
-host sync. Under a frozen tower it is an inference graph (nothing there needs autograd).
+The vision tower's blocks are compiled too (`SWIFT_VORA_COMPILE_VISION=0` leaves them eager). In run 6's trace the
+frozen vision tower spanned ~80 ms of GPU timeline per sample, most of it outside its matmuls and attention:
+autocast runs its LayerNorms and its rotary embedding in float32, as dozens of small kernels per block with the GPU
+waiting on their launches. A vision block's whole work (norms, qkv, rotary embedding, the batched attention of
+swift_vora/vit_attention.py, projection, MLP, residuals) is one compiled function shared by all blocks; the
+frame-group sizes enter as ints read once per vision forward, so the graph has no host sync. Under a frozen tower
+it is an inference graph (nothing there needs autograd). Runs 11-13 of docs/benchmarks.md measure it.
 
 `SWIFT_VORA_COMPILE=layers` turns it on (recipe key `train.compile: layers`); it is off by default because on a CPU
 or a tiny model the compile costs more than it saves. Not applied under DeepSpeed (ZeRO-3 gathers parameters in
