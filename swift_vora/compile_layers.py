@@ -161,9 +161,9 @@ def compile_decoder_layers(model, backend: str = 'inductor', checkpoint: str = '
 
 
 def compile_vision_blocks(blocks, backend: str = 'inductor') -> int:
-    """Compile the vision blocks' work between the frame-group split and the next block: one compiled function
-    (norms, qkv, rotary embedding, the batched attention, projection, MLP, residuals) shared by all blocks, called
-    with the group sizes as ints that `vit_attention.split_sizes` reads once per vision forward. The model-level
+    """Compile the vision blocks: one compiled function for a block's whole work (norms, qkv, rotary embedding, the
+    batched attention, projection, MLP, residuals) shared by all blocks, called with the frame-group sizes as ints
+    that `vit_attention.split_sizes` reads once per vision forward. The model-level
     kwargs that transformers hands down to every block (`num_items_in_batch`, `use_cache`) are not passed in: sdpa
     and eager attention ignore them. Calls it cannot take (unequal groups, other attention implementations,
     transformers' output-recording hooks on the attention) run transformers' block forward with the patched

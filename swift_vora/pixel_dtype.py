@@ -1,9 +1,9 @@
 """Pixels leave the DataLoader workers in the model's dtype (bf16/fp16), not the processor's float32.
 
 Qwen3-VL's processor returns float32 patches: a 64-frame clip at the h200x1 budget is 23,040 patches x 1,536 values,
-141 MB per sample that each DataLoader worker writes to shared memory, the pin-memory thread copies into pinned
-memory and the trainer copies to the GPU before every micro-batch (run 6's trace: 14-17 ms of GPU idle per
-micro-batch while `_prepare_inputs` moved the batch). The model's first act is to cast them to the vision tower's
+141 MB per sample that a DataLoader worker writes to shared memory, the pin-memory thread copies into pinned
+memory and accelerate copies to the GPU (all four micro-batches of a step at once, so they also sit in GPU memory
+together). The model's first act is to cast them to the vision tower's
 dtype -- ms-swift's Qwen3-VL forward (`_forward_qwen3_vl_or_qwen3_omni`: `pixel_values_mixed.type(self.visual.dtype)`)
 and transformers' `get_image_features` (`pixel_values.type(self.visual.dtype)`) alike -- so the same cast made in the
 worker hands the tower bit-identical values at half the bytes (tests/test_pixel_dtype.py).
@@ -40,11 +40,12 @@ def target_dtype(torch_dtype, environ=None):
 
 def cast_pixels(encoded, dtype) -> None:
     """Cast an encode's float pixel tensors to `dtype` in place (nothing if `dtype` is None)."""
+    import torch
     if dtype is None:
         return
     for key in KEYS:
         value = encoded.get(key)
-        if value is not None and value.is_floating_point() and value.dtype != dtype:
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
             encoded[key] = value.to(dtype)
 
 
