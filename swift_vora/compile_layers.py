@@ -94,12 +94,13 @@ def decoder_layers(model) -> List:
     return _repeated_blocks(model, 'DecoderLayer')
 
 
-def vision_blocks(model) -> List:
-    """The vision tower's repeated blocks (`*VisionBlock`), if their attention class carries swift-vora's batched
-    forward (swift_vora/vit_attention.py); [] otherwise -- transformers' own attention reads the frame-group sizes
-    from the device in every block, which a compiled graph cannot do."""
+def vision_blocks(model, blocks=None) -> List:
+    """The vision tower's repeated blocks (`*VisionBlock`; `blocks`: those the caller found already), if their
+    attention class carries swift-vora's batched forward (swift_vora/vit_attention.py); [] otherwise --
+    transformers' own attention reads the frame-group sizes from the device in every block, which a compiled graph
+    cannot do."""
     from . import vit_attention
-    blocks = _repeated_blocks(model, 'VisionBlock')
+    blocks = _repeated_blocks(model, 'VisionBlock') if blocks is None else blocks
     attn = getattr(blocks[0], 'attn', None) if blocks else None
     return blocks if attn is not None and vit_attention.is_patched(type(attn)) else []
 
@@ -163,11 +164,11 @@ def compile_decoder_layers(model, backend: str = 'inductor', checkpoint: str = '
 def compile_vision_blocks(blocks, backend: str = 'inductor') -> int:
     """Compile the vision blocks: one compiled function for a block's whole work (norms, qkv, rotary embedding, the
     batched attention, projection, MLP, residuals) shared by all blocks, called with the frame-group sizes as ints
-    that `vit_attention.split_sizes` reads once per vision forward. The model-level
-    kwargs that transformers hands down to every block (`num_items_in_batch`, `use_cache`) are not passed in: sdpa
-    and eager attention ignore them. Calls it cannot take (unequal groups, other attention implementations,
-    transformers' output-recording hooks on the attention) run transformers' block forward with the patched
-    attention, as without this. Returns how many blocks."""
+    that `vit_attention.split_sizes` reads once per vision forward. The model-level kwargs that transformers hands
+    down to every block (`num_items_in_batch`, `use_cache`) are not passed in: sdpa and eager attention ignore them.
+    Calls it cannot take (unequal groups, other attention implementations, transformers' output-recording hooks on
+    the attention) run transformers' block forward with the patched attention, as without this. Returns how many
+    blocks."""
     import types
 
     import torch
@@ -221,9 +222,10 @@ class CompileDecoderLayers(TrainerCallback):
         checkpointed = sum(bool(getattr(layer, 'gradient_checkpointing', False)) for layer in layers)
         self.compiled = compile_decoder_layers(model, backend=backend, checkpoint=place, layers=layers)
         if compile_vision():
-            blocks = vision_blocks(model)
+            found = _repeated_blocks(model, 'VisionBlock')
+            blocks = vision_blocks(model, found)
             self.compiled_vision = compile_vision_blocks(blocks, backend=backend)
-            if not blocks and _repeated_blocks(model, 'VisionBlock'):
+            if found and not blocks:
                 logger.info('swift-vora compile: vision blocks left uncompiled (transformers\' vision attention, '
                             'SWIFT_VORA_VIT_ATTENTION=transformers or a model swift-vora does not patch)')
         if not self.compiled:
