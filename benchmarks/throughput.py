@@ -334,7 +334,7 @@ def _install_instrumentation() -> None:
                 labels = encoded.get('labels')
                 grid = encoded.get('video_grid_thw')
                 rec = {'pid': os.getpid(), 'template': type(self).__name__, 'tokens': len(ids),
-                       'video_tokens': sum(1 for t in ids if t == VIDEO_TOKEN_ID),
+                       'video_tokens': sum(1 for t in ids if t == getattr(self, 'video_token_id', VIDEO_TOKEN_ID)),
                        'supervised': sum(1 for t in labels if t != -100) if labels is not None else None,
                        'video_grid_thw': grid.tolist() if hasattr(grid, 'tolist') else None}
                 with open(encode_path, 'a') as f:

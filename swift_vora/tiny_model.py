@@ -237,3 +237,100 @@ def build_qwen3_vl(out_dir: str, shape: 'Qwen3VLShape | str' = 'tiny', seed: int
         f.write(f'Random weights built offline by swift_vora.tiny_model.build_qwen3_vl ({n_params} parameters); '
                 'for tests and benchmarks only.\n')
     return out_dir
+
+
+# ---- Qwen3.5 / Qwen3.6 MoE (the 35B-A3B shape, or a tiny one) ---------------------------------------------------
+# Qwen3.5's tokenizer puts the same special tokens in the same order as Qwen3's, from id 248044: image 248056,
+# video 248057, vision start/end 248053/248054 (the ids ms-swift's qwen3_5 template and the config hard-code).
+QWEN3_5_FIRST_SPECIAL_ID = 248044
+QWEN3_5_VOCAB = 248320
+
+# Published Qwen3.6-35B-A3B values that transformers' Qwen3_5MoeConfig() defaults leave out: the merger writes the
+# text model's width (the class default, 3584, belongs to another size), and the text rotary embedding's M-RoPE.
+QWEN3_5_MOE_35B_TEXT = dict(rope_parameters={'rope_type': 'default', 'rope_theta': 10000000.0,
+                                             'partial_rotary_factor': 0.25, 'mrope_section': [11, 11, 10],
+                                             'mrope_interleaved': True})
+QWEN3_5_MOE_TINY_TEXT = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                             head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                             shared_expert_intermediate_size=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                             linear_key_head_dim=8, linear_value_head_dim=8, max_position_embeddings=32768,
+                             rope_parameters={'rope_type': 'default', 'rope_theta': 10000000.0,
+                                              'partial_rotary_factor': 0.5, 'mrope_section': [1, 1, 2],
+                                              'mrope_interleaved': True})
+QWEN3_5_MOE_TINY_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                               num_position_embeddings=2304)
+
+
+def qwen3_5_moe_config(shape: str = '35b-a3b', num_layers: 'int | None' = None):
+    """The transformers `Qwen3_5MoeConfig` of the 35B-A3B shape ('35b-a3b': the class defaults plus the published
+    merger width and M-RoPE) or a tiny one ('tiny'), optionally cut to its first `num_layers` decoder layers
+    (the layer pattern -- three Gated DeltaNet layers, then one full-attention layer -- is kept)."""
+    from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+    if shape not in ('35b-a3b', 'tiny'):
+        raise ValueError(f"qwen3_5_moe shape {shape!r}: '35b-a3b' | 'tiny'")
+    text = dict(QWEN3_5_MOE_35B_TEXT if shape == '35b-a3b' else QWEN3_5_MOE_TINY_TEXT)
+    vision = {} if shape == '35b-a3b' else dict(QWEN3_5_MOE_TINY_VISION)
+    full = Qwen3_5MoeConfig(text_config=text).text_config
+    layers = full.num_hidden_layers if num_layers is None else int(num_layers)
+    if not 1 <= layers <= len(full.layer_types):
+        raise ValueError(f'num_layers {layers}: 1..{len(full.layer_types)}')
+    text.update(num_hidden_layers=layers, layer_types=list(full.layer_types[:layers]))
+    vision['out_hidden_size'] = full.hidden_size
+    config = Qwen3_5MoeConfig(text_config=text, vision_config=vision)
+    config.architectures = [Qwen3_5MoeForConditionalGeneration.__name__]
+    return config
+
+
+def write_qwen3_5_processor(out_dir: str) -> None:
+    """Tokenizer with Qwen3.5's special ids, the Qwen3-VL processor Qwen3.5 checkpoints use, generation config."""
+    from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessor, Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    raw = _byte_level_tokenizer(QWEN3_5_VOCAB, QWEN3_5_FIRST_SPECIAL_ID, QWEN3_VL_SPECIAL, QWEN3_ADDED)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token='<|im_end|>', pad_token='<|endoftext|>',
+                                        model_max_length=262144)
+    image_processor = Qwen2VLImageProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
+    video_processor = Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
+    processor = Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor)
+    processor.save_pretrained(out_dir)
+    eos = QWEN3_5_FIRST_SPECIAL_ID + 2  # <|im_end|>
+    with open(os.path.join(out_dir, 'generation_config.json'), 'w') as f:
+        json.dump({'eos_token_id': [eos, QWEN3_5_FIRST_SPECIAL_ID], 'pad_token_id': QWEN3_5_FIRST_SPECIAL_ID,
+                   'do_sample': False}, f)
+
+
+def build_qwen3_5_moe(out_dir: str, shape: str = 'tiny', num_layers: 'int | None' = None, seed: int = 0,
+                      dtype: str = 'bfloat16', device: str = 'cpu') -> Dict[str, int]:
+    """Write a random Qwen3.5-MoE checkpoint (config, safetensors shards, tokenizer, processor) to `out_dir`.
+
+    `device='cuda'` initialises the weights on the GPU (billions of parameters in seconds). Returns the
+    parameter counts of the model that was written: {'total', 'language', 'vision', 'experts'}."""
+    import torch
+    from transformers import Qwen3_5MoeForConditionalGeneration
+
+    os.makedirs(out_dir, exist_ok=True)
+    torch.manual_seed(seed)
+    config = qwen3_5_moe_config(shape, num_layers)
+    torch_dtype = getattr(torch, dtype)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch_dtype)
+    try:
+        with torch.device(device):
+            model = Qwen3_5MoeForConditionalGeneration(config)
+    finally:
+        torch.set_default_dtype(previous)
+    model.config.dtype = torch_dtype
+    counts = {'total': 0, 'language': 0, 'vision': 0, 'experts': 0}
+    for name, param in model.named_parameters():
+        counts['total'] += param.numel()
+        counts['vision' if '.visual.' in f'.{name}' else 'language'] += param.numel()
+        if '.experts.' in name:
+            counts['experts'] += param.numel()
+    model.save_pretrained(out_dir, safe_serialization=True, max_shard_size='5GB')
+    del model
+    write_qwen3_5_processor(out_dir)
+    with open(os.path.join(out_dir, 'SWIFT_VORA_TINY_MODEL.txt'), 'w') as f:
+        f.write(f'Random weights built offline by swift_vora.tiny_model.build_qwen3_5_moe (shape {shape}, '
+                f'{config.text_config.num_hidden_layers} layers, {counts["total"]} parameters); for tests and '
+                'benchmarks only.\n')
+    return counts

@@ -6,12 +6,16 @@
 #   bash scripts/gpu/fetch_wheels.sh            # both sets
 #   bash scripts/gpu/fetch_wheels.sh swift      # .whl/swift only   (ms-swift + deepspeed + py-spy; build/ = hatchling set)
 #   bash scripts/gpu/fetch_wheels.sh unsloth    # .whl/unsloth only (unsloth, slimmed; bitsandbytes, slimmed)
+#   bash scripts/gpu/fetch_wheels.sh moe        # .whl/moe: what benchmarks/moe_throughput.py adds to .whl/swift --
+#                                               # unsloth, unsloth_zoo, bitsandbytes (slimmed, from the unsloth set)
+#                                               # and flash-linear-attention (fla-core + flash-linear-attention)
 #
 # Layout (all under the git-ignored .whl/):
 #   .whl/swift/*.whl        installed on the GPU machine by scripts/gpu/setup_env.sh (`--target /tmp/site`)
 #   .whl/swift/build/*.whl  hatchling + its deps + editables: only for `pip install --no-index
 #                           --find-links .whl/swift/build --no-deps -e .` there (never installed into /tmp/site)
 #   .whl/unsloth/*.whl      the Unsloth set (trl 1.15 / datasets 4.8.5: never mix with .whl/swift)
+#   .whl/moe/*.whl          Unsloth without its trl/datasets pins (ms-swift's trl 0.29.1 satisfies it) + fla
 #   .whl/_orig/             untouched downloads the slimmed wheels were made from (does not travel)
 # Every set must stay under ~60 MiB: one device call carries at most 64 MiB, repository included.
 set -euo pipefail
@@ -23,10 +27,11 @@ WHL="$ROOT/.whl"
 SWIFT="$WHL/swift"
 BUILD="$SWIFT/build"
 UNSLOTH="$WHL/unsloth"
+MOE="$WHL/moe"
 ORIG="$WHL/_orig"
 WHAT="${1:-all}"
 
-if [ "${CLEAN:-0}" = 1 ]; then rm -rf "$SWIFT" "$UNSLOTH" "$ORIG"; fi
+if [ "${CLEAN:-0}" = 1 ]; then rm -rf "$SWIFT" "$UNSLOTH" "$MOE" "$ORIG"; fi
 mkdir -p "$SWIFT" "$BUILD" "$UNSLOTH" "$ORIG"
 
 # Python 3.12, x86_64 Linux (glibc 2.35+ there): pip matches each manylinux tag exactly, so list them all.
@@ -86,7 +91,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = swift ]; then
   fi
 fi
 
-if [ "$WHAT" = all ] || [ "$WHAT" = unsloth ]; then
+if [ "$WHAT" = all ] || [ "$WHAT" = unsloth ] || [ "$WHAT" = moe ]; then
   fetch "$ORIG" unsloth==2026.10.9 bitsandbytes==0.50.2
   rest=()
   for req in "${UNSLOTH_SET[@]}"; do
@@ -102,8 +107,17 @@ if [ "$WHAT" = all ] || [ "$WHAT" = unsloth ]; then
     --keep '**/libbitsandbytes_cpu.so' --keep '**/libbitsandbytes_cuda130.so'
 fi
 
+if [ "$WHAT" = all ] || [ "$WHAT" = moe ]; then
+  # Gated DeltaNet kernels for Qwen3.5/3.6 (Triton, pure Python): transformers binds them when `fla` imports.
+  mkdir -p "$MOE"
+  fetch "$MOE" fla-core==0.6.0 flash-linear-attention==0.6.0
+  for name in unsloth unsloth_zoo bitsandbytes; do
+    cp -n "$UNSLOTH/$name"-*.whl "$MOE"/
+  done
+fi
+
 echo "== sizes (one device call carries <= 64 MiB including the repository)"
-for d in "$SWIFT" "$BUILD" "$UNSLOTH"; do
+for d in "$SWIFT" "$BUILD" "$UNSLOTH" "$MOE"; do
   n=$(ls "$d"/*.whl 2>/dev/null | wc -l)
   printf "%-28s %3s wheels  %s\n" "${d#$ROOT/}" "$n" "$(du -sh "$d" | cut -f1)"
 done

@@ -12,6 +12,8 @@
 #   e2e           pytest -m gpu tests/ (the GPU-marked tests; none marked = rc 0 with a note); junit XML into $OUT
 #   e2e_dense     scripts/gpu/e2e_dense.sh: recipe -> ZeRO-3 LoRA -> verify-adapter -> merge -> eval (2B shape) [~5 min]
 #   multi_gpu_zero3  scripts/gpu/multi_gpu_zero3.sh: NCCL sanity + ZeRO-3 LoRA on every GPU of the host, all guards
+#   moe           benchmarks/moe_throughput.py: Unsloth split LoRA vs plain swift PEFT, Qwen3.5-MoE 35B-A3B shape with
+#                 N layers (needs carry [".whl/swift", ".whl/moe"]: ~56 MiB with the repo)
 #   unsloth       scripts/gpu/unsloth_smoke.sh (needs carry [".whl/swift", ".whl/unsloth"]: ~59 MiB with the repo)
 # Example: `bash scripts/gpu/run_all.sh throughput --variants baseline,vora,vora_gc`.
 #
@@ -23,6 +25,22 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${OUT:-/tmp/swift_vora_out}"
 LOGS=/tmp/swift_vora_logs
+
+# Unsloth (+ unsloth_zoo, bitsandbytes) next to the ms-swift set in /tmp/site, flash-linear-attention in a folder of
+# its own (/tmp/site-fla) so that a variant can run without it (moe_throughput.py's *_nofla).
+install_moe_wheels() {
+  ls .whl/moe/unsloth-*.whl >/dev/null 2>&1 || { echo "moe: no .whl/moe (bash scripts/gpu/fetch_wheels.sh moe)"; return 2; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/moe/unsloth-*.whl .whl/moe/unsloth_zoo-*.whl .whl/moe/bitsandbytes-*.whl || return 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-fla \
+    .whl/moe/fla_core-*.whl .whl/moe/flash_linear_attention-*.whl || return 1
+  # Not on PYTHONPATH by default: fla 0.6 refuses the Gated DeltaNet backward on Hopper with Triton < 3.7.1 (wrong
+  # results upstream, fla #640), and the image has Triton 3.6. moe_throughput.py's *_fla variants add it.
+  export SWIFT_VORA_FLA_PATH=/tmp/site-fla
+  export UNSLOTH_DISABLE_STATISTICS=1
+  python3 -c 'import unsloth, unsloth_zoo, fla; print("moe wheels: unsloth", unsloth.__version__, "| unsloth_zoo",
+unsloth_zoo.__version__, "| fla", getattr(fla, "__version__", "?"), fla.__file__)' 2>&1 | grep -v -i warn | tail -3
+}
 
 main() {
   local phases="${1:-setup}"
@@ -64,6 +82,11 @@ main() {
       multi_gpu_zero3)
         work=/tmp/mgpu
         OUT="$LOGS/$phase" bash scripts/gpu/multi_gpu_zero3.sh "$work" "$@" || rc=1;;
+      moe)
+        # benchmarks/moe_throughput.py: Unsloth split LoRA vs plain swift PEFT on a Qwen3.5-MoE (carry .whl/moe too)
+        install_moe_wheels || { rc=1; continue; }
+        work=/tmp/swift_vora_moe
+        python3 benchmarks/moe_throughput.py --out "$LOGS/$phase" --work "$work" "$@" || rc=1;;
       unsloth)
         if [ -f scripts/gpu/unsloth_smoke.sh ]; then
           mkdir -p "$LOGS/$phase"
@@ -71,7 +94,7 @@ main() {
         else
           echo "unsloth: scripts/gpu/unsloth_smoke.sh is not in this checkout"; rc=2
         fi;;
-      *) echo "unknown phase '$phase' (setup|throughput|learnability|calibrate|e2e|e2e_dense|multi_gpu_zero3|unsloth)"; rc=2;;
+      *) echo "unknown phase '$phase' (setup|throughput|learnability|calibrate|e2e|e2e_dense|multi_gpu_zero3|moe|unsloth)"; rc=2;;
     esac
     echo "== phase $phase done in $((SECONDS - t1)) s (rc so far $rc)"
     # Results JSON flat into $OUT; the logs into one archive (the 8-file limit).

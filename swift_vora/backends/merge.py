@@ -33,6 +33,8 @@ import sys
 import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
+from .expert_merge_check import REPORT_FILE as EXPERT_REPORT
+from .expert_merge_check import check_expert_merge, has_expert_adapters
 from .unsloth import MARKER_FILE
 
 # Architectures vLLM serves, restricted to the families this project trains. Source: vLLM's model registry,
@@ -249,6 +251,18 @@ def verify_merged(model_dir: str) -> Dict[str, Any]:
             'bytes': nbytes}
 
 
+def _check_experts(adapter_dir: str, base: str, staged: str) -> Dict[str, Any]:
+    """Sampled experts of the merged weights == base + B@A (expert_merge_check.py); the report is kept beside them."""
+    check = check_expert_merge(adapter_dir, base, staged)
+    with open(os.path.join(staged, EXPERT_REPORT), 'w', encoding='utf-8') as f:
+        json.dump(check, f, indent=2)
+    if not (check['ok'] and check['trained']):
+        bad = [c for c in check['checks'] if not c['ok']][:3]
+        raise MergeError(f'merged expert weights differ from base + LoRA delta ({check["checked"]} checked, '
+                         f'trained={check["trained"]}): {bad}')
+    return {k: check[k] for k in ('checked', 'ok', 'layers', 'elements_telling', 'loaded_with')}
+
+
 def merge(adapter_dir: str, out_dir: str, base: Optional[str] = None) -> Dict[str, Any]:
     adapter_dir = os.path.abspath(adapter_dir)
     out_dir = os.path.abspath(out_dir)
@@ -274,6 +288,8 @@ def merge(adapter_dir: str, out_dir: str, base: Optional[str] = None) -> Dict[st
             _peft_merge(adapter_dir, base, staged)
         copied = _copy_processor_files(base, staged)
         report = verify_merged(staged)
+        if source in ('unsloth', 'peft') and base and has_expert_adapters(adapter_dir):
+            report['expert_check'] = _check_experts(adapter_dir, base, staged)
         if os.path.lexists(out_dir):
             raise MergeError(f'{out_dir} appeared while merging: refusing to overwrite it', 2)
         os.rename(staged, out_dir)

@@ -82,6 +82,7 @@ class UnslothRunConfig:
     logging_steps: int = 5
     save_steps: int = 100
     save_merged: bool = False
+    prefetch: int = 2  # micro-batches encoded ahead on a background thread (backends/prefetch.py)
     loader: str = 'unsloth'  # 'unsloth' (GPU) | 'peft' (CPU stand-in used by the tests)
     is_moe: bool = True
 

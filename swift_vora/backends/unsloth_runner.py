@@ -24,7 +24,7 @@ import os
 import random
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from .unsloth import (MARKER_FILE, UnslothRunConfig, assert_router_frozen, from_pretrained_kwargs, peft_kwargs,
                       unsloth_env)
@@ -151,9 +151,15 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     if cfg.loader == 'unsloth':
         import unsloth  # noqa: F401  (first: before transformers and ms-swift)
     import torch
+
+    from swift_vora.guards.registry import enabled_guards
+
+    from .prefetch import EncodePrefetcher, SampleOrder
+    from .runner_guards import RunnerGuards
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    guards_on = set(enabled_guards())
 
     model, info = load_model(cfg)
     counts = assert_router_frozen(model)
@@ -161,12 +167,18 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     if cfg.is_moe and counts['expert_lora_tensors'] == 0:
         raise AssertionError('no LoRA on the experts: the MoE split-LoRA path is not active')
     info.update(counts)
+    info['linear_attention_kernel'] = linear_attention_kernel()
     log(f'model loaded ({cfg.loader}): {counts["lora_tensors"]} LoRA tensors, {counts["expert_lora_tensors"]} on '
         f'experts, {counts["trainable_params"]:,} trainable parameters; router frozen; moe backend: '
-        f'{info.get("moe_backend")}')
+        f'{info.get("moe_backend")}; Gated DeltaNet kernel: {info["linear_attention_kernel"]}')
     if cfg.loader == 'peft':
         model.to(device)
+    guards = RunnerGuards(model, cfg.output_dir, device=device if device.type == 'cuda' else None)
+    guards.start({'loader': cfg.loader, 'model_path': os.path.abspath(cfg.model_path), 'guards': sorted(guards_on)})
     processor, template = build_template(cfg)
+    # The template computes M-RoPE positions with the model's get_rope_index; without a model it builds a second,
+    # dummy one (ms-swift's Template._get_model). Hand it the model being trained, as `swift sft` does.
+    template.model = model
     rows = build_rows(cfg)
     keys = _forward_keys(model)
 
@@ -178,60 +190,118 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)) * max(0.1, 1 - max(0, s - warmup) / max(1, total)))
     log_path = os.path.join(cfg.output_dir, 'train_log.jsonl')
-    order: List[int] = []
-    rejected = 0
+    order = SampleOrder(len(rows), cfg.seed)
+    prefetch = EncodePrefetcher(lambda: _next_batch(rows, order, template, cfg), depth=cfg.prefetch,
+                                first=_next_batch(rows, order, template, cfg))  # lazy set-up on this thread
     model.train()
+    sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
     start = time.time()
-    step, samples, last = 0, 0, {}
-    while step < total:
-        loss_sum = 0.0
-        for _ in range(cfg.grad_accum):
-            batch, n_rej = _next_batch(rows, order, template, cfg)
-            rejected += n_rej
-            inputs = {k: v.to(device) if hasattr(v, 'to') else v for k, v in batch.items() if k in keys}
-            loss = model(**inputs).loss / cfg.grad_accum
-            loss.backward()
-            loss_sum += float(loss.detach())
-            samples += cfg.micro_batch
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        last = {'step': step, 'loss': round(loss_sum, 6), 'lr': scheduler.get_last_lr()[0], 'samples': samples,
-                'rejected_samples': rejected, 'seconds': round(time.time() - start, 2)}
-        if step % cfg.logging_steps == 0 or step == total or step == 1:
-            log(json.dumps(last))
-        with open(log_path, 'a', encoding='utf-8') as f:
-            f.write(json.dumps(last) + '\n')
-        if step % cfg.save_steps == 0 or step == total:
-            save(model, processor, cfg, step, info)
-    if torch.cuda.is_available():
-        info['max_memory_allocated_gib'] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        info['max_memory_reserved_gib'] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
+    step, samples, tokens, rejected, last, ckpt = 0, 0, 0, 0, {}, None
+    try:
+        while step < total:
+            loss_sum = 0.0
+            for micro in range(cfg.grad_accum):
+                guards.enter('batch_wait', step, micro)
+                batch = prefetch.next()
+                rejected += batch.rejected
+                guards.on_batch(batch.supervised_per_sample, step, batch.names)
+                inputs = {k: v.to(device) if hasattr(v, 'to') else v for k, v in batch.inputs.items() if k in keys}
+                guards.enter('forward', step, micro)
+                loss = model(**inputs).loss / cfg.grad_accum
+                guards.enter('backward', step, micro)
+                loss.backward()
+                loss_sum += float(loss.detach())
+                samples += batch.samples
+                tokens += batch.tokens
+            guards.enter('optimizer_step', step)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            sync()  # step times are GPU times, not launch times
+            if not math.isfinite(loss_sum):
+                raise FloatingPointError(f'step {step}: loss is {loss_sum} (not finite)')
+            if 'lora_update' in guards_on:
+                guards.after_step(step, lr)
+            last = {'step': step, 'loss': round(loss_sum, 6), 'lr': lr, 'samples': samples, 'tokens': tokens,
+                    'rejected_samples': rejected, 'seconds': round(time.time() - start, 3),
+                    'data_wait_s': round(prefetch.wait_s, 3), **_peak_memory(torch)}
+            if step % cfg.logging_steps == 0 or step == total or step == 1:
+                log(json.dumps(last))
+            with open(log_path, 'a', encoding='utf-8') as f:
+                f.write(json.dumps(last) + '\n')
+            if step % cfg.save_steps == 0 or step == total:
+                guards.enter('save', step)
+                ckpt = save(model, processor, cfg, step, info)
+    except BaseException as error:
+        guards.explain_error(error, step)
+        raise
+    finally:
+        prefetch.close()
+    info['supervision'] = guards.finish()
+    info.update(_peak_memory(torch))
+    if 'max_memory_reserved_gib' in info:
         log(f'peak GPU memory (measured): {info["max_memory_allocated_gib"]} GiB allocated, '
             f'{info["max_memory_reserved_gib"]} GiB reserved')
     info['last'] = last
+    if 'verify_adapter' in guards_on and ckpt:
+        del model, optimizer, params  # the fresh process loads the base model again
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        info['verify_adapter'] = guards.verify(ckpt, cfg.model_path)
     return info
 
 
-def _next_batch(rows, order: List[int], template, cfg: UnslothRunConfig) -> Tuple[Dict[str, Any], int]:
+def _peak_memory(torch) -> Dict[str, float]:
+    if not torch.cuda.is_available():
+        return {}
+    return {'max_memory_allocated_gib': round(torch.cuda.max_memory_allocated() / 2**30, 3),
+            'max_memory_reserved_gib': round(torch.cuda.max_memory_reserved() / 2**30, 3)}
+
+
+def linear_attention_kernel() -> Optional[str]:
+    """Which Gated DeltaNet kernel transformers bound (Qwen3.5 / Qwen3-Next): flash-linear-attention's Triton
+    kernel when `fla` was importable when the modeling module loaded, else transformers' PyTorch reference."""
+    for module_name in ('transformers.models.qwen3_5_moe.modeling_qwen3_5_moe',
+                        'transformers.models.qwen3_5.modeling_qwen3_5',
+                        'transformers.models.qwen3_next.modeling_qwen3_next'):
+        module = sys.modules.get(module_name)
+        fn = getattr(module, 'torch_chunk_gated_delta_rule', None) if module else None
+        if fn is None:
+            continue
+        for cell in getattr(fn, '__closure__', None) or ():
+            target = cell.cell_contents
+            if callable(target) and getattr(target, '__name__', '') == 'chunk_gated_delta_rule':
+                return f'{getattr(target, "__module__", "?")}.chunk_gated_delta_rule'
+        return 'transformers torch_chunk_gated_delta_rule (PyTorch reference)'
+    return None
+
+
+def _next_batch(rows, order, template, cfg: UnslothRunConfig):
+    """Encode + collate one micro-batch (on the prefetch thread); rejected samples are counted and logged."""
     from swift_vora.template import SampleRejected
-    encoded, rejected = [], 0
+
+    from .prefetch import Batch
+    t0 = time.perf_counter()
+    encoded, names, reasons = [], [], []
     while len(encoded) < cfg.micro_batch:
-        if not order:
-            order.extend(random.sample(range(len(rows)), len(rows)))
-        row = rows[order.pop()]
+        row = rows[order.next()]
         try:
             encoded.append(template.encode(row))
+            names.append(str((row.get('chat_template_kwargs') or {}).get('sample_id') or row.get('videos')))
         except SampleRejected as e:
             if cfg.strict:
                 raise
-            rejected += 1
+            reasons.append(str(e))
             log(f'sample rejected: {e}')
-            if rejected > len(rows):
-                raise SystemExit('every sample was rejected by the template')
-    return template.data_collator(encoded), rejected
+            if len(reasons) > len(rows):
+                raise SystemExit('every sample was rejected by the template') from e
+    supervised = [sum(1 for t in e['labels'] if t != -100) for e in encoded]
+    return Batch(inputs=template.data_collator(encoded), samples=len(encoded),
+                 tokens=sum(len(e['input_ids']) for e in encoded), supervised_per_sample=supervised,
+                 rejected=len(reasons), encode_s=time.perf_counter() - t0, rejections=reasons, names=names)
 
 
 def save(model, processor, cfg: UnslothRunConfig, step: int, info: Dict[str, Any]) -> str:

@@ -1,0 +1,465 @@
+"""MoE video LoRA on one GPU: swift-vora's Unsloth split LoRA against plain ms-swift PEFT, same model and clips.
+
+    python benchmarks/moe_throughput.py --layers 8                      # on the GPU machine (scripts/gpu/run_all.sh moe)
+    python benchmarks/moe_throughput.py --smoke                         # CPU: tiny Qwen3.5-MoE, PEFT stand-in, 2 steps
+
+The model: a random-weight Qwen3.5/3.6-MoE of the published 35B-A3B configuration (hidden 2048, 256 experts, 8
+routed + 1 shared, Gated DeltaNet + gated attention in a 3:1 pattern, the 27-block vision tower, vocab 248,320),
+built with `--layers N` decoder layers (the pattern kept; all 40 do not fit the GPU machine's disk next to the
+rest), written as a checkpoint and loaded by each variant the way a downloaded one is. The clips: synthetic 32 s
+videos, 640x360 at 8 fps; every variant sees 64 frames per sample at up to 256 tokens per frame pair.
+
+Variants (each one real process; same LoRA rank/alpha, same targets -- attention, Gated DeltaNet projections, the
+shared expert's MLP and the routed experts' fused tensors -- micro-batch 1, the same gradient accumulation):
+- `vora_unsloth`: `swift-vora train recipes/h200x1.yaml` with overrides -- the planner, then swift_vora's Unsloth
+  runner: FastModel (16-bit), split MoE LoRA ((X@A)@B per expert, grouped GEMMs), offloaded checkpointing, the
+  `video_ora` template encoding on a prefetch thread. `--flagship` adds every guard: the adapter reload in a fresh
+  process, the merged 16-bit export and its check against base + B@A (scripts/merge_for_vllm.sh).
+- `vora_unsloth_fla`: the same with flash-linear-attention on the path (`--fla-path`): transformers then binds fla's
+  Triton Gated DeltaNet kernels. fla 0.6 refuses their backward on Hopper with Triton < 3.7.1 (wrong results, fla
+  #640), so with the GPU image's Triton 3.6 every variant runs transformers' PyTorch reference instead.
+- `swift_peft`: plain `swift sft` LoRA through PEFT, experts reached with ms-swift's `--target_parameters`
+  (PEFT's ParamWrapper: the delta weight of all 256 experts materialised per layer), `qwen3_5` template, the
+  budget through ms-swift's own variables (FPS, FPS_MAX_FRAMES, VIDEO_MAX_TOKEN_NUM), the strongest plain flags
+  (no ViT checkpointing, 8 persistent workers, expandable segments).
+- `swift_peft_attn`: the same with attention targets only (what plain swift reaches without --target_parameters).
+- `swift_unsloth`: plain `swift sft --tuner_backend unsloth` with the `swift_peft` targets, if it runs.
+
+Measured per variant (throughput.py's instrumentation in swift's process; the runner's own train_log.jsonl):
+samples/s and tokens/s after the warm-up steps, peak reserved GiB, the share of time the loop waited for data,
+and MFU over ACTIVE parameters: F = 4*N_act*T + 6*N_lora_act*T + 6*L_full*T^2*d_attn + 2*N_vit*P + 4*h*V*S
+(frozen weights: forward 2N plus the activation gradient 2N; LoRA trainable 6N; causal attention of the full-
+attention layers; the frozen ViT forward on P patches; the LM head on the S supervised positions), against the
+H200's measured 790 TFLOP/s bf16 matmul rate.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import throughput as tp  # noqa: E402  (shared helpers: env, logged processes, clips, swift instrumentation)
+
+REPO = tp.REPO
+RECIPE = os.path.join(REPO, 'recipes', 'h200x1.yaml')
+LORA_RANK, LORA_ALPHA = 16, 32
+# One target list for every variant: attention, Gated DeltaNet projections, the shared expert's MLP (nn.Linear
+# leaves) and, through target_parameters, the routed experts' fused tensors. Never the router (mlp.gate,
+# shared_expert_gate) nor the vision tower (its linears are named qkv/proj/linear_fc*).
+TARGET_MODULES = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'in_proj_qkv', 'in_proj_z', 'out_proj', 'gate_proj',
+                  'up_proj', 'down_proj']
+ATTENTION_TARGETS = TARGET_MODULES[:7]
+TARGET_PARAMETERS = ['mlp.experts.gate_up_proj', 'mlp.experts.down_proj']
+GOAL = {'speedup': 2.0, 'memory_ratio': 0.65, 'plan_error': 0.10}
+
+
+def budget(smoke: bool) -> Dict[str, Any]:
+    if smoke:
+        return {'fps': 1.0, 'max_frames': 8, 'pair_tokens': 16, 'min_pair_tokens': 4, 'clip_s': 8.0,
+                'source_fps': 4.0, 'size': (128, 96)}
+    return {'fps': 2.0, 'max_frames': 64, 'pair_tokens': 256, 'min_pair_tokens': 16, 'clip_s': 32.0,
+            'source_fps': 8.0, 'size': (640, 360)}
+
+
+# ---- inputs -------------------------------------------------------------------------------------------------------
+def build_model(out_dir: str, shape: str, layers: Optional[int], device: str) -> Dict[str, Any]:
+    """A random Qwen3.5-MoE checkpoint, built in its own process (the driver holds no CUDA memory)."""
+    done = os.path.join(out_dir, 'swift_vora_counts.json')
+    if os.path.isfile(done):
+        with open(done) as f:
+            return json.load(f)
+    t0 = time.time()
+    code = ('import json, sys; sys.path.insert(0, %r); from swift_vora.tiny_model import build_qwen3_5_moe; '
+            'c = build_qwen3_5_moe(%r, shape=%r, num_layers=%r, device=%r, dtype=%r); '
+            'json.dump(c, open(%r, "w"))' % (REPO, out_dir, shape, layers, device,
+                                              'float32' if shape == 'tiny' and device == 'cpu' else 'bfloat16', done))
+    subprocess.run([sys.executable, '-c', code], check=True, env=tp.base_env())
+    with open(done) as f:
+        counts = json.load(f)
+    counts['build_s'] = round(time.time() - t0, 1)
+    return counts
+
+
+def write_datasets(work: str, clips: List[Dict[str, Any]]) -> Dict[str, str]:
+    """The same clips and text as swift-vora annotations (whole-clip windows) and as plain ms-swift rows."""
+    from swift_vora import intervals, prompt, synthetic
+    rows_path, ann_path = os.path.join(work, 'rows.jsonl'), os.path.join(work, 'annotations.jsonl')
+    with open(rows_path, 'w') as rows, open(ann_path, 'w') as anns:
+        for i, clip in enumerate(clips):
+            text = prompt.build_prompt(synthetic.QUERY, clip['duration'])
+            answer = intervals.format_answer(clip['windows'])
+            rows.write(json.dumps({'messages': [{'role': 'user', 'content': text},
+                                                {'role': 'assistant', 'content': answer}],
+                                   'videos': [clip['video']]}) + '\n')
+            anns.write(json.dumps({'id': f'clip_{i:04d}', 'video': clip['video'], 'duration': clip['duration'],
+                                   'query': synthetic.QUERY, 'windows': clip['windows']}) + '\n')
+    return {'rows': rows_path, 'annotations': ann_path}
+
+
+# ---- variants -----------------------------------------------------------------------------------------------------
+def vora_command(args, b: Dict[str, Any], model: str, ann: str, out: str, flagship: bool) -> List[str]:
+    overrides = [f'model.path={model}', 'model.type=qwen3_5_moe', f'data.dataset={ann}',
+                 f'data.window={b["clip_s"]:g}', f'data.stride={b["clip_s"]:g}', 'data.min_event=0.5',
+                 f'video.fps={b["fps"]:g}', f'video.max_frames={b["max_frames"]}',
+                 f'video.pair_tokens={b["pair_tokens"]}', f'video.min_pair_tokens={b["min_pair_tokens"]}',
+                 f'train.lora_rank={LORA_RANK}', f'train.lora_alpha={LORA_ALPHA}', f'train.max_steps={args.steps}',
+                 f'train.grad_accum={args.grad_accum}', f'train.save_steps={args.steps}', 'train.logging_steps=1',
+                 f'train.output_dir={out}', f'unsloth.save_merged={"true" if flagship else "false"}']
+    if args.smoke:  # CPU: the runner itself, transformers + PEFT standing in for Unsloth's loader
+        overrides += ['train.dtype=float32', 'unsloth.gradient_checkpointing=false']
+        return [sys.executable, '-m', 'swift_vora.backends.unsloth_runner', RECIPE, *overrides, '--loader', 'peft']
+    return [sys.executable, '-m', 'swift_vora', 'train', RECIPE, *overrides]
+
+
+def swift_command(args, b: Dict[str, Any], model: str, rows: str, out: str, tuner_backend: str,
+                  targets: List[str], parameters: List[str]) -> List[str]:
+    cmd = tp.swift_cmd() + [
+        'sft', '--custom_register_path', os.path.relpath(os.path.join(REPO, 'benchmarks', 'throughput.py'), REPO),
+        '--model', model, '--model_type', 'qwen3_5_moe', '--template', 'qwen3_5', '--dataset', rows, '--tuner_type', 'lora',
+        '--tuner_backend', tuner_backend, '--target_modules', *targets, '--lora_rank', str(LORA_RANK),
+        '--lora_alpha', str(LORA_ALPHA), '--lora_dropout', '0', '--attn_impl', 'sdpa',
+        '--per_device_train_batch_size', '1', '--gradient_accumulation_steps', str(args.grad_accum),
+        '--max_steps', str(args.steps), '--learning_rate', '1e-4', '--logging_steps', '1', '--save_strategy', 'no',
+        '--split_dataset_ratio', '0', '--eval_strategy', 'no', '--report_to', 'none', '--output_dir', out,
+        '--add_version', 'false', '--check_model', 'false', '--callbacks', tp.CALLBACK_NAME, '--dataset_num_proc', '1',
+        '--seed', '42', '--max_length', '12288', '--gradient_checkpointing', 'true',
+        '--vit_gradient_checkpointing', 'false', '--dataloader_num_workers', str(args.workers)]
+    if parameters:
+        cmd += ['--target_parameters', *parameters]
+    if args.workers > 0:
+        cmd += ['--dataloader_persistent_workers', 'true']
+    if args.smoke:
+        cmd += ['--torch_dtype', 'float32', '--fp16', 'false', '--bf16', 'false']
+    else:
+        cmd += ['--torch_dtype', 'bfloat16']
+    return cmd
+
+
+def swift_budget_env(b: Dict[str, Any]) -> Dict[str, str]:
+    """ms-swift's own budget variables: the same frames and per-pair token cap as the video_ora budget."""
+    return {'FPS': f'{b["fps"]:g}', 'FPS_MAX_FRAMES': str(b['max_frames']), 'FPS_MIN_FRAMES': '4',
+            'VIDEO_MAX_TOKEN_NUM': str(b['pair_tokens']), 'VIDEO_MIN_TOKEN_NUM': str(b['min_pair_tokens'])}
+
+
+def run_vora(name: str, args, b, inputs, work: str, flagship: bool, fla: bool,
+             extra_env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    vdir = os.path.join(work, name)
+    shutil.rmtree(vdir, ignore_errors=True)
+    out = os.path.join(vdir, 'output')
+    cmd = vora_command(args, b, inputs['model'], inputs['annotations'], out, flagship)
+    env = {'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True', 'SWIFT_VORA_LOG_FIRST': '1', **(extra_env or {})}
+    if not flagship:  # speed runs: the adapter reload (a second model load) is the flagship's
+        env['SWIFT_VORA_GUARD_VERIFY_ADAPTER'] = 'off'
+    full_env = tp.base_env(env)
+    if fla:
+        if not args.fla_path:
+            raise SystemExit(f'{name}: --fla-path (a folder holding flash-linear-attention) is not set')
+        full_env['PYTHONPATH'] = os.pathsep.join([full_env['PYTHONPATH'], args.fla_path])
+    log_path = os.path.join(vdir, 'train.log')
+    t0 = time.time()
+    proc = tp.run_logged(cmd, log_path, full_env, timeout=args.variant_timeout)
+    if args.spy_after:
+        spy_when_slow(proc, args.spy_after, os.path.join(vdir, 'py-spy-dump.txt'))
+    tp.wait_logged(proc, f'swift-vora train ({name})', log_path)
+    result = summarize_runner(name, out, args, tp.cmdline(cmd, env), time.time() - t0)
+    if flagship:
+        result['flagship'] = flagship_checks(out, inputs['model'], vdir)
+    return result
+
+
+def spy_when_slow(proc, after: float, path: str) -> None:
+    """If the variant still runs `after` seconds in, write py-spy's stack dump of its processes (where it waits)."""
+    deadline = time.time() + after
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            return
+        time.sleep(2)
+    spy = shutil.which('py-spy')
+    if not spy:
+        return
+    pids = subprocess.run(['pgrep', '-g', str(proc.pid)], capture_output=True, text=True).stdout.split()
+    with open(path, 'w') as f:
+        for pid in pids:
+            dump = subprocess.run([spy, 'dump', '--pid', pid], capture_output=True, text=True, timeout=60)
+            f.write(f'==== pid {pid}\n{dump.stdout}{dump.stderr}\n')
+
+
+def run_swift(name: str, args, b, inputs, work: str, tuner_backend: str, targets, parameters) -> Dict[str, Any]:
+    vdir = os.path.join(work, name)
+    shutil.rmtree(vdir, ignore_errors=True)
+    os.makedirs(vdir)
+    env = {**swift_budget_env(b), tp.BENCH_DIR_ENV: vdir, 'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}
+    if tuner_backend == 'unsloth':
+        env.update({'UNSLOTH_DISABLE_STATISTICS': '1', 'UNSLOTH_COMPILE_LOCATION': os.path.join(vdir, 'unsloth_cache')})
+    cmd = swift_command(args, b, inputs['model'], inputs['rows'], os.path.join(vdir, 'output'), tuner_backend,
+                        targets, parameters)
+    log_path = os.path.join(vdir, 'sft.log')
+    t0 = time.time()
+    proc = tp.run_logged(cmd, log_path, tp.base_env(env), timeout=args.variant_timeout)
+    tp.wait_logged(proc, f'swift sft ({name})', log_path)
+    result = tp.summarize_variant(name, vdir, args, tp.cmdline(cmd, env), time.time() - t0, None)
+    result['lora'] = swift_lora_counts(log_path)
+    return result
+
+
+def swift_lora_counts(log_path: str) -> Dict[str, Any]:
+    """What swift's own log says was trained (its 'trainable params' line) -- a check that targets matched."""
+    found: Dict[str, Any] = {}
+    with open(log_path, errors='replace') as f:
+        for line in f:
+            if 'trainable params' in line.lower() and 'trainable_params' not in found:
+                found['trainable_params_line'] = line.strip()[-200:]
+    return found
+
+
+def summarize_runner(name: str, out: str, args, command: str, wall: float) -> Dict[str, Any]:
+    """The runner's train_log.jsonl (CUDA-synchronised step times, tokens, data wait, peaks) -> the same keys as
+    throughput.summarize_variant."""
+    steps = tp.read_jsonl(os.path.join(out, 'train_log.jsonl'))
+    if len(steps) <= args.warmup_steps:
+        raise SystemExit(f'{name}: only {len(steps)} steps logged (warm-up {args.warmup_steps}); see its train.log')
+    first, last = steps[args.warmup_steps - 1] if args.warmup_steps else None, steps[-1]
+    base = first or {'seconds': 0.0, 'samples': 0, 'tokens': 0, 'data_wait_s': 0.0}
+    seconds = last['seconds'] - base['seconds']
+    samples = last['samples'] - base['samples']
+    tokens = last['tokens'] - base['tokens']
+    encode = tp.read_jsonl(os.path.join(out, 'encode_log.jsonl'))
+    result_path = os.path.join(out, 'unsloth_run_result.json')
+    run = json.load(open(result_path)) if os.path.isfile(result_path) else {}
+    return {
+        'variant': name, 'command': command, 'samples_measured': samples, 'seconds_measured': round(seconds, 3),
+        'samples_per_s': round(samples / seconds, 4) if seconds > 0 else None,
+        'tokens_per_s': round(tokens / seconds, 1) if seconds > 0 else None,
+        'warmup_steps': args.warmup_steps, 'steps': len(steps), 'grad_accum': args.grad_accum,
+        'data_wait_s_measured': round(last['data_wait_s'] - base['data_wait_s'], 3),
+        'data_wait_fraction': round((last['data_wait_s'] - base['data_wait_s']) / seconds, 4) if seconds else None,
+        'peak_allocated_gib': last.get('max_memory_allocated_gib'), 'peak_reserved_gib': last.get(
+            'max_memory_reserved_gib'),
+        'tokens_per_sample': tp._mean([r['total_tokens'] for r in encode]),
+        'video_tokens_per_sample': tp._mean([r['video_tokens'] for r in encode]),
+        'supervised_tokens_per_sample': tp._mean([r['supervised_tokens'] for r in encode]),
+        'video_grid_thw': encode[0]['video_grid_thw'][0] if encode and encode[0].get('video_grid_thw') else None,
+        'losses': [r['loss'] for r in steps], 'wall_s': round(wall, 1),
+        'runner': {k: run.get(k) for k in ('loader', 'split_lora', 'moe_backend', 'lora_tensors', 'expert_lora_tensors',
+                                           'trainable_params', 'linear_attention_kernel')},
+        'planned': read_plan(out),
+    }
+
+
+def read_plan(out: str) -> Optional[Dict[str, Any]]:
+    """The planner's prediction `swift-vora train` recorded before launching (swift-vora-launch/launch.json)."""
+    path = os.path.join(out, 'swift-vora-launch', 'launch.json')
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        plan = json.load(f).get('plan') or {}
+    return {k: plan.get(k) for k in ('backend', 'verdict', 'gpu_peak_gib', 'host_peak_gib')}
+
+
+def flagship_checks(out: str, model: str, vdir: str) -> Dict[str, Any]:
+    """The guards' report files, then scripts/merge_for_vllm.sh on the saved adapter (with its expert check)."""
+    report: Dict[str, Any] = {}
+    for name in ('lora_update.json', 'verify_adapter.json', 'supervision.rank0.json', 'fingerprint.json'):
+        path = os.path.join(out, name)
+        report[name] = os.path.isfile(path)
+    with open(os.path.join(out, 'lora_update.json')) as f:
+        report['lora_update'] = {k: v for k, v in json.load(f).items() if k != 'not_updated'}
+    with open(os.path.join(out, 'verify_adapter.json')) as f:
+        v = json.load(f)
+    report['verify_adapter'] = {k: v.get(k) for k in ('ok', 'matched', 'tensors', 'exit_code')}
+    ckpts = sorted((d for d in os.listdir(out) if d.startswith('checkpoint-') and not d.endswith('-merged')),
+                   key=lambda d: int(d.split('-')[1]))
+    merged = os.path.join(vdir, 'merged')
+    proc = subprocess.run(['bash', os.path.join(REPO, 'scripts', 'merge_for_vllm.sh'), os.path.join(out, ckpts[-1]),
+                           merged, '--base', model], capture_output=True, text=True, env=tp.base_env())
+    with open(os.path.join(vdir, 'merge.log'), 'w') as f:
+        f.write(proc.stdout + proc.stderr)
+    report['merge_exit_code'] = proc.returncode
+    check = os.path.join(merged, 'swift_vora_merge_check.json')
+    if os.path.isfile(check):
+        with open(check) as f:
+            report['merge_check'] = json.load(f)
+    shutil.rmtree(merged, ignore_errors=True)  # 16 GB per 8 layers: the disk is for the next variant
+    return report
+
+
+# ---- FLOPs --------------------------------------------------------------------------------------------------------
+def flops_per_sample(config: Dict[str, Any], counts: Dict[str, int], tokens: float, video_tokens: float,
+                     supervised: float, grid) -> Dict[str, float]:
+    """Useful model FLOPs of one sample over the ACTIVE parameters (module docstring)."""
+    text, vision = config['text_config'], config['vision_config']
+    h, vocab = text['hidden_size'], text['vocab_size']
+    experts, k = text['num_experts'], text['num_experts_per_tok']
+    embed_and_head = 2 * vocab * h  # untied: embed_tokens and lm_head, both outside the per-token matmuls
+    active_language = counts['language'] - counts['experts'] * (1 - k / experts) - embed_and_head
+    full_layers = sum(1 for t in text['layer_types'] if t == 'full_attention')
+    d_attn = text['num_attention_heads'] * text['head_dim']
+    lora_active = lora_params_active(text)
+    t_groups, gh, gw = grid
+    patches = t_groups * gh * gw
+    parts = {
+        'llm_matmul': 4 * active_language * tokens,
+        'lora': 6 * lora_active * tokens,
+        'llm_attention': 6 * full_layers * tokens ** 2 * d_attn,
+        'vision': 2 * counts['vision'] * patches,
+        'lm_head': 4 * vocab * h * supervised,
+    }
+    parts['total'] = sum(parts.values())
+    parts['active_params'] = active_language + embed_and_head / 2 + counts['vision']
+    return parts
+
+
+def lora_params_active(text: Dict[str, Any]) -> int:
+    """LoRA parameters a token passes through: every targeted linear of its layer, and its k routed experts'."""
+    r, h = LORA_RANK, text['hidden_size']
+    heads, kv, hd = text['num_attention_heads'], text['num_key_value_heads'], text['head_dim']
+    kdim = text['linear_num_key_heads'] * text['linear_key_head_dim']
+    vdim = text['linear_num_value_heads'] * text['linear_value_head_dim']
+    full = r * (h + 2 * heads * hd) + 2 * r * (h + kv * hd) + r * (heads * hd + h)  # q (gated: 2x), k, v, o
+    linear = r * (h + 2 * kdim + vdim) + r * (h + vdim) + r * (vdim + h)  # in_proj_qkv, in_proj_z, out_proj
+    shared = 3 * r * (h + text['shared_expert_intermediate_size'])
+    routed = text['num_experts_per_tok'] * r * ((h + 2 * text['moe_intermediate_size']) + (text[
+        'moe_intermediate_size'] + h))
+    n = 0
+    for kind in text['layer_types']:
+        n += (full if kind == 'full_attention' else linear) + shared + routed
+    return n
+
+
+# ---- main ---------------------------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--smoke', action='store_true', help='CPU: tiny Qwen3.5-MoE, PEFT stand-in, 2 steps')
+    parser.add_argument('--out', default=os.environ.get('OUT') or None)
+    parser.add_argument('--work', default=None)
+    parser.add_argument('--results-dir', default=os.path.join(REPO, 'benchmarks', 'results'))
+    parser.add_argument('--name', default='moe-h200')
+    parser.add_argument('--shape', default=None, help="'35b-a3b' (default) or 'tiny' (smoke)")
+    parser.add_argument('--layers', type=int, default=None, help='decoder layers of the built model (default 8)')
+    parser.add_argument('--model-dir', default=None, help='reuse a built checkpoint')
+    parser.add_argument('--variants', default='vora_unsloth,swift_peft,swift_unsloth')
+    parser.add_argument('--flagship', action='store_true',
+                        help='vora_unsloth with every guard, the merged export and its check')
+    parser.add_argument('--steps', type=int, default=None, help='optimizer steps per variant (default 6; smoke 2)')
+    parser.add_argument('--grad-accum', type=int, default=None, help='default 4 (smoke 1)')
+    parser.add_argument('--warmup-steps', type=int, default=None, help='default 2 (smoke 1)')
+    parser.add_argument('--workers', type=int, default=None, help='swift DataLoader workers (default 8; smoke 0)')
+    parser.add_argument('--clips', type=int, default=None)
+    parser.add_argument('--variant-timeout', type=float, default=None)
+    parser.add_argument('--fla-path', default=os.environ.get('SWIFT_VORA_FLA_PATH', ''),
+                        help='PYTHONPATH entry holding flash-linear-attention (added by *_fla variants)')
+    parser.add_argument('--deadline', type=float, default=None, help='seconds: skip variants that would start later')
+    parser.add_argument('--spy-after', type=float, default=None,
+                        help='seconds: py-spy stack dump of a swift-vora variant still running then (diagnosis)')
+    args = parser.parse_args(argv)
+    smoke = args.smoke
+    args.shape = args.shape or ('tiny' if smoke else '35b-a3b')
+    args.layers = args.layers if args.layers is not None else (8 if args.shape == '35b-a3b' else None)
+    args.steps = args.steps or (2 if smoke else 6)
+    args.grad_accum = args.grad_accum or (1 if smoke else 4)
+    args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (1 if smoke else 2)
+    args.workers = args.workers if args.workers is not None else (0 if smoke else 8)
+    # summarize_variant (throughput.py) reads these
+    args.torch_profile, args.sync_debug = [], []
+    t_start = time.time()
+    work = args.work or os.path.join(__import__('tempfile').gettempdir(), 'swift_vora_moe')
+    os.makedirs(work, exist_ok=True)
+    b = budget(smoke)
+    device = 'cuda' if tp.cuda_available() else 'cpu'
+    model_dir = args.model_dir or os.path.join(work, 'model')
+    counts = build_model(model_dir, args.shape, args.layers, device)
+    n_samples = args.steps * args.grad_accum
+    clips = tp.make_clips(os.path.join(work, 'clips'), args.clips or n_samples, b['clip_s'], b['source_fps'],
+                          b['size'], workers=1 if smoke else min(16, os.cpu_count() or 1))
+    inputs = {'model': model_dir, **write_datasets(work, clips)}
+    with open(os.path.join(model_dir, 'config.json')) as f:
+        config = json.load(f)
+    payload: Dict[str, Any] = {
+        'benchmark': 'moe_throughput', 'date': tp.now_stamp(), 'machine': tp.hardware(),
+        'command': ' '.join(['python', 'benchmarks/moe_throughput.py'] + list(argv if argv is not None else
+                                                                               sys.argv[1:])),
+        'model': {'config': '35B-A3B (Qwen3_5MoeConfig defaults + published merger width and M-RoPE)'
+                  if args.shape == '35b-a3b' else 'tiny', 'layers': config['text_config']['num_hidden_layers'],
+                  'layer_types': config['text_config']['layer_types'], 'total_params': counts['total'],
+                  'vision_params': counts['vision'], 'expert_params': counts['experts'],
+                  'build_s': counts.get('build_s')},
+        'lora': {'rank': LORA_RANK, 'alpha': LORA_ALPHA, 'target_modules': TARGET_MODULES,
+                 'target_parameters': TARGET_PARAMETERS},
+        'budget': {k: v for k, v in b.items() if k != 'size'} | {'clip_size': list(b['size'])},
+        'steps': args.steps, 'grad_accum': args.grad_accum, 'warmup_steps': args.warmup_steps, 'variants': {},
+    }
+    for name in [v for v in args.variants.split(',') if v]:
+        if args.deadline and time.time() - t_start > args.deadline:
+            payload['variants'][name] = {'skipped': f'deadline {args.deadline:.0f} s passed'}
+            continue
+        try:
+            if name in ('vora_unsloth', 'vora_unsloth_fla'):
+                result = run_vora(name, args, b, inputs, work, flagship=args.flagship and name == 'vora_unsloth',
+                                  fla=name == 'vora_unsloth_fla')
+            elif name == 'vora_unsloth_nocompile':  # Unsloth's regional compile of the decoder blocks off
+                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
+                                  extra_env={'UNSLOTH_BLOCK_COMPILE': '0'})
+            elif name == 'swift_peft':
+                result = run_swift(name, args, b, inputs, work, 'peft', TARGET_MODULES, TARGET_PARAMETERS)
+            elif name == 'swift_peft_attn':
+                result = run_swift(name, args, b, inputs, work, 'peft', ATTENTION_TARGETS, [])
+            elif name == 'swift_unsloth':
+                result = run_swift(name, args, b, inputs, work, 'unsloth', TARGET_MODULES, TARGET_PARAMETERS)
+            else:
+                raise SystemExit(f'unknown variant {name!r}')
+        except (SystemExit, subprocess.CalledProcessError, RuntimeError, OSError, KeyError, ValueError) as error:
+            result = {'failed': str(error)[-3000:]}
+        payload['variants'][name] = result
+        print(f'== {name}: ' + json.dumps({k: result.get(k) for k in (
+            'samples_per_s', 'tokens_per_s', 'peak_reserved_gib', 'data_wait_fraction', 'failed')}), flush=True)
+    headline(payload, config, counts)
+    path = tp.write_results(payload, args.results_dir if not smoke else work, args.name, args.out)
+    print(f'results: {path}')
+    return 0
+
+
+def headline(payload: Dict[str, Any], config: Dict[str, Any], counts: Dict[str, int]) -> None:
+    """MFU per variant; ours against the strongest plain-swift variant that reached the experts."""
+    variants = payload['variants']
+    for result in variants.values():
+        grid = result.get('video_grid_thw')
+        if grid and isinstance(grid[0], list):  # swift's encode log keeps one [t, h, w] per video
+            result['video_grid_thw'] = grid = grid[0]
+        if result.get('samples_per_s') and result.get('tokens_per_sample') and grid:
+            f = flops_per_sample(config, counts, result['tokens_per_sample'], result['video_tokens_per_sample'] or 0,
+                                 result['supervised_tokens_per_sample'] or 0, result['video_grid_thw'])
+            result['flops_per_sample'] = round(f['total'])
+            result['mfu'] = round(f['total'] * result['samples_per_s'] / tp.PEAK_BF16_FLOPS, 4)
+            payload['model']['active_params'] = round(f['active_params'])
+    first = next(iter(variants.values()), {})
+    payload['tokens_per_sample'] = first.get('tokens_per_sample')
+    payload['video_tokens_per_sample'] = first.get('video_tokens_per_sample')
+    ours = variants.get('vora_unsloth') or {}
+    plain = {n: r for n, r in variants.items() if n in ('swift_peft', 'swift_unsloth') and r.get('tokens_per_s')}
+    payload['swift_vora_variant'] = 'vora_unsloth' if ours.get('tokens_per_s') else None
+    payload['baseline_variant'] = max(plain, key=lambda n: plain[n]['tokens_per_s']) if plain else None
+    if ours.get('tokens_per_s') and payload['baseline_variant']:
+        base = plain[payload['baseline_variant']]
+        payload['speedup'] = round(ours['tokens_per_s'] / base['tokens_per_s'], 3)
+        if ours.get('peak_reserved_gib') and base.get('peak_reserved_gib'):
+            payload['memory_ratio'] = round(ours['peak_reserved_gib'] / base['peak_reserved_gib'], 3)
+    planned = (ours.get('planned') or {}).get('gpu_peak_gib')
+    if planned and ours.get('peak_reserved_gib'):
+        payload['planned_peak_gib'] = planned
+        payload['plan_error'] = round(ours['peak_reserved_gib'] / planned - 1, 3)
+    payload['goal'] = GOAL
+    payload['goal_met'] = {
+        'speedup': payload.get('speedup') is not None and payload['speedup'] >= GOAL['speedup'],
+        'memory_ratio': payload.get('memory_ratio') is not None and payload['memory_ratio'] <= GOAL['memory_ratio'],
+        'plan_error': payload.get('plan_error') is not None and abs(payload['plan_error']) <= GOAL['plan_error'],
+    }
+
+
+if __name__ == '__main__':
+    sys.exit(main())

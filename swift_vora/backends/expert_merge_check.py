@@ -1,0 +1,120 @@
+"""Check a merged MoE checkpoint against its adapter: sampled experts equal base + B@A.
+
+A merged export of LoRA on fused expert tensors (Unsloth's `save_pretrained_merged`, or PEFT's merge) is written by
+code other than the code that trained it; a wrong layout (experts transposed, gate/up halves swapped, the scale
+forgotten) still produces a checkpoint that loads and generates text. So the merged weights are compared, for a
+sample of layers and experts, with what PEFT itself says the adapter adds: PEFT's own `ParamWrapper.get_delta_weight`
+on the float32 base model with the saved adapter (the layout that PEFT loads and vLLM's LoRA serving follows), summed
+in float32; the merged bf16 value must be that sum rounded to bf16, within one unit in the last place. The merged directory is loaded with transformers, which is the
+other half of the check ("transformers loads it").
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Optional
+
+REPORT_FILE = 'swift_vora_merge_check.json'
+
+
+def has_expert_adapters(adapter_dir: str) -> bool:
+    """Did the adapter target fused expert tensors (PEFT `target_parameters`)?"""
+    path = os.path.join(adapter_dir, 'adapter_config.json')
+    try:
+        with open(path, encoding='utf-8') as f:
+            return bool(json.load(f).get('target_parameters'))
+    except (OSError, ValueError):
+        return False
+
+
+def _merged_name(peft_module_name: str) -> str:
+    """`base_model.model.model.layers.0.mlp.experts.base_layer` -> `model.layers.0.mlp.experts`."""
+    parts = peft_module_name.split('.')
+    if parts[:2] == ['base_model', 'model']:
+        parts = parts[2:]
+    return '.'.join(p for p in parts if p != 'base_layer')
+
+
+def _sample(n: int, k: int) -> List[int]:
+    """k indices spread over range(n), first and last included."""
+    if n <= k:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
+def check_expert_merge(adapter_dir: str, base: str, merged_dir: str, layers: int = 2, experts: int = 3,
+                       adapter_name: str = 'default') -> Dict[str, Any]:
+    """Compare sampled experts of `merged_dir` with base + delta from PEFT; returns a report with `ok`."""
+    import torch
+    import transformers
+    from peft.tuners.lora.layer import ParamWrapper
+
+    from peft import PeftModel
+
+    config = transformers.AutoConfig.from_pretrained(merged_dir)
+    cls = getattr(transformers, (config.architectures or [''])[0], None) or transformers.AutoModelForCausalLM
+    # float32 base: the oracle adds the delta exactly; only the final bf16 rounding is left to compare
+    peft_model = PeftModel.from_pretrained(cls.from_pretrained(base, dtype=torch.float32), adapter_dir)
+    merged = cls.from_pretrained(merged_dir, dtype=torch.bfloat16)
+    wrappers = [(name, module) for name, module in peft_model.named_modules() if isinstance(module, ParamWrapper)]
+    if not wrappers:
+        raise ValueError(f'{adapter_dir}: no LoRA on expert parameters (ParamWrapper) in the reloaded adapter')
+    layer_ids = sorted({_layer_of(name) for name, _ in wrappers} - {None})
+    keep = set(_sample(len(layer_ids), layers))
+    chosen_layers = {layer_ids[i] for i in keep}
+    checks = []
+    for name, module in wrappers:
+        if _layer_of(name) not in chosen_layers:
+            continue
+        target = f'{_merged_name(name)}.{module.parameter_name}'
+        base_param = module.get_param().detach().float()
+        delta = module.get_delta_weight(adapter_name).detach().float()
+        merged_param = merged.get_parameter(target).detach().float()
+        if merged_param.shape != base_param.shape:
+            checks.append({'tensor': target, 'ok': False, 'reason': f'merged shape {list(merged_param.shape)} != base '
+                                                                     f'{list(base_param.shape)}'})
+            continue
+        for e in _sample(base_param.shape[0], experts):
+            expected = base_param[e] + delta[e]
+            diff = (merged_param[e] - expected).abs()
+            # one bf16 unit in the last place (8 significant bits), whichever way the merge rounded
+            ulp = torch.maximum(expected.abs(), merged_param[e].abs()) * 2.0 ** -7
+            ok = bool((diff <= ulp + 1e-7).all())
+            # elements where the delta is larger than the rounding: there a wrong layout, a missing scale or an
+            # unmerged expert cannot hide inside the tolerance
+            telling = int((delta[e].abs() > 2 * ulp).sum())
+            checks.append({'tensor': target, 'expert': e, 'ok': ok, 'max_abs_diff': float(diff.max()),
+                           'delta_max_abs': float(delta[e].abs().max()), 'elements_telling': telling,
+                           'merged_moved_from_base': float((merged_param[e] - base_param[e]).abs().max())})
+    report = {'adapter': adapter_dir, 'base': base, 'merged': merged_dir, 'layers': sorted(chosen_layers),
+              'checked': len(checks), 'ok': bool(checks) and all(c['ok'] for c in checks),
+              'trained': any(c.get('delta_max_abs', 0) > 0 for c in checks),
+              'elements_telling': sum(c.get('elements_telling', 0) for c in checks), 'checks': checks,
+              'loaded_with': f'transformers {cls.__name__}',
+              'source': "merged weights vs base + PEFT ParamWrapper.get_delta_weight, in bf16"}
+    return report
+
+
+def _layer_of(name: str) -> Optional[int]:
+    parts = name.split('.')
+    for i, p in enumerate(parts[:-1]):
+        if p == 'layers' and parts[i + 1].isdigit():
+            return int(parts[i + 1])
+    return None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import argparse
+    parser = argparse.ArgumentParser(prog='python -m swift_vora.backends.expert_merge_check',
+                                     description=__doc__.split('\n\n')[0])
+    parser.add_argument('adapter_dir')
+    parser.add_argument('base')
+    parser.add_argument('merged_dir')
+    args = parser.parse_args(argv)
+    report = check_expert_merge(args.adapter_dir, args.base, args.merged_dir)
+    print(json.dumps({k: v for k, v in report.items() if k != 'checks'}, indent=2))
+    return 0 if report['ok'] else 1
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())

@@ -1,0 +1,133 @@
+"""The training guards for the Unsloth runner's plain loop (no HF Trainer, so no callbacks).
+
+The same checks and report files as the `swift sft` guards (swift_vora/guards/), driven by the loop:
+- `fingerprint.json`: versions, git state, plugin hashes, the recipe and its sha256, the environment;
+- `supervision.rank0.json`: supervised tokens per micro-batch; a batch with none stops the run;
+- `lora_update.json`: every LoRA tensor -- the expert tensors counted apart -- changed after the first
+  `SWIFT_VORA_LORA_CHECK_STEPS` steps that really updated (learning rate > 0), or the run stops with the names;
+- `memory_phases.rank0.jsonl`: GPU memory (or RSS on CPU) at load, per phase of the first steps and every
+  `SWIFT_VORA_MEMORY_EVERY` steps; an out-of-memory error is reported with the phase it happened in;
+- `verify_adapter.json`: the saved adapter reloaded on the base model in a fresh process, tensor by tensor.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+from ..guards.common import GuardError, append_jsonl, env_int, logger, write_json
+from ..guards.fingerprint import build_fingerprint
+from ..guards.lora_update import CHECK_STEPS_ENV, AdapterTracker
+from ..guards.memory import EVERY_ENV, FIRST_ENV, is_oom, measure
+from ..guards.supervision import distribution
+from ..guards.verify_adapter import run_verify_subprocess, summary_line
+
+
+def is_expert_tensor(name: str) -> bool:
+    return '.experts.' in name or name.endswith('.experts') or '.experts_' in name
+
+
+class RunnerGuards:
+    """One instance per run; every method is cheap except `verify` (a subprocess that reloads the model)."""
+
+    def __init__(self, model, output_dir: str, device=None):
+        self.output_dir = output_dir
+        self.device = device
+        self.tracker = AdapterTracker(model)
+        self.check_steps = max(1, env_int(CHECK_STEPS_ENV, 2))
+        self.memory_first = max(0, env_int(FIRST_ENV, 3))
+        self.memory_every = max(0, env_int(EVERY_ENV, 50))
+        self.counted_steps = 0
+        self.lora_checked = False
+        self.per_batch: List[int] = []
+        self.per_sample: List[int] = []
+        self.memory_path = os.path.join(output_dir, 'memory_phases.rank0.jsonl')
+        self.phase = 'load'
+
+    # ---- start ----------------------------------------------------------------------------------------------
+    def start(self, extra: Dict[str, Any]) -> Dict[str, Any]:
+        frozen = self.tracker.frozen()
+        if frozen:
+            raise GuardError('lora_update', f'{len(frozen)} LoRA tensors do not require grad (frozen adapters): '
+                                            f'{frozen[:5]}')
+        fingerprint = build_fingerprint({'trainer': 'swift_vora.backends.unsloth_runner', **extra})
+        write_json(os.path.join(self.output_dir, 'fingerprint.json'), fingerprint)
+        self.tracker.snapshot()
+        self.record('model_loaded')
+        return fingerprint
+
+    # ---- memory by phase -------------------------------------------------------------------------------------
+    def recording(self, step: int) -> bool:
+        return step < self.memory_first or (self.memory_every > 0 and step % self.memory_every == 0)
+
+    def record(self, phase: str, **extra) -> Dict[str, Any]:
+        row = {'phase': phase, **measure(self.device), **extra}
+        append_jsonl(self.memory_path, row)
+        return row
+
+    def enter(self, phase: str, step: int, micro: Optional[int] = None) -> None:
+        """Mark the phase the loop is in (for an OOM report), and record memory in the first steps."""
+        self.phase = phase
+        if self.recording(step):
+            self.record(phase, step=step, micro=micro)
+
+    def explain_error(self, error: BaseException, step: int) -> None:
+        """Log which phase ran out of memory (the error itself is re-raised by the caller)."""
+        if not is_oom(error):
+            return
+        self.record('oom', step=step, phase_at_error=self.phase)
+        logger.error(f'swift-vora memory: OUT OF MEMORY during phase "{self.phase}" at step {step} (memory by phase: '
+                     f'{self.memory_path}). Lower video.max_frames, then video.pair_tokens, or data.max_length.')
+
+    # ---- supervision -----------------------------------------------------------------------------------------
+    def on_batch(self, supervised_per_sample: List[int], step: int, names: List[str]) -> None:
+        total = sum(supervised_per_sample)
+        self.per_batch.append(total)
+        self.per_sample.extend(supervised_per_sample)
+        if total == 0:
+            raise GuardError('supervision', f'micro-batch {len(self.per_batch)} (step {step}): no supervised tokens '
+                                            f'(all labels are -100) in {names}: the loss would carry no gradient.')
+
+    # ---- LoRA update -----------------------------------------------------------------------------------------
+    def after_step(self, step: int, lr: float) -> Optional[Dict[str, Any]]:
+        """After an optimizer step: once `check_steps` steps with lr > 0 ran, every adapter tensor must have moved."""
+        if lr > 0:
+            self.counted_steps += 1
+        if self.lora_checked or self.counted_steps < self.check_steps or not len(self.tracker):
+            return None
+        self.lora_checked = True
+        changed = self.tracker.changed_since_baseline()
+        names = self.tracker.names
+        expert = [i for i, n in enumerate(names) if is_expert_tensor(n)]
+        stuck = [n for n, c in zip(names, changed) if not c]
+        report = {'steps_counted': self.counted_steps, 'step': step, 'tensors': len(names),
+                  'updated': sum(changed), 'expert_tensors': len(expert),
+                  'expert_updated': sum(1 for i in expert if changed[i]), 'not_updated': stuck,
+                  'by_kind': {k: {'updated': u, 'total': t} for k, (u, t) in self.tracker.counts(changed).items()},
+                  'source': 'float64 checksums of every LoRA tensor before training and after the counted steps'}
+        write_json(os.path.join(self.output_dir, 'lora_update.json'), report)
+        logger.info(f'swift-vora lora_update: {report["updated"]} of {report["tensors"]} adapter tensors updated '
+                    f'after {self.counted_steps} steps ({report["expert_updated"]} of {report["expert_tensors"]} on '
+                    'the experts).')
+        if stuck:
+            raise GuardError('lora_update', f'{len(stuck)} of {len(names)} LoRA tensors did not change after '
+                                            f'{self.counted_steps} optimizer steps: {stuck[:8]}')
+        return report
+
+    # ---- end -------------------------------------------------------------------------------------------------
+    def finish(self) -> Dict[str, Any]:
+        report = {'rank': 0, 'per_batch': distribution(self.per_batch), 'per_sample': distribution(self.per_sample),
+                  'source': 'labels != -100 in the collated batch'}
+        write_json(os.path.join(self.output_dir, 'supervision.rank0.json'), report)
+        self.record('train_end')
+        return report
+
+    def verify(self, ckpt: str, base: str, timeout: float = 1800) -> Dict[str, Any]:
+        """Reload the saved adapter on `base` in a fresh process and compare every tensor (swift-vora verify-adapter)."""
+        report = run_verify_subprocess(ckpt, base, timeout=timeout)
+        write_json(os.path.join(self.output_dir, 'verify_adapter.json'), report)
+        if report.get('exit_code') != 0:
+            detail = summary_line(report) if report.get('tensors') else report.get('stderr_tail', '')
+            raise GuardError('verify_adapter', f'`swift-vora verify-adapter {ckpt}` failed (exit '
+                                               f'{report.get("exit_code")}): {detail}')
+        logger.info(f'swift-vora verify_adapter: {summary_line(report)}.')
+        return report
