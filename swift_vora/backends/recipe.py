@@ -71,9 +71,9 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     # samples/s on top of swift-vora's LoRA path on the H200 at no more memory (docs/benchmarks.md). GPU + the
     # liger-kernel package (pip install liger-kernel) needed.
     'train.liger_kernel': ((bool, ), False),
-    # Regional torch.compile of the LLM decoder layers and the vision blocks (swift_vora/compile_layers.py): off |
+    # Regional torch.compile of the LLM decoder layers and the vision blocks (swift_vora/speed/compile_layers.py): off |
     # layers. With it, training sequences are padded at their end to a multiple of 64 tokens
-    # (swift_vora/shape_bucket.py). 2B Qwen3-VL LoRA on the H200: 3.53-3.63 samples/s against 1.75 for plain swift
+    # (swift_vora/speed/shape_bucket.py). 2B Qwen3-VL LoRA on the H200: 3.53-3.63 samples/s against 1.75 for plain swift
     # sft (2.02-2.07x) at less memory (docs/benchmarks.md, runs 12-13; 1.97x in run 11, where the baseline ran
     # 1.90); about a minute of compile in the first step. Not applied under DeepSpeed; measured slower with
     # liger_kernel.

@@ -1,6 +1,6 @@
 """Host work in the training loop that a host-bound step pays for in GPU idle time; four narrow fixes.
 
-With the decoder layers compiled (swift_vora/compile_layers.py) the H200 step of the 2B Qwen3-VL LoRA benchmark
+With the decoder layers compiled (swift_vora/speed/compile_layers.py) the H200 step of the 2B Qwen3-VL LoRA benchmark
 is limited by the host, not the GPU: every millisecond the Python side spends between kernel launches while the
 launch queue is empty is a millisecond the GPU waits. A trace of one step (benchmarks/step_timeline.py,
 docs/benchmarks.md) showed such costs that change nothing in what is trained:
@@ -38,7 +38,7 @@ import logging
 
 from swift.callbacks import TrainerCallback
 
-from . import env_switch
+from .. import env_switch
 
 ENV = 'SWIFT_VORA_HOST_OVERHEAD'
 logger = logging.getLogger('swift')

@@ -33,7 +33,7 @@ The vision tower's blocks are compiled too (`SWIFT_VORA_COMPILE_VISION=0` leaves
 frozen vision tower spanned ~80 ms of GPU timeline per sample, most of it outside its matmuls and attention:
 autocast runs its LayerNorms and its rotary embedding in float32, as dozens of small kernels per block with the GPU
 waiting on their launches. A vision block's whole work (norms, qkv, rotary embedding, the batched attention of
-swift_vora/vit_attention.py, projection, MLP, residuals) is one compiled function shared by all blocks; the
+swift_vora/speed/vit_attention.py, projection, MLP, residuals) is one compiled function shared by all blocks; the
 frame-group sizes enter as ints read once per vision forward, so the graph has no host sync. Under a frozen tower
 it is an inference graph (nothing there needs autograd). Runs 11-13 of docs/benchmarks.md measure it.
 
@@ -50,7 +50,7 @@ from typing import List
 
 from swift.callbacks import TrainerCallback
 
-from . import env_switch
+from .. import env_switch
 
 ENV = 'SWIFT_VORA_COMPILE'
 BACKEND_ENV = 'SWIFT_VORA_COMPILE_BACKEND'
@@ -63,6 +63,11 @@ logger = logging.getLogger('swift')
 
 def mode(environ=None) -> str:
     return env_switch.choice(ENV, MODES, environ, aliases={k: 'off' for k in ('0', 'false', 'no', 'none')})
+
+
+def enabled(environ=None) -> bool:
+    """Whether `SWIFT_VORA_COMPILE` asks for compiled layers (the callback is appended only then)."""
+    return mode(environ) != 'off'
 
 
 def checkpoint_place(environ=None) -> str:
@@ -96,7 +101,7 @@ def decoder_layers(model) -> List:
 
 def vision_blocks(model, blocks=None) -> List:
     """The vision tower's repeated blocks (`*VisionBlock`; `blocks`: those the caller found already), if their
-    attention class carries swift-vora's batched forward (swift_vora/vit_attention.py); [] otherwise --
+    attention class carries swift-vora's batched forward (swift_vora/speed/vit_attention.py); [] otherwise --
     transformers' own attention reads the frame-group sizes from the device in every block, which a compiled graph
     cannot do."""
     from . import vit_attention

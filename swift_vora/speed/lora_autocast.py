@@ -21,7 +21,7 @@ from typing import List
 
 from swift.callbacks import TrainerCallback
 
-from . import env_switch
+from .. import env_switch
 
 ENV = 'SWIFT_VORA_LORA_AUTOCAST_INPUTS'
 logger = logging.getLogger('swift')
@@ -48,7 +48,7 @@ def upcasting_lora_layers(model) -> List:
 def hook_site(model, first_layer):
     """Where the one-shot autocast check hooks in: the module holding the repeated blocks (e.g. the language model
     around `layers.0.self_attn.q_proj`), so that the check runs inside the forward's autocast but outside a layer
-    that swift_vora/compile_layers.py may compile (a hook that removes itself breaks a compiled graph); the first
+    that swift_vora/speed/compile_layers.py may compile (a hook that removes itself breaks a compiled graph); the first
     LoRA layer itself when it is not inside a ModuleList."""
     import torch
     name = next(n for n, m in model.named_modules() if m is first_layer)

@@ -9,7 +9,7 @@ idle half the time. This narrow patch computes the split sizes once per vision f
 video, whose frame groups share one grid -- runs all groups as one batched attention call. The arithmetic is the
 same block-diagonal attention (tests/test_vit_attention.py compares outputs with transformers' own forward).
 Flash-attention configurations keep transformers' path (they pass `cu_seqlens` to a varlen kernel).
-`make_equal_groups_block` gives swift_vora/compile_layers.py a whole vision block with that batched call and the
+`make_equal_groups_block` gives swift_vora/speed/compile_layers.py a whole vision block with that batched call and the
 group sizes as ints, which it compiles (one graph for all blocks, no sync inside).
 
 Upstream: huggingface/transformers#47703 ("Fix D2H sync in Qwen VL vision encoder") and #48418 ("avoid repeated
@@ -22,7 +22,7 @@ import importlib
 import sys
 from typing import List
 
-from . import env_switch
+from .. import env_switch
 
 ENV = 'SWIFT_VORA_VIT_ATTENTION'
 # (module, class) of every vision attention with the per-chunk split; identical code in transformers 5.17.

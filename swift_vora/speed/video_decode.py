@@ -13,7 +13,7 @@ are kept. Applied in the process that decodes (the template's video path), once 
 """
 from __future__ import annotations
 
-from . import env_switch
+from .. import env_switch
 
 ENV = 'SWIFT_VORA_DECODE_THREADS'
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional
 
-from . import env_switch
+from .. import env_switch
 
 ENV = 'SWIFT_VORA_PAD_MULTIPLE'
 COMPILED_DEFAULT = 64
