@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     'swift_vora.eval.cli',  # eval, parse
     'swift_vora.guards.cli',  # verify-adapter
     'swift_vora.demo',  # demo
+    'swift_vora.switches',  # switches
 ]
 
 

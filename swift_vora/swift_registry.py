@@ -9,7 +9,8 @@ swift/trainers/mixin.py): it appends the enabled guards, then the enabled levers
 did not already name. Switches are read when the trainer is built. It applies to ms-swift's SFT-style trainers
 (`swift.trainers`), not to the RLHF or Megatron trainers.
 
-Patches at import: the batched vision attention (swift_vora/speed/vit_attention.py;
+Before anything is registered, every `SWIFT_VORA_*` variable is checked against the switch table
+(swift_vora/switches.py). Patches at import: the batched vision attention (swift_vora/speed/vit_attention.py;
 SWIFT_VORA_VIT_ATTENTION=transformers to skip it). The template applies the per-sample levers itself
 (swift_vora/speed/encode.py).
 """
@@ -23,6 +24,8 @@ def register_all() -> None:
     global _registered
     if _registered:
         return
+    from .switches import check_environment
+    check_environment()  # a misspelt SWIFT_VORA_* name or a bad value stops here, not silently mid-run
     from .dataset import register_video_ora_dataset
     from .template import register_video_ora_template
     register_video_ora_template()

@@ -31,6 +31,7 @@ from swift.template import register_template
 from swift.template.templates.qwen import QwenTemplateMeta, Qwen3VLTemplate
 from swift.utils import get_logger
 
+from . import switches
 from .budget import FRAME_FACTOR, VideoBudget
 from .speed import encode as speed
 
@@ -65,8 +66,8 @@ class VideoOraTemplate(Qwen3VLTemplate):
         self.image_token_id = tokenizer.convert_tokens_to_ids('<|image_pad|>')
         self.video_token_id = tokenizer.convert_tokens_to_ids('<|video_pad|>')
         self.vora_budget = VideoBudget.from_env()
-        self.encode_log_path = os.environ.get(ENCODE_LOG_ENV) or None
-        self._log_first = int(os.environ.get(LOG_FIRST_ENV, '3'))
+        self.encode_log_path = switches.read(ENCODE_LOG_ENV) or None
+        self._log_first = switches.read(LOG_FIRST_ENV)
         self._logged = 0
         self._frame_cap: Optional[int] = None
         self._video_reports: List[Dict[str, Any]] = []

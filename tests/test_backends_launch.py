@@ -356,3 +356,18 @@ def test_dense_zero3_and_moe_zero2_are_not_refused():
                           'train.backend=deepspeed_zero2', 'train.tuner=full', 'deepspeed.offload=cpu')
     assert rc in (0, 3), err  # ZeRO-2 is allowed for MoE (it may not fit)
     assert d['plan']['verdict'] != 'refused'
+
+
+def test_recipe_guards_env_sets_switches_checked_by_the_table():
+    # what docs/guards.md documents: a guard's switch in the recipe's guards.env reaches the launched process
+    recipe = recipe_from_dict(dict(minimal(), guards={'env': {'SWIFT_VORA_TAIL': 'drop'}},
+                                   env={'SWIFT_VORA_HOST_OVERHEAD': 0}))
+    env = build_launch(plan_recipe(recipe), recipe).env
+    assert env['SWIFT_VORA_TAIL'] == 'drop' and env['SWIFT_VORA_HOST_OVERHEAD'] == '0'
+    for bad, message in [({'SWIFT_VORA_TAIL': 'dorp'}, "SWIFT_VORA_TAIL='dorp': expected one of pad, drop, stop"),
+                         ({'SWIFT_VORA_HOST_OVERHEAD': 'flase'}, "SWIFT_VORA_HOST_OVERHEAD='flase'"),
+                         ({'SWIFT_VORA_TAIIL': 'pad'}, 'not a swift-vora switch .did you mean SWIFT_VORA_TAIL'),
+                         ({'SWIFT_VORA_COMPILE': 'layers'}, "recipe key 'train.compile'")]:
+        recipe = recipe_from_dict(dict(minimal(), guards={'env': bad}))
+        with pytest.raises(LaunchUsageError, match=message):
+            build_launch(plan_recipe(recipe), recipe)

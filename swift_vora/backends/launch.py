@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from .. import switches
 from ..budget import VideoBudget
 from ..offline import OFFLINE_ENV
 from .recipe import Recipe
@@ -33,7 +34,8 @@ from .recipe import Recipe
 RESERVED_FLAGS = ('--deepspeed', '--tuner_backend', '--model', '--model_type', '--template', '--custom_register_path',
                   '--external_plugins', '--expert_model_parallel_size', '--tensor_model_parallel_size',
                   '--pipeline_model_parallel_size', '--tuner_type', '--output_dir', '--dataset')
-# Environment the launcher derives from the recipe; `env` / `guards.env` may not set them.
+# Environment the launcher derives from the recipe; `env` / `guards.env` may not set them (SWIFT_VORA_* switches
+# without a recipe key of their own may be set there: swift_vora/switches.py).
 RESERVED_ENV_PREFIXES = ('SWIFT_VORA_', 'NPROC_PER_NODE', 'NNODES')
 RENDEZVOUS = ('NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT')
 DEFAULT_MASTER_PORT = '29500'
@@ -213,9 +215,13 @@ def common_env(recipe: Recipe, view: PlanView, environ: Optional[Mapping[str, st
     env['SWIFT_VORA_ENCODE_LOG'] = os.path.join(recipe['train.output_dir'], 'encode_log.jsonl')
     for source in ('guards.env', 'env'):
         for key, value in recipe[source].items():
-            if key.startswith(RESERVED_ENV_PREFIXES) or key in RENDEZVOUS:
+            if key.startswith(switches.PREFIX):  # a switch of the table's `env` column, with a value it accepts
+                why = switches.recipe_env_error(key, value)
+                if why:
+                    raise LaunchUsageError(f'{recipe.path}: {source}.{key}: {why}')
+            elif key.startswith(RESERVED_ENV_PREFIXES) or key in RENDEZVOUS:
                 raise LaunchUsageError(f'{recipe.path}: {source}.{key}: set by swift-vora train from the recipe '
-                                       f'(use the video./data./nodes keys instead)')
+                                       f'(use the nodes key instead)')
             env[key] = '' if value is None else str(value)
     env.update(rendezvous_env(view, environ))
     return env

@@ -11,10 +11,7 @@ Selection, read when the trainer is built:
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Dict, List, Optional
-
-from .. import env_switch
 
 GUARDS_ENV = 'SWIFT_VORA_GUARDS'
 # name -> (module, class); the order is the order the callbacks run in.
@@ -27,13 +24,12 @@ GUARDS: Dict[str, tuple] = {
     'lora_update': ('swift_vora.guards.lora_update', 'LoraUpdateGuard'),
     'verify_adapter': ('swift_vora.guards.verify_adapter', 'VerifyAdapterGuard'),
 }
-_TRUE, _FALSE = ('1', 'true', 'yes', 'on'), env_switch.OFF
 
 
 def enabled_guards(environ: Optional[Dict[str, str]] = None) -> List[str]:
     """The guards switched on by `SWIFT_VORA_GUARDS` and `SWIFT_VORA_GUARD_<NAME>`, in run order."""
-    environ = os.environ if environ is None else environ
-    spec = (environ.get(GUARDS_ENV) or 'all').strip().lower()
+    from .. import switches
+    spec = switches.read(GUARDS_ENV, environ).lower()
     chosen: List[str] = []
     for token in [t.strip() for t in spec.split(',') if t.strip()]:
         if token == 'all':
@@ -49,15 +45,10 @@ def enabled_guards(environ: Optional[Dict[str, str]] = None) -> List[str]:
             if token not in chosen:
                 chosen.append(token)
     for name in GUARDS:
-        variable = f'SWIFT_VORA_GUARD_{name.upper()}'
-        flag = (environ.get(variable) or '').strip().lower()
-        if not flag:
-            continue
-        if flag not in _TRUE + _FALSE:
-            raise ValueError(f'{variable}={flag!r}: expected one of {", ".join(_TRUE + _FALSE)}')
-        if flag in _TRUE and name not in chosen:
+        flag = switches.read(f'SWIFT_VORA_GUARD_{name.upper()}', environ)
+        if flag is True and name not in chosen:
             chosen.append(name)
-        elif flag in _FALSE and name in chosen:
+        elif flag is False and name in chosen:
             chosen.remove(name)
     return [name for name in GUARDS if name in chosen]
 

@@ -45,12 +45,11 @@ module hooks, which a compiled region would have to trace; DeepSpeed has its own
 from __future__ import annotations
 
 import logging
-import os
 from typing import List
 
 from swift.callbacks import TrainerCallback
 
-from .. import env_switch
+from .. import switches
 
 ENV = 'SWIFT_VORA_COMPILE'
 BACKEND_ENV = 'SWIFT_VORA_COMPILE_BACKEND'
@@ -62,7 +61,7 @@ logger = logging.getLogger('swift')
 
 
 def mode(environ=None) -> str:
-    return env_switch.choice(ENV, MODES, environ, aliases={k: 'off' for k in ('0', 'false', 'no', 'none')})
+    return switches.read(ENV, environ)
 
 
 def enabled(environ=None) -> bool:
@@ -72,7 +71,7 @@ def enabled(environ=None) -> bool:
 
 def checkpoint_place(environ=None) -> str:
     """Where a compiled layer's gradient checkpointing runs: `graph` (inside the compiled region) or `eager`."""
-    return env_switch.choice(CHECKPOINT_ENV, CHECKPOINT_PLACES, environ, default='eager')
+    return switches.read(CHECKPOINT_ENV, environ)
 
 
 def _repeated_blocks(model, suffix: str) -> List:
@@ -90,7 +89,7 @@ def _repeated_blocks(model, suffix: str) -> List:
 
 def compile_vision(environ=None) -> bool:
     """With `SWIFT_VORA_COMPILE=layers`, the vision blocks are compiled too unless this says 0/false/no/off."""
-    return env_switch.flag(VISION_ENV, environ, default=True)
+    return switches.read(VISION_ENV, environ)
 
 
 def decoder_layers(model) -> List:
@@ -221,7 +220,7 @@ class CompileDecoderLayers(TrainerCallback):
             logger.warning(f'swift-vora compile: {ENV}=layers is not applied under DeepSpeed (its parameter hooks '
                            'would be traced into the compiled layers); training runs uncompiled')
             return
-        backend = os.environ.get(BACKEND_ENV, 'inductor').strip() or 'inductor'
+        backend = switches.read(BACKEND_ENV)
         place = checkpoint_place()
         layers = decoder_layers(model)
         checkpointed = sum(bool(getattr(layer, 'gradient_checkpointing', False)) for layer in layers)

@@ -38,14 +38,14 @@ import logging
 
 from swift.callbacks import TrainerCallback
 
-from .. import env_switch
+from .. import switches
 
 ENV = 'SWIFT_VORA_HOST_OVERHEAD'
 logger = logging.getLogger('swift')
 
 
 def enabled(environ=None) -> bool:
-    return env_switch.flag(ENV, environ)
+    return switches.read(ENV, environ)
 
 
 def count_parameters_once(trainer) -> None:

@@ -21,14 +21,14 @@ from typing import List
 
 from swift.callbacks import TrainerCallback
 
-from .. import env_switch
+from .. import switches
 
 ENV = 'SWIFT_VORA_LORA_AUTOCAST_INPUTS'
 logger = logging.getLogger('swift')
 
 
 def enabled(environ=None) -> bool:
-    return env_switch.flag(ENV, environ)
+    return switches.read(ENV, environ)
 
 
 def upcasting_lora_layers(model) -> List:

@@ -16,21 +16,20 @@ where stable shapes also spare dynamo and inductor work) and 0 (off) otherwise.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, Optional
 
-from .. import env_switch
+from .. import switches
 
 ENV = 'SWIFT_VORA_PAD_MULTIPLE'
 COMPILED_DEFAULT = 64
 
 
 def pad_multiple(environ=None) -> int:
-    environ = os.environ if environ is None else environ
-    if not (environ.get(ENV) or '').strip():
+    multiple = switches.read(ENV, environ)
+    if multiple is None:  # unset: on with compiled decoder layers
         from .compile_layers import mode
         return COMPILED_DEFAULT if mode(environ) != 'off' else 0
-    return env_switch.count(ENV, environ, unit='tokens (0 = off)')
+    return multiple
 
 
 def padding_for(length: int, multiple: int, max_length: Optional[int] = None) -> int:

@@ -13,13 +13,13 @@ are kept. Applied in the process that decodes (the template's video path), once 
 """
 from __future__ import annotations
 
-from .. import env_switch
+from .. import switches
 
 ENV = 'SWIFT_VORA_DECODE_THREADS'
 
 
 def decoder_threads(environ=None) -> int:
-    return env_switch.count(ENV, environ, default=1, unit='threads (0 = decord default)')
+    return switches.read(ENV, environ)
 
 
 def limit_decord_threads(environ=None) -> int:

@@ -22,7 +22,7 @@ import importlib
 import sys
 from typing import List
 
-from .. import env_switch
+from .. import switches
 
 ENV = 'SWIFT_VORA_VIT_ATTENTION'
 # (module, class) of every vision attention with the per-chunk split; identical code in transformers 5.17.
@@ -37,7 +37,7 @@ _CACHE_ATTR = '_swift_vora_split_sizes'
 
 def enabled(environ=None) -> bool:
     """`batched` (default) patches; `transformers` keeps transformers' forward; anything else is an error."""
-    return env_switch.choice(ENV, ('batched', 'transformers'), environ) == 'batched'
+    return switches.read(ENV, environ) == 'batched'
 
 
 def split_sizes(cu_seqlens) -> List[int]:
