@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
+from swift_vora.backends.common import LaunchRefused, LaunchUsageError
 from swift_vora.backends.deepspeed import ZERO3_SMALL_GPU, ZERO3_SWIFT, zero_config
-from swift_vora.backends.launch import LaunchRefused, LaunchUsageError, build_launch, deepspeed_stage
+from swift_vora.backends.launch import build_launch, deepspeed_stage
 from swift_vora.backends.planning import plan_recipe
 from swift_vora.backends.recipe import RecipeError, SCHEMA, load_recipe, parse_override, recipe_from_dict
 

@@ -25,7 +25,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from ..plan import constants as C
 from ..plan.memory import DEEPSPEED_BACKENDS
-from .launch import (Launch, LaunchUsageError, PlanView, bool_arg, common_env, console_script, lora_args,
+from .common import (Launch, LaunchUsageError, PlanView, bool_arg, common_env, console_script, lora_args,
                      swift_common_args)
 from .recipe import Recipe
 
