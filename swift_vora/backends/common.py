@@ -87,7 +87,7 @@ def _quote_env(value: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The plan, whatever shape it comes in (the planner's Plan dataclass or the CONTRACT JSON dict)
+# The plan, whatever shape it comes in (the planner's Plan dataclass or its JSON dict, docs/contract.md)
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass
 class PlanView:
