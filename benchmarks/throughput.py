@@ -506,7 +506,8 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         'vora_gc_liger_compile': vora(True, '--use_liger_kernel', 'true', env=compile_env),
         # Since run 6 with swift_vora/speed/host_overhead.py (on by default): the parameter count for the logged FLOPs
         # taken once and the DeepStack merge without host syncs. Since run 11 with the vision blocks compiled too
-        # (SWIFT_VORA_COMPILE_VISION) and the pixels handed over in bf16 (swift_vora/speed/pixel_dtype.py), both default.
+        # (SWIFT_VORA_COMPILE_VISION) and the pixels handed over in bf16 (swift_vora/speed/pixel_dtype.py), both
+        # default.
         'vora_gc_compile': vora(True, env=compile_env),
         # ... as runs 7-10 measured it: vision tower eager, float32 pixels from the workers
         'vora_gc_compile_r10': vora(True, env={**compile_env, 'SWIFT_VORA_COMPILE_VISION': '0',

@@ -95,7 +95,8 @@ def validate_argv(argvs: Sequence[Sequence[str]], kind: str = 'sft', python: Opt
     proc = subprocess.run([python or sys.executable, os.path.abspath(__file__), '--check-args', kind],
                           input=json.dumps([list(a) for a in argvs]), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f'Megatron-SWIFT argument check failed to run (rc {proc.returncode}):\n{proc.stderr[-3000:]}')
+        raise RuntimeError(f'Megatron-SWIFT argument check failed to run (rc {proc.returncode}):\n'
+                           f'{proc.stderr[-3000:]}')
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     for argv, result in zip(argvs, results):
         if result['unknown']:

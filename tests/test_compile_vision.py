@@ -1,7 +1,7 @@
-"""Regional torch.compile of the frozen vision tower's blocks (swift_vora/speed/compile_layers.py, `compile_vision_blocks`):
-the same vision features as transformers' blocks with swift-vora's batched attention, one compiled graph shared by
-all blocks with no graph break (the frame-group sizes enter as ints), transformers' path for what the compiled
-function does not take, and the switch a user sees."""
+"""Regional torch.compile of the frozen vision tower's blocks (swift_vora/speed/compile_layers.py,
+`compile_vision_blocks`): the same vision features as transformers' blocks with swift-vora's batched attention, one
+compiled graph shared by all blocks with no graph break (the frame-group sizes enter as ints), transformers' path
+for what the compiled function does not take, and the switch a user sees."""
 import types
 
 import pytest
