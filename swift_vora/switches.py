@@ -104,7 +104,7 @@ def _table() -> Tuple[Switch, ...]:
         Switch(PREFIX + 'VERIFY_TIMEOUT', 'number', 1800.0, 'seconds the adapter reload may take',
                where='guards/verify_adapter.py'),
         Switch(PREFIX + 'RECIPE', 'path', None, 'the recipe file hashed into fingerprint.json',
-               'swift-vora train RECIPE', where='guards/fingerprint.py'),
+               'the recipe file itself', where='guards/fingerprint.py'),
         # --- speed levers (swift_vora/speed/) -------------------------------------------------------------------
         Switch(PREFIX + 'COMPILE', 'choice', 'off', 'regional torch.compile: off | layers',
                'train.compile', choices=('off', 'layers'), aliases=off_aliases, where='speed/compile_layers.py'),
@@ -242,8 +242,10 @@ def recipe_env_error(name: str, value: Any) -> Optional[str]:
         return f'not a swift-vora switch{_suggest(name)}'
     s = table()[name]
     if s.recipe != ENV_KEY:
-        return (f'set by swift-vora train from the recipe key {s.recipe!r}' if s.recipe else
-                'not a training switch (read by ' + s.where + ')')
+        if not s.recipe:
+            return f'not a training switch (read by {s.where})'
+        source = f'the recipe key {s.recipe!r}' if '.' in s.recipe and ' ' not in s.recipe else s.recipe
+        return f'set by swift-vora train from {source}'
     try:
         parse(name, None if value is None else str(value))
     except SwitchError as e:

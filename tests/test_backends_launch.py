@@ -229,6 +229,7 @@ def test_swift_sft_command_parses_with_ms_swift_arguments():
     assert env['SWIFT_VORA_MAX_FRAMES'] == '64' and env['SWIFT_VORA_PAIR_TOKENS'] == '196'
     assert env['SWIFT_VORA_WINDOW'] == '32' and env['SWIFT_VORA_STRIDE'] == '16'
     assert env['HF_HUB_OFFLINE'] == '1' and env['SWIFT_VORA_ENCODE_LOG'].endswith('encode_log.jsonl')
+    assert env['SWIFT_VORA_RECIPE'] == os.path.join(REPO, 'recipes', '3060x4.yaml')  # hashed by the fingerprint
     assert d['plan']['command'][0] == 'env' and d['plan']['command'][-len(argv):] == argv
 
 

@@ -198,6 +198,8 @@ def common_env(recipe: Recipe, view: PlanView, environ: Optional[Mapping[str, st
     if recipe['data.video_root']:
         env['SWIFT_VORA_VIDEO_ROOT'] = recipe['data.video_root']
     env['SWIFT_VORA_ENCODE_LOG'] = os.path.join(recipe['train.output_dir'], 'encode_log.jsonl')
+    if os.path.isfile(recipe.path):  # hashed into fingerprint.json (a plan's stand-in recipe has no file)
+        env['SWIFT_VORA_RECIPE'] = os.path.abspath(recipe.path)
     for source in ('guards.env', 'env'):
         for key, value in recipe[source].items():
             if key.startswith(switches.PREFIX):  # a switch of the table's `env` column, with a value it accepts
