@@ -42,3 +42,9 @@ def test_plugin_appends_lever_callbacks_after_guards(monkeypatch):
 
     names = [type(cb).__name__ for cb in SwiftMixin._get_callbacks(FakeTrainer(), types.SimpleNamespace(callbacks=[]))]
     assert names == [lever.callback for lever in speed.callback_levers()]
+
+
+def test_lever_defaults_come_from_the_switch_table():
+    from swift_vora import switches
+    for lever in speed.LEVERS:
+        assert lever.default.startswith(repr(switches.table()[lever.switch].default)), lever.name
