@@ -1,9 +1,8 @@
 """Training guards: ms-swift callbacks that make the silent failures of (multi-GPU) video SFT loud.
 
 Importing the plugin (`--custom_register_path swift_vora`) registers them as `vora_<name>` in
-`swift.callbacks.callbacks_map` and enables them by default (swift_vora/swift_registry.py, selection in
-registry.py; `SWIFT_VORA_GUARDS=none` turns them
-off). One module per guard:
+`swift.callbacks.callbacks_map` and enables them by default (swift_vora/swift_registry.py; the selection is in
+registry.py, `SWIFT_VORA_GUARDS=none` turns them off). One module per guard:
 
 - coverage       every rank gets batches; tail samples ms-swift would drop are padded/dropped/stop
                  (`SWIFT_VORA_TAIL`); sample ids consumed per rank, never-seen report per epoch
