@@ -20,10 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def resolve(target):
+    """The upstream object, as shipped: swift-vora's own wrappers (installed by other tests) are looked through."""
     module, qualname = target.split(':')
     obj = importlib.import_module(module)
     for part in qualname.split('.'):
         obj = getattr(obj, part)
+        while getattr(obj, '_swift_vora_original', None) is not None or hasattr(obj, '__wrapped__'):
+            obj = getattr(obj, '_swift_vora_original', None) or obj.__wrapped__
     return obj
 
 
@@ -49,6 +52,22 @@ def test_target_matches_the_installed_version(patch):
         assert digest == patch.sources[installed], (
             f'{patch.name}: the source of {patch.target} changed in {patch.package} {installed}; '
             f'{patch.where} replaces it -- re-check it with {patch.proof}')
+
+
+def test_wrappers_are_looked_through(monkeypatch):
+    # the check is against upstream's code even after the plugin patched it in this process
+    import swift_vora
+    swift_vora.register()
+    from swift_vora.speed import vit_attention
+    monkeypatch.delenv(vit_attention.ENV, raising=False)
+    vit_attention.patch_vision_attention()
+    from swift.trainers.mixin import SwiftMixin
+    assert getattr(SwiftMixin._get_callbacks, '_swift_vora_guards', False)
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionAttention
+    assert vit_attention.is_patched(Qwen3VLVisionAttention)
+    original = resolve('transformers.models.qwen3_vl.modeling_qwen3_vl:Qwen3VLVisionAttention.forward')
+    assert original is Qwen3VLVisionAttention.forward._swift_vora_original
+    assert resolve('swift.trainers.mixin:SwiftMixin._get_callbacks') is SwiftMixin._get_callbacks.__wrapped__
 
 
 def test_inventory_is_complete_and_usable():
