@@ -501,12 +501,13 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         # `use_liger_kernel`, as ms-swift passes it.
         'vora_liger': vora(False, '--use_liger_kernel', 'true'),
         'vora_gc_liger': vora(True, '--use_liger_kernel', 'true'),
-        # + regional torch.compile of the 28 decoder layers (swift_vora/compile_layers.py), with and without Liger
+        # + regional torch.compile of the 28 decoder layers (swift_vora/speed/compile_layers.py), with and without Liger
         # (inductor fuses RMSNorm and RoPE itself; without Liger the loss is swift's, not the fused linear CE).
         'vora_gc_liger_compile': vora(True, '--use_liger_kernel', 'true', env=compile_env),
-        # Since run 6 with swift_vora/host_overhead.py (on by default): the parameter count for the logged FLOPs
+        # Since run 6 with swift_vora/speed/host_overhead.py (on by default): the parameter count for the logged FLOPs
         # taken once and the DeepStack merge without host syncs. Since run 11 with the vision blocks compiled too
-        # (SWIFT_VORA_COMPILE_VISION) and the pixels handed over in bf16 (swift_vora/pixel_dtype.py), both default.
+        # (SWIFT_VORA_COMPILE_VISION) and the pixels handed over in bf16 (swift_vora/speed/pixel_dtype.py), both
+        # default.
         'vora_gc_compile': vora(True, env=compile_env),
         # ... as runs 7-10 measured it: vision tower eager, float32 pixels from the workers
         'vora_gc_compile_r10': vora(True, env={**compile_env, 'SWIFT_VORA_COMPILE_VISION': '0',
@@ -523,7 +524,7 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         # ... with the checkpoint inside the compiled layers (SWIFT_VORA_COMPILE_CHECKPOINT=graph; fails to compile on
         # torch 2.11, run 6)
         'vora_gc_compile_graphckpt': vora(True, env={**compile_env, 'SWIFT_VORA_COMPILE_CHECKPOINT': 'graph'}),
-        # ... without swift_vora/host_overhead.py: what runs 3-5 measured as `vora_gc_compile`
+        # ... without swift_vora/speed/host_overhead.py: what runs 3-5 measured as `vora_gc_compile`
         'vora_gc_compile_r5': vora(True, env={**compile_env, 'SWIFT_VORA_HOST_OVERHEAD': '0'}),
         # + inductor's C++ wrapper (upstream switch): the compiled graphs launch their kernels from C++ instead of
         # generated Python; the run-3 py-spy had ~20 % of the host samples in the Python wrappers. Run 8: no gain
@@ -755,7 +756,7 @@ def summarize_variant(name, vdir, args, command, wall, profile) -> Dict[str, Any
     }
     vora_enc = read_jsonl(os.path.join(vdir, 'vora_encode.jsonl'))
     if vora_enc:
-        # Tokens appended by swift_vora/shape_bucket.py: processed, but not counted as work (FLOPs, tokens/s).
+        # Tokens appended by swift_vora/speed/shape_bucket.py: processed, but not counted as work (FLOPs, tokens/s).
         result['tail_padding_per_sample'] = _mean([r.get('tail_padding') or 0 for r in vora_enc])
         result['vora_encode_log'] = {'samples': len(vora_enc),
                                      'frames': sorted({r.get('frames_from_tensors') for r in vora_enc}),
@@ -776,7 +777,7 @@ def summarize_variant(name, vdir, args, command, wall, profile) -> Dict[str, Any
 
 
 def real_tokens(result: Dict[str, Any]) -> float:
-    """Tokens per sample without the tail padding of swift_vora/shape_bucket.py (the work a sample is)."""
+    """Tokens per sample without the tail padding of swift_vora/speed/shape_bucket.py (the work a sample is)."""
     return (result.get('tokens_per_sample') or 0) - (result.get('tail_padding_per_sample') or 0)
 
 

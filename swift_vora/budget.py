@@ -13,7 +13,6 @@ Qwen3-VL counts tokens per *pair* of frames (temporal patch 2): a pair of H x W 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Dict, Mapping, Optional
 
@@ -32,13 +31,8 @@ class VideoBudget:
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> 'VideoBudget':
-        environ = os.environ if environ is None else environ
-        values: Dict[str, Any] = {}
-        for f in fields(cls):
-            raw = environ.get(ENV_PREFIX + f.name.upper())
-            if raw not in (None, ''):
-                values[f.name] = _convert(f.name, raw)
-        return cls(**values)
+        from . import switches  # the table's defaults are this class's defaults
+        return cls(**{f.name: switches.read(ENV_PREFIX + f.name.upper(), environ) for f in fields(cls)})
 
     def updated(self, overrides: Optional[Mapping[str, Any]]) -> 'VideoBudget':
         """A copy with the budget keys found in `overrides` (e.g. a row's chat_template_kwargs)."""

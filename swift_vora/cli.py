@@ -1,6 +1,6 @@
 """`swift-vora` command line: parses arguments and hands each command to the module that owns it.
 
-Exit codes (CONTRACT.md): 0 ok, 1 invalid input found, 2 usage error, 3 does not fit, 4 refused.
+Exit codes (docs/contract.md): 0 ok, 1 invalid input found, 2 usage error, 3 does not fit, 4 refused.
 Command modules import heavy dependencies (torch, ms-swift) inside their handlers only, so that
 `swift-vora plan` and `--help` stay fast.
 """
@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     'swift_vora.eval.cli',  # eval, parse
     'swift_vora.guards.cli',  # verify-adapter
     'swift_vora.demo',  # demo
+    'swift_vora.switches',  # switches
 ]
 
 

@@ -21,6 +21,7 @@ from swift.dataset import DatasetMeta, register_dataset
 from swift.dataset.loader import DatasetLoader
 from swift.utils import get_logger
 
+from . import switches
 from .budget import VideoBudget
 
 logger = get_logger()
@@ -31,13 +32,9 @@ ANNOTATION_SUFFIXES = ('.jsonl', '.json')
 
 def window_config_from_env(environ=None):
     from .data.windowing import WindowConfig
-    environ = os.environ if environ is None else environ
-    values: Dict[str, Any] = {}
-    for field_name in ('window', 'stride', 'min_event'):
-        raw = environ.get(f'SWIFT_VORA_{field_name.upper()}')
-        if raw not in (None, ''):
-            values[field_name] = None if raw.lower() in ('none', '0') else float(raw)
-    return WindowConfig(**values)
+    # the table's defaults are WindowConfig's defaults
+    return WindowConfig(**{name: switches.read(f'SWIFT_VORA_{name.upper()}', environ)
+                           for name in ('window', 'stride', 'min_event')})
 
 
 def build_swift_rows(path: str, strict: bool = False, video_root: Optional[str] = None,
@@ -49,7 +46,7 @@ def build_swift_rows(path: str, strict: bool = False, video_root: Optional[str] 
 
     window_config = window_config or window_config_from_env()
     budget = budget or VideoBudget.from_env()
-    video_root = video_root or os.environ.get('SWIFT_VORA_VIDEO_ROOT') or None
+    video_root = video_root or switches.read('SWIFT_VORA_VIDEO_ROOT') or None
     report = load_annotations(path, video_root=video_root, probe=True, strict=strict)
     rows, slivers = [], 0
     for annotation in report.rows:

@@ -2,7 +2,7 @@
 
 Intervals are `(start, end)` pairs in seconds, half-open `[start, end)`. An answer is a JSON array of
 `[start, end]` pairs relative to the start of the clip the model saw, one decimal, sorted and
-non-overlapping; `[]` when nothing in the clip is worth keeping (see CONTRACT.md).
+non-overlapping; `[]` when nothing in the clip is worth keeping (docs/contract.md).
 """
 from __future__ import annotations
 

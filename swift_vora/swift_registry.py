@@ -1,18 +1,77 @@
-"""What importing the plugin does inside ms-swift: register the template and the dataset, install the guards,
-and the vision-attention patch (swift_vora/vit_attention.py; SWIFT_VORA_VIT_ATTENTION=transformers to skip it)."""
+"""What importing the plugin does inside ms-swift, all of it here: the `video_ora` template and dataset, the
+callbacks (the guards and the speed levers') and the patches.
+
+Callbacks: each guard (swift_vora/guards/registry.py) and each speed lever with a callback (swift_vora/speed/) is
+an ms-swift `TrainerCallback` registered in `swift.callbacks.callbacks_map` as `vora_<name>`, so
+`--callbacks vora_coverage ...` works like any ms-swift callback. To make them default without a flag, one narrow
+patch wraps `SwiftMixin._get_callbacks` (the method that turns `args.callbacks` into callback objects,
+swift/trainers/mixin.py): it appends the enabled guards, then the enabled levers' callbacks, that the command line
+did not already name. Switches are read when the trainer is built. It applies to ms-swift's SFT-style trainers
+(`swift.trainers`), not to the RLHF or Megatron trainers.
+
+Before anything is registered, every `SWIFT_VORA_*` variable is checked against the switch table
+(swift_vora/switches.py). Patches at import: the batched vision attention (swift_vora/speed/vit_attention.py;
+SWIFT_VORA_VIT_ATTENTION=transformers to skip it). The template applies the per-sample levers itself
+(swift_vora/speed/encode.py).
+"""
+from __future__ import annotations
+
 _registered = False
+PREFIX = 'vora_'
 
 
 def register_all() -> None:
     global _registered
     if _registered:
         return
+    from .switches import check_environment
+    check_environment()  # a misspelt SWIFT_VORA_* name or a bad value stops here, not silently mid-run
     from .dataset import register_video_ora_dataset
     from .template import register_video_ora_template
     register_video_ora_template()
     register_video_ora_dataset()
-    from .guards.registry import register_guards  # training guards (issue 5): callbacks_map + default-on
-    register_guards()
-    from .vit_attention import patch_vision_attention  # one sync and one attention call per ViT layer
+    register_callbacks()
+    from .speed.vit_attention import patch_vision_attention  # one sync and one attention call per ViT layer
     patch_vision_attention()
     _registered = True
+
+
+def _applies_to(trainer) -> bool:
+    module = type(trainer).__module__
+    return not module.startswith(('swift.rlhf_trainers', 'swift.megatron'))
+
+
+def register_callbacks() -> None:
+    """Put the guards and the levers' callbacks into `callbacks_map` and make the enabled ones default
+    (idempotent)."""
+    from swift.callbacks import callbacks_map
+    from swift.trainers.mixin import SwiftMixin
+
+    from . import speed
+    from .guards.registry import GUARDS, enabled_guards, guard_class
+
+    for name in GUARDS:
+        callbacks_map.setdefault(PREFIX + name, guard_class(name))
+    levers = speed.callback_levers()
+    for lever in levers:
+        callbacks_map.setdefault(PREFIX + lever.name, speed.callback_class(lever))
+    original = SwiftMixin._get_callbacks
+    if getattr(original, '_swift_vora_guards', False):
+        return
+
+    def _get_callbacks(self, args):
+        callbacks = original(self, args)
+        if not _applies_to(self):
+            return callbacks
+        named = set(getattr(args, 'callbacks', None) or [])
+        for name in enabled_guards():
+            if PREFIX + name not in named:
+                callbacks.append(callbacks_map[PREFIX + name](args, self))
+        for lever in levers:  # not guards, but trainer-level like them
+            if lever.enabled() and PREFIX + lever.name not in named:
+                callbacks.append(speed.callback_class(lever)(args, self))
+        return callbacks
+
+    _get_callbacks._swift_vora_guards = True
+    _get_callbacks.__wrapped__ = original
+    SwiftMixin._get_callbacks = _get_callbacks

@@ -56,7 +56,7 @@ def random_intervals(duration: float, rng: random.Random, max_events: int = 2, m
 def make_dataset(out_dir: str, n_videos: int, duration: float = 16.0, fps: float = 4.0,
                  size: Tuple[int, int] = (128, 96), seed: int = 0, max_events: int = 2,
                  durations: Optional[Sequence[float]] = None) -> str:
-    """Write `n_videos` synthetic clips and an annotation JSONL (CONTRACT format); return its path."""
+    """Write `n_videos` synthetic clips and an annotation JSONL (docs/contract.md format); return its path."""
     os.makedirs(out_dir, exist_ok=True)
     rng = random.Random(seed)
     rows: List[Dict] = []

@@ -12,8 +12,9 @@ What it adds over ms-swift's `qwen3_vl` template:
 - Every encoded sample is reported: frames, `video_grid_thw`, video tokens, total and supervised tokens
   (the first few at INFO, all of them as JSONL in `SWIFT_VORA_ENCODE_LOG`, which `swift-vora train` and
   the guards point into the output directory).
-- Training encodes can be padded at their end to a multiple of N tokens (shape_bucket.py; on with compiled
-  decoder layers): fewer distinct lengths for the kernels, nothing changed for the real tokens.
+- The speed levers that act per sample (swift_vora/speed/encode.py): one decoder thread per video reader,
+  pixels handed over in the model's dtype, training encodes padded at their end to a multiple of N tokens
+  (on with compiled decoder layers): fewer distinct lengths for the kernels, nothing changed for the real tokens.
 The same class serves Qwen3-VL (dense/MoE) and Qwen3.5 (dense/MoE): the vision token ids are read from
 the tokenizer rather than hard-coded.
 """
@@ -30,8 +31,9 @@ from swift.template import register_template
 from swift.template.templates.qwen import QwenTemplateMeta, Qwen3VLTemplate
 from swift.utils import get_logger
 
-from . import pixel_dtype, shape_bucket
+from . import switches
 from .budget import FRAME_FACTOR, VideoBudget
+from .speed import encode as speed
 
 logger = get_logger()
 
@@ -64,13 +66,13 @@ class VideoOraTemplate(Qwen3VLTemplate):
         self.image_token_id = tokenizer.convert_tokens_to_ids('<|image_pad|>')
         self.video_token_id = tokenizer.convert_tokens_to_ids('<|video_pad|>')
         self.vora_budget = VideoBudget.from_env()
-        self.encode_log_path = os.environ.get(ENCODE_LOG_ENV) or None
-        self._log_first = int(os.environ.get(LOG_FIRST_ENV, '3'))
+        self.encode_log_path = switches.read(ENCODE_LOG_ENV) or None
+        self._log_first = switches.read(LOG_FIRST_ENV)
         self._logged = 0
         self._frame_cap: Optional[int] = None
         self._video_reports: List[Dict[str, Any]] = []
-        # float32 pixels cast to the model's bf16/fp16 in the worker, as the model's forward would (pixel_dtype.py)
-        self.vora_pixel_dtype = pixel_dtype.target_dtype(getattr(self.model_info, 'torch_dtype', None))
+        # float32 pixels cast to the model's bf16/fp16 in the worker, as the model's forward would
+        self.vora_pixel_dtype = speed.pixel_target(getattr(self.model_info, 'torch_dtype', None))
 
     # ---- video decoding under the budget -------------------------------------------------------
     def _patch_factor(self) -> int:
@@ -85,9 +87,7 @@ class VideoOraTemplate(Qwen3VLTemplate):
         if media_type != 'video' or self.mode == 'vllm' or not isinstance(video, str):
             return super().replace_tag(media_type, index, inputs)
         from qwen_vl_utils import fetch_video, smart_resize
-
-        from .video_decode import limit_decord_threads
-        limit_decord_threads()  # one ffmpeg thread per reader in each DataLoader worker (swift_vora/video_decode.py)
+        speed.before_decode()
         kwargs = inputs.chat_template_kwargs or {}
         budget = self.sample_budget(kwargs)
         src_fps, n_src, height, width = _video_header(video)
@@ -154,13 +154,11 @@ class VideoOraTemplate(Qwen3VLTemplate):
                 self._frame_cap = new_cap
         finally:
             self._frame_cap = None
-        padding = shape_bucket.padding_for(len(encoded['input_ids']), shape_bucket.pad_multiple(),
-                                           self.max_length) if self.is_training else 0
+        padding = speed.tail_padding(len(encoded['input_ids']), self.max_length, self.is_training)
         report = self._report(inputs, encoded, reductions, tail_padding=padding)
         if self.is_training and report['supervised_tokens'] == 0:
             raise SampleRejected(f'{self._sample_name(inputs)}: no supervised tokens (empty answer?)')
-        shape_bucket.pad_tail(encoded, padding, self.tokenizer.pad_token_id)
-        pixel_dtype.cast_pixels(encoded, self.vora_pixel_dtype)
+        speed.finish(encoded, padding, self.tokenizer.pad_token_id, self.vora_pixel_dtype)
         return encoded
 
     def _sample_name(self, inputs) -> str:
@@ -184,7 +182,7 @@ class VideoOraTemplate(Qwen3VLTemplate):
             'total_tokens': len(input_ids),
             'supervised_tokens': sum(1 for t in labels if t != -100) if labels is not None else 0,
             'frame_reductions': reductions,
-            'tail_padding': tail_padding,  # pad tokens appended after this report's counts (shape_bucket.py)
+            'tail_padding': tail_padding,  # pad tokens appended after this report's counts (speed/shape_bucket.py)
             'source': 'read from the encoded tensors',
         }
         cap = max((r['budget']['max_video_tokens'] or 0) for r in self._video_reports) if self._video_reports else 0

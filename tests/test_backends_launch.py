@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
+from swift_vora.backends.common import LaunchRefused, LaunchUsageError
 from swift_vora.backends.deepspeed import ZERO3_SMALL_GPU, ZERO3_SWIFT, zero_config
-from swift_vora.backends.launch import LaunchRefused, LaunchUsageError, build_launch, deepspeed_stage
+from swift_vora.backends.launch import build_launch, deepspeed_stage
 from swift_vora.backends.planning import plan_recipe
 from swift_vora.backends.recipe import RecipeError, SCHEMA, load_recipe, parse_override, recipe_from_dict
 
@@ -228,6 +229,7 @@ def test_swift_sft_command_parses_with_ms_swift_arguments():
     assert env['SWIFT_VORA_MAX_FRAMES'] == '64' and env['SWIFT_VORA_PAIR_TOKENS'] == '196'
     assert env['SWIFT_VORA_WINDOW'] == '32' and env['SWIFT_VORA_STRIDE'] == '16'
     assert env['HF_HUB_OFFLINE'] == '1' and env['SWIFT_VORA_ENCODE_LOG'].endswith('encode_log.jsonl')
+    assert env['SWIFT_VORA_RECIPE'] == os.path.join(REPO, 'recipes', '3060x4.yaml')  # hashed by the fingerprint
     assert d['plan']['command'][0] == 'env' and d['plan']['command'][-len(argv):] == argv
 
 
@@ -253,12 +255,12 @@ def test_compile_is_opt_in_reaches_the_plugin_and_says_where_it_does_not_apply()
     assert rc == 0, err
     assert d['launch']['env']['SWIFT_VORA_COMPILE'] == 'layers'
     assert not any('train.compile' in n for n in d['launch']['notes'])
-    # under ZeRO-3 (the planner's dense choice here) and next to Liger the user is told, with the numbers
+    # under ZeRO-3 (the planner's dense choice here) and next to Liger the user is told, and where it was measured
     rc, d, err = dry_json(recipe, f'model.path={DENSE_2B}', 'train.backend=deepspeed_zero3', 'train.compile=layers',
                           'train.liger_kernel=true')
     assert rc == 0, err
     notes = ' '.join(d['launch']['notes'])
-    assert 'not applied under DeepSpeed' in notes and '2.01 samples/s' in notes
+    assert 'not applied under DeepSpeed' in notes and 'measured slower' in notes and 'docs/benchmarks.md' in notes
     rc, _, err = dry_json(recipe, f'model.path={DENSE_2B}', 'train.compile=everything')
     assert rc != 0 and "'train.compile'" in err and 'off, layers' in err
 
@@ -356,3 +358,18 @@ def test_dense_zero3_and_moe_zero2_are_not_refused():
                           'train.backend=deepspeed_zero2', 'train.tuner=full', 'deepspeed.offload=cpu')
     assert rc in (0, 3), err  # ZeRO-2 is allowed for MoE (it may not fit)
     assert d['plan']['verdict'] != 'refused'
+
+
+def test_recipe_guards_env_sets_switches_checked_by_the_table():
+    # what docs/guards.md documents: a guard's switch in the recipe's guards.env reaches the launched process
+    recipe = recipe_from_dict(dict(minimal(), guards={'env': {'SWIFT_VORA_TAIL': 'drop'}},
+                                   env={'SWIFT_VORA_HOST_OVERHEAD': 0}))
+    env = build_launch(plan_recipe(recipe), recipe).env
+    assert env['SWIFT_VORA_TAIL'] == 'drop' and env['SWIFT_VORA_HOST_OVERHEAD'] == '0'
+    for bad, message in [({'SWIFT_VORA_TAIL': 'dorp'}, "SWIFT_VORA_TAIL='dorp': expected one of pad, drop, stop"),
+                         ({'SWIFT_VORA_HOST_OVERHEAD': 'flase'}, "SWIFT_VORA_HOST_OVERHEAD='flase'"),
+                         ({'SWIFT_VORA_TAIIL': 'pad'}, 'not a swift-vora switch .did you mean SWIFT_VORA_TAIL'),
+                         ({'SWIFT_VORA_COMPILE': 'layers'}, "recipe key 'train.compile'")]:
+        recipe = recipe_from_dict(dict(minimal(), guards={'env': bad}))
+        with pytest.raises(LaunchUsageError, match=message):
+            build_launch(plan_recipe(recipe), recipe)

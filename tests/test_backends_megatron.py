@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from swift_vora.backends.launch import LaunchUsageError, build_launch
+from swift_vora.backends.common import LaunchUsageError
+from swift_vora.backends.launch import build_launch
 from swift_vora.backends.megatron import megatron_sft_args, parallel_sizes
 from swift_vora.backends.planning import plan_recipe
 from swift_vora.backends.recipe import load_recipe
@@ -71,7 +72,7 @@ def test_parallel_sizes_are_checked():
 
 
 def plan_view_stub(world):
-    from swift_vora.backends.launch import PlanView
+    from swift_vora.backends.common import PlanView
     return PlanView(backend='megatron_ep_lora', verdict='fits', reasons=[], num_gpus=world, nodes=1, ep=8, tp=1,
                     offload='none', micro_batch=1, is_moe=True, model_type='qwen3_5_moe', gpu_peak_gib=None,
                     host_peak_gib=None)
@@ -87,7 +88,7 @@ def megatron_parser_available():
 
 def test_generated_argv_parses_with_megatron_swift_arguments(megatron_parser_available):
     """Every flag of the dry-run command is an argument of MegatronSftArguments, with the intended value."""
-    from swift_vora.backends.megatron import validate_argv
+    from megatron_args import validate_argv
     argvs = [launch_for().argv[2:], launch_for('megatron.tp=2', 'megatron.recompute=selective').argv[2:],
              launch_for('model.type=qwen3_vl_moe', model=MOE_30B_VL).argv[2:]]
     results = validate_argv(argvs)

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from swift_vora.backends.launch import LaunchUsageError, build_launch, read_config
+from swift_vora.backends.common import LaunchUsageError, read_config
+from swift_vora.backends.launch import build_launch
 from swift_vora.backends.planning import plan_recipe
 from swift_vora.backends.recipe import load_recipe
 from swift_vora.backends.unsloth import (EXPERT_PARAMETERS, RouterTargeted, UnslothRunConfig, assert_router_frozen,

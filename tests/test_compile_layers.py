@@ -1,4 +1,4 @@
-"""Regional torch.compile of the decoder layers (swift_vora/compile_layers.py) on a tiny Qwen3-VL with PEFT LoRA,
+"""Regional torch.compile of the decoder layers (swift_vora/speed/compile_layers.py) on a tiny Qwen3-VL with PEFT LoRA,
 transformers' gradient checkpointing (reentrant, as ms-swift uses on one process) and bf16 autocast: the same loss
 and LoRA gradients as eager, no graph break (the lora_autocast check sits outside the compiled layers), one graph
 shared by all layers, and the switch/skip rules a user sees."""
@@ -11,7 +11,7 @@ import torch._dynamo
 import torch.utils.checkpoint as checkpoint_module
 from peft import LoraConfig, get_peft_model
 
-from swift_vora import compile_layers, lora_autocast
+from swift_vora.speed import compile_layers, lora_autocast
 from swift_vora.tiny_model import build_qwen3_vl
 
 

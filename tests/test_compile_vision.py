@@ -1,7 +1,7 @@
-"""Regional torch.compile of the frozen vision tower's blocks (swift_vora/compile_layers.py, `compile_vision_blocks`):
-the same vision features as transformers' blocks with swift-vora's batched attention, one compiled graph shared by
-all blocks with no graph break (the frame-group sizes enter as ints), transformers' path for what the compiled
-function does not take, and the switch a user sees."""
+"""Regional torch.compile of the frozen vision tower's blocks (swift_vora/speed/compile_layers.py,
+`compile_vision_blocks`): the same vision features as transformers' blocks with swift-vora's batched attention, one
+compiled graph shared by all blocks with no graph break (the frame-group sizes enter as ints), transformers' path
+for what the compiled function does not take, and the switch a user sees."""
 import types
 
 import pytest
@@ -10,7 +10,7 @@ import torch._dynamo
 from transformers.models.qwen3_vl import modeling_qwen3_vl as M
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 
-from swift_vora import compile_layers, vit_attention
+from swift_vora.speed import compile_layers, vit_attention
 from swift_vora.tiny_model import build_qwen3_vl
 
 ONE_VIDEO = [[4, 4, 6]]  # 4 frame groups of 24 patches: the compiled path

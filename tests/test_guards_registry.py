@@ -39,7 +39,7 @@ def test_registered_in_callbacks_map_and_default_on(monkeypatch):
     monkeypatch.delenv('SWIFT_VORA_PIXEL_DTYPE', raising=False)
     names = [type(cb).__name__ for cb in SwiftMixin._get_callbacks(FakeTrainer(), args)]
     # every guard once, plus the speed levers that are on by default and are not guards
-    # (swift_vora/lora_autocast.py, swift_vora/host_overhead.py, swift_vora/pixel_dtype.py's check)
+    # (swift_vora/speed/lora_autocast.py, swift_vora/speed/host_overhead.py, swift_vora/speed/pixel_dtype.py's check)
     assert names.count('MemoryGuard') == 1 and 'CoverageGuard' in names and len(names) == len(GUARDS) + 3
     assert names[-3:] == ['LoraAutocastInputs', 'HostOverhead', 'PixelDtypeCheck']
     assert {'vora_lora_autocast', 'vora_host_overhead', 'vora_pixel_dtype'} <= set(callbacks_map)

@@ -1,4 +1,4 @@
-"""swift_vora/host_overhead.py: the logged FLOPs without re-counting parameters, and the DeepStack merge without
+"""swift_vora/speed/host_overhead.py: the logged FLOPs without re-counting parameters, and the DeepStack merge without
 host syncs -- both must leave every number exactly as transformers / ms-swift compute it."""
 import types
 
@@ -7,7 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Trainer
 
-from swift_vora import host_overhead
+from swift_vora.speed import host_overhead
 
 
 class CountingModel(torch.nn.Module):

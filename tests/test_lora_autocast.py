@@ -6,7 +6,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from swift_vora import lora_autocast
+from swift_vora.speed import lora_autocast
 
 
 class Block(torch.nn.Module):

@@ -1,11 +1,11 @@
-"""Pixels handed over in the model's dtype (swift_vora/pixel_dtype.py): the template casts what the model would cast
-first, so the model computes the same thing from half the bytes; a tower in another dtype stops training."""
+"""Pixels handed over in the model's dtype (swift_vora/speed/pixel_dtype.py): the template casts what the model would
+cast first, so the model computes the same thing from half the bytes; a tower in another dtype stops training."""
 import types
 
 import pytest
 import torch
 
-from swift_vora import pixel_dtype
+from swift_vora.speed import pixel_dtype
 from swift_vora.synthetic import write_video
 
 

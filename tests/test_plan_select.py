@@ -220,35 +220,29 @@ def test_profiles_gib():
     assert profile('h200x8').world == 8
 
 
-def test_command_builder_is_replaceable():
-    calls = []
-
-    def builder(request, plan):
-        calls.append((request.model, plan.backend))
-        return ['my-launcher', plan.backend]
-
-    old = command_mod._BUILDERS.copy()
-    try:
-        command_mod.register_command_builder('deepspeed_zero3', builder)
-        p = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware='h200x1'))
-        assert p.command == ['my-launcher', 'deepspeed_zero3'] and calls
-    finally:
-        command_mod._BUILDERS.clear()
-        command_mod._BUILDERS.update(old)
-
-
-def test_default_command_builders():
-    """The planner's own builders (used until swift_vora.backends registers its own)."""
-    p = make_plan(PlanRequest(model=SEED, hardware='h200x8'))
-    argv = command_mod._default_builder(PlanRequest(model=SEED), p)
-    assert argv[:1] == ['env'] and 'megatron' in argv and argv[argv.index('--expert_model_parallel_size') + 1] == '8'
-    assert argv[argv.index('--model') + 1] == CONFIGS  # a config.json plans its directory
-    p = make_plan(PlanRequest(model=SEED, hardware='h200x1'))
-    argv = command_mod._default_builder(PlanRequest(model=SEED), p)
-    assert '--tuner_backend' in argv and '--target_parameters' in argv
-    p = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware='h200x1', tuner='selective'))
-    argv = command_mod._default_builder(PlanRequest(model=cfg('qwen3_vl_2b')), p)
-    assert 'zero3' in argv and '--trainable_parameters_regex' in argv
+def test_plan_command_is_what_train_runs(tmp_path):
+    """One argv builder: a plan's `command` is the backends' launch for the recipe its request stands for."""
+    from swift_vora.backends.common import SELECTIVE_REGEX
+    from swift_vora.backends.launch import build_launch
+    from swift_vora.backends.planning import command_argv, recipe_for_request
+    requests = [PlanRequest(model=SEED, hardware='h200x8'), PlanRequest(model=SEED, hardware='h200x1'),
+                PlanRequest(model=cfg('qwen3_vl_2b'), hardware='h200x1', tuner='selective')]
+    for request in requests:
+        p = make_plan(request)
+        assert p.command == command_argv(build_launch(p, recipe_for_request(request, p), environ={}))
+        # no qwen_vl_utils globals: the video_ora template applies the budget itself (SWIFT_VORA_* switches)
+        assert not any(a.startswith(('FPS=', 'FPS_MAX_FRAMES=', 'VIDEO_MAX_TOKEN_NUM=')) for a in p.command)
+    argv = make_plan(requests[0]).command
+    assert argv[:1] == ['env'] and 'sft' in argv and argv[argv.index('--expert_model_parallel_size') + 1] == '8'
+    (tmp_path / 'config.json').write_text(open(SEED).read())
+    argv = make_plan(PlanRequest(model=str(tmp_path / 'config.json'), hardware='h200x8')).command
+    assert argv[argv.index('--model') + 1] == str(tmp_path)  # a planned config.json trains its directory
+    argv = make_plan(requests[1]).command
+    assert any(a.endswith('unsloth_runner') for a in argv)
+    argv = make_plan(requests[2]).command
+    # the selective regex unfreezes what the planner counts: attention and the shared expert with its gate
+    assert argv[argv.index('--trainable_parameters_regex') + 1] == SELECTIVE_REGEX
+    assert 'shared_expert_gate' in SELECTIVE_REGEX
     refused = make_plan(PlanRequest(model=SEED, hardware='h200x1', quant='4bit'))
     assert command_mod.build_command(PlanRequest(model=SEED), refused) == []
 

@@ -1,11 +1,11 @@
-"""swift_vora/shape_bucket.py: training encodes padded at their end to a multiple of N tokens -- the switch, the
+"""swift_vora/speed/shape_bucket.py: training encodes padded at their end to a multiple of N tokens -- the switch, the
 template's encodes, and that the padding changes nothing a causal model trains on."""
 import json
 
 import pytest
 import torch
 
-from swift_vora import shape_bucket
+from swift_vora.speed import shape_bucket
 from test_template import make_template, processor, row, video  # noqa: F401 (fixtures)
 
 

@@ -4,7 +4,7 @@ import decord
 import numpy as np
 import pytest
 
-from swift_vora import video_decode
+from swift_vora.speed import video_decode
 
 
 @pytest.fixture

@@ -1,10 +1,10 @@
-"""The batched, sync-once vision attention gives transformers' own outputs (swift_vora/vit_attention.py)."""
+"""The batched, sync-once vision attention gives transformers' own outputs (swift_vora/speed/vit_attention.py)."""
 import pytest
 import torch
 from transformers.models.qwen3_vl import modeling_qwen3_vl as M
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 
-from swift_vora import vit_attention
+from swift_vora.speed import vit_attention
 
 
 def vision_model(attn):

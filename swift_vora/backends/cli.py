@@ -20,8 +20,6 @@ EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_REFUSED = 0, 1, 2, 3,
 
 
 def register_commands(subparsers) -> None:
-    from .planning import register_plan_command_builders
-    register_plan_command_builders()  # `swift-vora plan` prints the command `train` would run
     p = subparsers.add_parser('train', help='plan a recipe, then launch the chosen backend',
                               description=__doc__.split('\n\n')[0])
     p.add_argument('recipe', help='recipe YAML (see recipes/ and docs/backends.md)')
@@ -38,7 +36,8 @@ def _err(msg: str) -> None:
 
 
 def cmd_train(args) -> int:
-    from .launch import LaunchRefused, LaunchUsageError, build_launch, launch_record, missing_rendezvous
+    from .common import LaunchRefused, LaunchUsageError, launch_record, missing_rendezvous
+    from .launch import build_launch
     from .planning import command_argv, plan_recipe
     from .recipe import RecipeError, load_recipe
     try:

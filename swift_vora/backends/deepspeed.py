@@ -25,7 +25,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from ..plan import constants as C
 from ..plan.memory import DEEPSPEED_BACKENDS
-from .launch import (Launch, LaunchUsageError, PlanView, bool_arg, common_env, console_script, lora_args,
+from .common import (Launch, LaunchUsageError, PlanView, bool_arg, common_env, console_script, lora_args,
                      swift_common_args)
 from .recipe import Recipe
 
@@ -161,11 +161,11 @@ def build_swift_sft_launch(view: PlanView, recipe: Recipe, environ: Optional[Map
             notes.append(f'train.compile={recipe["train.compile"]} is not applied under DeepSpeed ({view.backend}): '
                          'the layers run uncompiled (the plugin logs it); train.backend=ddp compiles them')
         if recipe['train.liger_kernel']:
-            notes.append('train.compile with train.liger_kernel: Liger\'s kernels break the compiled layers (12 graph '
-                         'breaks; 2.01 samples/s against 2.71 compiled without Liger on the H200, '
-                         'docs/benchmarks.md); choose one')
-    # Grow CUDA segments instead of caching fixed blocks: the same allocations in less reserved memory (0.65 GiB
-    # less at the same allocated peak on the H200 run); a value the user set wins.
+            notes.append('train.compile with train.liger_kernel: Liger\'s kernels break the compiled layers into '
+                         'many graphs, measured slower than the compiled layers without Liger (docs/benchmarks.md); '
+                         'choose one')
+    # Grow CUDA segments instead of caching fixed blocks: the same allocations in less reserved memory
+    # (docs/benchmarks.md); a value the user set wins.
     if 'PYTORCH_CUDA_ALLOC_CONF' not in env and not (os.environ if environ is None else environ).get(
             'PYTORCH_CUDA_ALLOC_CONF'):
         env['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'

@@ -1,286 +1,37 @@
 """From a plan and a recipe to the exact process that trains: `build_launch(plan, recipe) -> Launch`.
 
-A `Launch` is an argv list (no shell), the environment to add, and the files to write first (generated
-DeepSpeed JSON, the Unsloth run config). The launchers are the engines' own:
+A `Launch` (swift_vora/backends/common.py) is an argv list (no shell), the environment to add, and the files to
+write first (generated DeepSpeed JSON, the Unsloth run config). The launchers are the engines' own:
 
 - `ddp`, `deepspeed_zero2`, `deepspeed_zero3` -> `swift sft` (ms-swift starts `torch.distributed.run` itself
-  when `NPROC_PER_NODE` / `NNODES` are set; see swift/cli/main.py)
-- `megatron_ep_lora` -> `megatron sft` (same torchrun convention)
+  when `NPROC_PER_NODE` / `NNODES` are set; see swift/cli/main.py) -- deepspeed.py
+- `megatron_ep_lora` -> `megatron sft` (same torchrun convention) -- megatron.py
 - `unsloth_split_lora` -> `python -m swift_vora.backends.unsloth_runner CONFIG.json` (one GPU, one process)
+  -- unsloth.py
 
 Several nodes: `NNODES`, `NODE_RANK`, `MASTER_ADDR`, `MASTER_PORT` go to the engine's torchrun rendezvous.
 `NODE_RANK` and `MASTER_ADDR` come from the environment of `swift-vora train` on each node.
 
 Whatever the plan and the recipe say, `build_launch` refuses (exit 4) a launch that would put a MoE model under
 DeepSpeed ZeRO-3: it inspects the final argv (presets, JSON files, inline JSON) rather than trusting the path
-that produced it.
+that produced it. This module is the dispatcher only; the pieces the backends share live in common.py.
 """
 from __future__ import annotations
 
 import json
 import os
-import shlex
-import subprocess
-import sys
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
-from ..budget import VideoBudget
-from ..offline import OFFLINE_ENV
+from .common import Launch, LaunchRefused, LaunchUsageError, plan_view
+from .deepspeed import build_swift_sft_launch
+from .megatron import build_megatron_launch
 from .recipe import Recipe
+from .unsloth import build_unsloth_launch
 
 # Flags the backend sets from the plan; `extra_args` may not change them (choose them in the recipe instead).
 RESERVED_FLAGS = ('--deepspeed', '--tuner_backend', '--model', '--model_type', '--template', '--custom_register_path',
                   '--external_plugins', '--expert_model_parallel_size', '--tensor_model_parallel_size',
                   '--pipeline_model_parallel_size', '--tuner_type', '--output_dir', '--dataset')
-# Environment the launcher derives from the recipe; `env` / `guards.env` may not set them.
-RESERVED_ENV_PREFIXES = ('SWIFT_VORA_', 'NPROC_PER_NODE', 'NNODES')
-RENDEZVOUS = ('NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT')
-DEFAULT_MASTER_PORT = '29500'
-
-
-class LaunchRefused(Exception):
-    """The launch would run an unsupported combination (exit 4)."""
-
-    def __init__(self, reasons: Sequence[str]):
-        super().__init__('; '.join(reasons))
-        self.reasons = list(reasons)
-
-
-class LaunchUsageError(ValueError):
-    """The recipe asks for something the launcher cannot express (exit 2)."""
-
-
-@dataclass
-class Launch:
-    argv: List[str]  # executable first; run without a shell
-    env: Dict[str, str] = field(default_factory=dict)  # added to the caller's environment
-    files: Dict[str, str] = field(default_factory=dict)  # path -> text, written before the launch
-    backend: str = ''
-    notes: List[str] = field(default_factory=list)  # what the user should know (printed by --dry-run)
-
-    def shell(self) -> str:
-        """The launch as one copy-pasteable shell command (env assignments first)."""
-        env = ' '.join(f'{k}={_quote_env(v)}' for k, v in sorted(self.env.items()))
-        parts, line = [], []
-        for a in self.argv:
-            if a.startswith('--') and line:
-                parts.append(' '.join(line))
-                line = []
-            line.append(shlex.quote(a))
-        parts.append(' '.join(line))
-        body = ' \\\n    '.join(parts)
-        return f'{env} \\\n  {body}' if env else body
-
-    def write_files(self) -> None:
-        for path, text in self.files.items():
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            with open(path, 'w', encoding='utf-8') as f:
-                f.write(text)
-
-    def run(self, environ: Optional[Mapping[str, str]] = None) -> int:
-        """Write the files and run the argv (list, no shell); return the child's exit code."""
-        self.write_files()
-        env = dict(os.environ if environ is None else environ)
-        env.update(self.env)
-        try:
-            return subprocess.run(self.argv, env=env, check=False).returncode
-        except FileNotFoundError as e:
-            print(f'swift-vora train: cannot start {self.argv[0]!r}: {e}', file=sys.stderr)
-            return 127
-        except KeyboardInterrupt:
-            return 130
-
-
-def _quote_env(value: str) -> str:
-    # A rendezvous value not known when printing stays a shell expansion that fails loudly when unset.
-    if value.startswith('${') and value.endswith('}') and ':?' in value:
-        return f'"{value}"'
-    return shlex.quote(value)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The plan, whatever shape it comes in (the planner's Plan dataclass or the CONTRACT JSON dict)
-# ---------------------------------------------------------------------------------------------------------------
-@dataclass
-class PlanView:
-    backend: str
-    verdict: str
-    reasons: List[str]
-    num_gpus: int  # per node
-    nodes: int
-    ep: int
-    tp: int
-    offload: str
-    micro_batch: int
-    is_moe: bool
-    model_type: str
-    gpu_peak_gib: Optional[float]
-    host_peak_gib: Optional[float]
-    gpu_mem_gib: Optional[float] = None  # capacity of one GPU (DeepSpeed picks its small-GPU config from it)
-
-    @property
-    def world(self) -> int:
-        return self.num_gpus * self.nodes
-
-
-def _get(plan: Any, key: str, default: Any = None) -> Any:
-    if isinstance(plan, Mapping):
-        return plan.get(key, default)
-    return getattr(plan, key, default)
-
-
-def plan_view(plan: Any, recipe: Recipe) -> PlanView:
-    """Read the fields a launch needs; a field the plan lacks falls back to the recipe (documented there)."""
-    model = _get(plan, 'model') or {}
-    hardware = _get(plan, 'hardware') or {}
-    num_gpus = _get(plan, 'num_gpus') or _get(hardware, 'num_gpus') or recipe['gpus'] or 1
-    nodes = _get(plan, 'nodes') or _get(hardware, 'nodes') or recipe['nodes']
-    declared, found = recipe['model.type'], config_model_type(recipe['model.path'])
-    if declared and found and not declared.startswith(found):  # qwen3_vl_emb etc. share qwen3_vl's config type
-        raise LaunchUsageError(f'{recipe.path}: model.type is {declared!r} but {recipe["model.path"]} is a {found!r} '
-                               f'model; set model.type={found} (or model.type=null to take it from config.json)')
-    # the plan's model summary, else config.json: a MoE is never taken for dense because the plan lacks a field
-    is_moe = _get(model, 'kind') == 'moe' or bool(_get(model, 'is_moe')) or model_is_moe(recipe['model.path'])
-    return PlanView(
-        backend=_get(plan, 'backend') or '',
-        verdict=_get(plan, 'verdict') or 'fits',
-        reasons=list(_get(plan, 'reasons') or []),
-        num_gpus=int(num_gpus),
-        nodes=int(nodes),
-        ep=int(_get(plan, 'ep') or recipe['megatron.ep'] or 1),
-        tp=int(_get(plan, 'tp') or recipe['megatron.tp'] or 1),
-        offload=str(_get(plan, 'offload') or recipe['deepspeed.offload'] or 'none'),
-        micro_batch=int(_get(plan, 'micro_batch') or recipe['train.micro_batch']),
-        is_moe=is_moe,
-        model_type=declared or _get(model, 'model_type') or found,
-        gpu_peak_gib=_get(plan, 'gpu_peak_gib'),
-        host_peak_gib=_get(plan, 'host_peak_gib'),
-        gpu_mem_gib=_get(plan, 'gpu_capacity_gib') or _get(hardware, 'gpu_mem_gib') or recipe['gpu_mem_gib'],
-    )
-
-
-def read_config(model_path: str) -> Dict[str, Any]:
-    path = model_path if model_path.endswith('.json') else os.path.join(model_path, 'config.json')
-    try:
-        with open(path, encoding='utf-8') as f:
-            cfg = json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return cfg if isinstance(cfg, dict) else {}
-
-
-def config_model_type(model_path: str) -> str:
-    return str(read_config(model_path).get('model_type') or '')
-
-
-def model_is_moe(model_path: str) -> bool:
-    """MoE from config.json alone (no weights)."""
-    return config_is_moe(read_config(model_path))
-
-
-def config_is_moe(cfg: Mapping[str, Any]) -> bool:
-    """Routed experts in the config or its text_config (a `*_moe` model type, or more than one expert)."""
-    for c in (cfg, cfg.get('text_config') or {}):
-        if not isinstance(c, dict):
-            continue
-        if str(c.get('model_type', '')).endswith('_moe'):
-            return True
-        for key in ('num_experts', 'n_routed_experts', 'num_local_experts'):
-            if (c.get(key) or 0) > 1:
-                return True
-    return False
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Environment shared by every backend
-# ---------------------------------------------------------------------------------------------------------------
-def video_budget(recipe: Recipe) -> VideoBudget:
-    return VideoBudget(**{k: v for k, v in recipe.section('video').items()})
-
-
-def common_env(recipe: Recipe, view: PlanView, environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    """Offline flags, the video budget, the window settings, the guards' env, and the rendezvous."""
-    environ = os.environ if environ is None else environ
-    env = dict(OFFLINE_ENV)
-    env.update(video_budget(recipe).to_env())
-    for key in ('window', 'stride', 'min_event'):
-        value = recipe[f'data.{key}']
-        if value is not None:
-            env[f'SWIFT_VORA_{key.upper()}'] = f'{float(value):g}'
-    if recipe['data.video_root']:
-        env['SWIFT_VORA_VIDEO_ROOT'] = recipe['data.video_root']
-    env['SWIFT_VORA_ENCODE_LOG'] = os.path.join(recipe['train.output_dir'], 'encode_log.jsonl')
-    for source in ('guards.env', 'env'):
-        for key, value in recipe[source].items():
-            if key.startswith(RESERVED_ENV_PREFIXES) or key in RENDEZVOUS:
-                raise LaunchUsageError(f'{recipe.path}: {source}.{key}: set by swift-vora train from the recipe '
-                                       f'(use the video./data./nodes keys instead)')
-            env[key] = '' if value is None else str(value)
-    env.update(rendezvous_env(view, environ))
-    return env
-
-
-def rendezvous_env(view: PlanView, environ: Mapping[str, str], single_process: bool = False) -> Dict[str, str]:
-    """torchrun settings read by `swift sft` / `megatron sft` (swift/cli/main.py get_torchrun_args)."""
-    if single_process:
-        return {}
-    env: Dict[str, str] = {}
-    distributed = view.world > 1 or view.backend in ('deepspeed_zero2', 'deepspeed_zero3', 'megatron_ep_lora')
-    if distributed:
-        env['NPROC_PER_NODE'] = str(view.num_gpus)
-    if view.nodes > 1:
-        env['NNODES'] = str(view.nodes)
-        for key in RENDEZVOUS:
-            if environ.get(key):
-                env[key] = environ[key]
-            elif key == 'MASTER_PORT':
-                env[key] = DEFAULT_MASTER_PORT
-            else:
-                env[key] = '${%s:?set %s on every node}' % (key, key)
-    return env
-
-
-def missing_rendezvous(env: Mapping[str, str]) -> List[str]:
-    return [k for k in RENDEZVOUS if str(env.get(k, '')).startswith('${')]
-
-
-def swift_common_args(recipe: Recipe, view: PlanView) -> List[str]:
-    """Arguments every ms-swift entry point (swift sft, megatron sft) takes the same way."""
-    datasets = recipe['data.dataset']
-    datasets = [datasets] if isinstance(datasets, str) else list(datasets)
-    argv = ['--custom_register_path', 'swift_vora', '--model', recipe['model.path'], '--model_type', view.model_type,
-            '--template', 'video_ora', '--dataset', *datasets, '--split_dataset_ratio', '0', '--use_hf', 'true',
-            '--check_model', 'false']
-    if recipe['data.max_length'] is not None:
-        argv += ['--max_length', str(recipe['data.max_length'])]
-    if recipe['data.strict']:
-        argv += ['--strict', 'true']
-    return argv
-
-
-SELECTIVE_REGEX = r'.*\.(self_attn|linear_attn|shared_expert)\..*'
-
-
-def lora_args(recipe: Recipe) -> List[str]:
-    if recipe['train.tuner'] == 'full':
-        return ['--tuner_type', 'full']
-    if recipe['train.tuner'] == 'selective':  # the planner's 'selective': attention and shared experts, full
-        return ['--tuner_type', 'full', '--freeze_parameters_ratio', '1', '--trainable_parameters_regex',
-                SELECTIVE_REGEX]
-    targets = recipe['train.target_modules']
-    targets = [targets] if isinstance(targets, str) else list(targets)
-    return ['--tuner_type', 'lora', '--target_modules', *targets, '--lora_rank', str(recipe['train.lora_rank']),
-            '--lora_alpha', _num(recipe['train.lora_alpha']), '--lora_dropout', _num(recipe['train.lora_dropout'])]
-
-
-def _num(x: Any) -> str:
-    return f'{x:g}' if isinstance(x, float) else str(x)
-
-
-def bool_arg(x: bool) -> str:
-    return 'true' if x else 'false'
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # MoE + ZeRO-3: refused on the final argv, whatever produced it
@@ -348,13 +99,10 @@ def build_launch(plan: Any, recipe: Recipe, environ: Optional[Mapping[str, str]]
         raise LaunchRefused(view.reasons or ['the planner refused this combination'])
     backend = view.backend
     if backend in ('ddp', 'deepspeed_zero2', 'deepspeed_zero3'):
-        from .deepspeed import build_swift_sft_launch
         launch = build_swift_sft_launch(view, recipe, environ)
     elif backend == 'megatron_ep_lora':
-        from .megatron import build_megatron_launch
         launch = build_megatron_launch(view, recipe, environ)
     elif backend == 'unsloth_split_lora':
-        from .unsloth import build_unsloth_launch
         launch = build_unsloth_launch(view, recipe, environ)
     else:
         raise LaunchUsageError(f'no launcher for backend {backend!r}')
@@ -363,16 +111,3 @@ def build_launch(plan: Any, recipe: Recipe, environ: Optional[Mapping[str, str]]
     check_extra_args(recipe)
     launch.backend = backend
     return launch
-
-
-def launch_record(launch: Launch, plan_json: Dict[str, Any], recipe: Recipe) -> str:
-    """launch.json written next to the run: what ran and why (argv, env, plan, recipe)."""
-    return json.dumps({'backend': launch.backend, 'argv': launch.argv, 'env': launch.env,
-                       'files': sorted(launch.files), 'plan': plan_json, 'recipe': recipe.path,
-                       'overrides': recipe.overrides}, indent=2, default=str) + '\n'
-
-
-def console_script(name: str) -> str:
-    """The console script installed next to this interpreter (the venv's `swift`), else the name on PATH."""
-    candidate = os.path.join(os.path.dirname(sys.executable), name)
-    return candidate if os.path.isfile(candidate) and os.access(candidate, os.X_OK) else name

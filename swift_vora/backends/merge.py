@@ -115,7 +115,7 @@ def base_model_of(adapter_dir: str, source: str, info: Dict[str, Any]) -> Option
 # ---------------------------------------------------------------------------------------------------------------
 def _swift_export(adapter_dir: str, staged: str) -> None:
     from ..offline import OFFLINE_ENV
-    from .launch import console_script
+    from .common import console_script
     argv = [console_script('swift'), 'export', '--adapters', adapter_dir, '--merge_lora', 'true', '--output_dir',
             staged, '--torch_dtype', 'bfloat16', '--safe_serialization', 'true', '--use_hf', 'true']
     print('$ ' + ' '.join(argv), flush=True)

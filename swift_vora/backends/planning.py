@@ -2,8 +2,8 @@
 
 - `plan_request(recipe)`: the planner's PlanRequest for a recipe (hardware, tuner, backend, video budget ...).
 - `plan_recipe(recipe)`: make_plan on it (reads config.json only; no weights).
-- `register_plan_command_builders()`: makes the planner's `command` field come from `build_launch`, so
-  `swift-vora plan` prints what `swift-vora train` would run (with a stand-in dataset, since `plan` has none).
+- `plan_command(request, plan)`: the planner's `command` field, from `build_launch`, so `swift-vora plan` prints
+  what `swift-vora train` would run (with a stand-in dataset, since `plan` has none).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def plan_request(recipe: Recipe):
     from ..plan import PlanRequest
     from ..plan import constants as C
     from ..plan.hardware import resolve
-    from .launch import video_budget
+    from .common import video_budget
     hardware = resolve(recipe['hardware'], recipe['gpus'], recipe['gpu_mem_gib'], recipe['host_ram_gib'],
                        recipe['nodes'])
     budget = video_budget(recipe)
@@ -75,20 +75,12 @@ def command_argv(launch) -> List[str]:
     return (['env', *env] if env else []) + list(launch.argv)
 
 
-def _builder(request: Any, plan: Any) -> List[str]:
-    from .launch import LaunchRefused, LaunchUsageError, build_launch
+def plan_command(request: Any, plan: Any) -> List[str]:
+    """The command `train` would run for a bare `plan` request ([] when the launcher refuses it)."""
+    from .common import LaunchRefused, LaunchUsageError
+    from .launch import build_launch
     try:
         launch = build_launch(plan, recipe_for_request(request, plan), environ={})
     except (LaunchRefused, LaunchUsageError, ValueError):
         return []
     return command_argv(launch)
-
-
-def register_plan_command_builders() -> None:
-    try:
-        from ..plan.command import register_command_builder
-        from ..plan.memory import BACKENDS
-    except ImportError:  # planner not installed in this tree
-        return
-    for backend in BACKENDS:
-        register_command_builder(backend, _builder)

@@ -67,15 +67,14 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'train.freeze_vit': ((bool, ), True),  # keep the vision tower frozen (LoRA on the language model only)
     'train.dtype': ((str, ), 'bfloat16'),  # bfloat16 | float16 | float32 (float32: CPU only)
     'train.attn_impl': ((str, type(None)), 'sdpa'),  # sdpa | flash_attn | eager (flash_attn: install it)
-    # Liger's Triton kernels (RMSNorm, RoPE, fused linear cross entropy; swift sft --use_liger_kernel true): 1.11x
-    # samples/s on top of swift-vora's LoRA path on the H200 at no more memory (docs/benchmarks.md). GPU + the
+    # Liger's Triton kernels (RMSNorm, RoPE, fused linear cross entropy; swift sft --use_liger_kernel true), faster
+    # at no more memory on swift-vora's LoRA path without train.compile (docs/benchmarks.md). GPU + the
     # liger-kernel package (pip install liger-kernel) needed.
     'train.liger_kernel': ((bool, ), False),
-    # Regional torch.compile of the LLM decoder layers and the vision blocks (swift_vora/compile_layers.py): off |
-    # layers. With it, training sequences are padded at their end to a multiple of 64 tokens
-    # (swift_vora/shape_bucket.py). 2B Qwen3-VL LoRA on the H200: 3.53-3.63 samples/s against 1.75 for plain swift
-    # sft (2.02-2.07x) at less memory (docs/benchmarks.md, runs 12-13; 1.97x in run 11, where the baseline ran
-    # 1.90); about a minute of compile in the first step. Not applied under DeepSpeed; measured slower with
+    # Regional torch.compile of the LLM decoder layers and the vision blocks (swift_vora/speed/compile_layers.py):
+    # off | layers. With it, training sequences are padded at their end to a multiple of 64 tokens
+    # (swift_vora/speed/shape_bucket.py). The fastest dense LoRA path measured, at less memory than plain swift sft
+    # (docs/benchmarks.md); the first step pays the compile. Not applied under DeepSpeed; measured slower with
     # liger_kernel.
     'train.compile': ((str, ), 'off'),
     'train.dataloader_workers': ((int, ), 2),  # decode workers per GPU; each holds decoded frames in RAM

@@ -32,7 +32,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-from .launch import Launch, LaunchUsageError, PlanView, common_env, config_is_moe, model_is_moe, read_config
+from .common import Launch, LaunchUsageError, PlanView, common_env, config_is_moe, model_is_moe, read_config
 from .recipe import Recipe
 
 # Language-model projections that get LoRA. MLP leaf names reach the experts: Unsloth (and PEFT with

@@ -35,7 +35,7 @@ def log(msg: str) -> None:
 
 
 def _config_from_recipe(path: str, overrides: List[str], loader: Optional[str]) -> UnslothRunConfig:
-    from .launch import PlanView, common_env, config_model_type
+    from .common import PlanView, common_env, config_model_type
     from .recipe import load_recipe
     from .unsloth import run_config
     recipe = load_recipe(path, overrides)

@@ -1,6 +1,6 @@
 """The annotation file: read it, validate every line, and account for every line.
 
-Format (CONTRACT.md), one video per JSONL line:
+Format (docs/contract.md), one video per JSONL line:
 `{"id": str, "video": path, "duration": seconds (optional, probed if absent), "query": str (optional),
 "windows": [[start, end], ...]}` — seconds, half-open, relative to the video file. A relative `video`
 is resolved against `video_root` when given, else against the annotation file's directory.
@@ -88,7 +88,7 @@ class AnnotationReport:
         return len(self.rows)
 
     def to_json(self) -> Dict[str, Any]:
-        """CONTRACT shape `{"rows", "valid", "invalid": [{"line", "id", "reason"}]}` plus extra keys."""
+        """docs/contract.md shape `{"rows", "valid", "invalid": [{"line", "id", "reason"}]}` plus extra keys."""
         return {'rows': self.total, 'valid': self.valid, 'invalid': [bad.to_json() for bad in self.invalid],
                 'source': self.source, 'blank_lines': self.blank_lines,
                 'merged_overlaps': [m.to_json() for m in self.merged], 'warnings': list(self.warnings)}

@@ -1,6 +1,6 @@
 """`swift-vora data check | build | convert-qvhighlights`: thin wrappers over the data modules.
 
-Exit codes (CONTRACT.md): 0 ok; 1 invalid input found (`check` with any bad line, `build --strict` at the
+Exit codes (docs/contract.md): 0 ok; 1 invalid input found (`check` with any bad line, `build --strict` at the
 first bad line, or nothing valid at all); 2 usage error (bad option values, unreadable input file).
 Without `--strict`, `build` and `convert-qvhighlights` write the valid rows, list every rejected line
 and exit 0. The data modules are imported inside handlers so `swift-vora --help` stays fast.

@@ -1,6 +1,6 @@
 """`swift-vora eval` and `swift-vora parse`.
 
-Exit codes (CONTRACT.md): 0 ok; 1 invalid input found (an annotation line or a prediction line that
+Exit codes (docs/contract.md): 0 ok; 1 invalid input found (an annotation line or a prediction line that
 cannot be used; with `--strict` also missing predictions or unknown ids; for `parse --strict`, any
 response that did not parse); 2 usage error (a file that cannot be opened).
 """

@@ -43,7 +43,7 @@ SALIENCY_LEVELS = {'Fair': 2, 'Good': 3, 'VeryGood': 4}
 CLIP_SECONDS = 2.0
 MAX_PRED_WINDOWS = 10
 
-# The official evaluator's brief key names (CONTRACT.md), in its order.
+# The official evaluator's brief key names (docs/contract.md), in its order.
 MR_KEYS = ('MR-full-R1@0.5', 'MR-full-R1@0.7', 'MR-full-mAP', 'MR-full-mAP@0.5', 'MR-full-mAP@0.75',
            'MR-short-mAP', 'MR-middle-mAP', 'MR-long-mAP')
 HL_KEYS = ('HL-min-Fair-mAP', 'HL-min-Fair-Hit1', 'HL-min-Good-mAP', 'HL-min-Good-Hit1',

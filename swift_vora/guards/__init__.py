@@ -1,8 +1,8 @@
 """Training guards: ms-swift callbacks that make the silent failures of (multi-GPU) video SFT loud.
 
 Importing the plugin (`--custom_register_path swift_vora`) registers them as `vora_<name>` in
-`swift.callbacks.callbacks_map` and enables them by default (registry.py; `SWIFT_VORA_GUARDS=none` turns them
-off). One module per guard:
+`swift.callbacks.callbacks_map` and enables them by default (swift_vora/swift_registry.py; the selection is in
+registry.py, `SWIFT_VORA_GUARDS=none` turns them off). One module per guard:
 
 - coverage       every rank gets batches; tail samples ms-swift would drop are padded/dropped/stop
                  (`SWIFT_VORA_TAIL`); sample ids consumed per rank, never-seen report per epoch
@@ -17,9 +17,4 @@ See docs/guards.md. Importing this package does not import ms-swift; the guard m
 """
 from .registry import GUARDS, enabled_guards
 
-__all__ = ['GUARDS', 'enabled_guards', 'register_guards']
-
-
-def register_guards() -> None:
-    from .registry import register_guards as _register
-    _register()
+__all__ = ['GUARDS', 'enabled_guards']

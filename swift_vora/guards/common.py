@@ -101,15 +101,6 @@ def append_jsonl(path: str, row: Dict[str, Any]) -> None:
         f.write(json.dumps(row, default=str) + '\n')
 
 
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, '')
-    try:
-        return int(raw) if raw.strip() else default
-    except ValueError:
-        logger.warning(f'swift-vora guards: {name}={raw!r} is not an integer; using {default}.')
-        return default
-
-
 def unwrap_model(trainer):
     model = trainer.model
     accelerator = getattr(trainer, 'accelerator', None)

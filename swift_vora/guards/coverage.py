@@ -187,8 +187,8 @@ class CoverageGuard(TrainerCallback):
         self.n_source = len(dataset)
         group_by_length = bool(getattr(args, 'group_by_length', False))
         lengths = dataset['lengths'] if group_by_length else None
-        tail = os.environ.get(TAIL_ENV, 'pad').strip().lower() or 'pad'
-        replicate = os.environ.get(REPLICATE_ENV, '').strip().lower() in ('1', 'true', 'yes', 'on')
+        from .. import switches
+        tail, replicate = switches.read(TAIL_ENV), switches.read(REPLICATE_ENV)
         plan = plan_coverage(self.n_source, world, trainer._train_batch_size, tail=tail, replicate=replicate,
                              seed=args.data_seed, drop_last=bool(args.dataloader_drop_last),
                              shuffle=bool(getattr(args, 'train_dataloader_shuffle', True)),

@@ -98,7 +98,8 @@ def behaviour_env(environ=None) -> Dict[str, str]:
 def build_fingerprint(extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     import swift_vora
     package_dir = os.path.dirname(os.path.abspath(swift_vora.__file__))
-    recipe = os.environ.get(RECIPE_ENV)
+    from .. import switches
+    recipe = switches.read(RECIPE_ENV)
     fingerprint: Dict[str, Any] = {
         'created': now(),
         'python': {'executable': sys.executable, 'version': sys.version.split()[0], 'implementation':

@@ -28,7 +28,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from swift.callbacks import TrainerCallback
 
-from .common import GuardError, all_reduce_max, env_int, logger, output_dir, rank, unwrap_model, write_json
+from .. import switches
+from .common import GuardError, all_reduce_max, logger, output_dir, rank, unwrap_model, write_json
 
 NAME = 'lora_update'
 CHECK_STEPS_ENV = 'SWIFT_VORA_LORA_CHECK_STEPS'
@@ -131,7 +132,7 @@ class LoraUpdateGuard(TrainerCallback):
         super().__init__(args, trainer)
         self.tracker: Optional[AdapterTracker] = None
         self.effective_steps = 0
-        self.check_steps = max(1, env_int(CHECK_STEPS_ENV, 2))
+        self.check_steps = max(1, switches.read(CHECK_STEPS_ENV))
         self.report: Dict[str, Any] = {}
         self.done = False
 

@@ -21,7 +21,8 @@ from typing import Any, Deque, Dict, Optional
 
 from swift.callbacks import TrainerCallback
 
-from .common import append_jsonl, env_int, get_tap, logger, now, output_dir, rank, unwrap_model
+from .. import switches
+from .common import append_jsonl, get_tap, logger, now, output_dir, rank, unwrap_model
 
 NAME = 'memory'
 FIRST_ENV = 'SWIFT_VORA_MEMORY_FIRST'
@@ -62,8 +63,8 @@ class MemoryGuard(TrainerCallback):
 
     def __init__(self, args, trainer):
         super().__init__(args, trainer)
-        self.first = max(0, env_int(FIRST_ENV, 3))
-        self.every = max(0, env_int(EVERY_ENV, 50))
+        self.first = switches.read(FIRST_ENV)
+        self.every = switches.read(EVERY_ENV)
         self.recording = False
         self.last: Deque[Dict[str, Any]] = collections.deque(maxlen=8)
         self.path: Optional[str] = None

@@ -153,7 +153,8 @@ def _make_callback():
                 logger.info(f'swift-vora verify_adapter: no adapter checkpoint to verify ({ckpt}).')
                 return
             base = model_dir_of(unwrap_model(self.trainer))
-            timeout = float(os.environ.get(TIMEOUT_ENV, '1800') or 1800)
+            from .. import switches
+            timeout = switches.read(TIMEOUT_ENV)
             logger.info(f'swift-vora verify_adapter: reloading {ckpt} on {base} in a fresh process ...')
             report = run_verify_subprocess(ckpt, base, timeout=timeout)
             write_json(os.path.join(output_dir(self.trainer), 'verify_adapter.json'), report)

@@ -192,8 +192,9 @@ def model_dir_of(model) -> Optional[str]:
 class Zero3LoadGuard(TrainerCallback):
 
     def on_init_end(self, args, state, control, **kwargs):
-        mode = os.environ.get(MODE_ENV, 'auto').strip().lower() or 'auto'
-        if mode in ('never', '0', 'off', 'false'):
+        from .. import switches
+        mode = switches.read(MODE_ENV)
+        if mode == 'never':
             return
         model = unwrap_model(self.trainer)
         if mode == 'auto' and not is_zero3(model):

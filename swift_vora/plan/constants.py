@@ -1,7 +1,7 @@
 """Every constant the planner's memory model uses, in one place, with where it comes from.
 
-All of them are **predictions** (nothing here is measured yet). `benchmarks/calibrate_memory.py` records
-torch.cuda.max_memory_allocated/reserved per phase next to the planner's prediction; fit the constants marked
+They feed **predictions**; docs/memory-model.md compares them with measured peaks. `benchmarks/calibrate_memory.py`
+records torch.cuda.max_memory_allocated/reserved per phase next to the planner's prediction; fit the constants marked
 [fit] to those measurements and note the measurement file next to the value when you change one.
 
 Units: bytes per element / per parameter unless the name says GiB.
@@ -10,8 +10,8 @@ GiB = 1024 ** 3  # what torch reports (total_memory, max_memory_allocated)
 GB = 1000 ** 3  # what vendors sell ("141 GB HBM3e", "276 GB" of RAM)
 
 # ------------------------------------------------------------------------------------------------------------
-# Model states (mixed-precision AdamW). Source: ZeRO paper (Rajbhandari et al. 2020) and
-# /work/shared/notes/memory-model.md.
+# Model states (mixed-precision AdamW). Source: ZeRO paper (Rajbhandari et al. 2020); the arithmetic is in
+# docs/memory-model.md and docs/planner.md.
 # ------------------------------------------------------------------------------------------------------------
 BYTES_BF16 = 2  # bf16 weights / activations
 BYTES_FP32 = 4  # fp32 tensors
@@ -47,9 +47,9 @@ ZERO3_MAX_LIVE_PARAMS_SMALL_GPU = 1e8  # whose stage3_max_live_parameters (and m
 # 2.0 (a prefetched copy of an equally large tensor) over-predicted the one-GPU ZeRO-3 run by 0.5 GiB
 # (docs/memory-model.md, row 8); 1.0 is the gather alone. [fit]
 # On more than one GPU the gathered copies of other ranks' partitions are also kept for reuse, up to
-# stage3_max_live_parameters (DeepSpeed releases a parameter only past stage3_max_reuse_distance): on 2 H200s
-# the 2B LoRA run held ~2.2 GiB of gathered weights at its backward peak = 1e9 live parameters + the tied
-# embedding being fetched (docs/memory-model.md, row 12). On one GPU the partition is the whole tensor and
+# stage3_max_live_parameters (DeepSpeed releases a parameter only past stage3_max_reuse_distance): on 2 GPUs
+# the 2B LoRA run held 1e9 live parameters + the tied embedding being fetched at its backward peak
+# (docs/memory-model.md, row 12). On one GPU the partition is the whole tensor and
 # nothing extra is kept (rows 8, 11).
 ZERO3_GATHER_FACTOR = 1.0
 # Host RAM pinned/bounce buffers on top of the offloaded optimizer state (pinned allocations round up; DeepSpeed's
@@ -74,9 +74,9 @@ LINEAR_ATTN_STATE_BYTES = 4  # per-chunk recurrent state kept in fp32 by the chu
 ACT_LORA_BYTES_PER_INPUT = 2  # LoRA keeps a dropout copy of each targeted module's input (swift lora_dropout=0.05)
 # PEFT LoRA on fused 3-D experts (target_parameters -> peft ParamWrapper) materialises W + B@A of each targeted
 # expert tensor when its module runs (forward and checkpoint recompute). Worst case on paper ~10 bytes per expert
-# parameter of a layer (fp32 delta, bf16 delta, merged weight, its grad); measured on one H200 (2026-11-29,
-# benchmarks/calibrate_memory.py, Qwen3.5-35B-A3B shape, r=8, 6.7k-token video): ~1 GiB over the attention-only
-# run once the LoRA states are accounted for, i.e. about one bf16 copy of the largest expert tensor (gate_up_proj).
+# parameter of a layer (fp32 delta, bf16 delta, merged weight, its grad); measured (benchmarks/calibrate_memory.py,
+# Qwen3.5-35B-A3B shape, docs/memory-model.md): about one bf16 copy of the largest expert tensor (gate_up_proj)
+# over the attention-only run once the LoRA states are accounted for.
 # Unsloth's split LoRA computes (X@A)@B per expert and never builds it; Megatron's grouped LoRA neither. [fit]
 PEFT_EXPERT_LORA_TRANSIENT_BYTES = 2  # per parameter of the largest fused expert tensor
 # Backward of one layer holds its saved activations and their gradients at the same time [fit]
@@ -89,7 +89,7 @@ VIT_ACT_BYTES_PER_HIDDEN = 16  # norm in/out x2, qkv(3h)->counted below, attn ou
 VIT_ACT_BYTES_PER_QKV = 6  # 3h qkv output x 2 B
 VIT_ACT_BYTES_PER_FFN = 6  # fc1 out, GELU out, fc2 in (bf16)
 # The frozen vision tower: the notes expected swift to checkpoint it with inputs requiring grad (so backward
-# re-runs it and its block inputs are kept). Measured on the H200 with ms-swift 4.6.0 + transformers 5.17
+# re-runs it and its block inputs are kept). Measured with ms-swift 4.6.0 + transformers 5.17
 # (docs/memory-model.md): torch warns "None of the inputs have requires_grad=True" in the ViT and the peaks of
 # runs with and without ViT checkpointing are identical, i.e. nothing of the frozen ViT is kept for backward.
 # 'no_grad' is therefore the default; 'checkpointed_requires_grad' remains for stacks that do backprop into it.
@@ -138,7 +138,7 @@ UNSLOTH_GPU_INFLIGHT_LAYERS = 2  # layer inputs resident on the GPU while the of
 CONTAINER_LIMIT_WARN_FRACTION = 0.75
 
 # ------------------------------------------------------------------------------------------------------------
-# Default sample (the measured baseline in /work/shared/notes/gpu-machine.md: 32 s clips, FPS=2,
+# Default sample (the first measured plain swift sft baseline, docs/benchmarks.md: 32 s clips, FPS=2,
 # FPS_MAX_FRAMES=64, VIDEO_MAX_TOKEN_NUM=196 -> 64 frames, 32 groups x 180 tokens, 6,106 tokens per sample)
 # ------------------------------------------------------------------------------------------------------------
 DEFAULT_CLIP_SECONDS = 32.0  # clip (window) length

@@ -28,7 +28,8 @@ PACKAGES = ('torch', 'transformers', 'peft', 'ms-swift', 'deepspeed', 'megatron-
 
 
 def cgroup_root(root: Optional[str] = None) -> str:
-    return root or os.environ.get('SWIFT_VORA_CGROUP_ROOT') or DEFAULT_CGROUP_ROOT
+    from .. import switches
+    return root or switches.read('SWIFT_VORA_CGROUP_ROOT') or DEFAULT_CGROUP_ROOT
 
 
 def _read(path: str) -> Optional[str]:
@@ -154,7 +155,8 @@ def probe_memory(root: Optional[str] = None, proc_self_cgroup: str = '/proc/self
 
 def probe_meminfo(path: Optional[str] = None) -> Dict[str, Any]:
     """Host RAM as the kernel reports it (not the container's limit)."""
-    path = path or os.environ.get('SWIFT_VORA_MEMINFO') or '/proc/meminfo'
+    from .. import switches
+    path = path or switches.read('SWIFT_VORA_MEMINFO') or '/proc/meminfo'
     vals: Dict[str, int] = {}
     for line in (_read(path) or '').splitlines():
         parts = line.replace(':', ' ').split()
@@ -203,7 +205,8 @@ def probe_cpus(root: Optional[str] = None) -> Dict[str, Any]:
 
 def probe_gpus(use_torch: bool = True, use_nvidia_smi: bool = True) -> Dict[str, Any]:
     """GPUs via torch.cuda (if importable and available), else nvidia-smi (if on PATH), else none."""
-    if use_torch and os.environ.get('SWIFT_VORA_PROBE_TORCH', '1') != '0':
+    from .. import switches
+    if use_torch and switches.read('SWIFT_VORA_PROBE_TORCH'):
         try:
             import torch  # noqa: WPS433 (imported only when probing)
             if torch.cuda.is_available():

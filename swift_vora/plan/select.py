@@ -107,7 +107,7 @@ class PlanRequest:
 
 @dataclass
 class Plan:
-    """A planning decision. The first seven fields are the CONTRACT's JSON keys."""
+    """A planning decision. The first seven fields are the JSON keys of docs/contract.md."""
     backend: str
     verdict: str  # fits | does_not_fit | refused
     gpu_peak_gib: Optional[float]  # per GPU, the largest phase (None when refused)

@@ -1,11 +1,9 @@
 """One decoder thread per video reader: the DataLoader workers are the parallelism, not ffmpeg's threads.
 
 qwen_vl_utils opens every training video with `decord.VideoReader(path)`, whose default `num_threads=0` lets
-ffmpeg start a decoding thread per core. With N DataLoader workers that is N x cores threads on the machine; on
-the H200 host (16 cores, 12 workers) they compete with the trainer's own threads, which after regional compilation
-are what limits a step (docs/benchmarks.md, runs 4-5: 2.75 -> 3.04 samples/s with this patch, a gain inside the
-run-to-run spread of that session). Single-threaded decoding also costs less CPU per clip (a 32 s 640x360
-clip: 0.41 s against 0.63 s with decord's default, measured on 2 cores).
+ffmpeg start a decoding thread per core. With N DataLoader workers that is N x cores threads on the machine; they
+compete with the trainer's own threads, which after regional compilation are what limits a step. Single-threaded
+decoding also costs less CPU per clip (docs/benchmarks.md has both measurements).
 
 Narrow patch: `decord.VideoReader` is replaced by a subclass whose `num_threads` defaults to
 `SWIFT_VORA_DECODE_THREADS` (default 1; 0 = decord's own default, i.e. no patch). Explicit `num_threads=` arguments
@@ -13,13 +11,13 @@ are kept. Applied in the process that decodes (the template's video path), once 
 """
 from __future__ import annotations
 
-from . import env_switch
+from .. import switches
 
 ENV = 'SWIFT_VORA_DECODE_THREADS'
 
 
 def decoder_threads(environ=None) -> int:
-    return env_switch.count(ENV, environ, default=1, unit='threads (0 = decord default)')
+    return switches.read(ENV, environ)
 
 
 def limit_decord_threads(environ=None) -> int:

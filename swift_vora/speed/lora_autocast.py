@@ -3,8 +3,8 @@
 PEFT keeps LoRA adapters in fp32 next to a bf16 base model (`autocast_adapter_dtype=True`) and, in every
 `lora.Linear.forward`, casts the layer input to the adapter dtype first (`_cast_input_dtype`), so the dropout
 runs in fp32 and autocast then casts the dropout output back to bf16 for the matmul. On a 2B Qwen3-VL with LoRA
-on all linear layers and a 6.5k-token video sample, those casts and the fp32 dropout were ~27 % of the GPU
-kernel time of a training step on the H200 (docs/benchmarks.md, torch profile). Under autocast the matmul sees
+on all linear layers and a video sample, those casts and the fp32 dropout were a large share of the GPU kernel
+time of a training step (docs/benchmarks.md, torch profile). Under autocast the matmul sees
 bf16 either way, and a bf16 dropout computes the same scaled values as fp32 dropout followed by a bf16 cast, so
 skipping the cast keeps the arithmetic of the LoRA matmuls (the adapters and their optimizer states stay fp32).
 
@@ -21,14 +21,14 @@ from typing import List
 
 from swift.callbacks import TrainerCallback
 
-from . import env_switch
+from .. import switches
 
 ENV = 'SWIFT_VORA_LORA_AUTOCAST_INPUTS'
 logger = logging.getLogger('swift')
 
 
 def enabled(environ=None) -> bool:
-    return env_switch.flag(ENV, environ)
+    return switches.read(ENV, environ)
 
 
 def upcasting_lora_layers(model) -> List:
@@ -48,7 +48,7 @@ def upcasting_lora_layers(model) -> List:
 def hook_site(model, first_layer):
     """Where the one-shot autocast check hooks in: the module holding the repeated blocks (e.g. the language model
     around `layers.0.self_attn.q_proj`), so that the check runs inside the forward's autocast but outside a layer
-    that swift_vora/compile_layers.py may compile (a hook that removes itself breaks a compiled graph); the first
+    that swift_vora/speed/compile_layers.py may compile (a hook that removes itself breaks a compiled graph); the first
     LoRA layer itself when it is not inside a ModuleList."""
     import torch
     name = next(n for n, m in model.named_modules() if m is first_layer)

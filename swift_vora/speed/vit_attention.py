@@ -3,13 +3,13 @@
 Without flash-attn, transformers 5.17's `Qwen3VLVisionAttention.forward` (and the identical Qwen3-VL-MoE, Qwen3.5,
 Qwen3.5-MoE copies) splits the packed patch sequence per frame group with `lengths.tolist()` on a CUDA tensor --
 a device-to-host sync in every one of the 24 vision layers -- and runs one attention call per group (32 per
-layer for a 64-frame clip). The H200 profile (docs/benchmarks.md) showed the training step host-bound: the GPU
+layer for a 64-frame clip). A GPU profile (docs/benchmarks.md) showed the training step host-bound: the GPU
 idle half the time. This narrow patch computes the split sizes once per vision forward (cached on the
 `cu_seqlens` tensor that all layers share) and, when every group has the same length -- always the case for one
 video, whose frame groups share one grid -- runs all groups as one batched attention call. The arithmetic is the
 same block-diagonal attention (tests/test_vit_attention.py compares outputs with transformers' own forward).
 Flash-attention configurations keep transformers' path (they pass `cu_seqlens` to a varlen kernel).
-`make_equal_groups_block` gives swift_vora/compile_layers.py a whole vision block with that batched call and the
+`make_equal_groups_block` gives swift_vora/speed/compile_layers.py a whole vision block with that batched call and the
 group sizes as ints, which it compiles (one graph for all blocks, no sync inside).
 
 Upstream: huggingface/transformers#47703 ("Fix D2H sync in Qwen VL vision encoder") and #48418 ("avoid repeated
@@ -22,7 +22,7 @@ import importlib
 import sys
 from typing import List
 
-from . import env_switch
+from .. import switches
 
 ENV = 'SWIFT_VORA_VIT_ATTENTION'
 # (module, class) of every vision attention with the per-chunk split; identical code in transformers 5.17.
@@ -37,7 +37,7 @@ _CACHE_ATTR = '_swift_vora_split_sizes'
 
 def enabled(environ=None) -> bool:
     """`batched` (default) patches; `transformers` keeps transformers' forward; anything else is an error."""
-    return env_switch.choice(ENV, ('batched', 'transformers'), environ) == 'batched'
+    return switches.read(ENV, environ) == 'batched'
 
 
 def split_sizes(cu_seqlens) -> List[int]:

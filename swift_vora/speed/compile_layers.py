@@ -1,6 +1,6 @@
 """Regional `torch.compile` of the LLM's decoder layers: fewer, fused kernels and one autograd node per layer.
 
-After `lora_autocast` and Liger, the H200 profile of a 2B Qwen3-VL LoRA step showed the GPU idle half the time
+After `lora_autocast` and Liger, a GPU profile of a 2B Qwen3-VL LoRA step showed the GPU idle half the time
 (docs/benchmarks.md): the host could not launch the ~100 small kernels per decoder layer and pass (PEFT's dropout,
 A, B, scale and add for 7 LoRA layers, RMSNorm, RoPE, SiLU-mul) as fast as the GPU ran them. Compiling each decoder
 layer with inductor fuses the elementwise work around the matmuls into a few Triton kernels and replaces the
@@ -9,33 +9,32 @@ per-op Python dispatch and autograd bookkeeping with one compiled forward and on
 This is PyTorch's "regional compilation" recipe (https://pytorch.org/tutorials/recipes/regional_compilation.html):
 `nn.Module.compile()` on every layer of the repeated block, in place, so parameter names and PEFT's adapter saving
 are unchanged. The layers share one compiled graph per grad mode and shape class (dynamo inlines the module and lifts
-its parameters), so 28 layers compile once, not 28 times. The first steps pay the compile (about a minute on the H200
-host). PEFT's LoRA dropout is fused by inductor with its own RNG.
+its parameters), so 28 layers compile once, not 28 times. The first steps pay the compile (docs/benchmarks.md says
+how long). PEFT's LoRA dropout is fused by inductor with its own RNG.
 
 Where gradient checkpointing runs (`SWIFT_VORA_COMPILE_CHECKPOINT`):
-- `eager` (default; runs 3-6 of docs/benchmarks.md): transformers' (reentrant) checkpoint around each compiled
+- `eager` (default): transformers' (reentrant) checkpoint around each compiled
   layer. Every layer's backward goes through Python first (CheckpointFunction: RNG state fork, input detach, a
   guarded call of the compiled training graph, a nested autograd.backward); the diagnostic trace of this path shows
   the GPU waiting between those calls.
 - `graph`: the layer's forward wrapped in `torch.utils.checkpoint.checkpoint`, which dynamo traces as an
   activation-checkpoint region: the forward saves only the layer's inputs and the recompute runs inside the compiled
   backward -- one compiled forward and one compiled backward per layer, as torchtitan does it. Correct with torch
-  2.14 (CPU tests below), but on the H200's torch 2.11 inductor's partitioner rejects the graph (`AssertionError:
-  Node add_538 was invalid, but is output`, the check call of run 6), so it is opt-in until that stack's torch is
-  newer.
+  2.14 (CPU tests below), but torch 2.11's inductor partitioner rejects the graph (docs/benchmarks.md), so it is
+  opt-in.
 Dropout stays exact either way. Inside the graph, AOTAutograd replays the forward's RNG state in the recompute (under
 `aot_eager` training is bit-identical to eager reentrant checkpointing with the same seed; with inductor the gradient
 is the derivative of the loss that was computed). Around it, the checkpointed forward (no-grad graph) and its
 recompute (training graph) draw the same masks from the RNG state `torch.utils.checkpoint` restores.
 tests/test_compile_layers.py checks both on CPU, and the around-the-layer masks on CUDA too (marked gpu).
 
-The vision tower's blocks are compiled too (`SWIFT_VORA_COMPILE_VISION=0` leaves them eager). In run 6's trace the
-frozen vision tower spanned ~80 ms of GPU timeline per sample, most of it outside its matmuls and attention:
-autocast runs its LayerNorms and its rotary embedding in float32, as dozens of small kernels per block with the GPU
+The vision tower's blocks are compiled too (`SWIFT_VORA_COMPILE_VISION=0` leaves them eager). In a step trace most
+of the frozen vision tower's GPU time was outside its matmuls and attention (docs/benchmarks.md): autocast runs its
+LayerNorms and its rotary embedding in float32, as dozens of small kernels per block with the GPU
 waiting on their launches. A vision block's whole work (norms, qkv, rotary embedding, the batched attention of
-swift_vora/vit_attention.py, projection, MLP, residuals) is one compiled function shared by all blocks; the
+swift_vora/speed/vit_attention.py, projection, MLP, residuals) is one compiled function shared by all blocks; the
 frame-group sizes enter as ints read once per vision forward, so the graph has no host sync. Under a frozen tower
-it is an inference graph (nothing there needs autograd). Runs 11-13 of docs/benchmarks.md measure it.
+it is an inference graph (nothing there needs autograd). docs/benchmarks.md measures it.
 
 `SWIFT_VORA_COMPILE=layers` turns it on (recipe key `train.compile: layers`); it is off by default because on a CPU
 or a tiny model the compile costs more than it saves. Not applied under DeepSpeed (ZeRO-3 gathers parameters in
@@ -45,12 +44,11 @@ module hooks, which a compiled region would have to trace; DeepSpeed has its own
 from __future__ import annotations
 
 import logging
-import os
 from typing import List
 
 from swift.callbacks import TrainerCallback
 
-from . import env_switch
+from .. import switches
 
 ENV = 'SWIFT_VORA_COMPILE'
 BACKEND_ENV = 'SWIFT_VORA_COMPILE_BACKEND'
@@ -62,12 +60,17 @@ logger = logging.getLogger('swift')
 
 
 def mode(environ=None) -> str:
-    return env_switch.choice(ENV, MODES, environ, aliases={k: 'off' for k in ('0', 'false', 'no', 'none')})
+    return switches.read(ENV, environ)
+
+
+def enabled(environ=None) -> bool:
+    """Whether `SWIFT_VORA_COMPILE` asks for compiled layers (the callback is appended only then)."""
+    return mode(environ) != 'off'
 
 
 def checkpoint_place(environ=None) -> str:
     """Where a compiled layer's gradient checkpointing runs: `graph` (inside the compiled region) or `eager`."""
-    return env_switch.choice(CHECKPOINT_ENV, CHECKPOINT_PLACES, environ, default='eager')
+    return switches.read(CHECKPOINT_ENV, environ)
 
 
 def _repeated_blocks(model, suffix: str) -> List:
@@ -85,7 +88,7 @@ def _repeated_blocks(model, suffix: str) -> List:
 
 def compile_vision(environ=None) -> bool:
     """With `SWIFT_VORA_COMPILE=layers`, the vision blocks are compiled too unless this says 0/false/no/off."""
-    return env_switch.flag(VISION_ENV, environ, default=True)
+    return switches.read(VISION_ENV, environ)
 
 
 def decoder_layers(model) -> List:
@@ -96,7 +99,7 @@ def decoder_layers(model) -> List:
 
 def vision_blocks(model, blocks=None) -> List:
     """The vision tower's repeated blocks (`*VisionBlock`; `blocks`: those the caller found already), if their
-    attention class carries swift-vora's batched forward (swift_vora/vit_attention.py); [] otherwise --
+    attention class carries swift-vora's batched forward (swift_vora/speed/vit_attention.py); [] otherwise --
     transformers' own attention reads the frame-group sizes from the device in every block, which a compiled graph
     cannot do."""
     from . import vit_attention
@@ -216,7 +219,7 @@ class CompileDecoderLayers(TrainerCallback):
             logger.warning(f'swift-vora compile: {ENV}=layers is not applied under DeepSpeed (its parameter hooks '
                            'would be traced into the compiled layers); training runs uncompiled')
             return
-        backend = os.environ.get(BACKEND_ENV, 'inductor').strip() or 'inductor'
+        backend = switches.read(BACKEND_ENV)
         place = checkpoint_place()
         layers = decoder_layers(model)
         checkpointed = sum(bool(getattr(layer, 'gradient_checkpointing', False)) for layer in layers)

@@ -1,14 +1,14 @@
 """Training sequences padded at their end to a multiple of N tokens, so kernels meet few distinct lengths.
 
 Every new sequence length costs the host work the GPU then waits for: cuDNN's fused attention builds an execution
-plan per length (forward and backward), GEMM heuristics are queried per shape. In the H200 benchmark every 32 s
-clip encoded to 6,495-6,521 tokens (27 lengths over 56 samples), and with the decoder layers compiled the optimizer
-steps that met a first-seen length ran 0.1-0.25 s slower than the others (run 6, docs/benchmarks.md).
+plan per length (forward and backward), GEMM heuristics are queried per shape. Video clips of one length encode to
+many slightly different token counts, and with the decoder layers compiled the optimizer steps that met a
+first-seen length were the slow ones (docs/benchmarks.md).
 
 Padding at the END of a causal sequence changes nothing that is trained: no real token attends to a later
 position, the pad tokens carry label -100 (no loss, no gradient, not in `num_items_in_batch`), and the attention
 mask stays all ones so SDPA keeps its causal fast path (a mask with zeros would move it to a slower kernel). The
-cost is fewer than N extra tokens per sample (at most 1 % at 6.5k tokens with N = 64). Only training encodes are
+cost is fewer than N extra tokens per sample. Only training encodes are
 padded (inference and generation never), never beyond `max_length`, and each sample's padding is in the encode log.
 
 `SWIFT_VORA_PAD_MULTIPLE=N` sets N; by default 64 when the decoder layers are compiled (`SWIFT_VORA_COMPILE=layers`,
@@ -16,21 +16,20 @@ where stable shapes also spare dynamo and inductor work) and 0 (off) otherwise.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, Optional
 
-from . import env_switch
+from .. import switches
 
 ENV = 'SWIFT_VORA_PAD_MULTIPLE'
 COMPILED_DEFAULT = 64
 
 
 def pad_multiple(environ=None) -> int:
-    environ = os.environ if environ is None else environ
-    if not (environ.get(ENV) or '').strip():
+    multiple = switches.read(ENV, environ)
+    if multiple is None:  # unset: on with compiled decoder layers
         from .compile_layers import mode
         return COMPILED_DEFAULT if mode(environ) != 'off' else 0
-    return env_switch.count(ENV, environ, unit='tokens (0 = off)')
+    return multiple
 
 
 def padding_for(length: int, multiple: int, max_length: Optional[int] = None) -> int:

@@ -19,7 +19,7 @@ import logging
 
 from swift.callbacks import TrainerCallback
 
-from . import env_switch
+from .. import switches
 
 ENV = 'SWIFT_VORA_PIXEL_DTYPE'
 KEYS = ('pixel_values', 'pixel_values_videos')
@@ -27,7 +27,12 @@ logger = logging.getLogger('swift')
 
 
 def mode(environ=None) -> str:
-    return env_switch.choice(ENV, ('model', 'float32'), environ, aliases={k: 'float32' for k in env_switch.OFF})
+    return switches.read(ENV, environ)
+
+
+def enabled(environ=None) -> bool:
+    """Whether pixels are cast to the model's dtype (and the `vora_pixel_dtype` check appended)."""
+    return mode(environ) == 'model'
 
 
 def target_dtype(torch_dtype, environ=None):

@@ -1,13 +1,13 @@
 """Host work in the training loop that a host-bound step pays for in GPU idle time; four narrow fixes.
 
-With the decoder layers compiled (swift_vora/compile_layers.py) the H200 step of the 2B Qwen3-VL LoRA benchmark
+With the decoder layers compiled (swift_vora/speed/compile_layers.py) a step of the 2B Qwen3-VL LoRA benchmark
 is limited by the host, not the GPU: every millisecond the Python side spends between kernel launches while the
 launch queue is empty is a millisecond the GPU waits. A trace of one step (benchmarks/step_timeline.py,
 docs/benchmarks.md) showed such costs that change nothing in what is trained:
 
 - `Trainer.floating_point_ops` (transformers), called after every micro-batch for the logged `total_flos`, counts
   the model's parameters each time: `num_parameters(exclude_embeddings=True)` walks every module and parameter
-  (2,657 modules with LoRA on the 2B shape: 23 ms per call on a 2-core development machine). The count cannot change
+  (thousands of modules with LoRA; docs/benchmarks.md times it). The count cannot change
   while training runs, so it is taken once per model; the returned FLOPs are the same number.
 - The DeepStack merge of Qwen3-VL / Qwen3.5 (`_deepstack_process`, in transformers and as ms-swift replaces it)
   adds the vision features into the first decoder layers with boolean-mask indexing, `hidden[mask, :]` read and
@@ -18,10 +18,10 @@ docs/benchmarks.md) showed such costs that change nothing in what is trained:
   (tests/test_host_overhead.py). Kept: ms-swift's sequence-parallel split, and vision features that require grad
   (an unfrozen ViT: their backward, masked_select, syncs anyway).
 - `model.train()`, which transformers' `training_step` calls at the start of every micro-batch, walks all modules
-  recursively (13 ms for the 2B shape with LoRA on the same machine) while the GPU, drained by the previous
+  recursively while the GPU, drained by the previous
   micro-batch's loss check, waits. When every module already has the flag a full call would leave it with (the
   state after the last full `train()`), the call returns at once; any other state (after `eval()`, a module switched
-  by hand) takes the full call. The check reads one attribute per module (~0.3 ms).
+  by hand) takes the full call. The check reads one attribute per module.
 - ms-swift's token accuracy (`_compute_acc` -> `compute_acc`) copies predictions and labels to the host after
   every micro-batch (`.cpu()`: two syncs between the forward and the backward) to append one boolean per token to
   a mean that is read only when the step is logged. The same comparison is made on the device and kept there as two
@@ -38,14 +38,14 @@ import logging
 
 from swift.callbacks import TrainerCallback
 
-from . import env_switch
+from .. import switches
 
 ENV = 'SWIFT_VORA_HOST_OVERHEAD'
 logger = logging.getLogger('swift')
 
 
 def enabled(environ=None) -> bool:
-    return env_switch.flag(ENV, environ)
+    return switches.read(ENV, environ)
 
 
 def count_parameters_once(trainer) -> None:

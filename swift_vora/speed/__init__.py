@@ -1,0 +1,70 @@
+"""The speed levers: changes that make a training step faster without changing what is trained.
+
+Each lever is one module here with one switch; `LEVERS` is the one table of them (name, switch, where it is
+applied; `Lever.default` reads the switch's default from swift_vora/switches.py, the table of every switch).
+Where they take effect:
+- trainer callbacks, registered as `vora_<name>` and appended by the plugin's wrap of ms-swift's callback list
+  (swift_vora/swift_registry.py, next to the guards);
+- a patch installed when the plugin is imported (swift_vora/swift_registry.py);
+- per encoded sample, in the `video_ora` template's DataLoader workers, through `speed/encode.py`.
+Each module's docstring says what it changes and why the result is the same; docs/benchmarks.md says what each
+one measured. Importing this package imports neither torch nor ms-swift (the modules do).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable, NamedTuple, Optional
+
+
+class Lever(NamedTuple):
+    name: str  # the module swift_vora/speed/<name>.py
+    switch: str  # the environment variable that turns it on, off or sets it (swift_vora/switches.py)
+    applied: str  # where it takes effect
+    callback: Optional[str] = None  # the TrainerCallback class the plugin appends as `vora_<name>` when it is on
+
+    @property
+    def module(self):
+        return importlib.import_module(f'{__name__}.{self.name}')
+
+    @property
+    def default(self):
+        """What an unset switch means, from the one table of switches (with its help text)."""
+        from ..switches import switch
+        entry = switch(self.switch)
+        return f'{entry.default!r}: {entry.help}'
+
+    def enabled(self, environ=None) -> bool:
+        """Callback levers: whether the switch turns the lever on (a bad value raises naming the variable)."""
+        return self.module.enabled(environ)
+
+
+# Callback levers are appended in this order, after the guards.
+LEVERS = (
+    Lever('lora_autocast', 'SWIFT_VORA_LORA_AUTOCAST_INPUTS',
+          'callback at train begin: PEFT\'s input cast switched off on LoRA layers under autocast',
+          'LoraAutocastInputs'),
+    Lever('host_overhead', 'SWIFT_VORA_HOST_OVERHEAD',
+          'callback at train begin: FLOPs count, DeepStack merge, train(), token accuracy', 'HostOverhead'),
+    Lever('compile_layers', 'SWIFT_VORA_COMPILE',
+          'callback at train begin: decoder layers and vision blocks compiled in place (not under DeepSpeed)',
+          'CompileDecoderLayers'),
+    Lever('vit_attention', 'SWIFT_VORA_VIT_ATTENTION',
+          'patch at plugin import: the Qwen3-VL / Qwen3.5 vision attention forward'),
+    Lever('shape_bucket', 'SWIFT_VORA_PAD_MULTIPLE',
+          'template, per training encode: pad tokens appended to a multiple of N'),
+    Lever('pixel_dtype', 'SWIFT_VORA_PIXEL_DTYPE',
+          'template, per encode: pixels cast to the model\'s bf16/fp16; callback at train begin checks the tower',
+          'PixelDtypeCheck'),
+    Lever('video_decode', 'SWIFT_VORA_DECODE_THREADS',
+          'template, before decoding: decord.VideoReader limited to N threads per reader'),
+)
+BY_NAME = {lever.name: lever for lever in LEVERS}
+
+
+def callback_levers():
+    """The levers that come into training as callbacks, in the order they are appended."""
+    return [lever for lever in LEVERS if lever.callback]
+
+
+def callback_class(lever: Lever) -> Callable:
+    return getattr(lever.module, lever.callback)

@@ -1,0 +1,307 @@
+"""Every `SWIFT_VORA_*` environment switch in one table, read one way.
+
+`SWITCHES` gives each switch's type, default, meaning and the recipe key that sets it (`env` = an entry of a
+recipe's `env:` or `guards.env:` mapping; a dotted key = that recipe key, from which `swift-vora train` derives the
+variable; none = not set from a recipe). `read(name)` is the only parser: an unset or empty variable gives the
+default, anything it cannot read -- a typo such as `flase`, a negative count, a choice that does not exist --
+raises `SwitchError` quoting `NAME=value` and what is accepted. `check_environment()` also refuses
+`SWIFT_VORA_*` names that are not in the table (a misspelt switch would otherwise be ignored); the plugin runs it
+when ms-swift imports it. `swift-vora switches` prints the table with the effective values.
+
+Importing this module imports neither torch nor ms-swift.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
+
+PREFIX = 'SWIFT_VORA_'
+ON = ('1', 'true', 'yes', 'on')
+OFF = ('0', 'false', 'no', 'off')
+KINDS = ('flag', 'count', 'number', 'seconds', 'choice', 'text', 'path')
+ENV_KEY = 'env'  # recipe column: settable as an entry of the recipe's `env` (or `guards.env`)
+
+
+class SwitchError(ValueError):
+    """A switch set to a value it does not accept, or a `SWIFT_VORA_*` name that is not a switch."""
+
+
+class Switch(NamedTuple):
+    name: str
+    kind: str  # one of KINDS
+    default: Any  # what an unset or empty variable means (None: not set / decided where it is read)
+    help: str
+    recipe: Optional[str] = ENV_KEY  # the recipe key that sets it (see the module docstring)
+    choices: Tuple[str, ...] = ()  # kind 'choice'
+    aliases: Tuple[Tuple[str, str], ...] = ()  # kind 'choice': other spellings -> a choice
+    unit: str = ''  # kind 'count': what is counted (for the error message)
+    where: str = ''  # the module that reads it
+
+
+def _budget(field: str, help: str) -> Switch:
+    from .budget import VideoBudget
+    default = VideoBudget.__dataclass_fields__[field].default
+    if field == 'fps':
+        return Switch(PREFIX + 'FPS', 'number', default, help, 'video.fps', where='budget.py')
+    unit = 'tokens' if 'tokens' in field else 'frames'
+    return Switch(PREFIX + field.upper(), 'count', default, help, f'video.{field}', unit=unit, where='budget.py')
+
+
+def _window(field: str, help: str) -> Switch:
+    from .data.windowing import WindowConfig
+    default = WindowConfig.__dataclass_fields__[field].default
+    kind = 'number' if field == 'min_event' else 'seconds'  # min_event has no 'none': 0 keeps every sliver
+    return Switch(PREFIX + field.upper(), kind, default, help, f'data.{field}', where='dataset.py')
+
+
+def _guard_switches() -> List[Switch]:
+    from .guards.registry import GUARDS
+    return [Switch(f'{PREFIX}GUARD_{name.upper()}', 'flag', None, f'1/0: the {name} guard on/off whatever '
+                   f'{PREFIX}GUARDS says (unset: as it says)', where='guards/registry.py') for name in GUARDS]
+
+
+def _table() -> Tuple[Switch, ...]:
+    off_aliases = tuple((k, 'off') for k in ('0', 'false', 'no', 'none'))
+    return (
+        # --- video budget and windows (dataset and template) ----------------------------------------------------
+        _budget('fps', 'frames sampled per second of clip'),
+        _budget('min_frames', 'never fewer frames per clip'),
+        _budget('max_frames', 'frame cap per clip'),
+        _budget('pair_tokens', 'max tokens per frame pair (resolution)'),
+        _budget('min_pair_tokens', 'lowest resolution a frame pair may be shrunk to'),
+        Switch(PREFIX + 'MAX_VIDEO_TOKENS', 'count', None, 'hard cap on one clip\'s video tokens (0 or none: no cap)',
+               'video.max_video_tokens', unit='tokens', where='budget.py'),
+        _window('window', 'clip length in seconds (0 or none: whole videos)'),
+        _window('stride', 'distance between clip starts in seconds (none: the window)'),
+        _window('min_event', 'event slivers shorter than this (seconds) at clip edges are dropped'),
+        Switch(PREFIX + 'VIDEO_ROOT', 'path', None, 'directory relative video paths are resolved against',
+               'data.video_root', where='dataset.py'),
+        Switch(PREFIX + 'ENCODE_LOG', 'path', None, 'JSONL file that gets one line per encoded sample',
+               'train.output_dir', where='template.py'),
+        Switch(PREFIX + 'LOG_FIRST', 'count', 3, 'encoded samples logged at INFO', unit='samples',
+               where='template.py'),
+        # --- guards ---------------------------------------------------------------------------------------------
+        Switch(PREFIX + 'GUARDS', 'text', 'all', 'all | none | a comma list of guards, -name removes one',
+               where='guards/registry.py'),
+        *_guard_switches(),
+        Switch(PREFIX + 'TAIL', 'choice', 'pad', 'samples ms-swift would never train: pad | drop | stop',
+               choices=('pad', 'drop', 'stop'), where='guards/coverage.py'),
+        Switch(PREFIX + 'REPLICATE_TINY', 'flag', False, 'smoke tests: replicate a dataset smaller than the world '
+               'size', where='guards/coverage.py'),
+        Switch(PREFIX + 'LORA_CHECK_STEPS', 'count', 2, 'optimizer steps after which every adapter tensor must '
+               'have changed (0 counts as 1)', unit='steps', where='guards/lora_update.py'),
+        Switch(PREFIX + 'MEMORY_FIRST', 'count', 3, 'memory phases recorded on the first N optimizer steps',
+               unit='steps', where='guards/memory.py'),
+        Switch(PREFIX + 'MEMORY_EVERY', 'count', 50, 'then every N steps (0: only the first ones)', unit='steps',
+               where='guards/memory.py'),
+        Switch(PREFIX + 'ZERO3_LOAD', 'choice', 'auto', 'checkpoint-vs-parameter check: auto (under ZeRO-3) | '
+               'always | never', choices=('auto', 'always', 'never'),
+               aliases=tuple((k, 'never') for k in OFF) + tuple((k, 'always') for k in ON),
+               where='guards/zero3_load.py'),
+        Switch(PREFIX + 'VERIFY_TIMEOUT', 'number', 1800.0, 'seconds the adapter reload may take',
+               where='guards/verify_adapter.py'),
+        Switch(PREFIX + 'RECIPE', 'path', None, 'the recipe file hashed into fingerprint.json',
+               'the recipe file itself', where='guards/fingerprint.py'),
+        # --- speed levers (swift_vora/speed/) -------------------------------------------------------------------
+        Switch(PREFIX + 'COMPILE', 'choice', 'off', 'regional torch.compile: off | layers',
+               'train.compile', choices=('off', 'layers'), aliases=off_aliases, where='speed/compile_layers.py'),
+        Switch(PREFIX + 'COMPILE_BACKEND', 'text', 'inductor', 'torch.compile backend',
+               where='speed/compile_layers.py'),
+        Switch(PREFIX + 'COMPILE_CHECKPOINT', 'choice', 'eager', 'gradient checkpointing around the compiled layer '
+               '(eager) or inside its graph (graph)', choices=('graph', 'eager'), where='speed/compile_layers.py'),
+        Switch(PREFIX + 'COMPILE_VISION', 'flag', True, 'with compiled layers, compile the vision blocks too',
+               where='speed/compile_layers.py'),
+        Switch(PREFIX + 'VIT_ATTENTION', 'choice', 'batched', 'vision attention: batched (one call per layer, no '
+               'sync) | transformers', choices=('batched', 'transformers'), where='speed/vit_attention.py'),
+        Switch(PREFIX + 'LORA_AUTOCAST_INPUTS', 'flag', True, 'LoRA inputs stay in the autocast dtype',
+               where='speed/lora_autocast.py'),
+        Switch(PREFIX + 'HOST_OVERHEAD', 'flag', True, 'the four host-overhead fixes of the training loop',
+               where='speed/host_overhead.py'),
+        Switch(PREFIX + 'PAD_MULTIPLE', 'count', None, 'training encodes padded to a multiple of N tokens (unset: 64 '
+               'with compiled layers, else 0 = off)', unit='tokens (0 = off)', where='speed/shape_bucket.py'),
+        Switch(PREFIX + 'PIXEL_DTYPE', 'choice', 'model', 'pixels handed over in the model\'s dtype (model) or '
+               'float32', choices=('model', 'float32'), aliases=tuple((k, 'float32') for k in OFF),
+               where='speed/pixel_dtype.py'),
+        Switch(PREFIX + 'DECODE_THREADS', 'count', 1, 'decord threads per video reader (0: decord\'s default)',
+               unit='threads (0 = decord default)', where='speed/video_decode.py'),
+        # --- doctor / plan probes -------------------------------------------------------------------------------
+        Switch(PREFIX + 'CGROUP_ROOT', 'path', '/sys/fs/cgroup', 'cgroup filesystem root the probes read', None,
+               where='plan/probe.py'),
+        Switch(PREFIX + 'MEMINFO', 'path', '/proc/meminfo', 'the meminfo file the probes read', None,
+               where='plan/probe.py'),
+        Switch(PREFIX + 'PROBE_TORCH', 'flag', True, 'probe GPUs through torch.cuda (0: nvidia-smi only)', None,
+               where='plan/probe.py'),
+        # --- benchmark and GPU-script tools (not read by the plugin) --------------------------------------------
+        Switch(PREFIX + 'BENCH_DIR', 'path', None, 'benchmarks/throughput.py: where its probes write', None,
+               where='benchmarks/throughput.py'),
+        Switch(PREFIX + 'BENCH_TORCH_PROFILE', 'count', None, 'benchmarks/throughput.py: profile optimizer step N',
+               None, unit='steps', where='benchmarks/throughput.py'),
+        Switch(PREFIX + 'BENCH_SYNC_DEBUG', 'count', None, 'benchmarks/throughput.py: count syncs of step N', None,
+               unit='steps', where='benchmarks/throughput.py'),
+        Switch(PREFIX + 'PYTHON', 'path', 'python3', 'scripts/gpu/setup_env.sh: interpreter', None,
+               where='scripts/gpu/setup_env.sh'),
+        Switch(PREFIX + 'WHEELS', 'path', None, 'scripts/gpu/setup_env.sh: wheel folder', None,
+               where='scripts/gpu/setup_env.sh'),
+        Switch(PREFIX + 'SITE', 'path', None, 'scripts/gpu/setup_env.sh: target folder', None,
+               where='scripts/gpu/setup_env.sh'),
+    )
+
+
+_TABLE: Optional[Dict[str, Switch]] = None
+
+
+def table() -> Dict[str, Switch]:
+    """name -> Switch, in the order above (built on first use: the defaults come from the dataclasses)."""
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = {s.name: s for s in _table()}
+    return _TABLE
+
+
+def switch(name: str) -> Switch:
+    try:
+        return table()[name]
+    except KeyError:
+        raise SwitchError(f'{name}: not a swift-vora switch{_suggest(name)}') from None
+
+
+def _suggest(name: str) -> str:
+    close = difflib.get_close_matches(name, list(table()), n=1)
+    return f' (did you mean {close[0]}?)' if close else ''
+
+
+def parse(name: str, raw: Optional[str]) -> Any:
+    """The value of switch `name` given the variable's text (None or blank: the default)."""
+    s = switch(name)
+    if raw is None or not str(raw).strip():
+        return s.default
+    text = str(raw).strip()
+    lower = text.lower()
+    if s.kind == 'flag':
+        if lower in ON:
+            return True
+        if lower in OFF:
+            return False
+        raise SwitchError(f'{name}={text!r}: expected one of {", ".join(ON + OFF)}')
+    if s.kind == 'count':
+        if name == PREFIX + 'MAX_VIDEO_TOKENS' and lower in ('none', '0'):
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            raise SwitchError(f'{name}={text!r}: expected a whole number of {s.unit}') from None
+        if value < 0:
+            raise SwitchError(f'{name}={text!r}: expected 0 or more {s.unit}')
+        return value
+    if s.kind in ('number', 'seconds'):
+        if s.kind == 'seconds' and lower in ('none', '0'):
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            raise SwitchError(f'{name}={text!r}: expected a number') from None
+        if not value >= 0:
+            raise SwitchError(f'{name}={text!r}: expected a number >= 0')
+        return value
+    if s.kind == 'choice':
+        value = dict(s.aliases).get(lower, lower)
+        if value not in s.choices:
+            raise SwitchError(f'{name}={lower!r}: expected one of {", ".join(s.choices)}')
+        return value
+    return text if s.kind == 'text' else str(raw)
+
+
+def read(name: str, environ: Optional[Mapping[str, str]] = None) -> Any:
+    """The effective value of switch `name` in `environ` (default: the process environment)."""
+    environ = os.environ if environ is None else environ
+    return parse(name, environ.get(name))
+
+
+def unknown_names(environ: Optional[Mapping[str, str]] = None) -> List[str]:
+    environ = os.environ if environ is None else environ
+    return sorted(k for k in environ if k.startswith(PREFIX) and k not in table())
+
+
+def check_environment(environ: Optional[Mapping[str, str]] = None) -> None:
+    """Raise on the first `SWIFT_VORA_*` variable that is not a switch or holds a value its switch refuses."""
+    environ = os.environ if environ is None else environ
+    for name in unknown_names(environ):
+        switch(name)  # raises, with the closest name
+    for name in table():
+        read(name, environ)
+
+
+def recipe_env_error(name: str, value: Any) -> Optional[str]:
+    """Why a recipe's `env`/`guards.env` entry `name: value` cannot be used (None: it can)."""
+    if not name.startswith(PREFIX):
+        return None
+    if name not in table():
+        return f'not a swift-vora switch{_suggest(name)}'
+    s = table()[name]
+    if s.recipe != ENV_KEY:
+        if not s.recipe:
+            return f'not a training switch (read by {s.where})'
+        source = f'the recipe key {s.recipe!r}' if '.' in s.recipe and ' ' not in s.recipe else s.recipe
+        return f'set by swift-vora train from {source}'
+    try:
+        parse(name, None if value is None else str(value))
+    except SwitchError as e:
+        return str(e)
+    return None
+
+
+def effective(environ: Optional[Mapping[str, str]] = None) -> List[Dict[str, Any]]:
+    """One row per switch: the table's columns, the value in effect, where it came from, and any error."""
+    environ = os.environ if environ is None else environ
+    rows = []
+    for s in table().values():
+        raw = environ.get(s.name)
+        row = {'name': s.name, 'type': s.kind, 'default': s.default, 'help': s.help, 'recipe_key': s.recipe,
+               'read_by': s.where, 'source': 'environment' if raw is not None and raw.strip() else 'default'}
+        if s.choices:
+            row['choices'] = list(s.choices)
+        try:
+            row['value'] = parse(s.name, raw)
+        except SwitchError as e:
+            row['value'], row['error'] = raw, str(e)
+        rows.append(row)
+    for name in unknown_names(environ):
+        rows.append({'name': name, 'value': environ[name], 'source': 'environment',
+                     'error': f'{name}: not a swift-vora switch{_suggest(name)}'})
+    return rows
+
+
+# --- `swift-vora switches` ----------------------------------------------------------------------------------
+def register_commands(subparsers) -> None:
+    p = subparsers.add_parser('switches', help='every SWIFT_VORA_* switch: type, default, recipe key, effective value',
+                              description='Print every SWIFT_VORA_* environment switch with its type, default, '
+                              'recipe key and the value in effect in this environment. Exit 1 if a variable holds '
+                              'a value its switch refuses or a SWIFT_VORA_* name is not a switch.')
+    p.add_argument('--json', action='store_true', help='print JSON')
+    p.set_defaults(handler=cmd_switches)
+
+
+def cmd_switches(args: argparse.Namespace) -> int:
+    rows = effective()
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        print(render(rows))
+    return 1 if any('error' in r for r in rows) else 0
+
+
+def render(rows: List[Dict[str, Any]]) -> str:
+    out = []
+    for r in rows:
+        if 'type' not in r:
+            out.append(f'{r["name"]} = {r["value"]!r}  ERROR: {r["error"]}')
+            continue
+        mark = '*' if r['source'] == 'environment' else ' '
+        recipe = f'  [recipe: {r["recipe_key"]}]' if r['recipe_key'] else ''
+        line = f'{mark} {r["name"]} = {r["value"]!r}  ({r["type"]}, default {r["default"]!r}){recipe}  {r["help"]}'
+        out.append(line + (f'  ERROR: {r["error"]}' if 'error' in r else ''))
+    out.append('(* = set in the environment; recipe: env = an entry of the recipe\'s env or guards.env)')
+    return '\n'.join(out)

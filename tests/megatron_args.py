@@ -1,0 +1,120 @@
+"""Test stand-ins for Megatron: parse a generated `megatron sft` argv with Megatron-SWIFT's own argument class.
+
+Megatron needs transformer_engine (CUDA), which cannot be installed on a CPU machine. `validate_argv` parses argvs
+with `HfArgumentParser(MegatronSftArguments)` (the parser `megatron sft` itself uses, swift.utils.parse_args),
+without constructing the dataclass (its __post_init__ initialises torch.distributed and loads the model). That
+needs `megatron-core` and `mcore-bridge` importable; mcore-bridge imports transformer_engine at import time, so the
+check runs in a subprocess with a stand-in module for transformer_engine (`python tests/megatron_args.py
+--check-args`). Nothing here can run a model.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+
+def _install_transformer_engine_stand_in() -> None:
+    """Let mcore-bridge import without transformer_engine, for argument parsing only.
+
+    megatron.core and peft detect TE at import and fall back cleanly when it is absent, so they are imported
+    first; mcore_bridge then imports `transformer_engine` unconditionally (patcher.py, model/gpts/*), which a
+    meta-path finder answers with empty stand-in modules. Nothing here can run a model."""
+    import importlib.abc
+    import importlib.machinery
+    import importlib.util
+    import types
+    if importlib.util.find_spec('transformer_engine') is not None:
+        return
+    import peft.tuners.lora  # noqa: F401  (peft's TE check must see "not installed")
+    import megatron.core  # noqa: F401
+    import megatron.core.extensions.transformer_engine as mte
+    import megatron.core.models.gpt  # noqa: F401
+    for name in ('TEGroupedLinear', 'TELinear'):  # None without TE; mcore-bridge patches methods onto them
+        if getattr(mte, name, None) is None:
+            setattr(mte, name, type(name, (), {}))
+
+    class _Stub(types.ModuleType):
+
+        def __getattr__(self, item):
+            if item.startswith('__'):
+                raise AttributeError(item)
+            value = type(item, (), {'__init__': lambda self, *a, **k: None})
+            setattr(self, item, value)
+            return value
+
+    class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname == 'transformer_engine' or fullname.startswith('transformer_engine.'):
+                return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+            return None
+
+        def create_module(self, spec):
+            module = _Stub(spec.name)
+            module.__path__ = []
+            module.__version__ = '0.0.0+stand-in'
+            return module
+
+        def exec_module(self, module):
+            pass
+
+    sys.meta_path.insert(0, _Finder())
+
+
+def _parser(kind: str = 'sft'):
+    _install_transformer_engine_stand_in()
+    from swift.megatron.arguments import MegatronExportArguments, MegatronSftArguments
+    from swift.utils.utils import _patch_get_type_hints
+    from transformers import HfArgumentParser
+    cls = MegatronSftArguments if kind == 'sft' else MegatronExportArguments
+    with _patch_get_type_hints():  # what swift.utils.parse_args does before HfArgumentParser
+        return HfArgumentParser([cls])
+
+
+def parse_in_process(argvs: Sequence[Sequence[str]], kind: str = 'sft') -> List[Dict[str, Any]]:
+    """Parse each argv (the part after `megatron sft`) with Megatron-SWIFT's parser. Returns, per argv,
+    {'unknown': [...], 'values': {dest: parsed value for every flag given}}. Call in a subprocess (it installs
+    the transformer_engine stand-in into this interpreter)."""
+    parser = _parser(kind)
+    results = []
+    for argv in argvs:
+        namespace, unknown = parser.parse_known_args(list(argv))
+        given = {a[2:].split('=', 1)[0] for a in argv if a.startswith('--')}
+        values = {k: v for k, v in vars(namespace).items() if k in given}
+        results.append({'unknown': unknown, 'values': json.loads(json.dumps(values, default=str))})
+    return results
+
+
+def validate_argv(argvs: Sequence[Sequence[str]], kind: str = 'sft', python: Optional[str] = None,
+                  timeout: float = 300) -> List[Dict[str, Any]]:
+    """Parse argvs with MegatronSftArguments in a fresh interpreter; raises RuntimeError if the parser cannot be
+    imported (megatron-core / mcore-bridge missing) and ValueError if an argv has arguments it does not know."""
+    proc = subprocess.run([python or sys.executable, os.path.abspath(__file__), '--check-args', kind],
+                          input=json.dumps([list(a) for a in argvs]), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f'Megatron-SWIFT argument check failed to run (rc {proc.returncode}):\n'
+                           f'{proc.stderr[-3000:]}')
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    for argv, result in zip(argvs, results):
+        if result['unknown']:
+            raise ValueError(f'MegatronSftArguments does not know {result["unknown"]} (argv: {" ".join(argv)})')
+    return results
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] != ['--check-args']:
+        print('usage: python tests/megatron_args.py --check-args [sft|export] < argvs.json', file=sys.stderr)
+        return 2
+    kind = argv[1] if len(argv) > 1 else 'sft'
+    argvs = json.loads(sys.stdin.read())
+    results = parse_in_process(argvs, kind)
+    sys.stdout.write('\n' + json.dumps(results) + '\n')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
