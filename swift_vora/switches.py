@@ -141,6 +141,8 @@ def _table() -> Tuple[Switch, ...]:
                None, unit='steps', where='benchmarks/throughput.py'),
         Switch(PREFIX + 'BENCH_SYNC_DEBUG', 'count', None, 'benchmarks/throughput.py: count syncs of step N', None,
                unit='steps', where='benchmarks/throughput.py'),
+        Switch(PREFIX + 'FLA_PATH', 'path', None, 'benchmarks/moe_throughput.py: folder holding flash-linear-attention '
+               '(added to PYTHONPATH by its *_fla variants)', None, where='benchmarks/moe_throughput.py'),
         Switch(PREFIX + 'PYTHON', 'path', 'python3', 'scripts/gpu/setup_env.sh: interpreter', None,
                where='scripts/gpu/setup_env.sh'),
         Switch(PREFIX + 'WHEELS', 'path', None, 'scripts/gpu/setup_env.sh: wheel folder', None,

@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
-from ..guards.common import GuardError, append_jsonl, env_int, logger, write_json
+from .. import switches
+from ..guards.common import GuardError, append_jsonl, logger, write_json
 from ..guards.fingerprint import build_fingerprint
 from ..guards.lora_update import CHECK_STEPS_ENV, AdapterTracker
 from ..guards.memory import EVERY_ENV, FIRST_ENV, is_oom, measure
@@ -33,9 +34,9 @@ class RunnerGuards:
         self.output_dir = output_dir
         self.device = device
         self.tracker = AdapterTracker(model)
-        self.check_steps = max(1, env_int(CHECK_STEPS_ENV, 2))
-        self.memory_first = max(0, env_int(FIRST_ENV, 3))
-        self.memory_every = max(0, env_int(EVERY_ENV, 50))
+        self.check_steps = max(1, switches.read(CHECK_STEPS_ENV))
+        self.memory_first = switches.read(FIRST_ENV)
+        self.memory_every = switches.read(EVERY_ENV)
         self.counted_steps = 0
         self.lora_checked = False
         self.per_batch: List[int] = []
