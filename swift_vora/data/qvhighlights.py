@@ -106,6 +106,6 @@ def convert_file(in_path: str, out_path: str, video_root: Optional[str] = None) 
             video = os.path.relpath(ann.video, base_dir)
         records.append({'id': ann.id, 'video': video, 'duration': ann.duration, 'query': ann.query,
                         'windows': [[s, e] for s, e in ann.windows]})
-    write_jsonl(records, out_path)
+    write_jsonl(records, out_path, inputs=[in_path])
     return out
 
