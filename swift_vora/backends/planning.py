@@ -76,11 +76,14 @@ def command_argv(launch) -> List[str]:
 
 
 def _builder(request: Any, plan: Any) -> List[str]:
-    from .launch import LaunchRefused, LaunchUsageError, build_launch
+    from .launch import LaunchRefused, build_launch
+    from ..plan.command import CommandRefused
     try:
         launch = build_launch(plan, recipe_for_request(request, plan), environ={})
-    except (LaunchRefused, LaunchUsageError, ValueError):
-        return []
+    except LaunchRefused as exc:
+        raise CommandRefused(exc.reasons) from None
+    except ValueError as exc:  # LaunchUsageError included: `train` would stop on this request too
+        raise CommandRefused([f'swift-vora train would not launch this: {exc}']) from None
     return command_argv(launch)
 
 

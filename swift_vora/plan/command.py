@@ -22,6 +22,15 @@ CommandBuilder = Callable[['PlanRequest', 'Plan'], List[str]]
 _BUILDERS: Dict[str, CommandBuilder] = {}
 
 
+class CommandRefused(Exception):
+    """Raised by a builder when `swift-vora train` would refuse to launch the plan; the plan becomes "refused"
+    with these reasons, so that `plan` and `train` never disagree."""
+
+    def __init__(self, reasons: List[str]):
+        super().__init__('; '.join(reasons))
+        self.reasons = list(reasons)
+
+
 def register_command_builder(backend: str, fn: CommandBuilder) -> None:
     """Replace the command builder of one backend (e.g. from swift_vora.backends at import time)."""
     _BUILDERS[backend] = fn
