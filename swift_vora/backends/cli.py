@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+from ..errors import CliError
+
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_REFUSED = 0, 1, 2, 3, 4
 
 
@@ -33,6 +35,56 @@ def register_commands(subparsers) -> None:
     p.set_defaults(handler=cmd_train)
 
 
+# Lines of each annotation file checked before a launch: enough to catch a wrong file or format in a second.
+DATA_CHECK_LINES = 20
+# ms-swift's `--dataset` also takes hub ids (`org/name`) and a `#N` sampling suffix; these endings mark a local file.
+LOCAL_DATA_SUFFIXES = ('.jsonl', '.json', '.csv', '.txt', '.parquet')
+
+
+def dataset_problems(recipe, sample_lines: int = DATA_CHECK_LINES):
+    """([problem, ...], exit code) for `data.dataset`: each local file exists, and its first `sample_lines`
+    annotation lines pass `data check`'s rules (videos exist; not decoded, that is the dataset's job)."""
+    from ..data.annotations import AnnotationError, validate_line
+    entries = recipe['data.dataset']
+    entries = [entries] if isinstance(entries, str) else list(entries)
+    problems, code = [], EXIT_OK
+    for entry in entries:
+        path = entry.split('#', 1)[0]
+        looks_local = path.endswith(LOCAL_DATA_SUFFIXES) or os.path.isabs(path) or path.startswith('.')
+        if not os.path.exists(path):
+            if looks_local:
+                problems.append(f'{recipe.path}: data.dataset: {path}: no such file')
+                code = code or EXIT_USAGE
+            continue
+        if not os.path.isfile(path):
+            problems.append(f'{recipe.path}: data.dataset: {path}: not a file')
+            code = code or EXIT_USAGE
+            continue
+        bad, seen = [], 0
+        with open(path, 'rb') as handle:
+            for number, raw in enumerate(handle, 1):
+                if seen >= sample_lines:
+                    break
+                text = raw.decode('utf-8', errors='replace')
+                if not text.strip() or '"messages"' in text:  # blank, or an ms-swift row built already
+                    continue
+                seen += 1
+                try:
+                    validate_line(text, line=number, source=path, video_root=recipe['data.video_root'],
+                                  base_dir=os.path.dirname(os.path.abspath(path)), probe=False)
+                except AnnotationError as exc:
+                    bad.append(str(exc))
+        if bad and (len(bad) == seen or recipe['data.strict']):
+            problems += [f'data.dataset: {reason}' for reason in bad[:5]]
+            problems.append(f'data.dataset: {path}: {len(bad)} of the first {seen} annotation lines are invalid '
+                            '(swift-vora data check lists them all)')
+            code = code or EXIT_INVALID
+        elif bad:
+            _err(f'warning: {len(bad)} of the first {seen} lines of {path} are invalid and will be skipped '
+                 f'(first: {bad[0]})')
+    return problems, code
+
+
 def _err(msg: str) -> None:
     print(f'swift-vora train: {msg}', file=sys.stderr)
 
@@ -46,6 +98,10 @@ def cmd_train(args) -> int:
     except RecipeError as e:
         _err(str(e))
         return EXIT_USAGE
+    if not args.dry_run:  # the data is checked before anything is planned, printed or launched
+        problems, code = dataset_problems(recipe, sample_lines=DATA_CHECK_LINES)
+        if problems:
+            raise CliError('not launched: ' + '\n  '.join(problems), code)
     try:
         plan = plan_recipe(recipe)
     except FileNotFoundError as e:
@@ -91,6 +147,8 @@ def cmd_train(args) -> int:
             print(f'\n--- {path}')
             print(text.rstrip('\n'))
     if args.dry_run:
+        for note in dataset_problems(recipe, sample_lines=DATA_CHECK_LINES)[0]:
+            _err(f'note: {note} (a launch would stop here)')
         return EXIT_OK
     missing = missing_rendezvous(launch.env)
     if missing:
