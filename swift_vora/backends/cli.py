@@ -12,11 +12,11 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 from ..errors import CliError
+from ..json_output import dumps
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_REFUSED = 0, 1, 2, 3, 4
 
@@ -96,8 +96,7 @@ def cmd_train(args) -> int:
     try:
         recipe = load_recipe(args.recipe, args.overrides)
     except RecipeError as e:
-        _err(str(e))
-        return EXIT_USAGE
+        raise CliError(str(e), EXIT_USAGE) from None
     if not args.dry_run:  # the data is checked before anything is planned, printed or launched
         problems, code = dataset_problems(recipe, sample_lines=DATA_CHECK_LINES)
         if problems:
@@ -105,11 +104,10 @@ def cmd_train(args) -> int:
     try:
         plan = plan_recipe(recipe)
     except FileNotFoundError as e:
-        _err(f'{recipe.path}: model.path: {e}')
-        return EXIT_USAGE
+        raise CliError(f'{recipe.path}: model.path: {e}', EXIT_USAGE) from None
     except (KeyError, ValueError) as e:  # unknown hardware profile, bad request values, unsupported model
-        _err(f'{recipe.path}: {e.args[0] if e.args else e}')
-        return EXIT_INVALID if e.__class__.__name__ == 'UnsupportedModel' else EXIT_USAGE
+        raise CliError(f'{recipe.path}: {e.args[0] if e.args else e}',
+                       EXIT_INVALID if e.__class__.__name__ == 'UnsupportedModel' else EXIT_USAGE) from None
     launch, refusal = None, None
     if plan.verdict != 'refused':  # does_not_fit: still show the exact command that was not run
         try:
@@ -117,8 +115,7 @@ def cmd_train(args) -> int:
         except LaunchRefused as e:
             refusal = e.reasons
         except LaunchUsageError as e:
-            _err(str(e))
-            return EXIT_USAGE
+            raise CliError(str(e), EXIT_USAGE) from None
         if launch is not None:
             plan.command = command_argv(launch)
     if refusal:
@@ -130,7 +127,7 @@ def cmd_train(args) -> int:
         if launch is not None:
             out['launch'] = {'backend': launch.backend, 'argv': launch.argv, 'env': launch.env, 'files': launch.files,
                              'notes': launch.notes, 'shell': launch.shell()}
-        print(json.dumps(out, indent=2, default=str))
+        print(dumps(out, indent=2))
     else:
         from ..plan.cli import render_plan
         print(render_plan(plan))
@@ -152,9 +149,8 @@ def cmd_train(args) -> int:
         return EXIT_OK
     missing = missing_rendezvous(launch.env)
     if missing:
-        _err(f'{recipe["nodes"]} nodes: set {", ".join(missing)} in the environment of every node (torchrun '
-             'rendezvous), e.g. NODE_RANK=0 MASTER_ADDR=10.0.0.1 on the first node')
-        return EXIT_USAGE
+        raise CliError(f'{recipe["nodes"]} nodes: set {", ".join(missing)} in the environment of every node '
+                       '(torchrun rendezvous), e.g. NODE_RANK=0 MASTER_ADDR=10.0.0.1 on the first node', EXIT_USAGE)
     from .deepspeed import launch_dir
     launch.files[os.path.join(launch_dir(recipe), 'launch.json')] = launch_record(launch, plan.to_dict(), recipe)
     sys.stdout.flush()
