@@ -132,8 +132,7 @@ def cmd_train(args) -> int:
         from ..plan.cli import render_plan
         print(render_plan(plan))
     if plan.verdict != 'fits' or launch is None:
-        if not args.json:
-            _err(f'not launched: {plan.verdict.replace("_", " ")} (exit {plan.exit_code})')
+        _err(f'not launched: {plan.verdict.replace("_", " ")} (exit {plan.exit_code})')  # stderr: JSON stays clean
         return plan.exit_code
     if not args.json:
         print('\nlaunch (exact command)')

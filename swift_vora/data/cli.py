@@ -83,7 +83,10 @@ def _check(args) -> int:
 
     report = load_annotations(_readable(args.annotations), video_root=args.video_root, probe=not args.no_probe)
     _emit(report.to_json() if args.json else report.summary(), args.json)
-    return EXIT_INVALID if report.invalid else EXIT_OK
+    if report.invalid:
+        print(f'swift-vora data check: {len(report.invalid)} of {report.total} line(s) invalid', file=sys.stderr)
+        return EXIT_INVALID
+    return EXIT_OK
 
 
 def _build(args) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from typing import Any, Dict, List
 
 from ..cli_values import number, positive_int
@@ -197,6 +198,8 @@ def cmd_plan(args) -> int:
         print(dumps(plan.to_dict(), indent=2))
     else:
         print(render_plan(plan))
+    if plan.verdict != 'fits':  # one line on stderr too, so that a script's log says why without parsing stdout
+        print(f'swift-vora plan: {plan.verdict.replace("_", " ")} (exit {plan.exit_code})', file=sys.stderr)
     return plan.exit_code
 
 
