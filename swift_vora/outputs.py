@@ -1,4 +1,4 @@
-"""Where commands write: one check and one atomic writer shared by every command that writes a file.
+"""Where commands write (and what they read): one check and one atomic writer shared by every command.
 
 Rules (issue #19, docs/errors.md):
 - an output never aliases an input: the same file under another spelling (`./a.jsonl`, an absolute
@@ -16,7 +16,7 @@ import stat
 import tempfile
 from typing import Iterable, Iterator, Optional, TextIO
 
-from .errors import OutputPathError
+from .errors import OutputPathError, UsageError
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -26,6 +26,21 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:  # one of them does not exist (yet): they cannot be one file
         return False
+
+
+def check_input_file(path: str, what: str = 'input') -> str:
+    """Return `path` if it can be read as a file; raise `UsageError` naming it otherwise.
+
+    A pipe is fine (it ends); a device such as /dev/zero or /dev/urandom is refused, because it never
+    ends and one endless line would grow without bound."""
+    try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+            raise UsageError(f'{what} {path}: a device, not a file')
+        open(path, 'rb').close()
+    except OSError as exc:
+        raise UsageError(f'{what} {path}: {exc.strerror or exc}') from None
+    return path
 
 
 def check_output_file(path: str, inputs: Iterable[Optional[str]] = (), what: str = 'output') -> str:

@@ -136,6 +136,7 @@ def test_eval_never_writes_predictions_over_the_annotations(workspace):
     before = digest([ann])
     model = workspace / 'model'
     model.mkdir()
+    (model / 'config.json').write_text('{}')  # the alias check comes before anything is loaded
     rc, out, err = run_cli('eval', '--annotations', ann, '--predictions', './a.jsonl', '--model', model, '--json')
     assert rc == 2 and 'is the input' in err and _strict_json(out)['exit_code'] == 2
     rc, _, err = run_cli('eval', '--annotations', ann, '--predictions', 'p.jsonl', '--out-dir', 'a.jsonl')
@@ -313,7 +314,10 @@ def test_eval_with_a_missing_model_creates_nothing(workspace, flag):
     before = sorted(os.listdir(workspace))
     rc, _, err = run_cli('eval', '--annotations', 'a.jsonl', flag, str(workspace / 'typo' / 'ckpt'))
     assert rc == 2 and 'not a directory' in err
-    assert sorted(os.listdir(workspace)) == before and not os.path.exists('/predictions.jsonl.infer.log')
+    (workspace / 'empty-dir').mkdir()  # a directory that is no model or checkpoint either
+    rc, _, err = run_cli('eval', '--annotations', 'a.jsonl', flag, 'empty-dir')
+    assert rc == 2 and 'config.json in it' in err
+    assert sorted(os.listdir(workspace)) == sorted(before + ['empty-dir'])
 
 
 # ---- machine-readable output ------------------------------------------------------------------------------

@@ -97,10 +97,6 @@ def cmd_train(args) -> int:
         recipe = load_recipe(args.recipe, args.overrides)
     except RecipeError as e:
         raise CliError(str(e), EXIT_USAGE) from None
-    if not args.dry_run:  # the data is checked before anything is planned, printed or launched
-        problems, code = dataset_problems(recipe, sample_lines=DATA_CHECK_LINES)
-        if problems:
-            raise CliError('not launched: ' + '\n  '.join(problems), code)
     try:
         plan = plan_recipe(recipe)
     except FileNotFoundError as e:
@@ -122,6 +118,16 @@ def cmd_train(args) -> int:
         plan.verdict = 'refused'
         plan.reasons = list(plan.reasons) + refusal
         plan.command = []
+    if plan.verdict == 'fits' and launch is not None and not args.dry_run:
+        # What stops a launch is checked before anything is printed: with --json, stdout then holds the error only.
+        missing = missing_rendezvous(launch.env)
+        if missing:
+            raise CliError(f'{recipe["nodes"]} nodes: set {", ".join(missing)} in the environment of every node '
+                           '(torchrun rendezvous), e.g. NODE_RANK=0 MASTER_ADDR=10.0.0.1 on the first node',
+                           EXIT_USAGE)
+        problems, code = dataset_problems(recipe, sample_lines=DATA_CHECK_LINES)
+        if problems:  # the data, before swift spends minutes loading the model
+            raise CliError('not launched: ' + '\n  '.join(problems), code)
     if args.json:
         out = {'plan': plan.to_dict(), 'exit_code': plan.exit_code}
         if launch is not None:
@@ -146,14 +152,10 @@ def cmd_train(args) -> int:
         for note in dataset_problems(recipe, sample_lines=DATA_CHECK_LINES)[0]:
             _err(f'note: {note} (a launch would stop here)')
         return EXIT_OK
-    missing = missing_rendezvous(launch.env)
-    if missing:
-        raise CliError(f'{recipe["nodes"]} nodes: set {", ".join(missing)} in the environment of every node '
-                       '(torchrun rendezvous), e.g. NODE_RANK=0 MASTER_ADDR=10.0.0.1 on the first node', EXIT_USAGE)
     from .deepspeed import launch_dir
     launch.files[os.path.join(launch_dir(recipe), 'launch.json')] = launch_record(launch, plan.to_dict(), recipe)
     sys.stdout.flush()
-    rc = launch.run()
+    rc = launch.run(stdout=sys.stderr.fileno() if args.json else None)
     if rc != 0:
         _err(f'{launch.argv[0]} exited with {rc}')
     return rc

@@ -131,9 +131,6 @@ def _emit(payload, as_json: bool) -> None:
 
 
 def _readable(path: str) -> str:
-    """`path` if it is a file that can be opened; a usage error (exit 2) naming it otherwise."""
-    try:
-        open(path, 'rb').close()
-    except OSError as exc:
-        raise UsageError(f'{exc.filename or path}: {exc.strerror or exc}') from None
-    return path
+    """`path` if it is a file that can be read; a usage error (exit 2) naming it otherwise."""
+    from ..outputs import check_input_file
+    return check_input_file(path, what='input')

@@ -61,9 +61,13 @@ def run_eval(args) -> int:
         check_output_dir(args.out_dir, [args.annotations], what='--out-dir')
     if args.model or args.adapters:
         from .inference import InferenceError, run_inference
-        for flag, path in (('--model', args.model), ('--adapters', args.adapters)):
+        for flag, path, marker in (('--model', args.model, 'config.json'),
+                                   ('--adapters', args.adapters, 'adapter_config.json')):
             if path and not os.path.isdir(path):
                 raise UsageError(f'{flag} {path}: not a directory (a local model or adapter checkpoint)')
+            if path and not os.path.isfile(os.path.join(path, marker)):
+                raise UsageError(f'{flag} {path}: no {marker} in it (not a '
+                                 f'{"model directory" if flag == "--model" else "LoRA adapter checkpoint"})')
         if not args.predictions:
             base = args.out_dir or os.path.dirname(os.path.abspath(args.adapters or args.model))
             args.predictions = os.path.join(base, 'predictions.jsonl')
@@ -124,10 +128,8 @@ def run_eval(args) -> int:
 
 
 def _check_readable(path: str, flag: str) -> None:
-    try:
-        open(path, 'rb').close()
-    except OSError as exc:
-        raise UsageError(f'{flag} {path}: cannot open: {exc.strerror or exc}') from None
+    from ..outputs import check_input_file
+    check_input_file(path, what=flag)
 
 
 def _kinds(kinds: dict) -> str:
@@ -171,9 +173,9 @@ def run_parse(args) -> int:
             failures[res.failure] += 1
         repairs.update({k: v for k, v in res.repairs.items() if v})
         if args.details:
-            print(json.dumps(res.to_dict()))
+            print(dumps(res.to_dict()))
         else:
-            print(json.dumps([[s, e] for s, e in res.windows]))
+            print(dumps([[s, e] for s, e in res.windows]))
         sys.stdout.flush()
     summary = f'swift-vora parse: {n} response(s), {ok} parsed, {n - ok} failed'
     if failures:

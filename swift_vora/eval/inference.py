@@ -66,12 +66,12 @@ def run_inference(annotations: str, out_path: str, model: Optional[str] = None, 
         raise ValueError('inference needs --model or --adapters')
     out_path = os.path.abspath(check_output_file(out_path, [annotations], what='--predictions'))
     os.makedirs(os.path.dirname(out_path), exist_ok=True)  # --predictions may name a folder not made yet
-    result_path = out_path + '.swift_infer.jsonl'
+    result_path = check_output_file(out_path + '.swift_infer.jsonl', [annotations], what='swift infer results')
+    log_path = check_output_file(log_path or out_path + '.infer.log', [annotations], what='inference log')
     if os.path.exists(result_path):
         os.remove(result_path)
     argv = swift_infer_argv(os.path.abspath(annotations), result_path, model, adapters,
                             backend or default_backend(), max_new_tokens, model_type)
-    log_path = log_path or out_path + '.infer.log'
     print(f'swift-vora eval: $ {" ".join(argv)}\n  (log: {log_path})', file=sys.stderr, flush=True)
     with open(log_path, 'w') as log:
         code = subprocess.run(argv, env={**os.environ, **OFFLINE_ENV}, stdout=log, stderr=subprocess.STDOUT).returncode
