@@ -265,6 +265,10 @@ def test_malformed_saliency_fields_name_the_line_and_field(workspace, fields):
                                                     'pred_saliency_scores': [1, 2, 3]}) + '\n')
     rc, _, err = run_cli('eval', '--annotations', 'bad.jsonl', '--predictions', 'sp.jsonl')
     assert rc == 1 and 'bad.jsonl:1: field ' in err and ('relevant_clip_ids' in err or 'saliency_scores' in err)
+    # the data tools apply the same rule (eval and data never disagree on a line)
+    rc, out, _ = run_cli('data', 'convert-qvhighlights', 'bad.jsonl', 'o.jsonl', '--json')
+    reason = _strict_json(out)['rejected'][0]['reason']
+    assert rc == 1 and ('relevant_clip_ids' in reason or 'saliency_scores' in reason)
 
 
 def test_merge_target_that_cannot_be_written_is_one_line(tmp_path):

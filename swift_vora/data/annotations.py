@@ -258,7 +258,12 @@ def _validate_record(record, line, source, video_root, base_dir, probe, check_fi
     else:
         fields, names = record, {}
     try:
-        return _check_fields(fields, line, source, video_root, base_dir, probe, check_files, tolerance, probes)
+        result = _check_fields(fields, line, source, video_root, base_dir, probe, check_files, tolerance, probes)
+        if names:  # a QVHighlights line: its highlight fields are indexed by clip, so they are checked too
+            problem = qvhighlights.saliency_problem(record, result[0].duration)
+            if problem:
+                raise _Problem(*problem)
+        return result
     except _Problem as problem:
         if problem.field_name in names:  # report the key the user actually wrote
             problem.field_name = names[problem.field_name]

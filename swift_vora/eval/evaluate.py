@@ -167,26 +167,11 @@ def _annotation_problem(row: dict, fmt: str, windows) -> Optional[str]:
 
 
 def _check_saliency_fields(row: dict, duration: float) -> None:
-    """`relevant_clip_ids` (ints, each a 2-s clip inside the duration) and `saliency_scores` (one triple of
-    0-4 annotator scores per id), as the highlight metrics index them; absent fields mean no highlights."""
     from ..data.annotations import FieldProblem
-    ids, scores = row.get('relevant_clip_ids'), row.get('saliency_scores')
-    if ids is None and scores is None:
-        return
-    n_clips = int(duration / M.CLIP_SECONDS)
-    if not isinstance(ids, list):
-        raise FieldProblem('relevant_clip_ids', 'expected a list of clip indices (with saliency_scores)')
-    for i, clip in enumerate(ids):
-        if isinstance(clip, bool) or not isinstance(clip, int) or not 0 <= clip < max(n_clips, 1):
-            raise FieldProblem('relevant_clip_ids', f'expected a clip index in [0, {n_clips}) for a '
-                                                    f'{duration:g} s video, got {json.dumps(clip)[:40]}', i)
-    if not isinstance(scores, list) or len(scores) != len(ids):
-        raise FieldProblem('saliency_scores', f'expected one [a, b, c] score triple per relevant_clip_ids entry '
-                                              f'({len(ids)})')
-    for i, triple in enumerate(scores):
-        if not (isinstance(triple, list) and len(triple) == 3 and all(_finite(x) for x in triple)):
-            raise FieldProblem('saliency_scores', f'expected three finite annotator scores, got '
-                                                  f'{json.dumps(triple)[:40]}', i)
+    from ..data.qvhighlights import saliency_problem
+    problem = saliency_problem(row, duration)
+    if problem:
+        raise FieldProblem(*problem)
 
 
 def _first(row: dict, keys) -> Optional[float]:
