@@ -57,7 +57,7 @@ def run_eval(args) -> int:
     from .evaluate import COUNT_KEYS, SUMMARY_KEYS, InputError, evaluate
     _check_readable(args.annotations, '--annotations')
     # Every path is checked before anything is created or launched: a typo must leave no directory behind.
-    if args.out_dir:
+    if args.out_dir is not None:  # '' included: an empty path is an error, not "no --out-dir"
         check_output_dir(args.out_dir, [args.annotations], what='--out-dir')
     if args.model or args.adapters:
         from .inference import InferenceError, run_inference
