@@ -1,17 +1,27 @@
 """`swift-vora` command line: parses arguments and hands each command to the module that owns it.
 
-Exit codes (docs/contract.md): 0 ok, 1 invalid input found, 2 usage error, 3 does not fit, 4 refused.
-Command modules import heavy dependencies (torch, ms-swift) inside their handlers only, so that
-`swift-vora plan` and `--help` stay fast.
+Exit codes (docs/contract.md, docs/errors.md): 0 ok, 1 invalid input found, 2 usage error, 3 does not fit,
+4 refused. Command modules import heavy dependencies (torch, ms-swift) inside their handlers only, so
+that `swift-vora plan` and `--help` stay fast.
+
+Errors never end in a traceback: `main` turns the expected ones (`CliError`, a file that cannot be
+read or written, a closed pipe) into one line on stderr and their exit code; with `--json`, stdout
+then holds exactly one object `{"error": ..., "exit_code": ...}`. An unexpected exception is a bug:
+it exits 1 with its type and message and asks for a report (`SWIFT_VORA_TRACEBACK=1` shows the
+traceback).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from typing import List, Optional
 
-EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_REFUSED = 0, 1, 2, 3, 4
+from .errors import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError, UsageError
+
+__all__ = ['EXIT_OK', 'EXIT_INVALID', 'EXIT_USAGE', 'EXIT_DOES_NOT_FIT', 'EXIT_REFUSED', 'build_parser', 'main']
 
 # Each module defines `register_commands(subparsers)`; every parser it adds sets `handler=fn(args) -> int`.
 COMMAND_MODULES = [
@@ -23,10 +33,19 @@ COMMAND_MODULES = [
     'swift_vora.demo',  # demo
     'swift_vora.switches',  # switches
 ]
+TRACEBACK_ENV = 'SWIFT_VORA_TRACEBACK'
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so that `--json` gets its error object too."""
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        raise UsageError(message, command=self.prog)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog='swift-vora', description=__doc__.splitlines()[0])
+    parser = _Parser(prog='swift-vora', description=__doc__.splitlines()[0])
     parser.add_argument('--version', action='store_true', help='print the version and exit')
     subparsers = parser.add_subparsers(dest='command', metavar='COMMAND')
     for name in COMMAND_MODULES:
@@ -35,17 +54,76 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.version:
-        from . import __version__
-        print(__version__)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    want_json = '--json' in argv
+    command = 'swift-vora'
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        command = _command_name(args)
+        if args.version:
+            from . import __version__
+            print(__version__)
+            return EXIT_OK
+        handler = getattr(args, 'handler', None)
+        if handler is None:
+            parser.print_help(sys.stderr)
+            return EXIT_USAGE
+        return int(handler(args) or 0)
+    except BrokenPipeError:  # `| head` closed stdout: the reader has what it wanted
+        _detach_stdout()
         return EXIT_OK
-    handler = getattr(args, 'handler', None)
-    if handler is None:
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    return int(handler(args) or 0)
+    except CliError as exc:
+        return _fail(exc.command or command, str(exc), exc.exit_code, want_json)
+    except (OSError, UnicodeError) as exc:  # a path the user named cannot be read or written
+        where = getattr(exc, 'filename', None)
+        text = f'{where}: {exc.strerror or exc}' if where else str(exc)
+        return _fail(command, text, EXIT_USAGE, want_json)
+    except RecursionError:
+        return _fail(command, 'input nested too deeply to read', EXIT_INVALID, want_json)
+    except MemoryError:
+        return _fail(command, 'out of memory while reading the input', EXIT_INVALID, want_json)
+    except KeyboardInterrupt:
+        print(f'{command}: interrupted', file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: say so plainly, never pretend it was the user's input
+        if os.environ.get(TRACEBACK_ENV):
+            traceback.print_exc()
+        message = (f'internal error: {type(exc).__name__}: {exc} (this is a bug in swift-vora; please report it '
+                   f'with the command line; {TRACEBACK_ENV}=1 prints the traceback)')
+        return _fail(command, message, EXIT_INVALID, want_json)
+
+
+def _command_name(args) -> str:
+    parts = ['swift-vora']
+    if getattr(args, 'command', None):
+        parts.append(args.command)
+    if getattr(args, 'data_command', None):
+        parts.append(args.data_command)
+    return ' '.join(parts)
+
+
+def _fail(command: str, message: str, code: int, want_json: bool) -> int:
+    try:
+        print(f'{command}: {message}', file=sys.stderr)
+        if want_json:
+            from .json_output import print_json
+            print_json({'error': message, 'exit_code': code})
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _detach_stdout()
+    return code
+
+
+def _detach_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not raise again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # captured or replaced stdout (tests)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 if __name__ == '__main__':

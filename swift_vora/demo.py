@@ -17,6 +17,7 @@ import time
 from typing import Dict, List
 
 from .budget import VideoBudget
+from .cli_values import positive_int
 from .offline import OFFLINE_ENV, swift_argv
 
 DEMO_BUDGET = VideoBudget(fps=1.0, min_frames=4, max_frames=8, pair_tokens=16, min_pair_tokens=4)
@@ -26,9 +27,9 @@ DEMO_WINDOW = {'SWIFT_VORA_WINDOW': '8', 'SWIFT_VORA_STRIDE': '8', 'SWIFT_VORA_M
 def register_commands(subparsers) -> None:
     p = subparsers.add_parser('demo', help='tiny model + synthetic videos: build, train, infer, report (CPU)')
     p.add_argument('--out', default='swift_vora_demo', help='working directory (default: ./swift_vora_demo)')
-    p.add_argument('--train-videos', type=int, default=6)
-    p.add_argument('--eval-videos', type=int, default=2)
-    p.add_argument('--epochs', type=int, default=2)
+    p.add_argument('--train-videos', type=positive_int(1000), default=6)
+    p.add_argument('--eval-videos', type=positive_int(1000), default=2)
+    p.add_argument('--epochs', type=positive_int(1000), default=2)
     p.set_defaults(handler=run_demo)
 
 
@@ -55,8 +56,10 @@ def run_demo(args) -> int:
     from .synthetic import make_dataset
     from .tiny_model import build_tiny_qwen3_vl
 
+    from .outputs import check_output_dir
+
     started = time.time()
-    out = os.path.abspath(args.out)
+    out = os.path.abspath(check_output_dir(args.out, what='--out'))
     os.makedirs(out, exist_ok=True)
     model_dir = os.path.join(out, 'model')
     if not os.path.exists(os.path.join(model_dir, 'model.safetensors')):

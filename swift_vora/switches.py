@@ -134,6 +134,8 @@ def _table() -> Tuple[Switch, ...]:
                where='plan/probe.py'),
         Switch(PREFIX + 'PROBE_TORCH', 'flag', True, 'probe GPUs through torch.cuda (0: nvidia-smi only)', None,
                where='plan/probe.py'),
+        Switch(PREFIX + 'TRACEBACK', 'flag', False, 'print the traceback of an unexpected error in a swift-vora '
+               'command (otherwise one line and exit 1)', None, where='cli.py'),
         # --- benchmark and GPU-script tools (not read by the plugin) --------------------------------------------
         Switch(PREFIX + 'BENCH_DIR', 'path', None, 'benchmarks/throughput.py: where its probes write', None,
                where='benchmarks/throughput.py'),

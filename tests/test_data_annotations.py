@@ -206,10 +206,21 @@ def test_validate_line_and_record(video_dir):
     assert ann.query is None and abs(ann.duration - DURATION) <= 0.1
 
 
-def test_declared_duration_longer_than_the_file_is_warned(video_dir):
+def test_declared_duration_longer_than_the_file_is_rejected(video_dir):
+    # Clips past the real end would carry labels for frames that do not exist (issue #19): invalid, not a warning.
     report = load_annotations(write_lines(video_dir, [bad(duration=30, windows=[[20, 30]])]))
-    assert report.valid == 1
-    assert len(report.warnings) == 1 and "field 'duration'" in report.warnings[0] and ':1:' in report.warnings[0]
+    assert report.valid == 0 and len(report.invalid) == 1
+    reason = report.invalid[0].reason
+    assert ":1: field 'duration': 30.0 s is longer than the decoded video" in reason
+
+
+def test_absurd_declared_duration_is_rejected_without_probing(tmp_path):
+    # A duration sizes windows and saliency arrays: 1e9 s must be refused, not allocated.
+    (tmp_path / 'v.mp4').write_bytes(b'x')
+    path = tmp_path / 'a.jsonl'
+    path.write_text(json.dumps({'id': 'a', 'video': 'v.mp4', 'duration': 1e9, 'windows': [[0, 1]]}) + '\n')
+    report = load_annotations(str(path), probe=False)
+    assert report.valid == 0 and "field 'duration': 1000000000.0 s is longer than" in report.invalid[0].reason
 
 
 def test_missing_annotation_file_raises_oserror(tmp_path):

@@ -96,7 +96,7 @@ def test_invalid_annotations_exit_1(tmp_path, capsys):
                                              {'windows': []}])
     preds = write_jsonl(tmp_path / 'p.jsonl', [{'id': 'a', 'response': '[]'}])
     assert main(['eval', '--annotations', ann, '--predictions', preds]) == 1
-    assert 'line 2' in capsys.readouterr().err
+    assert f"{ann}:2: field 'windows': expected a list" in capsys.readouterr().err
 
 
 def test_unreadable_file_is_a_usage_error(tmp_path, qvh_file):

@@ -67,9 +67,23 @@ def test_renamed_keys_load_silently_then_fail_verification(adapter_dir, tiny_mod
 
 
 def test_usage_errors(tmp_path, capsys):
-    from swift_vora.guards.cli import run_verify_adapter
-    assert run_verify_adapter(types.SimpleNamespace(checkpoint=str(tmp_path), base=None, json=False)) == 2
+    from swift_vora.cli import main
+    assert main(['verify-adapter', str(tmp_path)]) == 2
     assert 'adapter_model.safetensors does not exist' in capsys.readouterr().err
+
+
+def test_truncated_adapter_file_is_a_usage_error_not_a_traceback(tmp_path, capsys):
+    import torch
+    from safetensors.torch import save_file
+
+    from swift_vora.cli import main
+    path = tmp_path / 'adapter_model.safetensors'
+    save_file({'lora_A': torch.zeros(64, 64)}, str(path))
+    path.write_bytes(path.read_bytes()[:-100])  # a copy cut short
+    assert main(['verify-adapter', str(tmp_path), '--json']) == 2
+    captured = capsys.readouterr()
+    assert 'truncated or damaged' in captured.err and 'Traceback' not in captured.err
+    assert json.loads(captured.out)['exit_code'] == 2
 
 
 @pytest.mark.slow

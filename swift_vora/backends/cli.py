@@ -12,9 +12,11 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
+
+from ..errors import CliError
+from ..json_output import dumps
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_REFUSED = 0, 1, 2, 3, 4
 
@@ -31,6 +33,56 @@ def register_commands(subparsers) -> None:
     p.set_defaults(handler=cmd_train)
 
 
+# Lines of each annotation file checked before a launch: enough to catch a wrong file or format in a second.
+DATA_CHECK_LINES = 20
+# ms-swift's `--dataset` also takes hub ids (`org/name`) and a `#N` sampling suffix; these endings mark a local file.
+LOCAL_DATA_SUFFIXES = ('.jsonl', '.json', '.csv', '.txt', '.parquet')
+
+
+def dataset_problems(recipe, sample_lines: int = DATA_CHECK_LINES):
+    """([problem, ...], exit code) for `data.dataset`: each local file exists, and its first `sample_lines`
+    annotation lines pass `data check`'s rules (videos exist; not decoded, that is the dataset's job)."""
+    from ..data.annotations import AnnotationError, validate_line
+    entries = recipe['data.dataset']
+    entries = [entries] if isinstance(entries, str) else list(entries)
+    problems, code = [], EXIT_OK
+    for entry in entries:
+        path = entry.split('#', 1)[0]
+        looks_local = path.endswith(LOCAL_DATA_SUFFIXES) or os.path.isabs(path) or path.startswith('.')
+        if not os.path.exists(path):
+            if looks_local:
+                problems.append(f'{recipe.path}: data.dataset: {path}: no such file')
+                code = code or EXIT_USAGE
+            continue
+        if not os.path.isfile(path):
+            problems.append(f'{recipe.path}: data.dataset: {path}: not a file')
+            code = code or EXIT_USAGE
+            continue
+        bad, seen = [], 0
+        with open(path, 'rb') as handle:
+            for number, raw in enumerate(handle, 1):
+                if seen >= sample_lines:
+                    break
+                text = raw.decode('utf-8', errors='replace')
+                if not text.strip() or '"messages"' in text:  # blank, or an ms-swift row built already
+                    continue
+                seen += 1
+                try:
+                    validate_line(text, line=number, source=path, video_root=recipe['data.video_root'],
+                                  base_dir=os.path.dirname(os.path.abspath(path)), probe=False)
+                except AnnotationError as exc:
+                    bad.append(str(exc))
+        if bad and (len(bad) == seen or recipe['data.strict']):
+            problems += [f'data.dataset: {reason}' for reason in bad[:5]]
+            problems.append(f'data.dataset: {path}: {len(bad)} of the first {seen} annotation lines are invalid '
+                            '(swift-vora data check lists them all)')
+            code = code or EXIT_INVALID
+        elif bad:
+            _err(f'warning: {len(bad)} of the first {seen} lines of {path} are invalid and will be skipped '
+                 f'(first: {bad[0]})')
+    return problems, code
+
+
 def _err(msg: str) -> None:
     print(f'swift-vora train: {msg}', file=sys.stderr)
 
@@ -43,16 +95,14 @@ def cmd_train(args) -> int:
     try:
         recipe = load_recipe(args.recipe, args.overrides)
     except RecipeError as e:
-        _err(str(e))
-        return EXIT_USAGE
+        raise CliError(str(e), EXIT_USAGE) from None
     try:
         plan = plan_recipe(recipe)
     except FileNotFoundError as e:
-        _err(f'{recipe.path}: model.path: {e}')
-        return EXIT_USAGE
+        raise CliError(f'{recipe.path}: model.path: {e}', EXIT_USAGE) from None
     except (KeyError, ValueError) as e:  # unknown hardware profile, bad request values, unsupported model
-        _err(f'{recipe.path}: {e.args[0] if e.args else e}')
-        return EXIT_INVALID if e.__class__.__name__ == 'UnsupportedModel' else EXIT_USAGE
+        raise CliError(f'{recipe.path}: {e.args[0] if e.args else e}',
+                       EXIT_INVALID if e.__class__.__name__ == 'UnsupportedModel' else EXIT_USAGE) from None
     launch, refusal = None, None
     if plan.verdict != 'refused':  # does_not_fit: still show the exact command that was not run
         try:
@@ -60,26 +110,34 @@ def cmd_train(args) -> int:
         except LaunchRefused as e:
             refusal = e.reasons
         except LaunchUsageError as e:
-            _err(str(e))
-            return EXIT_USAGE
+            raise CliError(str(e), EXIT_USAGE) from None
         if launch is not None:
             plan.command = command_argv(launch)
     if refusal:
         plan.verdict = 'refused'
         plan.reasons = list(plan.reasons) + refusal
         plan.command = []
+    if plan.verdict == 'fits' and launch is not None and not args.dry_run:
+        # What stops a launch is checked before anything is printed: with --json, stdout then holds the error only.
+        missing = missing_rendezvous(launch.env)
+        if missing:
+            raise CliError(f'{recipe["nodes"]} nodes: set {", ".join(missing)} in the environment of every node '
+                           '(torchrun rendezvous), e.g. NODE_RANK=0 MASTER_ADDR=10.0.0.1 on the first node',
+                           EXIT_USAGE)
+        problems, code = dataset_problems(recipe, sample_lines=DATA_CHECK_LINES)
+        if problems:  # the data, before swift spends minutes loading the model
+            raise CliError('not launched: ' + '\n  '.join(problems), code)
     if args.json:
         out = {'plan': plan.to_dict(), 'exit_code': plan.exit_code}
         if launch is not None:
             out['launch'] = {'backend': launch.backend, 'argv': launch.argv, 'env': launch.env, 'files': launch.files,
                              'notes': launch.notes, 'shell': launch.shell()}
-        print(json.dumps(out, indent=2, default=str))
+        print(dumps(out, indent=2))
     else:
         from ..plan.cli import render_plan
         print(render_plan(plan))
     if plan.verdict != 'fits' or launch is None:
-        if not args.json:
-            _err(f'not launched: {plan.verdict.replace("_", " ")} (exit {plan.exit_code})')
+        _err(f'not launched: {plan.verdict.replace("_", " ")} (exit {plan.exit_code})')  # stderr: JSON stays clean
         return plan.exit_code
     if not args.json:
         print('\nlaunch (exact command)')
@@ -90,16 +148,13 @@ def cmd_train(args) -> int:
             print(f'\n--- {path}')
             print(text.rstrip('\n'))
     if args.dry_run:
+        for note in dataset_problems(recipe, sample_lines=DATA_CHECK_LINES)[0]:
+            _err(f'note: {note} (a launch would stop here)')
         return EXIT_OK
-    missing = missing_rendezvous(launch.env)
-    if missing:
-        _err(f'{recipe["nodes"]} nodes: set {", ".join(missing)} in the environment of every node (torchrun '
-             'rendezvous), e.g. NODE_RANK=0 MASTER_ADDR=10.0.0.1 on the first node')
-        return EXIT_USAGE
     from .deepspeed import launch_dir
     launch.files[os.path.join(launch_dir(recipe), 'launch.json')] = launch_record(launch, plan.to_dict(), recipe)
     sys.stdout.flush()
-    rc = launch.run()
+    rc = launch.run(stdout=sys.stderr.fileno() if args.json else None)
     if rc != 0:
         _err(f'{launch.argv[0]} exited with {rc}')
     return rc

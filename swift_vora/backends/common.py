@@ -60,18 +60,18 @@ class Launch:
         return f'{env} \\\n  {body}' if env else body
 
     def write_files(self) -> None:
+        from ..outputs import write_text_atomic  # never over a device or a symlink; no half-written config
         for path, text in self.files.items():
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            with open(path, 'w', encoding='utf-8') as f:
-                f.write(text)
+            write_text_atomic(path, text, what='launch file')
 
-    def run(self, environ: Optional[Mapping[str, str]] = None) -> int:
-        """Write the files and run the argv (list, no shell); return the child's exit code."""
+    def run(self, environ: Optional[Mapping[str, str]] = None, stdout: Optional[int] = None) -> int:
+        """Write the files and run the argv (list, no shell); return the child's exit code. `stdout`: a file
+        descriptor for the child's stdout (`train --json` sends it to stderr, keeping its JSON alone)."""
         self.write_files()
         env = dict(os.environ if environ is None else environ)
         env.update(self.env)
         try:
-            return subprocess.run(self.argv, env=env, check=False).returncode
+            return subprocess.run(self.argv, env=env, check=False, stdout=stdout).returncode
         except FileNotFoundError as e:
             print(f'swift-vora train: cannot start {self.argv[0]!r}: {e}', file=sys.stderr)
             return 127

@@ -269,6 +269,12 @@ def merge(adapter_dir: str, out_dir: str, base: Optional[str] = None) -> Dict[st
     if os.path.lexists(out_dir):
         raise MergeError(f'{out_dir} exists: refusing to overwrite it (choose a new OUT_DIR or remove it yourself)',
                          2)
+    from ..errors import OutputPathError
+    from ..outputs import check_output_dir
+    try:  # a read-only or file-blocked parent fails here, in one line, before any work
+        check_output_dir(out_dir, [adapter_dir, base], what='OUT_DIR')
+    except OutputPathError as e:
+        raise MergeError(str(e), 2) from None
     source, info = detect_source(adapter_dir)
     base = base or base_model_of(adapter_dir, source, info)
     parent = os.path.dirname(out_dir)
@@ -313,6 +319,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except MergeError as e:
         print(f'merge_for_vllm: {e}', file=sys.stderr)
         return e.exit_code
+    except OSError as e:  # a file that cannot be read or written while merging (disk full, permissions)
+        print(f'merge_for_vllm: {e.filename or args.out_dir}: {e.strerror or e}', file=sys.stderr)
+        return 2
     print(json.dumps(report, indent=2))
     return 0
 

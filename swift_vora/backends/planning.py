@@ -76,11 +76,14 @@ def command_argv(launch) -> List[str]:
 
 
 def plan_command(request: Any, plan: Any) -> List[str]:
-    """The command `train` would run for a bare `plan` request ([] when the launcher refuses it)."""
-    from .common import LaunchRefused, LaunchUsageError
+    """The command `train` would run for a bare `plan` request; CommandRefused when the launcher would not run it."""
+    from ..plan.command import CommandRefused
+    from .common import LaunchRefused
     from .launch import build_launch
     try:
         launch = build_launch(plan, recipe_for_request(request, plan), environ={})
-    except (LaunchRefused, LaunchUsageError, ValueError):
-        return []
+    except LaunchRefused as exc:
+        raise CommandRefused(exc.reasons) from None
+    except ValueError as exc:  # LaunchUsageError included: `train` would stop on this request too
+        raise CommandRefused([f'swift-vora train would not launch this: {exc}']) from None
     return command_argv(launch)

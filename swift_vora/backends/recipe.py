@@ -14,6 +14,8 @@ whole (`env={A: 1}`) or per entry (`env.A=1`).
 from __future__ import annotations
 
 import copy
+import math
+import reprlib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Tuple
@@ -104,6 +106,25 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'env': (ANY_DICT, {}),  # extra environment for the launched process (not overriding SWIFT_VORA_* set here)
     'extra_args': ((list, ), []),  # appended verbatim to the launcher's argv (checked: no backend switches)
 }
+# dotted key -> (lowest, highest, lowest allowed itself). Every number in a recipe is finite, and these are in
+# range: a NaN passes every comparison, and a frame rate of .inf or a rank of 10**9 sizes the plan and the
+# launch with absurd numbers instead of stopping here.
+RANGES: Dict[str, Tuple[float, float, bool]] = {
+    'gpus': (1, 4096, True), 'gpu_mem_gib': (0, 1e5, False), 'host_ram_gib': (0, 1e6, False),
+    'nodes': (1, 4096, True),
+    'data.window': (0, 7 * 24 * 3600, True), 'data.stride': (0.1, 7 * 24 * 3600, True),
+    'data.min_event': (0, 3600, True), 'data.max_length': (1, 10_000_000, True),
+    'video.fps': (0, 240, False), 'video.min_frames': (1, 100_000, True), 'video.max_frames': (1, 100_000, True),
+    'video.pair_tokens': (1, 1_000_000, True), 'video.min_pair_tokens': (1, 1_000_000, True),
+    'video.max_video_tokens': (1, 100_000_000, True),
+    'train.lora_rank': (1, 65536, True), 'train.lora_alpha': (0, 1e6, False), 'train.lora_dropout': (0, 1, True),
+    'train.micro_batch': (1, 1_000_000, True), 'train.grad_accum': (1, 1_000_000, True),
+    'train.epochs': (0, 1e6, False), 'train.max_steps': (1, 1e12, True), 'train.lr': (0, 10, False),
+    'train.warmup_ratio': (0, 1, True), 'train.save_steps': (1, 1e12, True), 'train.logging_steps': (1, 1e12, True),
+    'train.dataloader_workers': (0, 1024, True), 'train.seed': (0, 2 ** 32 - 1, True),
+    'megatron.ep': (1, 4096, True), 'megatron.tp': (1, 4096, True), 'megatron.pp': (1, 4096, True),
+    'megatron.global_batch': (1, 1e9, True), 'megatron.recompute_num_layers': (1, 100_000, True),
+}
 SECTIONS = sorted({k.split('.')[0] for k in SCHEMA if '.' in k})
 FREE_DICTS = tuple(k for k, (t, _) in SCHEMA.items() if t == ANY_DICT)
 
@@ -142,7 +163,7 @@ def _flatten(doc: Dict[str, Any], where: str) -> Dict[str, Any]:
             elif isinstance(value, dict) and dotted in SECTIONS:
                 walk(value, dotted)
             elif dotted in SECTIONS:
-                raise RecipeError(f'{where}: key {dotted!r} must be a mapping of settings, got {value!r}')
+                raise RecipeError(f'{where}: key {dotted!r} must be a mapping of settings, got {_show(value)}')
             else:
                 raise RecipeError(f'{where}: unknown key {dotted!r}{_suggest(dotted)}')
 
@@ -168,7 +189,7 @@ def _check(values: Dict[str, Any], where: str) -> None:
             if value is None:
                 values[key] = {}
             elif not isinstance(value, dict):
-                raise RecipeError(f'{where}: key {key!r} must be a mapping, got {value!r}')
+                raise RecipeError(f'{where}: key {key!r} must be a mapping, got {_show(value)}')
             continue
         if isinstance(value, str) and float in types:  # PyYAML (YAML 1.1) reads 2e-5 as a string
             try:
@@ -176,9 +197,9 @@ def _check(values: Dict[str, Any], where: str) -> None:
             except ValueError:
                 pass
         if isinstance(value, bool) and bool not in types:
-            raise RecipeError(f'{where}: key {key!r} must be {_type_names(types)}, got {value!r}')
+            raise RecipeError(f'{where}: key {key!r} must be {_type_names(types)}, got {_show(value)}')
         if not isinstance(value, types):
-            raise RecipeError(f'{where}: key {key!r} must be {_type_names(types)}, got {value!r}')
+            raise RecipeError(f'{where}: key {key!r} must be {_type_names(types)}, got {_show(value)}')
     choices = {
         'train.backend': ('auto', 'ddp', 'deepspeed_zero2', 'deepspeed_zero3', 'megatron_ep_lora',
                           'unsloth_split_lora'),
@@ -192,8 +213,18 @@ def _check(values: Dict[str, Any], where: str) -> None:
         if values[key] not in allowed:
             raise RecipeError(f'{where}: key {key!r} must be one of {", ".join(map(str, allowed))}; '
                               f'got {values[key]!r}')
-    if values['nodes'] < 1:
-        raise RecipeError(f'{where}: key \'nodes\' must be >= 1')
+    for key, (low, high, low_ok) in RANGES.items():
+        value = values[key]
+        if value is None or isinstance(value, bool):
+            continue
+        if not math.isfinite(value):
+            raise RecipeError(f'{where}: key {key!r} must be a finite number, got {_show(value)}')
+        if value < low or (value == low and not low_ok) or value > high:
+            raise RecipeError(f'{where}: key {key!r} must be {">=" if low_ok else ">"} {low:g} and <= {high:g}, '
+                              f'got {_show(value)}')
+    if values['data.window'] and values['data.window'] < 1:
+        raise RecipeError(f'{where}: key \'data.window\' must be 0/null (whole video) or at least 1 s, '
+                          f'got {values["data.window"]!r}')
     for key in ('guards.env', 'env'):
         for k in values[key]:
             if not isinstance(k, str):
@@ -207,6 +238,11 @@ def _check(values: Dict[str, Any], where: str) -> None:
             raise RecipeError(f'{where}: key \'data.dataset\' must be a path or a non-empty list of paths')
 
 
+def _show(value: Any) -> str:
+    """A value for an error message: depth and length bounded (a recipe value can be a deep or huge structure)."""
+    return reprlib.repr(value)
+
+
 def _type_names(types: tuple) -> str:
     names = {str: 'a string', int: 'an integer', float: 'a number', bool: 'true/false', list: 'a list',
              type(None): 'null'}
@@ -217,15 +253,17 @@ def parse_override(text: str) -> Tuple[str, Any]:
     """`key=value` -> (dotted key, YAML-parsed value)."""
     import yaml
     if '=' not in text:
-        raise RecipeError(f'override {text!r}: expected key=value (e.g. video.max_frames=16)')
+        raise RecipeError(f'override {_show(text)}: expected key=value (e.g. video.max_frames=16)')
     key, raw = text.split('=', 1)
     key = key.strip()
     if not key:
-        raise RecipeError(f'override {text!r}: empty key')
+        raise RecipeError(f'override {_show(text)}: empty key')
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
+    except RecursionError:
+        raise RecipeError(f'override {_show(text)}: value nested too deeply') from None
     except yaml.YAMLError as e:
-        raise RecipeError(f'override {text!r}: value is not valid YAML ({e.__class__.__name__})') from None
+        raise RecipeError(f'override {_show(text)}: value is not valid YAML ({e.__class__.__name__})') from None
     return key, value
 
 
@@ -239,7 +277,7 @@ def apply_overrides(values: Dict[str, Any], overrides: Sequence[str]) -> None:
         if parent is not None:
             values[parent] = {**(values.get(parent) or {}), key[len(parent) + 1:]: value}
             continue
-        raise RecipeError(f'override {text!r}: unknown key {key!r}{_suggest(key)}')
+        raise RecipeError(f'override {_show(text)}: unknown key {key!r}{_suggest(key)}')
 
 
 def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
@@ -249,6 +287,10 @@ def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
     try:
         with open(path, encoding='utf-8') as f:
             doc = yaml.safe_load(f)
+    except UnicodeDecodeError as e:
+        raise RecipeError(f'{path}: not a text (UTF-8) file (byte {e.start}); a recipe is YAML') from None
+    except RecursionError:
+        raise RecipeError(f'{path}: nested too deeply to be a recipe') from None
     except yaml.YAMLError as e:
         mark = getattr(e, 'problem_mark', None)
         where = f' (line {mark.line + 1}, column {mark.column + 1})' if mark is not None else ''

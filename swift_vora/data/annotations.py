@@ -29,8 +29,12 @@ from .probe import VideoInfo, VideoProbeError, check_file, probe_video
 
 # Seconds a window end may exceed the duration before it is an error; such ends are clamped.
 WINDOW_TOLERANCE = 1e-3
-# A declared duration longer than the decoded file by more than this many seconds is warned about.
-DURATION_MISMATCH_WARN_S = 1.0
+# A declared duration longer than the decoded file by more than this many seconds is an error: clips past
+# the real end would train on frames that do not exist (shorter by up to this much is container noise).
+DURATION_MISMATCH_S = 1.0
+# Longest duration a line may declare (one week). Windows and saliency arrays are sized from the duration,
+# so an absurd value (1e9 s) must be rejected here rather than allocated later.
+MAX_DURATION_S = 7 * 24 * 3600.0
 
 
 @dataclass
@@ -116,13 +120,17 @@ class AnnotationError(ValueError):
 
 
 class _Problem(Exception):
-    """Internal: what is wrong, and in which field (our name) and window index, before location is added."""
+    """What is wrong, and in which field (our name) and window index, before file and line are added."""
 
     def __init__(self, field_name: Optional[str], message: str, index: Optional[int] = None):
         super().__init__(message)
         self.field_name = field_name
         self.message = message
         self.index = index
+
+
+# Raised by the public field checks (`check_windows`, `check_duration_value`) that other readers share.
+FieldProblem = _Problem
 
 
 def load_annotations(path: str, video_root: Optional[str] = None, probe: bool = True, strict: bool = False,
@@ -204,22 +212,16 @@ def validate_record(record: Any, line: int = 0, source: str = '<row>', video_roo
     return ann
 
 
-def write_jsonl(records: Iterable[Dict[str, Any]], out_path: str) -> int:
-    """Write one JSON object per line via a temporary file and a rename, so a failed run leaves no
-    half-written output; return how many records were written."""
-    out_path = os.fspath(out_path)
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    tmp_path = out_path + '.tmp'
+def write_jsonl(records: Iterable[Dict[str, Any]], out_path: str, inputs: Iterable[Optional[str]] = ()) -> int:
+    """Write one JSON object per line atomically (`outputs.atomic_text_writer`: never over one of
+    `inputs`, never over a device or a symlink, no half-written file on failure); return the count."""
+    from ..outputs import atomic_text_writer
+
     count = 0
-    try:
-        with open(tmp_path, 'w', encoding='utf-8') as handle:
-            for record in records:
-                handle.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + '\n')
-                count += 1
-        os.replace(tmp_path, out_path)
-    finally:
-        if os.path.exists(tmp_path):  # only when writing or renaming failed
-            os.remove(tmp_path)
+    with atomic_text_writer(os.fspath(out_path), inputs) as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + '\n')
+            count += 1
     return count
 
 
@@ -256,7 +258,12 @@ def _validate_record(record, line, source, video_root, base_dir, probe, check_fi
     else:
         fields, names = record, {}
     try:
-        return _check_fields(fields, line, source, video_root, base_dir, probe, check_files, tolerance, probes)
+        result = _check_fields(fields, line, source, video_root, base_dir, probe, check_files, tolerance, probes)
+        if names:  # a QVHighlights line: its highlight fields are indexed by clip, so they are checked too
+            problem = qvhighlights.saliency_problem(record, result[0].duration)
+            if problem:
+                raise _Problem(*problem)
+        return result
     except _Problem as problem:
         if problem.field_name in names:  # report the key the user actually wrote
             problem.field_name = names[problem.field_name]
@@ -326,14 +333,28 @@ def _check_duration(raw, info: Optional[VideoInfo], probe: bool) -> Tuple[float,
             raise _Problem('duration', 'absent and not probed (probing is off); add "duration" or allow probing'
                            if not probe else 'absent and the video could not be probed')
         return info.duration, None
+    value = check_duration_value(raw)
+    if info is not None and value > info.duration + DURATION_MISMATCH_S:
+        raise _Problem('duration', f'{_num(value)} s is longer than the decoded video ({info.duration:.2f} s); '
+                                   'clips past the real end would train on frames that do not exist '
+                                   '(omit "duration" to use the decoded one)')
+    return value, None
+
+
+def check_duration_value(raw) -> float:
+    """A declared duration: a finite number in (0, MAX_DURATION_S]; raises the field problem otherwise."""
     value = _number(raw, 'duration', 'duration')
     if value <= 0:
         raise _Problem('duration', f'must be > 0, got {_num(value)}')
-    warning = None
-    if info is not None and value > info.duration + DURATION_MISMATCH_WARN_S:
-        warning = (f"field 'duration': {_num(value)} s is longer than the decoded video ({info.duration:.2f} s); "
-                   'windows past the real end will train on frames that do not exist')
-    return value, warning
+    if value > MAX_DURATION_S:
+        raise _Problem('duration', f'{_num(value)} s is longer than {MAX_DURATION_S:g} s (one week); not a video '
+                                   'length')
+    return value
+
+
+def check_windows(raw, duration: float, tolerance: float = WINDOW_TOLERANCE) -> List[Tuple[float, float]]:
+    """Validate a `windows` list against `duration` (the rules of `data check`); raises `FieldProblem`."""
+    return _check_windows(raw, duration, tolerance)
 
 
 def _check_windows(raw, duration: float, tolerance: float) -> List[Tuple[float, float]]:

@@ -8,10 +8,15 @@ and exit 0. The data modules are imported inside handlers so `swift-vora --help`
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from ..cli_values import number
+from ..errors import InvalidInput, UsageError
+from ..json_output import dumps
+
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+# = windowing.MIN_CLIP_SECONDS / MIN_STRIDE_SECONDS (WindowConfig checks them again with its own message)
+MIN_CLIP_SECONDS, MIN_STRIDE_SECONDS = 1.0, 0.1
 
 
 def register_commands(subparsers) -> None:
@@ -34,13 +39,13 @@ def register_commands(subparsers) -> None:
                                 description='Validate, window, rebase and clip; write one ms-swift row per clip.')
     build.add_argument('annotations', metavar='ANNOTATIONS')
     build.add_argument('out', metavar='OUT.jsonl')
-    build.add_argument('--window', type=float, metavar='S', default=60.0,
-                       help='clip length in seconds; 0 = whole video (default 60; longer clips cost more tokens)')
-    build.add_argument('--stride', type=float, metavar='S', default=None,
+    build.add_argument('--window', type=number(MIN_CLIP_SECONDS, allow_zero=True), metavar='S', default=60.0,
+                       help='clip length in seconds, at least 1; 0 = whole video (default 60; longer clips cost more tokens)')
+    build.add_argument('--stride', type=number(MIN_STRIDE_SECONDS), metavar='S', default=None,
                        help='seconds between clip starts (default: the window, no overlap; at most the window)')
-    build.add_argument('--min-event', type=float, metavar='S', default=0.5,
+    build.add_argument('--min-event', type=number(0), metavar='S', default=0.5,
                        help='drop event pieces shorter than this after clipping, counted (default 0.5 s)')
-    build.add_argument('--min-window', type=float, metavar='S', default=2.0,
+    build.add_argument('--min-window', type=number(0), metavar='S', default=2.0,
                        help='a trailing clip shorter than this becomes a full-length clip ending at the duration '
                             '(default 2 s)')
     _video_options(build)
@@ -76,15 +81,16 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _check(args) -> int:
     from .annotations import load_annotations
 
-    try:
-        report = load_annotations(args.annotations, video_root=args.video_root, probe=not args.no_probe)
-    except OSError as exc:
-        return _cannot_read(args.annotations, exc)
+    report = load_annotations(_readable(args.annotations), video_root=args.video_root, probe=not args.no_probe)
     _emit(report.to_json() if args.json else report.summary(), args.json)
-    return EXIT_INVALID if report.invalid else EXIT_OK
+    if report.invalid:
+        print(f'swift-vora data check: {len(report.invalid)} of {report.total} line(s) invalid', file=sys.stderr)
+        return EXIT_INVALID
+    return EXIT_OK
 
 
 def _build(args) -> int:
+    from ..outputs import check_output_file
     from .annotations import AnnotationError
     from .rows import build_rows
     from .windowing import WindowConfig
@@ -93,16 +99,13 @@ def _build(args) -> int:
         config = WindowConfig(window=args.window, stride=args.stride, min_event=args.min_event,
                               min_window=args.min_window)
     except ValueError as exc:
-        print(f'swift-vora data build: {exc}', file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(exc)) from None
+    check_output_file(args.out, [_readable(args.annotations)], what='OUT.jsonl')
     try:
         report = build_rows(args.annotations, args.out, config, video_root=args.video_root, strict=args.strict,
                             probe=not args.no_probe)
     except AnnotationError as exc:
-        print(f'swift-vora data build: stopped (--strict) at {exc}; nothing written', file=sys.stderr)
-        return EXIT_INVALID
-    except OSError as exc:
-        return _cannot_read(args.annotations, exc)
+        raise InvalidInput(f'stopped (--strict) at {exc}; nothing written') from None
     _emit(report.to_json() if args.json else report.summary(), args.json)
     if report.rows_in and not report.valid:
         print('swift-vora data build: no valid rows', file=sys.stderr)
@@ -111,12 +114,11 @@ def _build(args) -> int:
 
 
 def _convert(args) -> int:
+    from ..outputs import check_output_file
     from .qvhighlights import convert_file
 
-    try:
-        report = convert_file(args.input, args.out, video_root=args.video_root)
-    except OSError as exc:
-        return _cannot_read(args.input, exc)
+    check_output_file(args.out, [_readable(args.input)], what='OUT.jsonl')
+    report = convert_file(args.input, args.out, video_root=args.video_root)
     _emit(report.to_json() if args.json else report.summary(), args.json)
     if report.lines - report.blank_lines and not report.converted:
         print('swift-vora data convert-qvhighlights: no line could be converted', file=sys.stderr)
@@ -125,9 +127,10 @@ def _convert(args) -> int:
 
 
 def _emit(payload, as_json: bool) -> None:
-    print(json.dumps(payload, indent=2) if as_json else payload)
+    print(dumps(payload, indent=2) if as_json else payload)
 
 
-def _cannot_read(path: str, exc: OSError) -> int:
-    print(f'swift-vora data: {exc.filename or path}: {exc.strerror or exc}', file=sys.stderr)
-    return EXIT_USAGE
+def _readable(path: str) -> str:
+    """`path` if it is a file that can be read; a usage error (exit 2) naming it otherwise."""
+    from ..outputs import check_input_file
+    return check_input_file(path, what='input')

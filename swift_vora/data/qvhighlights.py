@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+import json
+import math
+from typing import Any, Dict, List, Optional, Tuple
 
 # Keys that only a QVHighlights line has; any of them (and neither `video` nor `windows`) marks one.
 QVH_KEYS = ('qid', 'vid', 'relevant_windows')
 # Our field -> the QVHighlights key it comes from, so that messages name the key in the user's file.
 FIELD_NAMES = {'id': 'qid', 'video': 'vid', 'duration': 'duration', 'query': 'query', 'windows': 'relevant_windows'}
 VIDEO_EXTENSION = '.mp4'
+CLIP_SECONDS = 2.0  # `relevant_clip_ids` index the 2-second clips of the video
 
 
 def is_qvhighlights(record: Dict[str, Any]) -> bool:
@@ -54,6 +57,40 @@ def to_vora(record: Dict[str, Any]) -> Dict[str, Any]:
         'query': record.get('query'),
         'windows': record.get('relevant_windows'),
     }
+
+
+def saliency_problem(record: Dict[str, Any], duration: float) -> Optional[Tuple[str, str, Optional[int]]]:
+    """(field, message, index) for malformed highlight fields, else None. `relevant_clip_ids` are distinct ints,
+    each a 2-s clip inside the video; `saliency_scores` holds one triple of finite annotator scores per id.
+    Both absent means no highlight annotation. Shared by `data check` and `eval`, which index arrays by them."""
+    ids, scores = record.get('relevant_clip_ids'), record.get('saliency_scores')
+    if ids is None and scores is None:
+        return None
+    n_clips = max(int(duration / CLIP_SECONDS), 1)
+    if not isinstance(ids, list):
+        return 'relevant_clip_ids', 'expected a list of clip indices (saliency_scores is given)', None
+    for i, clip in enumerate(ids):
+        if isinstance(clip, bool) or not isinstance(clip, int) or not 0 <= clip < n_clips:
+            return ('relevant_clip_ids', f'expected a clip index in [0, {n_clips}) for a {duration:g} s video, got '
+                    f'{_short(clip)}', i)
+    if len(set(ids)) != len(ids):
+        return 'relevant_clip_ids', 'a clip index appears twice', None
+    if not isinstance(scores, list) or len(scores) != len(ids):
+        return ('saliency_scores', f'expected one [a, b, c] score triple per relevant_clip_ids entry ({len(ids)}), '
+                f'got {_short(scores)}', None)
+    for i, triple in enumerate(scores):
+        if not (isinstance(triple, list) and len(triple) == 3 and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in triple)):
+            return 'saliency_scores', f'expected three finite annotator scores, got {_short(triple)}', i
+    return None
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
 @dataclass
@@ -106,6 +143,6 @@ def convert_file(in_path: str, out_path: str, video_root: Optional[str] = None) 
             video = os.path.relpath(ann.video, base_dir)
         records.append({'id': ann.id, 'video': video, 'duration': ann.duration, 'query': ann.query,
                         'windows': [[s, e] for s, e in ann.windows]})
-    write_jsonl(records, out_path)
+    write_jsonl(records, out_path, inputs=[in_path])
     return out
 

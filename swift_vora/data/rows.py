@@ -95,5 +95,7 @@ def build_rows(annotations_path: str, out_path: str, config: Optional[WindowConf
                 report.slivers_dropped += sample.dropped_slivers
                 yield sample_to_row(sample)
 
-    report.samples_out = write_jsonl(rows(), out_path)
+    # The videos are inputs too: `data build a.jsonl clip.mp4` must not replace a video with rows.
+    inputs = [annotations_path] + sorted({annotation.video for annotation in loaded.rows})
+    report.samples_out = write_jsonl(rows(), out_path, inputs=inputs)
     return report

@@ -15,6 +15,7 @@ window is one clip of the whole video.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -23,6 +24,10 @@ from .annotations import Annotation
 
 # Float slack for "does this window fit": durations are measured, window starts are k * stride.
 _EPS = 1e-6
+# Shortest clip and stride: below a second a clip holds one or two frames, and a stride near zero cuts a
+# video into millions of clips (the window loop then runs for hours while its list grows).
+MIN_CLIP_SECONDS = 1.0
+MIN_STRIDE_SECONDS = 0.1
 
 
 @dataclass
@@ -40,11 +45,21 @@ class WindowConfig:
     min_window: float = 2.0
 
     def __post_init__(self):
+        # NaN passes every `<` check and a NaN or tiny stride never ends the window loop: finite first.
+        for name in ('window', 'stride', 'min_event', 'min_window'):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value)):
+                raise ValueError(f'{name} must be a finite number of seconds, got {value!r}')
         if self.window is not None and self.window < 0:
             raise ValueError(f'window must be >= 0 seconds (0 = whole video), got {self.window}')
+        if self.window and self.window < MIN_CLIP_SECONDS:
+            raise ValueError(f'window must be at least {MIN_CLIP_SECONDS:g} s (or 0 = whole video), got {self.window}')
         if self.stride is not None:
             if self.stride <= 0:
                 raise ValueError(f'stride must be > 0 seconds, got {self.stride}')
+            if self.stride < MIN_STRIDE_SECONDS:
+                raise ValueError(f'stride must be at least {MIN_STRIDE_SECONDS:g} s, got {self.stride}')
             if self.window and self.stride > self.window:
                 raise ValueError(f'stride {self.stride} s is longer than window {self.window} s: '
                                  'the gaps between windows would drop their events')

@@ -12,6 +12,10 @@ import os
 import sys
 from collections import Counter
 
+from ..cli_values import nonnegative_int, number, positive_int
+from ..errors import InvalidInput, UsageError
+from ..json_output import dumps
+
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
 
@@ -27,10 +31,10 @@ def register_commands(subparsers) -> None:
     p.add_argument('--adapters', metavar='CKPT', help='run inference with this adapter checkpoint first')
     p.add_argument('--model-type', metavar='TYPE', help='ms-swift model_type for a local model dir (e.g. qwen3_vl)')
     p.add_argument('--infer-backend', choices=['auto', 'transformers', 'vllm'], default='auto')
-    p.add_argument('--max-new-tokens', type=int, default=64, metavar='N')
+    p.add_argument('--max-new-tokens', type=positive_int(1_000_000), default=64, metavar='N')
     p.add_argument('--json', action='store_true', help='print the metrics as one JSON object')
     p.add_argument('--out-dir', metavar='DIR', help='write metrics.json, report.md and plots/*.png here')
-    p.add_argument('--max-plots', type=int, default=20, metavar='N',
+    p.add_argument('--max-plots', type=nonnegative_int(100_000), default=20, metavar='N',
                    help='at most N timeline plots in --out-dir, worst videos first (default 20; 0: none)')
     p.add_argument('--strict', action='store_true', help='exit 1 also on missing predictions or unknown ids')
     p.set_defaults(handler=run_eval)
@@ -40,7 +44,7 @@ def register_commands(subparsers) -> None:
         description='Read model responses (one JSON string per line on stdin, or --text) and print one JSON '
                     'array of [start, end] per line. Junk prints [] and is counted on stderr.')
     q.add_argument('--text', action='append', metavar='TEXT', help='a response to parse (repeatable); stdin is not read')
-    q.add_argument('--duration', type=float, metavar='S', help='clip length in seconds: clamp to [0, S]')
+    q.add_argument('--duration', type=number(0, above=True), metavar='S', help='clip length in seconds: clamp to [0, S]')
     q.add_argument('--details', action='store_true',
                    help='print the full parse result (windows, ok, failure, format, repairs, flags) per line')
     q.add_argument('--strict', action='store_true', help='exit 1 when any response did not parse')
@@ -49,37 +53,42 @@ def register_commands(subparsers) -> None:
 
 # ---- eval ---------------------------------------------------------------------------------------
 def run_eval(args) -> int:
+    from ..outputs import check_output_dir, check_output_file
     from .evaluate import COUNT_KEYS, SUMMARY_KEYS, InputError, evaluate
+    _check_readable(args.annotations, '--annotations')
+    # Every path is checked before anything is created or launched: a typo must leave no directory behind.
+    if args.out_dir is not None:  # '' included: an empty path is an error, not "no --out-dir"
+        check_output_dir(args.out_dir, [args.annotations], what='--out-dir')
     if args.model or args.adapters:
         from .inference import InferenceError, run_inference
+        for flag, path, marker in (('--model', args.model, 'config.json'),
+                                   ('--adapters', args.adapters, 'adapter_config.json')):
+            if path and not os.path.isdir(path):
+                raise UsageError(f'{flag} {path}: not a directory (a local model or adapter checkpoint)')
+            if path and not os.path.isfile(os.path.join(path, marker)):
+                raise UsageError(f'{flag} {path}: no {marker} in it (not a '
+                                 f'{"model directory" if flag == "--model" else "LoRA adapter checkpoint"})')
         if not args.predictions:
             base = args.out_dir or os.path.dirname(os.path.abspath(args.adapters or args.model))
-            os.makedirs(base, exist_ok=True)
             args.predictions = os.path.join(base, 'predictions.jsonl')
+        check_output_file(args.predictions, [args.annotations], what='--predictions')
         try:
             run_inference(args.annotations, args.predictions, model=args.model, adapters=args.adapters,
                           backend=None if args.infer_backend == 'auto' else args.infer_backend,
                           max_new_tokens=args.max_new_tokens, model_type=args.model_type)
         except InferenceError as exc:
-            print(f'swift-vora eval: {exc}', file=sys.stderr)
-            return EXIT_INVALID
+            raise InvalidInput(str(exc)) from None
     elif not args.predictions:
-        print('swift-vora eval: give --predictions FILE, or --model/--adapters to run inference', file=sys.stderr)
-        return EXIT_USAGE
-    for path in (args.annotations, args.predictions):
-        try:
-            open(path, 'rb').close()
-        except OSError as exc:
-            print(f'swift-vora eval: cannot open {path}: {exc.strerror}', file=sys.stderr)
-            return EXIT_USAGE
+        raise UsageError('give --predictions FILE, or --model/--adapters to run inference')
+    _check_readable(args.predictions, '--predictions')
     try:
         result, invalid = evaluate(args.annotations, args.predictions)
     except InputError as exc:
         if args.json:
-            print(json.dumps({'error': str(exc), 'invalid_annotation_lines': exc.problems}))
+            print(dumps({'error': str(exc), 'exit_code': EXIT_INVALID, 'invalid_annotation_lines': exc.problems}))
         print(f'swift-vora eval: {exc}', file=sys.stderr)
         for p in exc.problems[:20]:
-            print(f"  line {p['line']}: {p['reason']}", file=sys.stderr)
+            print(f"  {args.annotations}:{p['line']}: {p['reason']}", file=sys.stderr)
         return EXIT_INVALID
     m = result.metrics
     if args.out_dir:
@@ -89,7 +98,7 @@ def run_eval(args) -> int:
         print(f"swift-vora eval: wrote {written['metrics']}, {written['report']} and {len(written['plots'])} plot(s)",
               file=sys.stderr)
     if args.json:
-        print(json.dumps(m))
+        print(dumps(m))
     else:
         print(f'format: {result.format}')
         for k in SUMMARY_KEYS[result.format]:
@@ -116,6 +125,11 @@ def run_eval(args) -> int:
     if args.strict and (m['missing_predictions'] or m['unknown_ids']):
         return EXIT_INVALID
     return EXIT_OK
+
+
+def _check_readable(path: str, flag: str) -> None:
+    from ..outputs import check_input_file
+    check_input_file(path, what=flag)
 
 
 def _kinds(kinds: dict) -> str:
@@ -159,9 +173,9 @@ def run_parse(args) -> int:
             failures[res.failure] += 1
         repairs.update({k: v for k, v in res.repairs.items() if v})
         if args.details:
-            print(json.dumps(res.to_dict()))
+            print(dumps(res.to_dict()))
         else:
-            print(json.dumps([[s, e] for s, e in res.windows]))
+            print(dumps([[s, e] for s, e in res.windows]))
         sys.stdout.flush()
     summary = f'swift-vora parse: {n} response(s), {ok} parsed, {n - ok} failed'
     if failures:

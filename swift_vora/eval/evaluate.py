@@ -121,16 +121,11 @@ def load_annotations(path: str) -> Tuple[str, Dict[str, Annotation]]:
             problems.append({'line': line, 'reason': 'no qid' if fmt == 'qvhighlights' else 'no id'})
             continue
         key = str(key)
-        if not _windows_ok(windows):
-            problems.append({'line': line, 'id': key, 'reason': 'windows must be a list of [start, end]'})
+        reason = _annotation_problem(row, fmt, windows)
+        if reason:
+            problems.append({'line': line, 'id': key, 'reason': reason})
             continue
         duration = row.get('duration')
-        if duration is not None and not (_finite(duration) and duration > 0):
-            problems.append({'line': line, 'id': key, 'reason': f'bad duration {duration!r}'})
-            continue
-        if fmt == 'qvhighlights' and duration is None:
-            problems.append({'line': line, 'id': key, 'reason': 'QVHighlights line without duration'})
-            continue
         if key in anns:
             problems.append({'line': line, 'id': key, 'reason': f'duplicate id (first on line {anns[key].line})'})
             continue
@@ -146,6 +141,37 @@ def load_annotations(path: str) -> Tuple[str, Dict[str, Annotation]]:
     if not anns:
         raise InputError(f'{path}: no annotations')
     return formats.pop(), anns
+
+
+def _annotation_problem(row: dict, fmt: str, windows) -> Optional[str]:
+    """Why an annotation line cannot be scored (the rules of `swift-vora data check`), or None.
+
+    Shared with the data pipeline so that `eval` never scores ground truth that `data check` rejects
+    (`[[10, 5]]`, negative times, windows past the duration, an absurd duration)."""
+    from ..data.annotations import MAX_DURATION_S, FieldProblem, check_duration_value, check_windows
+    names = {'windows': 'relevant_windows'} if fmt == 'qvhighlights' else {}
+    duration = row.get('duration')
+    try:
+        if duration is not None:
+            duration = check_duration_value(duration)
+        elif fmt == 'qvhighlights':
+            return "field 'duration': missing (QVHighlights lines carry the clip length)"
+        check_windows(windows, duration if duration is not None else MAX_DURATION_S)
+        if fmt == 'qvhighlights':
+            _check_saliency_fields(row, duration)
+    except FieldProblem as problem:
+        name = names.get(problem.field_name, problem.field_name)
+        where = f"field '{name}'" + (f'[{problem.index}]' if problem.index is not None else '')
+        return f'{where}: {problem.message}'
+    return None
+
+
+def _check_saliency_fields(row: dict, duration: float) -> None:
+    from ..data.annotations import FieldProblem
+    from ..data.qvhighlights import saliency_problem
+    problem = saliency_problem(row, duration)
+    if problem:
+        raise FieldProblem(*problem)
 
 
 def _first(row: dict, keys) -> Optional[float]:
@@ -193,6 +219,10 @@ def load_predictions(path: str, anns: Dict[str, Annotation]):
             continue
         if key not in anns:
             unknown.setdefault(key, line)
+            continue
+        reason = _clip_problem(offset, end, clip_len, anns[key].duration)
+        if reason:  # saliency is placed by clip_start: an offset of 1e9 s must not size an array
+            invalid.append({'line': line, 'id': key, 'reason': reason})
             continue
         raw.setdefault(key, []).append((line, row, offset, end, clip_len))
 
@@ -242,6 +272,18 @@ def load_predictions(path: str, anns: Dict[str, Annotation]):
         vp.saliency = _place_saliency(sal_parts)
         preds[key] = vp
     return preds, invalid, unknown, stats
+
+
+def _clip_problem(offset, end, clip_len, duration: Optional[float]) -> Optional[str]:
+    from ..data.annotations import MAX_DURATION_S
+    limit = duration if duration is not None else MAX_DURATION_S
+    if offset is not None and not 0 <= offset < limit:
+        return f'clip_start {offset!r} is outside the video [0, {limit:g}) s'
+    if end is not None and not (offset or 0) < end <= limit + 1.0:
+        return f'clip_end {end!r} must be after clip_start and within the video ({limit:g} s)'
+    if clip_len is not None and not 0 < clip_len <= limit:
+        return f'clip_duration {clip_len!r} must be in (0, {limit:g}] s'
+    return None
 
 
 def _merge_scored(windows: Sequence[Tuple[float, float, float]]):

@@ -59,17 +59,19 @@ def results_to_predictions(rows: Iterable[Dict]) -> List[Dict]:
 def run_inference(annotations: str, out_path: str, model: Optional[str] = None, adapters: Optional[str] = None,
                   backend: Optional[str] = None, max_new_tokens: int = 64, model_type: Optional[str] = None,
                   log_path: Optional[str] = None) -> str:
-    """Run `swift infer` and write prediction rows to `out_path`; return it."""
+    """Run `swift infer` and write prediction rows to `out_path` (atomically, never over `annotations`);
+    return it."""
+    from ..outputs import check_output_file, write_text_atomic
     if not model and not adapters:
         raise ValueError('inference needs --model or --adapters')
-    out_path = os.path.abspath(out_path)
+    out_path = os.path.abspath(check_output_file(out_path, [annotations], what='--predictions'))
     os.makedirs(os.path.dirname(out_path), exist_ok=True)  # --predictions may name a folder not made yet
-    result_path = out_path + '.swift_infer.jsonl'
+    result_path = check_output_file(out_path + '.swift_infer.jsonl', [annotations], what='swift infer results')
+    log_path = check_output_file(log_path or out_path + '.infer.log', [annotations], what='inference log')
     if os.path.exists(result_path):
         os.remove(result_path)
     argv = swift_infer_argv(os.path.abspath(annotations), result_path, model, adapters,
                             backend or default_backend(), max_new_tokens, model_type)
-    log_path = log_path or out_path + '.infer.log'
     print(f'swift-vora eval: $ {" ".join(argv)}\n  (log: {log_path})', file=sys.stderr, flush=True)
     with open(log_path, 'w') as log:
         code = subprocess.run(argv, env={**os.environ, **OFFLINE_ENV}, stdout=log, stderr=subprocess.STDOUT).returncode
@@ -78,7 +80,6 @@ def run_inference(annotations: str, out_path: str, model: Optional[str] = None, 
             raise InferenceError(f'swift infer exited with {code}; last lines of {log_path}:\n{f.read()[-3000:]}')
     with open(result_path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    with open(out_path, 'w') as f:
-        for prediction in results_to_predictions(rows):
-            f.write(json.dumps(prediction) + '\n')
+    write_text_atomic(out_path, ''.join(json.dumps(prediction) + '\n' for prediction in results_to_predictions(rows)),
+                      [annotations], what='--predictions')
     return out_path

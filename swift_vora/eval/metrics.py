@@ -293,14 +293,17 @@ def keep_metrics(gt: Mapping[str, Sequence[Window]], pred: Mapping[str, Sequence
     g = sum(v['gt_seconds'] for v in per.values())
     p = sum(v['pred_seconds'] for v in per.values())
     inter = sum(v['overlap_seconds'] for v in per.values())
-    precision = inter / p if p > 0 else float(g == 0)
-    recall = inter / g if g > 0 else float(p == 0)
+    n = len(per)
+    # Nothing to keep and nothing kept is right only for the videos whose answer was read: a parse failure
+    # is never a correct empty answer, so the vacuous score is the share of videos that were answered.
+    answered = (n - len(set(unanswered) & set(per))) / n if n else 0.0
+    precision = inter / p if p > 0 else (answered if g == 0 else 0.0)
+    recall = inter / g if g > 0 else (answered if p == 0 else 0.0)
     f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
     union = g + p - inter
-    n = len(per)
     return {
         'kept-precision': pct(precision), 'kept-recall': pct(recall), 'kept-F1': pct(f1),
-        'kept-IoU': pct(inter / union if union > 0 else float(g == 0 and p == 0)),
+        'kept-IoU': pct(inter / union if union > 0 else answered),
         'mIoU': pct(sum(v['iou'] for v in per.values()) / n) if n else None,
         'mean-F1': pct(sum(v['f1'] for v in per.values()) / n) if n else None,
         'gt-seconds': round(g, 3), 'pred-seconds': round(p, 3), 'overlap-seconds': round(inter, 3),

@@ -6,11 +6,12 @@ IoU), at most `max_plots`.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import List, Optional
 
+from ..json_output import dumps
+from ..outputs import check_output_dir, write_text_atomic
 from .evaluate import COUNT_KEYS, SUMMARY_KEYS, EvalResult
 
 DEFAULT_MAX_PLOTS = 20
@@ -18,12 +19,15 @@ DEFAULT_MAX_PLOTS = 20
 
 def write_outputs(result: EvalResult, out_dir: str, max_plots: int = DEFAULT_MAX_PLOTS,
                   inputs: Optional[dict] = None) -> dict:
-    """Write metrics.json, report.md and plots/*.png; return {'metrics': path, 'report': path, 'plots': [...]}."""
+    """Write metrics.json, report.md and plots/*.png; return {'metrics': path, 'report': path, 'plots': [...]}.
+
+    `inputs` ({'annotations': path, ...}) are named in the report and never overwritten."""
+    sources = inputs or {}
+    protected = [path for path in sources.values() if path]
+    check_output_dir(out_dir, protected, what='--out-dir')
     os.makedirs(out_dir, exist_ok=True)
     metrics_path = os.path.join(out_dir, 'metrics.json')
-    with open(metrics_path, 'w', encoding='utf-8') as f:
-        json.dump(result.metrics, f, indent=2)
-        f.write('\n')
+    write_text_atomic(metrics_path, dumps(result.metrics, indent=2) + '\n', protected)
     chosen = _worst(result)[:max(0, max_plots)]
     plots = []
     if chosen:
@@ -34,8 +38,8 @@ def write_outputs(result: EvalResult, out_dir: str, max_plots: int = DEFAULT_MAX
             plot_timeline(result, key, path)
             plots.append(path)
     report_path = os.path.join(out_dir, 'report.md')
-    with open(report_path, 'w', encoding='utf-8') as f:
-        f.write(render_markdown(result, [os.path.relpath(p, out_dir) for p in plots], chosen, inputs or {}))
+    write_text_atomic(report_path, render_markdown(result, [os.path.relpath(p, out_dir) for p in plots], chosen,
+                                                   sources), protected)
     return {'metrics': metrics_path, 'report': report_path, 'plots': plots}
 
 

@@ -6,8 +6,8 @@ checkpoint or base model cannot be found or loaded.
 """
 from __future__ import annotations
 
-import json
-import sys
+from ..errors import UsageError
+from ..json_output import dumps
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
@@ -27,13 +27,11 @@ def run_verify_adapter(args) -> int:
     try:
         report = verify_adapter(args.checkpoint, base=args.base)
     except VerifyError as error:
-        print(f'verify-adapter: {error}', file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(error)) from None
     except (OSError, ValueError) as error:
-        print(f'verify-adapter: cannot load {args.checkpoint} on {args.base or "its base"}: {error}', file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f'cannot load {args.checkpoint} on {args.base or "its base"}: {error}') from None
     if args.json:
-        print(json.dumps(report, default=str))
+        print(dumps(report))
     else:
         print(('OK: ' if report['ok'] else 'FAILED: ') + summary_line(report))
         for item in report['mismatched']:

@@ -70,6 +70,13 @@ def verify_adapter(ckpt: str, base: Optional[str] = None) -> Dict[str, Any]:
     path = os.path.join(ckpt, ADAPTER_FILE)
     if not os.path.isfile(path):
         raise VerifyError(f'{path} does not exist (not a LoRA/PEFT checkpoint directory?)')
+    from safetensors import SafetensorError
+    try:  # a truncated or damaged file is reported as such, before the base model is loaded
+        with safe_open(path, framework='pt') as f:
+            list(f.keys())
+    except (SafetensorError, OSError) as exc:
+        raise VerifyError(f'{path}: not a readable safetensors file ({exc}); the checkpoint is truncated or '
+                          'damaged') from None
     base = base or find_base(ckpt)
     if not base:
         raise VerifyError(f'no base model: pass --base (neither {ckpt}/adapter_config.json nor args.json names one)')

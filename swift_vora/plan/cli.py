@@ -6,10 +6,13 @@ Neither command imports torch at module level (`doctor` imports it inside its GP
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from typing import Any, Dict, List
+
+from ..cli_values import number, positive_int
+from ..errors import InvalidInput, UsageError
+from ..json_output import dumps
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
@@ -38,21 +41,21 @@ def register_commands(subparsers) -> None:
     hw = p.add_argument_group('hardware')
     hw.add_argument('--hardware', default=None,
                     help=f'profile: {", ".join(PROFILES)}, or local (probe this machine; the default)')
-    hw.add_argument('--gpus', type=int, default=None, help='GPUs per node (custom hardware)')
-    hw.add_argument('--gpu-mem-gib', type=float, default=None, help='memory per GPU in GiB, as torch reports it')
-    hw.add_argument('--host-ram-gib', type=float, default=None,
+    hw.add_argument('--gpus', type=positive_int(4096), default=None, help='GPUs per node (custom hardware)')
+    hw.add_argument('--gpu-mem-gib', type=number(0, 1e5, above=True), default=None, help='memory per GPU in GiB, as torch reports it')
+    hw.add_argument('--host-ram-gib', type=number(0, 1e6, above=True), default=None,
                     help='host RAM per node the job may use (container limit), GiB; overrides a profile')
-    hw.add_argument('--nodes', type=int, default=1, help='nodes (default 1)')
+    hw.add_argument('--nodes', type=positive_int(4096), default=1, help='nodes (default 1)')
     t = p.add_argument_group('training')
     t.add_argument('--tuner', choices=TUNERS, default='lora',
                    help='lora (default), full, or selective (attention + shared experts)')
     t.add_argument('--backend', choices=('auto', ) + BACKENDS, default='auto')
     t.add_argument('--offload', choices=('none', 'cpu'), default='none', help='DeepSpeed CPU offload')
     t.add_argument('--quant', choices=('none', '4bit'), default='none', help='4bit = QLoRA base (dense only)')
-    t.add_argument('--ep', type=int, default=None, help='expert parallel size (Megatron; default: chosen)')
-    t.add_argument('--tp', type=int, default=None, help='tensor parallel size (Megatron; default 1)')
-    t.add_argument('--micro-batch', type=int, default=1)
-    t.add_argument('--lora-rank', type=int, default=None, help='LoRA rank (default 8, ms-swift\'s default)')
+    t.add_argument('--ep', type=positive_int(4096), default=None, help='expert parallel size (Megatron; default: chosen)')
+    t.add_argument('--tp', type=positive_int(4096), default=None, help='tensor parallel size (Megatron; default 1)')
+    t.add_argument('--micro-batch', type=positive_int(1_000_000), default=1)
+    t.add_argument('--lora-rank', type=positive_int(65536), default=None, help='LoRA rank (default 8, ms-swift\'s default)')
     t.add_argument('--lora-targets', choices=LORA_TARGETS, default='all-linear',
                    help='all-linear includes the routed experts (one rank-r pair per expert)')
     t.add_argument('--no-gradient-checkpointing', action='store_true')
@@ -60,13 +63,13 @@ def register_commands(subparsers) -> None:
                    help='frozen vision tower: no_grad (default; measured with ms-swift 4.6 + transformers 5.17) or '
                         'checkpointed_requires_grad')
     s = p.add_argument_group('sample (video budget, or --seq-len)')
-    s.add_argument('--seq-len', type=int, default=None, help='tokens per sample (text; overrides the video budget)')
-    s.add_argument('--fps', type=float, default=None, help='sampling fps (default 2)')
-    s.add_argument('--max-frames', type=int, default=None, help='FPS_MAX_FRAMES (default 64)')
-    s.add_argument('--frame-tokens', type=int, default=None,
+    s.add_argument('--seq-len', type=positive_int(100_000_000), default=None, help='tokens per sample (text; overrides the video budget)')
+    s.add_argument('--fps', type=number(0, 240, above=True), default=None, help='sampling fps (default 2)')
+    s.add_argument('--max-frames', type=positive_int(100_000), default=None, help='FPS_MAX_FRAMES (default 64)')
+    s.add_argument('--frame-tokens', type=positive_int(1_000_000), default=None,
                    help='LLM tokens per frame pair, i.e. VIDEO_MAX_TOKEN_NUM (default 196)')
-    s.add_argument('--clip-seconds', type=float, default=None, help='clip length in seconds (default 32)')
-    s.add_argument('--answer-tokens', type=int, default=None, help='supervised (answer) tokens per sample')
+    s.add_argument('--clip-seconds', type=number(0, 7 * 24 * 3600, above=True), default=None, help='clip length in seconds (default 32)')
+    s.add_argument('--answer-tokens', type=positive_int(1_000_000), default=None, help='supervised (answer) tokens per sample')
     p.add_argument('--json', action='store_true', help='print JSON')
     p.set_defaults(handler=cmd_plan)
 
@@ -76,7 +79,7 @@ def cmd_doctor(args) -> int:
     from .probe import doctor_report
     rep = doctor_report(root=args.cgroup_root, use_torch=not args.no_torch)
     if args.json:
-        print(json.dumps(rep, indent=2))
+        print(dumps(rep, indent=2))
         return EXIT_OK
     print(render_doctor(rep))
     return EXIT_OK
@@ -188,15 +191,15 @@ def cmd_plan(args) -> int:
     try:
         plan = plan_from_args(args)
     except PlanUsageError as e:
-        print(f'swift-vora plan: {e}', file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(e)) from None
     except (UnsupportedModel, ValueError) as e:
-        print(f'swift-vora plan: {e}', file=sys.stderr)
-        return EXIT_INVALID
+        raise InvalidInput(str(e)) from None
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2, default=str))
+        print(dumps(plan.to_dict(), indent=2))
     else:
         print(render_plan(plan))
+    if plan.verdict != 'fits':  # one line on stderr too, so that a script's log says why without parsing stdout
+        print(f'swift-vora plan: {plan.verdict.replace("_", " ")} (exit {plan.exit_code})', file=sys.stderr)
     return plan.exit_code
 
 

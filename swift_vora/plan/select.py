@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import constants as C
-from .command import build_command
+from .command import CommandRefused, build_command
 from .hardware import Hardware, resolve as resolve_hardware
 from .memory import BACKENDS, DEEPSPEED_BACKENDS, VISION_MODES, MemoryEstimate, TrainSetup, estimate
 from .model_spec import LORA_TARGETS, TUNERS, ModelSpec, load_model_spec
@@ -53,6 +53,7 @@ REFUSAL_RULES = {
     'quant-megatron': '4-bit with the Megatron backend',
     'unsloth-multi-gpu': 'Unsloth on several GPUs',
     'unsloth-lora-only': 'unsloth_split_lora with full or selective training',
+    'megatron-lora-only': 'megatron_ep_lora with full or selective training',
     'megatron-model-type': 'Megatron for a model type mcore-bridge does not support',
     'offload-deepspeed-only': 'CPU offload with a backend other than DeepSpeed',
     'parallel-megatron-only': '--ep/--tp with a backend other than megatron_ep_lora',
@@ -196,8 +197,11 @@ def auto_backend(spec: ModelSpec, world: int, tuner: str) -> Tuple[str, str]:
             return 'unsloth_split_lora', 'MoE model on one GPU -> Unsloth split LoRA'
         return 'deepspeed_zero2', (f'MoE model, {tuner} training on one GPU -> DeepSpeed ZeRO-2 (ZeRO-3 is refused '
                                    f'for MoE; Unsloth split LoRA trains adapters only)')
-    if spec.model_type in MEGATRON_SUPPORTED_MODEL_TYPES:
+    if spec.model_type in MEGATRON_SUPPORTED_MODEL_TYPES and tuner == 'lora':
         return 'megatron_ep_lora', f'MoE model on {world} GPUs -> Megatron expert-parallel (mcore-bridge)'
+    if tuner != 'lora':  # the Megatron launcher trains LoRA only
+        return 'deepspeed_zero2', (f'MoE model, {tuner} training on {world} GPUs -> DeepSpeed ZeRO-2 (megatron_ep_lora '
+                                   'trains LoRA only; ZeRO-3 is refused for MoE)')
     return 'deepspeed_zero2', (f'MoE model on {world} GPUs, but mcore-bridge does not support {spec.model_type} '
                                f'-> DeepSpeed ZeRO-2 (ZeRO-3 is refused for MoE)')
 
@@ -240,6 +244,9 @@ def check_refusal(spec: ModelSpec, world: int, req: PlanRequest, backend: str, e
         return ('unsloth-multi-gpu', f'Unsloth trains on one GPU; this plan has {world} GPUs', alt)
     if backend == 'unsloth_split_lora' and req.tuner != 'lora':
         return ('unsloth-lora-only', f'unsloth_split_lora trains LoRA adapters only, not {req.tuner} training',
+                '--tuner lora, or deepspeed_zero2' + ('' if moe else ' / deepspeed_zero3'))
+    if backend == 'megatron_ep_lora' and req.tuner != 'lora':  # what the Megatron launcher accepts
+        return ('megatron-lora-only', f'megatron_ep_lora trains LoRA adapters only, not {req.tuner} training',
                 '--tuner lora, or deepspeed_zero2' + ('' if moe else ' / deepspeed_zero3'))
     if backend == 'megatron_ep_lora' and spec.model_type not in MEGATRON_SUPPORTED_MODEL_TYPES:
         alt = ('unsloth_split_lora (one GPU) or deepspeed_zero2' if moe else 'deepspeed_zero3')
@@ -318,7 +325,7 @@ def _candidate_backends(spec: ModelSpec, world: int, tuner: str) -> List[str]:
     out = []
     if world == 1 and tuner == 'lora':
         out.append('unsloth_split_lora')
-    if world > 1 and spec.model_type in MEGATRON_SUPPORTED_MODEL_TYPES:
+    if world > 1 and tuner == 'lora' and spec.model_type in MEGATRON_SUPPORTED_MODEL_TYPES:
         out.append('megatron_ep_lora')
     return out + ['deepspeed_zero2', 'ddp']
 
@@ -536,7 +543,10 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
                            num_gpus=f['num_gpus'], nodes=f['nodes'], tuner=f['tuner'], offload=f['offload'],
                            quant=f['quant'], ep=f['ep'], tp=f['tp'], micro_batch=f['micro_batch'],
                            lora_rank=r.lora_rank, tokens=tokens.to_dict(), model=spec.summary())
-                f['command'] = build_command(replace(r, hardware=None), sub)
+                try:
+                    f['command'] = build_command(replace(r, hardware=None), sub)
+                except CommandRefused:  # listed for its numbers; no command `train` would run as is
+                    f['command'] = []
                 alternatives.append(f)
             for f in found[6:]:
                 f.pop('request', None)
@@ -551,5 +561,9 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
                 command=[], host_breakdown=est.host_gib(), phases=est.phases_gib(),
                 trainable_params=est.trainable_params, alternative=alternative, alternatives=alternatives,
                 assumptions=est.assumptions, **base)
-    plan.command = build_command(req, plan)
+    try:
+        plan.command = build_command(req, plan)
+    except CommandRefused as exc:  # `train` would refuse this launch: the plan must not say "fits" without it
+        plan.verdict, plan.command = 'refused', []
+        plan.reasons = list(plan.reasons) + list(exc.reasons)
     return plan
