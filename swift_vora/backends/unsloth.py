@@ -213,22 +213,33 @@ def run_config(view: PlanView, recipe: Recipe) -> UnslothRunConfig:
         save_merged=recipe['unsloth.save_merged'], is_moe=model_is_moe(recipe['model.path']))
 
 
-def unsloth_env(output_dir: str) -> Dict[str, str]:
-    """Offline, no usage statistics, compiled cache inside the run, no tokenizer threads fighting workers."""
-    return {
+# Unsloth compiles each decoder block as one torch.compile region by default. On a Qwen3.5-MoE video sample
+# (~7.8k tokens, one H200, torch 2.11) the first forward under that compile did not finish in 270 s, while the same
+# run without it trained (docs/benchmarks.md, "MoE on one H200"). Off unless the caller's environment sets it.
+BLOCK_COMPILE_ENV = 'UNSLOTH_BLOCK_COMPILE'
+
+
+def unsloth_env(output_dir: str, environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """Offline, no usage statistics, compiled cache inside the run, no tokenizer threads fighting workers, and
+    Unsloth's per-block compile off unless `environ` (default: this process's) sets UNSLOTH_BLOCK_COMPILE."""
+    environ = os.environ if environ is None else environ
+    env = {
         'HF_HUB_OFFLINE': '1',
         'UNSLOTH_DISABLE_STATISTICS': '1',
         'UNSLOTH_COMPILE_LOCATION': os.path.join(os.path.abspath(output_dir), 'unsloth_compiled_cache'),
         'TOKENIZERS_PARALLELISM': 'false',
         'UNSLOTH_RETURN_LOGITS': '0',
     }
+    if BLOCK_COMPILE_ENV not in environ:
+        env[BLOCK_COMPILE_ENV] = '0'
+    return env
 
 
 def build_unsloth_launch(view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
     from .deepspeed import launch_dir
     cfg = run_config(view, recipe)
     env = common_env(recipe, view, environ)
-    env.update(unsloth_env(cfg.output_dir))
+    env.update(unsloth_env(cfg.output_dir, os.environ if environ is None else environ))
     path = os.path.join(launch_dir(recipe), RUN_CONFIG_NAME)
     if recipe['extra_args']:
         raise LaunchUsageError(f'{recipe.path}: extra_args are flags of swift/megatron; the Unsloth runner takes '

@@ -168,6 +168,10 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
         raise AssertionError('no LoRA on the experts: the MoE split-LoRA path is not active')
     info.update(counts)
     info['linear_attention_kernel'] = linear_attention_kernel()
+    risk = linear_attention_risk(info['linear_attention_kernel'])
+    if risk:
+        info['linear_attention_warning'] = risk
+        log(f'WARNING: {risk}')
     log(f'model loaded ({cfg.loader}): {counts["lora_tensors"]} LoRA tensors, {counts["expert_lora_tensors"]} on '
         f'experts, {counts["trainable_params"]:,} trainable parameters; router frozen; moe backend: '
         f'{info.get("moe_backend")}; Gated DeltaNet kernel: {info["linear_attention_kernel"]}')
@@ -276,6 +280,27 @@ def linear_attention_kernel() -> Optional[str]:
             if callable(target) and getattr(target, '__name__', '') == 'chunk_gated_delta_rule':
                 return f'{getattr(target, "__module__", "?")}.chunk_gated_delta_rule'
         return 'transformers torch_chunk_gated_delta_rule (PyTorch reference)'
+    return None
+
+
+def linear_attention_risk(kernel: Optional[str]) -> Optional[str]:
+    """flash-linear-attention's gated chunk backward is wrong on Hopper with Triton >= 3.4, < 3.7.1 (fla issue #640;
+    fla 0.6 refuses it there, the fla 0.5.1 that unsloth_zoo vendors does not): say so when that is the case."""
+    if not kernel or not kernel.startswith('fla.'):
+        return None
+    import torch
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        return None
+    try:
+        import triton
+        version = tuple(int(p) for p in triton.__version__.split('+')[0].split('.')[:3])
+    except (ImportError, ValueError):
+        return None
+    if (3, 4, 0) <= version < (3, 7, 1):
+        return (f'Gated DeltaNet runs flash-linear-attention\'s Triton kernel with Triton {triton.__version__} on a '
+                'Hopper GPU: upstream reports incorrect gradients from its gated chunk backward there (fla issue '
+                '#640; fla >= 0.6 refuses it). Use Triton >= 3.7.1, or make `fla` unimportable to train with '
+                'transformers\' PyTorch reference.')
     return None
 
 

@@ -1,0 +1,279 @@
+"""The MoE path on one GPU, on CPU: the Qwen3.5-MoE checkpoint builder, the runner's prefetch thread, the runner's
+guards on a video run (transformers + PEFT standing in for Unsloth's loader), the merged-expert check, and the FLOP
+count of benchmarks/moe_throughput.py."""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from swift_vora.backends.prefetch import Batch, EncodePrefetcher, SampleOrder
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(REPO, 'tests', 'fixtures', 'configs')
+sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
+
+
+def _batch(i):
+    return Batch(inputs={'i': i}, samples=1, tokens=10, supervised_per_sample=[1], rejected=0, encode_s=0.0)
+
+
+# ---- prefetch ---------------------------------------------------------------------------------------------------
+def test_prefetch_hands_batches_over_in_order_and_counts_the_wait():
+    made = iter(range(100))
+
+    def slow():
+        time.sleep(0.05)
+        return _batch(next(made))
+
+    prefetch = EncodePrefetcher(slow, depth=2, first=_batch(-1))
+    try:
+        got = [prefetch.next().inputs['i'] for _ in range(5)]
+    finally:
+        prefetch.close()
+    assert got == [-1, 0, 1, 2, 3]
+    assert prefetch.wait_s > 0.05  # the loop was faster than the encoder: the wait is what it cost
+
+
+def test_prefetch_raises_the_encoders_error_in_the_training_thread():
+    calls = {'n': 0}
+
+    def failing():
+        calls['n'] += 1
+        if calls['n'] == 2:
+            raise SystemExit('every sample was rejected by the template')
+        return _batch(calls['n'])
+
+    prefetch = EncodePrefetcher(failing, depth=2)
+    assert prefetch.next().inputs['i'] == 1
+    with pytest.raises(SystemExit, match='every sample was rejected'):
+        prefetch.next()
+    assert not prefetch.thread.is_alive()
+
+
+def test_prefetch_close_stops_a_producer_blocked_on_a_full_queue():
+    prefetch = EncodePrefetcher(lambda: _batch(0), depth=1)
+    time.sleep(0.2)  # the producer fills the queue and blocks
+    prefetch.close(timeout=3)
+    assert not prefetch.thread.is_alive()
+    assert threading.active_count() >= 1
+
+
+def test_sample_order_visits_every_row_once_per_epoch():
+    order = SampleOrder(7, seed=3)
+    first, second = [order.next() for _ in range(7)], [order.next() for _ in range(7)]
+    assert sorted(first) == sorted(second) == list(range(7))
+    again = SampleOrder(7, seed=3)
+    assert [again.next() for _ in range(7)] == first  # seeded: a rerun sees the same order
+
+
+# ---- the checkpoint builder -------------------------------------------------------------------------------------
+def test_35b_a3b_config_is_the_published_shape_cut_to_n_layers():
+    from swift_vora.tiny_model import qwen3_5_moe_config
+    full = json.load(open(os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json')))['text_config']
+    c = qwen3_5_moe_config('35b-a3b', 8)
+    t = c.text_config
+    assert t.num_hidden_layers == 8 and t.layer_types == full['layer_types'][:8]
+    assert t.layer_types.count('full_attention') == 2  # the 3:1 Gated DeltaNet / attention pattern kept
+    for key in ('hidden_size', 'num_experts', 'num_experts_per_tok', 'moe_intermediate_size',
+                'shared_expert_intermediate_size', 'vocab_size', 'head_dim', 'num_attention_heads',
+                'num_key_value_heads', 'linear_num_value_heads'):
+        assert getattr(t, key) == full[key], key
+    assert c.vision_config.out_hidden_size == t.hidden_size  # the merger feeds the text model
+    assert t.rope_parameters['mrope_section'] == [11, 11, 10]
+    with pytest.raises(ValueError, match='num_layers'):
+        qwen3_5_moe_config('35b-a3b', 41)
+    with pytest.raises(ValueError, match='shape'):
+        qwen3_5_moe_config('30b')
+
+
+def test_planner_counts_the_model_the_benchmark_builds(tmp_path):
+    """The plan for the 8-layer 35B-A3B shape counts the parameters of that model as transformers builds it."""
+    import torch
+    from transformers import Qwen3_5MoeForConditionalGeneration
+
+    from swift_vora.plan.model_spec import load_model_spec
+    from swift_vora.tiny_model import qwen3_5_moe_config
+    config = qwen3_5_moe_config('35b-a3b', 8)
+    config.save_pretrained(tmp_path)
+    with torch.device('meta'):
+        built = sum(p.numel() for p in Qwen3_5MoeForConditionalGeneration(config).parameters())
+    spec = load_model_spec(str(tmp_path))
+    assert abs(spec.total_params / built - 1) < 0.01, (spec.total_params, built)
+
+
+@pytest.fixture(scope='module')
+def tiny_q35(tmp_path_factory):
+    from swift_vora.tiny_model import build_qwen3_5_moe
+    out = str(tmp_path_factory.mktemp('tiny_qwen3_5_moe'))
+    counts = build_qwen3_5_moe(out, shape='tiny')
+    return out, counts
+
+
+def test_builder_writes_a_checkpoint_the_qwen3_5_template_ids_match(tiny_q35):
+    from transformers import AutoConfig, AutoProcessor
+    out, counts = tiny_q35
+    config = AutoConfig.from_pretrained(out)
+    tok = AutoProcessor.from_pretrained(out).tokenizer
+    assert tok.convert_tokens_to_ids('<|video_pad|>') == config.video_token_id == 248057
+    assert tok.convert_tokens_to_ids('<|vision_start|>') == config.vision_start_token_id
+    assert counts['total'] == counts['language'] + counts['vision'] and 0 < counts['experts'] < counts['language']
+
+
+# ---- the runner on a video MoE, with its guards --------------------------------------------------------------------
+@pytest.mark.slow
+def test_runner_trains_qwen3_5_moe_on_video_with_every_guard(tiny_q35, tmp_path, offline_env):
+    from swift_vora.synthetic import make_dataset
+    model, _ = tiny_q35
+    ann = make_dataset(str(tmp_path / 'data'), 2, duration=16.0)
+    out = tmp_path / 'out'
+    cmd = [sys.executable, '-m', 'swift_vora.backends.unsloth_runner', os.path.join(REPO, 'recipes', 'h200x1.yaml'),
+           f'model.path={model}', f'data.dataset={ann}', 'data.window=8', 'data.stride=8', 'video.fps=1',
+           'video.max_frames=8', 'video.pair_tokens=16', 'video.min_pair_tokens=4', 'train.max_steps=2',
+           'train.grad_accum=2', 'train.dtype=float32', f'train.output_dir={out}', 'train.lora_rank=4',
+           'unsloth.save_merged=false', 'unsloth.gradient_checkpointing=false', '--loader', 'peft']
+    proc = subprocess.run(cmd, env=offline_env, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / 'train_log.jsonl').read_text().splitlines()]
+    assert [s['step'] for s in steps] == [1, 2] and steps[-1]['samples'] == 4
+    assert steps[-1]['tokens'] > 4 * 48 and 'data_wait_s' in steps[-1]  # 48 video tokens per 8-frame clip
+    lora = json.loads((out / 'lora_update.json').read_text())
+    assert lora['updated'] == lora['tensors'] > 0 and lora['expert_updated'] == lora['expert_tensors'] > 0
+    verify = json.loads((out / 'verify_adapter.json').read_text())
+    assert verify['ok'] and verify['matched'] == verify['tensors'] == lora['tensors']
+    supervision = json.loads((out / 'supervision.rank0.json').read_text())
+    assert supervision['per_batch']['count'] == 4 and supervision['per_batch']['zero'] == 0
+    phases = [json.loads(line)['phase'] for line in (out / 'memory_phases.rank0.jsonl').read_text().splitlines()]
+    assert {'model_loaded', 'forward', 'backward', 'optimizer_step', 'save', 'train_end'} <= set(phases)
+    fingerprint = json.loads((out / 'fingerprint.json').read_text())
+    assert fingerprint['trainer'] == 'swift_vora.backends.unsloth_runner' and fingerprint['loader'] == 'peft'
+    result = json.loads((out / 'unsloth_run_result.json').read_text())
+    assert result['expert_lora_tensors'] == lora['expert_tensors']
+    assert 'torch_chunk_gated_delta_rule' in result['linear_attention_kernel']  # no fla here: transformers' own
+
+
+# ---- merged experts == base + B@A ------------------------------------------------------------------------------
+@pytest.fixture(scope='module')
+def expert_adapter(tiny_q35, tmp_path_factory):
+    """A PEFT adapter on the tiny Qwen3.5-MoE's fused experts with non-zero, random B (as after training)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+    model_dir, _ = tiny_q35
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=r'.*language_model.*\.(q_proj|o_proj)$',
+                      target_parameters=['mlp.experts.gate_up_proj', 'mlp.experts.down_proj'])
+    model = get_peft_model(model, lora)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if 'lora_B' in name:
+                p.normal_(0, 0.05)
+    out = str(tmp_path_factory.mktemp('adapter'))
+    model.save_pretrained(out)
+    return model_dir, out
+
+
+def test_merge_for_vllm_checks_sampled_experts_against_base_plus_delta(expert_adapter, tmp_path):
+    from swift_vora.backends.merge import merge
+    base, adapter = expert_adapter
+    report = merge(adapter, str(tmp_path / 'merged'), base=base)
+    check = report['expert_check']
+    assert check['ok'] and check['checked'] >= 6 and check['elements_telling'] > 0
+    saved = json.loads((tmp_path / 'merged' / 'swift_vora_merge_check.json').read_text())
+    assert saved['trained'] and all(c['ok'] for c in saved['checks'])
+
+
+def test_expert_check_catches_swapped_experts(expert_adapter, tmp_path):
+    """A merge that put expert 0's weights on expert 1 (a layout bug) loads fine; the check must fail."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from swift_vora.backends.expert_merge_check import check_expert_merge
+    from swift_vora.backends.merge import merge
+    base, adapter = expert_adapter
+    merged = tmp_path / 'merged'
+    merge(adapter, str(merged), base=base)
+    weights = load_file(str(merged / 'model.safetensors'))
+    # transformers writes the hub layout, one tensor per expert; swap expert 0 and 1 of layer 0's gate projection
+    key0, key1 = (next(k for k in weights if k.endswith(f'layers.0.mlp.experts.{e}.gate_proj.weight')) for e in (0, 1))
+    first = weights[key0].clone()
+    weights[key0], weights[key1] = weights[key1].clone(), first
+    save_file(weights, str(merged / 'model.safetensors'), metadata={'format': 'pt'})
+    report = check_expert_merge(adapter, base, str(merged))
+    assert not report['ok']
+    bad = {(c['tensor'], c['expert']) for c in report['checks'] if not c['ok']}
+    assert bad == {('model.language_model.layers.0.mlp.experts.gate_up_proj', 0)}  # expert 1 is not sampled
+    assert torch.equal(load_file(str(merged / 'model.safetensors'))[key1], first)
+
+
+# ---- benchmarks/moe_throughput.py: the FLOP count ----------------------------------------------------------------
+def test_active_lora_parameters_equal_peft_when_every_expert_is_active():
+    """With top-k = all experts, the LoRA parameters a token passes through are all of them: PEFT's own count."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3_5MoeForConditionalGeneration
+
+    import moe_throughput as mt
+    from swift_vora.tiny_model import qwen3_5_moe_config
+    config = qwen3_5_moe_config('tiny')
+    config.text_config.num_experts_per_tok = config.text_config.num_experts
+    with torch.device('meta'):
+        model = Qwen3_5MoeForConditionalGeneration(config)
+    lora = LoraConfig(r=mt.LORA_RANK, lora_alpha=mt.LORA_ALPHA,
+                      target_modules=r'.*language_model.*\.(' + '|'.join(mt.TARGET_MODULES) + r')$',
+                      target_parameters=mt.TARGET_PARAMETERS)
+    model = get_peft_model(model, lora)
+    peft_count = sum(p.numel() for n, p in model.named_parameters() if 'lora_' in n)
+    assert mt.lora_params_active(config.text_config.to_dict()) == peft_count
+
+
+@pytest.mark.slow
+def test_moe_benchmark_smoke_runs_both_paths_and_the_flagship_checks(tmp_path):
+    """CPU: the tiny Qwen3.5-MoE through the runner (PEFT stand-in, every guard, merge + expert check) and plain
+    `swift sft` with --target_parameters; the results JSON carries the keys the issue names."""
+    cmd = [sys.executable, os.path.join(REPO, 'benchmarks', 'moe_throughput.py'), '--smoke', '--work', str(tmp_path),
+           '--variants', 'vora_unsloth,swift_peft', '--flagship', '--out', str(tmp_path / 'out')]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = [p for p in (tmp_path / 'out').iterdir() if p.name.startswith('moe-h200-')]
+    data = json.loads(path.read_text())
+    for key in ('model', 'tokens_per_sample', 'video_tokens_per_sample', 'variants', 'swift_vora_variant',
+                'baseline_variant', 'speedup'):  # memory_ratio and plan_error need GPU peaks
+        assert data.get(key) is not None, key
+    assert {'total_params', 'active_params', 'layers'} <= set(data['model'])
+    ours, base = data['variants']['vora_unsloth'], data['variants']['swift_peft']
+    for v in (ours, base):
+        assert v['samples_per_s'] > 0 and v['tokens_per_s'] > 0 and v['flops_per_sample'] > 0 and v['mfu'] >= 0
+    assert abs(ours['tokens_per_sample'] - base['tokens_per_sample']) <= 0.1 * base['tokens_per_sample']
+    flagship = ours['flagship']
+    assert flagship['verify_adapter']['ok'] and flagship['merge_exit_code'] == 0 and flagship['merge_check']['ok']
+    assert flagship['lora_update']['expert_updated'] == flagship['lora_update']['expert_tensors'] > 0
+
+
+# ---- what the launch sets for Unsloth ------------------------------------------------------------------------------
+def test_unsloth_block_compile_is_off_unless_the_user_sets_it():
+    from swift_vora.backends.unsloth import unsloth_env
+    assert unsloth_env('/o', environ={})['UNSLOTH_BLOCK_COMPILE'] == '0'
+    assert 'UNSLOTH_BLOCK_COMPILE' not in unsloth_env('/o', environ={'UNSLOTH_BLOCK_COMPILE': '1'})
+
+
+def test_fla_kernel_on_hopper_with_an_affected_triton_is_reported(monkeypatch):
+    import types
+
+    import torch
+
+    from swift_vora.backends.unsloth_runner import linear_attention_risk
+    kernel = 'fla.ops.gated_delta_rule.chunk.chunk_gated_delta_rule'
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda *a: (9, 0))
+    for version, reported in (('3.6.0', True), ('3.7.1', False), ('3.3.1', False)):
+        monkeypatch.setitem(sys.modules, 'triton', types.SimpleNamespace(__version__=version))
+        assert bool(linear_attention_risk(kernel)) is reported, version
+    monkeypatch.setitem(sys.modules, 'triton', types.SimpleNamespace(__version__='3.6.0'))
+    assert linear_attention_risk('transformers torch_chunk_gated_delta_rule (PyTorch reference)') is None
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda *a: (8, 0))  # A100: not affected
+    assert linear_attention_risk(kernel) is None
