@@ -87,22 +87,6 @@ def build_model(out_dir: str, shape: str, layers: Optional[int], device: str) ->
     return counts
 
 
-def write_datasets(work: str, clips: List[Dict[str, Any]]) -> Dict[str, str]:
-    """The same clips and text as swift-vora annotations (whole-clip windows) and as plain ms-swift rows."""
-    from swift_vora import intervals, prompt, synthetic
-    rows_path, ann_path = os.path.join(work, 'rows.jsonl'), os.path.join(work, 'annotations.jsonl')
-    with open(rows_path, 'w') as rows, open(ann_path, 'w') as anns:
-        for i, clip in enumerate(clips):
-            text = prompt.build_prompt(synthetic.QUERY, clip['duration'])
-            answer = intervals.format_answer(clip['windows'])
-            rows.write(json.dumps({'messages': [{'role': 'user', 'content': text},
-                                                {'role': 'assistant', 'content': answer}],
-                                   'videos': [clip['video']]}) + '\n')
-            anns.write(json.dumps({'id': f'clip_{i:04d}', 'video': clip['video'], 'duration': clip['duration'],
-                                   'query': synthetic.QUERY, 'windows': clip['windows']}) + '\n')
-    return {'rows': rows_path, 'annotations': ann_path}
-
-
 # ---- variants -----------------------------------------------------------------------------------------------------
 def vora_command(args, b: Dict[str, Any], model: str, ann: str, out: str, flagship: bool) -> List[str]:
     overrides = [f'model.path={model}', 'model.type=qwen3_5_moe', f'data.dataset={ann}',
@@ -296,7 +280,7 @@ def flagship_checks(out: str, model: str, vdir: str) -> Dict[str, Any]:
 def flops_per_sample(config: Dict[str, Any], counts: Dict[str, int], tokens: float, video_tokens: float,
                      supervised: float, grid) -> Dict[str, float]:
     """Useful model FLOPs of one sample over the ACTIVE parameters (module docstring)."""
-    text, vision = config['text_config'], config['vision_config']
+    text = config['text_config']
     h, vocab = text['hidden_size'], text['vocab_size']
     experts, k = text['num_experts'], text['num_experts_per_tok']
     embed_and_head = 2 * vocab * h  # untied: embed_tokens and lm_head, both outside the per-token matmuls
@@ -380,7 +364,7 @@ def main(argv=None) -> int:
     n_samples = args.steps * args.grad_accum
     clips = tp.make_clips(os.path.join(work, 'clips'), args.clips or n_samples, b['clip_s'], b['source_fps'],
                           b['size'], workers=1 if smoke else min(16, os.cpu_count() or 1))
-    inputs = {'model': model_dir, **write_datasets(work, clips)}
+    inputs = {'model': model_dir, **tp.write_datasets(work, clips)}
     with open(os.path.join(model_dir, 'config.json')) as f:
         config = json.load(f)
     payload: Dict[str, Any] = {

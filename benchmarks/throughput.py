@@ -544,7 +544,6 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
 
 def build_inputs(args, work: str) -> Dict[str, str]:
     """Model + clips + the two dataset files (same clips, same text)."""
-    from swift_vora import intervals, prompt, synthetic
 
     t0 = time.time()
     if args.smoke:
@@ -555,8 +554,15 @@ def build_inputs(args, work: str) -> Dict[str, str]:
     t_clips = time.time() - t0
     model_dir = args.model_dir or os.path.join(work, 'model')
     t_model = build_model(model_dir, 'tiny' if args.smoke else '2b', 'float32' if args.smoke else 'bfloat16')
-    rows_path = os.path.join(work, 'rows.jsonl')
-    ann_path = os.path.join(work, 'annotations.jsonl')
+    return {'model': model_dir, **write_datasets(work, clips), 'build_model_s': round(t_model, 1),
+            'make_clips_s': round(t_clips, 1)}
+
+
+def write_datasets(work: str, clips: List[Dict[str, Any]]) -> Dict[str, str]:
+    """The same clips and text as swift-vora annotations (whole-clip windows) and as plain ms-swift rows
+    (messages + videos): {'rows': path, 'annotations': path}. moe_throughput.py uses it too."""
+    from swift_vora import intervals, prompt, synthetic
+    rows_path, ann_path = os.path.join(work, 'rows.jsonl'), os.path.join(work, 'annotations.jsonl')
     with open(rows_path, 'w') as rows, open(ann_path, 'w') as anns:
         for i, clip in enumerate(clips):
             text = prompt.build_prompt(synthetic.QUERY, clip['duration'])
@@ -566,8 +572,7 @@ def build_inputs(args, work: str) -> Dict[str, str]:
                                    'videos': [clip['video']]}) + '\n')
             anns.write(json.dumps({'id': f'clip_{i:04d}', 'video': clip['video'], 'duration': clip['duration'],
                                    'query': synthetic.QUERY, 'windows': clip['windows']}) + '\n')
-    return {'model': model_dir, 'rows': rows_path, 'annotations': ann_path, 'build_model_s': round(t_model, 1),
-            'make_clips_s': round(t_clips, 1)}
+    return {'rows': rows_path, 'annotations': ann_path}
 
 
 def sft_command(args, spec: Dict[str, Any], inputs: Dict[str, str], out_dir: str, extra_steps: int = 0) -> List[str]:

@@ -187,21 +187,40 @@ def qwen3_vl_param_counts(shape: Qwen3VLShape) -> Dict[str, int]:
     }
 
 
-def write_qwen3_vl_processor(out_dir: str) -> None:
-    """Tokenizer (special tokens on the real ids), processor and generation config, as build_tiny_qwen3_vl writes."""
+def write_qwen3_vl_processor(out_dir: str, vocab_size: int = QWEN3_VL_VOCAB,
+                             first_special_id: int = QWEN3_VL_FIRST_SPECIAL_ID, model_max_length: int = 32768) -> None:
+    """Tokenizer (special tokens on the real ids), processor and generation config, as build_tiny_qwen3_vl writes.
+    Qwen3.5 checkpoints use the same processor with the same special tokens from id 248044 (write_qwen3_5_processor)."""
     from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessor, Qwen3VLProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    raw = _byte_level_tokenizer(QWEN3_VL_VOCAB, QWEN3_VL_FIRST_SPECIAL_ID, QWEN3_VL_SPECIAL, QWEN3_ADDED)
+    raw = _byte_level_tokenizer(vocab_size, first_special_id, QWEN3_VL_SPECIAL, QWEN3_ADDED)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token='<|im_end|>', pad_token='<|endoftext|>',
-                                        model_max_length=32768)
+                                        model_max_length=model_max_length)
     image_processor = Qwen2VLImageProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
     video_processor = Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
     processor = Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
                                  video_processor=video_processor)
     processor.save_pretrained(out_dir)
+    eos, pad = first_special_id + 2, first_special_id  # <|im_end|>, <|endoftext|>
     with open(os.path.join(out_dir, 'generation_config.json'), 'w') as f:
-        json.dump({'eos_token_id': [151645, 151643], 'pad_token_id': 151643, 'do_sample': False}, f)
+        json.dump({'eos_token_id': [eos, pad], 'pad_token_id': pad, 'do_sample': False}, f)
+
+
+def _random_model(cls, config, dtype: str, device: str):
+    """`cls(config)` with random weights created directly in `dtype` on `device` (no float32 copy on the way)."""
+    import torch
+    torch_dtype = getattr(torch, dtype)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch_dtype)
+    try:
+        with torch.device(device):
+            model = cls(config)
+    finally:
+        torch.set_default_dtype(previous)
+    model = model.to(torch_dtype)
+    model.config.dtype = torch_dtype
+    return model
 
 
 def build_qwen3_vl(out_dir: str, shape: 'Qwen3VLShape | str' = 'tiny', seed: int = 0, dtype: str = 'bfloat16',
@@ -218,17 +237,7 @@ def build_qwen3_vl(out_dir: str, shape: 'Qwen3VLShape | str' = 'tiny', seed: int
         shape = QWEN3_VL_SHAPES[shape]
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(seed)
-    config = qwen3_vl_config(shape)
-    torch_dtype = getattr(torch, dtype)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch_dtype)
-    try:
-        with torch.device(device):
-            model = Qwen3VLForConditionalGeneration(config)
-    finally:
-        torch.set_default_dtype(previous)
-    model = model.to(torch_dtype)
-    model.config.dtype = torch_dtype
+    model = _random_model(Qwen3VLForConditionalGeneration, qwen3_vl_config(shape), dtype, device)
     model.save_pretrained(out_dir, safe_serialization=True)
     n_params = sum(p.numel() for p in model.parameters())
     del model
@@ -283,20 +292,7 @@ def qwen3_5_moe_config(shape: str = '35b-a3b', num_layers: 'int | None' = None):
 
 def write_qwen3_5_processor(out_dir: str) -> None:
     """Tokenizer with Qwen3.5's special ids, the Qwen3-VL processor Qwen3.5 checkpoints use, generation config."""
-    from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessor, Qwen3VLProcessor
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
-
-    raw = _byte_level_tokenizer(QWEN3_5_VOCAB, QWEN3_5_FIRST_SPECIAL_ID, QWEN3_VL_SPECIAL, QWEN3_ADDED)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token='<|im_end|>', pad_token='<|endoftext|>',
-                                        model_max_length=262144)
-    image_processor = Qwen2VLImageProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
-    video_processor = Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
-    processor = Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor)
-    processor.save_pretrained(out_dir)
-    eos = QWEN3_5_FIRST_SPECIAL_ID + 2  # <|im_end|>
-    with open(os.path.join(out_dir, 'generation_config.json'), 'w') as f:
-        json.dump({'eos_token_id': [eos, QWEN3_5_FIRST_SPECIAL_ID], 'pad_token_id': QWEN3_5_FIRST_SPECIAL_ID,
-                   'do_sample': False}, f)
+    write_qwen3_vl_processor(out_dir, QWEN3_5_VOCAB, QWEN3_5_FIRST_SPECIAL_ID, model_max_length=262144)
 
 
 def build_qwen3_5_moe(out_dir: str, shape: str = 'tiny', num_layers: 'int | None' = None, seed: int = 0,
@@ -311,15 +307,7 @@ def build_qwen3_5_moe(out_dir: str, shape: str = 'tiny', num_layers: 'int | None
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(seed)
     config = qwen3_5_moe_config(shape, num_layers)
-    torch_dtype = getattr(torch, dtype)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch_dtype)
-    try:
-        with torch.device(device):
-            model = Qwen3_5MoeForConditionalGeneration(config)
-    finally:
-        torch.set_default_dtype(previous)
-    model.config.dtype = torch_dtype
+    model = _random_model(Qwen3_5MoeForConditionalGeneration, config, dtype, device)
     counts = {'total': 0, 'language': 0, 'vision': 0, 'experts': 0}
     for name, param in model.named_parameters():
         counts['total'] += param.numel()

@@ -20,7 +20,8 @@ from ..guards.fingerprint import build_fingerprint
 from ..guards.lora_update import CHECK_STEPS_ENV, AdapterTracker
 from ..guards.memory import EVERY_ENV, FIRST_ENV, is_oom, measure
 from ..guards.supervision import distribution
-from ..guards.verify_adapter import run_verify_subprocess, summary_line
+from ..guards.verify_adapter import TIMEOUT_ENV as VERIFY_TIMEOUT_ENV
+from ..guards.verify_adapter import verify_and_report
 
 
 def is_expert_tensor(name: str) -> bool:
@@ -122,13 +123,6 @@ class RunnerGuards:
         self.record('train_end')
         return report
 
-    def verify(self, ckpt: str, base: str, timeout: float = 1800) -> Dict[str, Any]:
+    def verify(self, ckpt: str, base: str) -> Dict[str, Any]:
         """Reload the saved adapter on `base` in a fresh process and compare every tensor (swift-vora verify-adapter)."""
-        report = run_verify_subprocess(ckpt, base, timeout=timeout)
-        write_json(os.path.join(self.output_dir, 'verify_adapter.json'), report)
-        if report.get('exit_code') != 0:
-            detail = summary_line(report) if report.get('tensors') else report.get('stderr_tail', '')
-            raise GuardError('verify_adapter', f'`swift-vora verify-adapter {ckpt}` failed (exit '
-                                               f'{report.get("exit_code")}): {detail}')
-        logger.info(f'swift-vora verify_adapter: {summary_line(report)}.')
-        return report
+        return verify_and_report(ckpt, base, self.output_dir, switches.read(VERIFY_TIMEOUT_ENV))

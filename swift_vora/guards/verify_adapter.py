@@ -62,9 +62,9 @@ def load_base_and_adapter(ckpt: str, base: str):
 
 def verify_adapter(ckpt: str, base: Optional[str] = None) -> Dict[str, Any]:
     from peft import get_peft_model_state_dict
+    from safetensors import safe_open
 
     from .common import tensors_equal
-    from safetensors import safe_open
 
     ckpt = os.path.abspath(ckpt)
     path = os.path.join(ckpt, ADAPTER_FILE)
@@ -144,10 +144,24 @@ def run_verify_subprocess(ckpt: str, base: Optional[str], timeout: Optional[floa
     return report
 
 
+def verify_and_report(ckpt: str, base: Optional[str], out_dir: str, timeout: Optional[float]) -> Dict[str, Any]:
+    """The guard's whole check, for the swift callback and the Unsloth runner alike: reload in a fresh process,
+    write `verify_adapter.json` into `out_dir`, raise GuardError unless every saved tensor matches."""
+    from .common import GuardError, logger, write_json
+    report = run_verify_subprocess(ckpt, base, timeout=timeout)
+    write_json(os.path.join(out_dir, 'verify_adapter.json'), report)
+    if report.get('exit_code') != 0:
+        detail = summary_line(report) if report.get('tensors') else report.get('stderr_tail', '')
+        raise GuardError('verify_adapter', f'`swift-vora verify-adapter {ckpt}` failed (exit '
+                                           f'{report.get("exit_code")}): {detail}')
+    logger.info(f'swift-vora verify_adapter: {summary_line(report)}.')
+    return report
+
+
 def _make_callback():
     from swift.callbacks import TrainerCallback
 
-    from .common import GuardError, logger, output_dir, rank, unwrap_model, write_json
+    from .common import logger, output_dir, rank, unwrap_model
     from .zero3_load import model_dir_of
 
     class VerifyAdapterGuard(TrainerCallback):
@@ -163,13 +177,7 @@ def _make_callback():
             from .. import switches
             timeout = switches.read(TIMEOUT_ENV)
             logger.info(f'swift-vora verify_adapter: reloading {ckpt} on {base} in a fresh process ...')
-            report = run_verify_subprocess(ckpt, base, timeout=timeout)
-            write_json(os.path.join(output_dir(self.trainer), 'verify_adapter.json'), report)
-            if report.get('exit_code') != 0:
-                detail = summary_line(report) if report.get('tensors') else report.get('stderr_tail', '')
-                raise GuardError('verify_adapter', f'`swift-vora verify-adapter {ckpt}` failed (exit '
-                                                   f'{report.get("exit_code")}): {detail}')
-            logger.info(f'swift-vora verify_adapter: {summary_line(report)}.')
+            verify_and_report(ckpt, base, output_dir(self.trainer), timeout)
 
     return VerifyAdapterGuard
 
