@@ -92,6 +92,12 @@ def cmd_train(args) -> int:
             print(text.rstrip('\n'))
     if args.dry_run:
         return EXIT_OK
+    source = plan.config_source or {}
+    if not source.get('local_model', True):  # planned from a cached / shipped config: the weights are not there
+        _err(f'{recipe.path}: model.path {recipe["model.path"]!r} is not a local model directory (planned from '
+             f'{source.get("description")}); download the model first, e.g. `huggingface-cli download '
+             f'{source.get("model_id") or "ORG/NAME"} --local-dir {recipe["model.path"]}`, and point model.path at it')
+        return EXIT_USAGE
     missing = missing_rendezvous(launch.env)
     if missing:
         _err(f'{recipe["nodes"]} nodes: set {", ".join(missing)} in the environment of every node (torchrun '

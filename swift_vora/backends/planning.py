@@ -31,13 +31,15 @@ def plan_request(recipe: Recipe):
     hardware = resolve(recipe['hardware'], recipe['gpus'], recipe['gpu_mem_gib'], recipe['host_ram_gib'],
                        recipe['nodes'])
     budget = video_budget(recipe)
-    clip = float(recipe['data.window'] or C.DEFAULT_CLIP_SECONDS)
-    frames = budget.frames_for(clip)  # applies min/max frames and max_video_tokens exactly as the template does
+    from ..plan.video_budget import budget_sample
+    clip = float(recipe['data.window'] or C.DEFAULT_CLIP_SECONDS)  # None: the dataset's default window
+    frames, pair_tokens = budget_sample(budget, clip)  # min/max frames and max_video_tokens as the template applies
+
     return PlanRequest(
         model=recipe['model.path'], hardware=hardware, tuner=recipe['train.tuner'], backend=recipe['train.backend'],
         offload=recipe['deepspeed.offload'] or 'none', ep=recipe['megatron.ep'], tp=recipe['megatron.tp'],
         micro_batch=recipe['train.micro_batch'], fps=float(budget.fps), max_frames=frames,
-        frame_tokens=budget.pair_tokens, clip_seconds=clip, lora_rank=recipe['train.lora_rank'],
+        frame_tokens=pair_tokens, clip_seconds=clip, lora_rank=recipe['train.lora_rank'],
         lora_targets=_lora_targets(recipe), nodes=recipe['nodes'],
         gradient_checkpointing=recipe['train.gradient_checkpointing'])
 

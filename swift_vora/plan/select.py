@@ -138,6 +138,7 @@ class Plan:
     alternative: Optional[Dict[str, Any]] = None  # cheapest alternative that fits (does_not_fit / refused)
     alternatives: List[Dict[str, Any]] = field(default_factory=list)
     assumptions: List[str] = field(default_factory=list)
+    config_source: Dict[str, Any] = field(default_factory=dict)  # where config.json came from (model_source)
     predicted: bool = True  # every number here is a prediction (constants.py), not a measurement
 
     @property
@@ -431,6 +432,13 @@ def find_alternatives(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw
     return found
 
 
+def _config_source(spec: ModelSpec, model: str) -> Dict[str, Any]:
+    if spec.source is not None:
+        return spec.source.to_dict()
+    return {'kind': 'given', 'path': '', 'requested': model, 'model_id': '', 'local_model': True,
+            'description': 'a config dict given in code'}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: Optional[Hardware] = None,
               search_alternatives: bool = True) -> Plan:
@@ -459,7 +467,7 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
                 tp=tp, micro_batch=req.micro_batch, lora_rank=req.lora_rank, lora_targets=req.lora_targets,
                 tokens=tokens.to_dict(), model=spec.summary(), hardware=hw.to_dict(),
                 gpu_capacity_gib=hw.gpu_mem_gib, host_limit_gib=hw.host_ram_gib,
-                host_limit_source=hw.host_ram_source)
+                host_limit_source=hw.host_ram_source, config_source=_config_source(spec, req.model))
 
     refusal = check_refusal(spec, world, req, backend, ep, tp)
     if refusal:
