@@ -558,6 +558,6 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
                 host_peak_gib=round(est.host_peak / C.GiB, 2), reasons=reasons, breakdown=est.gpu_gib(),
                 command=[], host_breakdown=est.host_gib(), phases=est.phases_gib(),
                 trainable_params=est.trainable_params, alternative=alternative, alternatives=alternatives,
-                assumptions=est.assumptions, **base)
+                assumptions=list(est.assumptions) + list(spec.notes) + list(hw.notes), **base)
     plan.command = build_command(req, plan)
     return plan
