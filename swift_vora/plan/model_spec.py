@@ -356,18 +356,31 @@ _KNOWN = {
     'gemma3_text': ('gemma3', 'Gemma3ForCausalLM', 'AutoModelForCausalLM'),
     'deepseek_v3': ('deepseek_v3', 'DeepseekV3ForCausalLM', 'AutoModelForCausalLM'),
     'glm4_moe': ('glm4_moe', 'Glm4MoeForCausalLM', 'AutoModelForCausalLM'),
+    'glm4v': ('glm4v', 'Glm4vForConditionalGeneration', 'AutoModelForImageTextToText'),
+    'glm46v': ('glm4v', 'Glm46VForConditionalGeneration', 'AutoModelForImageTextToText'),
+    'glm4v_moe': ('glm4v', 'Glm4vMoeForConditionalGeneration', 'AutoModelForImageTextToText'),
 }
 SUPPORTED_MODEL_TYPES = tuple(_KNOWN)
 
 # Where a family's modeling code differs from the standard decoder (keyed by the top-level or text model_type).
-_QKV_BIAS = {'qwen2', 'qwen2_moe', 'qwen2_vl', 'qwen2_5_vl', 'qwen2_vl_text', 'qwen2_5_vl_text'}  # q/k/v bias, no o
+_QKV_BIAS = {'qwen2', 'qwen2_moe', 'qwen2_vl', 'qwen2_5_vl', 'qwen2_vl_text', 'qwen2_5_vl_text', 'glm4v',
+             'glm4v_text'}  # q/k/v bias, no o
 _QK_NORM = {'qwen3', 'qwen3_moe', 'qwen3_next', 'qwen3_vl', 'qwen3_vl_moe', 'qwen3_5', 'qwen3_5_moe', 'gemma3',
             'gemma3_text', 'qwen3_vl_text', 'qwen3_vl_moe_text', 'qwen3_5_text', 'qwen3_5_moe_text'}  # per-head RMSNorm
-_SANDWICH_NORM = {'gemma2', 'gemma3', 'gemma3_text'}  # pre/post feed-forward norms as well: 4 norms per layer
+_SANDWICH_NORM = {'gemma2', 'gemma3', 'gemma3_text', 'glm4', 'glm4v', 'glm4v_text'}  # 4 norms per layer
 _HYBRID = {'qwen3_5', 'qwen3_5_moe', 'qwen3_next', 'qwen3_5_text', 'qwen3_5_moe_text'}  # gated DeltaNet + gated attn
 _TIE_DEFAULT = {'gemma', 'gemma2', 'gemma3', 'gemma3_text'}  # config classes whose tie_word_embeddings defaults True
+_QK_NORM_FULL = {'olmo2', 'olmo3', 'olmoe'}  # q_norm over heads x head_dim, k_norm over kv heads x head_dim
+_QK_NORM_NO_WEIGHTS = {'llama4', 'llama4_text'}  # use_qk_norm is a weightless L2 norm
+_NON_GATED_MLP = {'arcee', 'apertus', 'nemotron', 'nanochat', 'starcoder2'}  # up_proj + down_proj, no gate
+_NORM_BIAS = {'nemotron', 'starcoder2'}  # LayerNorms with a bias
+_NO_NORM_WEIGHTS = {'nanochat'}  # parameter-free RMSNorm
+_ACT_PARAMS = {'apertus': 2}  # xIELU's alpha_p / alpha_n per MLP
+_GPT_OSS = {'gpt_oss'}  # biased experts and router, attention sinks (one per head)
+_ROUTER_BIAS_PARAM = {'ernie4_5_moe'}  # e_score_correction_bias is a parameter (elsewhere a buffer)
 _VISION_STYLE = {'qwen3_vl': 'qwen3_vl', 'qwen3_vl_moe': 'qwen3_vl', 'qwen3_5': 'qwen3_5', 'qwen3_5_moe': 'qwen3_5',
-                 'qwen2_5_vl': 'qwen2_5_vl', 'qwen2_vl': 'qwen2_vl', 'gemma3': 'gemma3'}
+                 'qwen2_5_vl': 'qwen2_5_vl', 'qwen2_vl': 'qwen2_vl', 'gemma3': 'gemma3', 'glm4v': 'glm4v',
+                 'glm46v': 'glm4v', 'glm4v_moe': 'glm4v'}
 
 # Config-class defaults (transformers 5.x) for keys that published configs of a family leave out. Only keys with
 # a family-wide value are here: a config must always state its own size (hidden_size, num_hidden_layers), so a stub
@@ -394,13 +407,17 @@ _VISION_DEFAULTS = {
     'qwen2_5_vl': dict(in_channels=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2),
     'qwen2_vl': dict(in_channels=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, mlp_ratio=4),
     'gemma3': dict(in_channels=3, vision_use_head=True),  # SiglipVisionConfig
+    'glm4v': dict(in_channels=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, image_size=336),
     'vit': dict(in_channels=3),
 }
 
 
 class _Cfg:
     """A config section with the family's defaults and key aliases; a missing key is an error naming the field."""
-    _ALIASES = {'num_experts': ('num_experts', 'num_local_experts', 'n_routed_experts'),
+    _ALIASES = {'num_experts': ('num_experts', 'num_local_experts', 'n_routed_experts', 'moe_num_experts'),
+                'num_experts_per_tok': ('num_experts_per_tok', 'moe_k', 'moe_topk'),
+                'n_shared_experts': ('n_shared_experts', 'moe_num_shared_experts'),
+                'attention_bias': ('attention_bias', 'use_bias'),
                 'num_heads': ('num_heads', 'num_attention_heads'),
                 'in_channels': ('in_channels', 'in_chans', 'num_channels'),
                 'depth': ('depth', 'num_hidden_layers')}
@@ -526,10 +543,20 @@ def model_spec(cfg: Dict[str, Any], where: str = 'config.json') -> ModelSpec:
         moe_ffn = t.int('moe_intermediate_size') if t.has('moe_intermediate_size') else t.int('intermediate_size')
         if t.get('shared_expert_intermediate_size'):  # qwen2_moe / qwen3_next / qwen3_5_moe: one gated expert
             shared_ffn, n_shared, shared_gate = t.int('shared_expert_intermediate_size'), 1, True
-        elif t.get('n_shared_experts'):  # deepseek / glm4_moe: n shared experts fused into one MLP, ungated
+        elif t.get('n_shared_experts'):  # deepseek / glm4_moe / ernie4_5_moe: n shared experts in one MLP, ungated
             n_shared = t.int('n_shared_experts')
             shared_ffn = moe_ffn * n_shared
-        if t.has('first_k_dense_replace') or model_type in ('deepseek_v3', 'glm4_moe'):
+        elif types & {'llama4', 'llama4_text'}:  # one ungated shared expert as wide as a routed one
+            n_shared, shared_ffn = 1, moe_ffn
+        explicit = t.get('moe_layers')
+        if isinstance(explicit, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in explicit):
+            moe_layers = sorted(i for i in set(explicit) if 0 <= i < layers)  # llama4: the config lists them
+        elif t.has('moe_layer_start_index'):  # ernie4_5_moe: [start, end] every `interval` layers
+            start, interval = t.int('moe_layer_start_index'), t.int('moe_layer_interval', 1) or 1
+            end = t.int('moe_layer_end_index', layers - 1)
+            end = layers - 1 if end < 0 else end
+            moe_layers = [i for i in range(start, min(end, layers - 1) + 1) if (i - start) % interval == 0]
+        elif t.has('first_k_dense_replace') or model_type in ('deepseek_v3', 'glm4_moe'):
             first = t.int('first_k_dense_replace', 0)
             freq = t.int('moe_layer_freq', 1) or 1
             moe_layers = [i for i in range(layers) if i >= first and i % freq == 0]
@@ -562,9 +589,10 @@ def model_spec(cfg: Dict[str, Any], where: str = 'config.json') -> ModelSpec:
     other('embeddings', 'embed_tokens', vocab * hidden)
     if not tie:
         lin('lm_head', 'lm_head', hidden, vocab, 1)
-    other('norms', 'final_norm', hidden)
-    other('norms', 'input_layernorm', hidden, layers)
-    other('norms', 'post_attention_layernorm', hidden, layers)
+    norm = 0 if types & _NO_NORM_WEIGHTS else (2 if types & _NORM_BIAS else 1) * hidden
+    other('norms', 'final_norm', norm)
+    other('norms', 'input_layernorm', norm, layers)
+    other('norms', 'post_attention_layernorm', norm, layers)
     if types & _SANDWICH_NORM:
         other('norms', 'pre+post_feedforward_layernorm', 2 * hidden, layers)
 
@@ -600,8 +628,12 @@ def model_spec(cfg: Dict[str, Any], where: str = 'config.json') -> ModelSpec:
         lin('attention', 'k_proj', hidden, kv_out, n_full, bias=qkv_bias)
         lin('attention', 'v_proj', hidden, kv_out, n_full, bias=qkv_bias)
         lin('attention', 'o_proj', heads * head_dim, hidden, n_full, bias=o_bias)
-        if types & _QK_NORM or t.get('use_qk_norm'):
+        if types & _QK_NORM_FULL:
+            other('norms', 'q_norm+k_norm', q_out + kv_out, n_full)
+        elif (types & _QK_NORM or t.get('use_qk_norm')) and not types & (_QK_NORM_NO_WEIGHTS | _NO_NORM_WEIGHTS):
             other('norms', 'q_norm+k_norm', 2 * head_dim, n_full)
+        if types & _GPT_OSS:
+            other('attention', 'sinks', heads, n_full)
 
     # ----- linear attention (Gated DeltaNet) ----------------------------------------------------------------
     lin_dims: Dict[str, int] = {}
@@ -627,18 +659,24 @@ def model_spec(cfg: Dict[str, Any], where: str = 'config.json') -> ModelSpec:
         other('norms', 'linear_attn.norm', dv, n_lin)
 
     # ----- MLPs ---------------------------------------------------------------------------------------------
-    mlp_bias = bool(t.get('mlp_bias', False))
+    mlp_bias = bool(t.get('mlp_bias', False)) or ('starcoder2' in types and bool(t.get('use_bias', True)))
+    dense_ffn = t.int('intermediate_size_mlp') if t.has('intermediate_size_mlp') else ffn  # llama4's dense layers
     if n_dense_mlp:
-        if not ffn:
+        if not dense_ffn:
             raise ConfigError(f'{where}: config lacks {prefix + "intermediate_size"!r} for the dense MLP layers')
-        lin('dense_mlp', 'gate_proj', hidden, ffn, n_dense_mlp, bias=mlp_bias)
-        lin('dense_mlp', 'up_proj', hidden, ffn, n_dense_mlp, bias=mlp_bias)
-        lin('dense_mlp', 'down_proj', ffn, hidden, n_dense_mlp, bias=mlp_bias)
+        if not types & _NON_GATED_MLP:
+            lin('dense_mlp', 'gate_proj', hidden, dense_ffn, n_dense_mlp, bias=mlp_bias)
+        lin('dense_mlp', 'up_proj', hidden, dense_ffn, n_dense_mlp, bias=mlp_bias)
+        lin('dense_mlp', 'down_proj', dense_ffn, hidden, n_dense_mlp, bias=mlp_bias)
+        for name, n in _ACT_PARAMS.items():
+            if name in types:
+                other('dense_mlp', 'act_fn', n, n_dense_mlp)
     if n_moe:
         frac = k / E
-        lin('experts', 'experts.gate_up_proj', hidden, 2 * moe_ffn, n_moe, experts=E, active=frac)
-        lin('experts', 'experts.down_proj', moe_ffn, hidden, n_moe, experts=E, active=frac)
-        other('router', 'gate', E * hidden, n_moe)
+        expert_bias = bool(types & _GPT_OSS)
+        lin('experts', 'experts.gate_up_proj', hidden, 2 * moe_ffn, n_moe, bias=expert_bias, experts=E, active=frac)
+        lin('experts', 'experts.down_proj', moe_ffn, hidden, n_moe, bias=expert_bias, experts=E, active=frac)
+        other('router', 'gate', E * hidden + (E if types & (_GPT_OSS | _ROUTER_BIAS_PARAM) else 0), n_moe)
         if shared_ffn:
             lin('shared_expert', 'shared_expert.gate_proj', hidden, shared_ffn, n_moe)
             lin('shared_expert', 'shared_expert.up_proj', hidden, shared_ffn, n_moe)
@@ -675,7 +713,7 @@ def model_spec(cfg: Dict[str, Any], where: str = 'config.json') -> ModelSpec:
     return ModelSpec(
         model_type=model_type, family=family, architecture=arch, auto_class=auto_class, is_moe=is_moe,
         hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=int(kv), head_dim=int(head_dim),
-        vocab_size=vocab, intermediate_size=ffn, tie_word_embeddings=tie, layer_types=list(layer_types),
+        vocab_size=vocab, intermediate_size=dense_ffn, tie_word_embeddings=tie, layer_types=list(layer_types),
         num_experts=E if is_moe else 0, experts_per_token=k, num_shared_experts=n_shared if is_moe else 0,
         moe_intermediate_size=moe_ffn, shared_expert_intermediate_size=shared_ffn, moe_layers=moe_layers,
         linear_attention=lin_dims, vision=vision, groups=G, notes=notes, gated_attention=hybrid,
@@ -684,9 +722,12 @@ def model_spec(cfg: Dict[str, Any], where: str = 'config.json') -> ModelSpec:
 
 def _vision(style: str, v: _Cfg, cfg: Dict[str, Any], text_hidden: int, lin, other) -> VisionSpec:
     """Add the vision tower's parameter groups (through `lin` / `other`) and describe it for the token budget."""
-    depth, heads = v.require('depth'), v.int('num_heads')
+    depth, heads = v.require('depth'), v.int('num_heads', required=style != 'vit')
     cin = v.int('in_channels')
-    ps = v.int('patch_size')
+    raw_ps = v.get('patch_size')
+    if isinstance(raw_ps, list) and raw_ps and style == 'vit':  # [14, 14] in some towers
+        v.d = dict(v.d, patch_size=raw_ps[0])
+    ps = v.int('patch_size', required=style != 'vit') or 14
     n_deep = 0
     if style in ('qwen3_vl', 'qwen3_5'):
         vh, vf = v.require('hidden_size'), v.int('intermediate_size')
@@ -736,10 +777,31 @@ def _vision(style: str, v: _Cfg, cfg: Dict[str, Any], text_hidden: int, lin, oth
         other('vision', 'merger.ln_q', 2 * vh, tower='vision')
         lin('vision', 'merger.mlp.0', merged, merged, 1, bias=True, tower='vision')
         lin('vision', 'merger.mlp.2', merged, vout, 1, bias=True, tower='vision')
-    else:  # gemma3 (SigLIP + a pooled projection) and the generic ViT estimate: one image per frame, no time merge
+    elif style == 'glm4v':  # RMSNorm ViT with a SwiGLU MLP as wide as the LLM, conv downsample, SwiGLU merger
         vh, vf = v.require('hidden_size'), v.int('intermediate_size')
-        image = v.int('image_size')
-        side = image // ps
+        tps, m, vout = v.int('temporal_patch_size'), v.int('spatial_merge_size'), v.int('out_hidden_size')
+        vbias = bool(v.get('attention_bias', False))
+        side = v.int('image_size') // ps
+        other('vision', 'patch_embed', vh * cin * tps * ps * ps + vh, tower='vision')
+        other('vision', 'position_embedding', side * side * vh, tower='vision')
+        other('vision', 'post_conv_layernorm+post_layernorm', 2 * vh, tower='vision')
+        other('vision', 'blocks.norm1+norm2', 2 * vh, depth, tower='vision')
+        lin('vision', 'blocks.attn.qkv', vh, 3 * vh, depth, bias=vbias, tower='vision')
+        lin('vision', 'blocks.attn.proj', vh, vh, depth, bias=vbias, tower='vision')
+        for name in ('gate_proj', 'up_proj'):
+            lin('vision', f'blocks.mlp.{name}', vh, vout, depth, tower='vision')
+        lin('vision', 'blocks.mlp.down_proj', vout, vh, depth, tower='vision')
+        other('vision', 'downsample', vh * vout * m * m + vout, tower='vision')
+        lin('vision', 'merger.proj', vout, vout, 1, tower='vision')
+        other('vision', 'merger.post_projection_norm', 2 * vout, tower='vision')
+        for name in ('gate_proj', 'up_proj'):
+            lin('vision', f'merger.{name}', vout, vf, 1, tower='vision')
+        lin('vision', 'merger.down_proj', vf, vout, 1, tower='vision')
+    else:  # gemma3 (SigLIP + a pooled projection) and the generic ViT estimate: one image per frame, no time merge
+        vh = v.require('hidden_size')
+        vf = v.int('intermediate_size', required=style == 'gemma3') or 4 * vh  # estimate: the usual 4x MLP
+        image = v.int('image_size', required=style == 'gemma3')
+        side = image // ps if image else 0  # no image_size: position embeddings not counted (an estimate)
         tps, vout = 1, text_hidden
         other('vision', 'patch_embedding', vh * cin * ps * ps + vh, tower='vision')
         other('vision', 'position_embedding', side * side * vh, tower='vision')
@@ -762,7 +824,7 @@ def _vision(style: str, v: _Cfg, cfg: Dict[str, Any], text_hidden: int, lin, oth
         else:
             lin('vision', 'projector.linear_1', vh, text_hidden, 1, bias=True, tower='vision')
             lin('vision', 'projector.linear_2', text_hidden, text_hidden, 1, bias=True, tower='vision')
-            per_image = side * side
+            per_image = side * side or 256
         # tokens per image = (side / pool)^2: `spatial_merge_size` is the pooling factor per side
         pooled = max(1, int(round(per_image ** 0.5)))
         m = max(1, side // pooled)
