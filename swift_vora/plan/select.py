@@ -38,12 +38,13 @@ EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_REFUSED = 0, 3, 4
 # main (Nov 2026): model/gpts/llm.py (qwen2, llama, qwen3, qwen2_moe, qwen3_moe, internlm3, mimo, deepseek*, kimi_k2,
 # dots1, ernie4_5*, glm4_moe*, gpt_oss), gpts/qwen3_next.py, gpts/olmoe.py, gpts/glm4.py, gpts/minimax_m2.py,
 # mm_gpts/qwen.py (qwen2_vl, qwen2_5_vl), mm_gpts/qwen3_vl.py (qwen3_vl, qwen3_vl_moe), mm_gpts/qwen3_5*.py
-# (qwen3_5, qwen3_5_moe). Not there: mixtral, among others. tests/test_plan_select.py re-reads the installed package.
+# (qwen3_5, qwen3_5_moe), mm_gpts/glm4v*.py (glm4v, glm4v_moe), llama4. Not there: mixtral, among others.
+# tests/test_plan_select.py re-reads the installed package for every model type the planner has family code for.
 MEGATRON_SUPPORTED_MODEL_TYPES = frozenset({
     'qwen2', 'qwen2_moe', 'qwen3', 'qwen3_moe', 'qwen3_next', 'llama', 'internlm3', 'mimo', 'deepseek',
     'deepseek_v2', 'deepseek_v3', 'deepseek_v32', 'kimi_k2', 'dots1', 'ernie4_5', 'ernie4_5_moe', 'glm4_moe',
     'glm4_moe_lite', 'glm_moe_dsa', 'gpt_oss', 'olmoe', 'glm4', 'minimax_m2', 'qwen2_vl', 'qwen2_5_vl', 'qwen3_vl',
-    'qwen3_vl_moe', 'qwen3_5', 'qwen3_5_moe'
+    'qwen3_vl_moe', 'qwen3_5', 'qwen3_5_moe', 'glm4v', 'glm4v_moe', 'llama4'
 })
 
 REFUSAL_RULES = {
