@@ -175,3 +175,15 @@ def test_local_hardware_from_nvidia_smi_uses_torchs_total(monkeypatch):
     assert hw.num_gpus == 2 and hw.gpu_mem_gib == 39.39 and 'driver-reserved' in hw.notes[0]
     assert hardware.torch_gib_from_smi('NVIDIA GeForce RTX 4090', 48.0) is None  # a 48 GB card is not a 24 GB 4090
     assert hardware.torch_gib_from_smi('Some New GPU', 90.0) is None
+
+
+def test_cached_weights_make_a_model_id_trainable_and_names_fall_back(empty_caches):
+    hub = empty_caches / 'hf'
+    path = hf_cache_entry(hub, 'acme/Tiny-VL', small_config(48))
+    assert not resolve_config('acme/Tiny-VL')[1].local_model  # config only: weights still to download
+    (path.parent / 'model.safetensors').write_bytes(b'')
+    assert resolve_config('acme/Tiny-VL')[1].local_model
+    assert not resolve_config('/models/Tiny-VL')[1].local_model  # swift could not load that path
+    # another organisation's upload of the same model resolves by name, and says which repository it used
+    cfg, src = resolve_config('someone/Qwen3-VL-2B-Instruct')
+    assert src.kind == 'shipped' and src.model_id == 'Qwen/Qwen3-VL-2B-Instruct'

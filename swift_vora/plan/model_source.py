@@ -9,8 +9,8 @@ a path that does not exist yet (`/models/Qwen3-VL-2B-Instruct`, a recipe's downl
   3. in the local ModelScope cache: `$MODELSCOPE_CACHE`, else `~/.cache/modelscope/hub`, as `models/ORG/NAME/` or
      `ORG/NAME/` (ModelScope writes a '.' in a name as '___');
   4. in the configurations shipped with swift-vora (`swift_vora/plan/model_configs/`, see the README there).
-A model id is matched exactly (case-insensitive); a path that does not exist is matched by its last component
-(the model's name). Nothing is downloaded and no weights are read. The plan reports the source it used.
+A model id is matched exactly (case-insensitive), then by its name under any organisation; a path that does not
+exist is matched by its last component (the model's name). Nothing is downloaded and no weights are read. The plan reports the source it used.
 """
 from __future__ import annotations
 
@@ -32,7 +32,9 @@ class ConfigSource:
     path: str  # the config.json that was read
     requested: str  # what the user gave (--model / model.path)
     model_id: str = ''  # ORG/NAME when known
-    local_model: bool = True  # whether `requested` is a local directory or file (False: weights still to fetch)
+    # whether `train` can load the model as given: a local directory / file, or a Hub id whose weights are in the
+    # Hugging Face cache (swift loads those offline); False: the weights are still to be downloaded
+    local_model: bool = True
 
     def describe(self) -> str:
         if self.kind == 'path':
@@ -40,8 +42,9 @@ class ConfigSource:
         where = {'hf_cache': 'the Hugging Face cache', 'modelscope_cache': 'the ModelScope cache',
                  'shipped': 'the configuration shipped with swift-vora'}[self.kind]
         s = f'{self.model_id or self.requested} from {where} ({self.path})'
-        if not self.local_model and self.requested != self.model_id:
-            s += f'; nothing at {self.requested!r} yet: download the model there before training'
+        if not self.local_model:
+            s += (f'; no weights at {self.requested!r} yet: download the model there before training'
+                  if self.requested != self.model_id else '; its weights are not downloaded yet')
         return s
 
     def to_dict(self) -> Dict[str, Any]:
@@ -90,6 +93,10 @@ def _hf_snapshot_config(repo_dir: str) -> Optional[str]:
 
 def _same(a: str, b: str) -> bool:
     return a.lower() == b.lower()
+
+
+def _has_weights(snapshot: str) -> bool:
+    return bool(glob.glob(os.path.join(glob.escape(snapshot), '*.safetensors')))
 
 
 def find_in_hf_cache(model_id: str, name: str, environ=None) -> Optional[Tuple[str, str]]:
@@ -157,14 +164,16 @@ def resolve_config(model: str, environ=None) -> Tuple[Dict[str, Any], ConfigSour
     if os.path.isfile(p):
         return read_config_file(p), ConfigSource('path', p, model)
     looks_like_id = bool(_ID.match(model)) and not model.startswith(('.', '~'))
-    model_id = model if looks_like_id else ''
     name = _model_name(model)
-    for kind, found in (('hf_cache', find_in_hf_cache(model_id, name, environ)),
-                        ('modelscope_cache', find_in_modelscope_cache(model_id, name, environ)),
-                        ('shipped', find_shipped(model_id, name))):
-        if found:
-            cfg_path, repo_id = found
-            return read_config_file(cfg_path), ConfigSource(kind, cfg_path, model, repo_id, local_model=False)
+    # an id matches exactly first; then, like a path that is not there yet, by its name under any organisation
+    for model_id in ([model, ''] if looks_like_id else ['']):
+        for kind, found in (('hf_cache', find_in_hf_cache(model_id, name, environ)),
+                            ('modelscope_cache', find_in_modelscope_cache(model_id, name, environ)),
+                            ('shipped', find_shipped(model_id, name))):
+            if found:
+                cfg_path, repo_id = found
+                loadable = kind == 'hf_cache' and _same(repo_id, model) and _has_weights(os.path.dirname(cfg_path))
+                return read_config_file(cfg_path), ConfigSource(kind, cfg_path, model, repo_id, local_model=loadable)
     known = ', '.join(shipped_configs())
     raise FileNotFoundError(
         f'no config.json for {model!r}: not a local directory or file, not in the Hugging Face cache '
