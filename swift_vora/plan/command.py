@@ -42,9 +42,9 @@ def _env(request: 'PlanRequest', plan: 'Plan') -> List[str]:
     if plan.nodes > 1:
         env += [f'NNODES={plan.nodes}', 'NODE_RANK=${NODE_RANK}', 'MASTER_ADDR=${MASTER_ADDR}']
     t = plan.tokens or {}
-    if t.get('frames'):
-        env += [f'FPS={t["fps"]:g}', f'FPS_MAX_FRAMES={request.max_frames}',
-                f'VIDEO_MAX_TOKEN_NUM={t["tokens_per_group"]}']
+    if t.get('frames'):  # the video_ora template's budget, under the names the recipes and `plan` use
+        env += [f'SWIFT_VORA_FPS={t["fps"]:g}', f'SWIFT_VORA_MAX_FRAMES={request.max_frames}',
+                f'SWIFT_VORA_PAIR_TOKENS={t["tokens_per_group"]}', f'SWIFT_VORA_WINDOW={t["clip_seconds"]:g}']
     if plan.backend == 'unsloth_split_lora':
         env += ['UNSLOTH_DISABLE_STATISTICS=1']
     return ['env'] + env if env else []

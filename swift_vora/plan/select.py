@@ -78,7 +78,7 @@ class PlanRequest:
     seq_len: Optional[int] = None  # tokens per sample; when given, the sample is treated as text only
     fps: float = C.DEFAULT_FPS  # video budget (ignored when seq_len is given)
     max_frames: int = C.DEFAULT_MAX_FRAMES
-    frame_tokens: int = C.DEFAULT_FRAME_TOKENS  # LLM tokens per frame pair (VIDEO_MAX_TOKEN_NUM)
+    frame_tokens: int = C.DEFAULT_FRAME_TOKENS  # LLM tokens per frame pair (video.pair_tokens)
     clip_seconds: float = C.DEFAULT_CLIP_SECONDS
     text_tokens: int = C.DEFAULT_PROMPT_TOKENS + C.DEFAULT_ANSWER_TOKENS  # prompt + answer around the video
     supervised_tokens: int = C.DEFAULT_ANSWER_TOKENS  # answer tokens (positions with labels)
