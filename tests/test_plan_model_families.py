@@ -212,3 +212,19 @@ def test_shipped_configs_readme_lists_every_file():
         readme = f.read()
     for model_id in shipped_configs():
         assert f'https://huggingface.co/{model_id}' in readme, model_id
+
+
+def test_sparse_text_config_of_a_vl_wrapper_takes_its_class_defaults():
+    """Published llava-1.5 configs give the text model only by type and vocabulary; transformers builds LlamaConfig's
+    default size, and so does the planner (saying so). A top-level stub still is an error."""
+    d = {'model_type': 'llava', 'architectures': ['LlavaForConditionalGeneration'], 'image_token_index': 32000,
+         'projector_hidden_act': 'gelu', 'vision_feature_layer': -2, 'vision_feature_select_strategy': 'default',
+         'text_config': {'model_type': 'llama', 'max_position_embeddings': 4096, 'rms_norm_eps': 1e-05,
+                         'vocab_size': 32064},
+         'vision_config': {'hidden_size': 1024, 'image_size': 336, 'intermediate_size': 4096,
+                           'model_type': 'clip_vision_model', 'num_attention_heads': 16, 'num_hidden_layers': 24,
+                           'patch_size': 14, 'projection_dim': 768, 'vocab_size': 32000}}
+    spec, total = check_counts(d, vision_tolerance=0.25)
+    assert abs(total / 1e9 - 7.06) < 0.01 and any('LlamaConfig' in n or 'llama config class' in n for n in spec.notes)
+    with pytest.raises(ConfigError, match='hidden_size'):
+        model_spec({'model_type': 'llama', 'vocab_size': 32000})

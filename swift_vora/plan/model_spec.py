@@ -398,6 +398,17 @@ _TEXT_DEFAULTS: Dict[str, Dict[str, Any]] = {
     'deepseek_v3': dict(first_k_dense_replace=3, moe_layer_freq=1, n_shared_experts=1),
 }
 _TEXT_DEFAULTS['gemma3_text'] = _TEXT_DEFAULTS['gemma3']
+# A VL wrapper's text_config may name a text model_type and leave its size to that config class, as published
+# llava-1.5 configs do ({"model_type": "llama", "vocab_size": 32064}); transformers then builds the class default.
+# Only there (a nested text_config next to a vision_config) are these sizes filled in, and the plan says so.
+_NESTED_TEXT_DEFAULTS = {
+    'llama': dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                  vocab_size=32000),  # LlamaConfig()
+    'mistral': dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                    num_key_value_heads=8, vocab_size=32000),  # MistralConfig()
+    'qwen2': dict(hidden_size=4096, intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32,
+                  num_key_value_heads=32, vocab_size=151936),  # Qwen2Config()
+}
 _TEXT_DEFAULTS['qwen3_5_moe'] = _TEXT_DEFAULTS['qwen3_5']
 _VISION_DEFAULTS = {
     'qwen3_vl': dict(in_channels=3, patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
@@ -493,7 +504,15 @@ def model_spec(cfg: Dict[str, Any], where: str = 'config.json') -> ModelSpec:
     if isinstance(archs, list) and archs and isinstance(archs[0], str):
         arch = archs[0]
     arch = arch or model_type
-    defaults = _TEXT_DEFAULTS.get(model_type) or _TEXT_DEFAULTS.get(text_type) or {}
+    defaults = dict(_TEXT_DEFAULTS.get(model_type) or _TEXT_DEFAULTS.get(text_type) or {})
+    nested = _NESTED_TEXT_DEFAULTS.get(text_type) if prefix and isinstance(cfg.get('vision_config'), dict) else None
+    if nested:
+        filled = sorted(k for k in nested if text_d.get(k) is None)
+        if filled:
+            defaults.update({k: nested[k] for k in filled})
+            text_d = dict(text_d, **{k: nested[k] for k in filled})
+            notes.append(f'text_config leaves {", ".join(filled)} to the {text_type} config class: counted with its '
+                         f'defaults, as transformers builds it')
     t = _Cfg(text_d, defaults, where, prefix)
 
     hidden = t.require('hidden_size')
