@@ -145,7 +145,8 @@ def test_shipped_config_matches_meta_model(model_id):
 
 @pytest.mark.parametrize('model_id, billions', [
     ('Qwen/Qwen3-VL-2B-Instruct', 2.13), ('Qwen/Qwen3-VL-8B-Instruct', 8.77), ('Qwen/Qwen3-8B', 8.19),
-    ('Qwen/Qwen2.5-7B-Instruct', 7.62), ('Qwen/Qwen2.5-14B-Instruct', 14.77), ('meta-llama/Llama-3.1-8B-Instruct', 8.03),
+    ('Qwen/Qwen2.5-7B-Instruct', 7.62), ('Qwen/Qwen2.5-14B-Instruct', 14.77),
+    ('meta-llama/Llama-3.1-8B-Instruct', 8.03),
     ('mistralai/Mistral-7B-Instruct-v0.3', 7.25), ('mistralai/Mixtral-8x7B-Instruct-v0.1', 46.70),
     ('Qwen/Qwen3-30B-A3B', 30.53), ('deepseek-ai/DeepSeek-V3', 671.03), ('Qwen/Qwen2.5-VL-7B-Instruct', 8.29)])
 def test_shipped_configs_have_their_published_size(model_id, billions):

@@ -158,7 +158,8 @@ def sample_budget(args, environ=None):
         raw = environ[ENV_PREFIX + 'WINDOW']
         window = None if raw.lower() in ('none', '0') else float(raw)
         if window is None:
-            raise ValueError(f'{ENV_PREFIX}WINDOW={raw} trains whole videos: give the clip length to plan with --window')
+            raise ValueError(f'{ENV_PREFIX}WINDOW={raw} trains whole videos: give the clip length to plan with '
+                             f'--window')
     if window is None:
         window = WindowConfig().window
     return budget, float(window)

@@ -10,7 +10,8 @@ a path that does not exist yet (`/models/Qwen3-VL-2B-Instruct`, a recipe's downl
      `ORG/NAME/` (ModelScope writes a '.' in a name as '___');
   4. in the configurations shipped with swift-vora (`swift_vora/plan/model_configs/`, see the README there).
 A model id is matched exactly (case-insensitive), then by its name under any organisation; a path that does not
-exist is matched by its last component (the model's name). Nothing is downloaded and no weights are read. The plan reports the source it used.
+exist is matched by its last component (the model's name). Nothing is downloaded and no weights are read. The
+plan reports the source it used.
 """
 from __future__ import annotations
 
