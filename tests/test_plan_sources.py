@@ -187,3 +187,18 @@ def test_cached_weights_make_a_model_id_trainable_and_names_fall_back(empty_cach
     # another organisation's upload of the same model resolves by name, and says which repository it used
     cfg, src = resolve_config('someone/Qwen3-VL-2B-Instruct')
     assert src.kind == 'shipped' and src.model_id == 'Qwen/Qwen3-VL-2B-Instruct'
+
+
+def test_unusable_config_is_invalid_input_for_plan_and_train(tmp_path):
+    """exit 1 with the file and the field named, never a traceback (a stub config or a non-string model_type)."""
+    env = dict(os.environ, PYTHONPATH=REPO)
+    for content, field in (({'model_type': 'qwen3_vl'}, "'hidden_size'"), ({'model_type': 7}, "'model_type'")):
+        d = tmp_path / f'm{len(field)}'
+        d.mkdir()
+        (d / 'config.json').write_text(json.dumps(content))
+        for argv in (['plan', '--model', str(d), '--hardware', 'h200x1'],
+                     ['train', 'recipes/3060x4.yaml', f'model.path={d}', 'model.type=null', '--dry-run']):
+            r = subprocess.run([sys.executable, '-m', 'swift_vora', *argv], capture_output=True, text=True, env=env,
+                               cwd=REPO)
+            assert r.returncode == 1, (argv, r.stderr)
+            assert str(d / 'config.json') in r.stderr and field in r.stderr and 'Traceback' not in r.stderr

@@ -51,9 +51,10 @@ def cmd_train(args) -> int:
     except FileNotFoundError as e:
         _err(f'{recipe.path}: model.path: {e}')
         return EXIT_USAGE
-    except (KeyError, ValueError) as e:  # unknown hardware profile, bad request values, unsupported model
+    except (KeyError, ValueError) as e:  # unknown hardware profile, bad request values, unusable config.json
+        from ..plan.model_spec import UnsupportedModel  # ConfigError included: the config is invalid input
         _err(f'{recipe.path}: {e.args[0] if e.args else e}')
-        return EXIT_INVALID if e.__class__.__name__ == 'UnsupportedModel' else EXIT_USAGE
+        return EXIT_INVALID if isinstance(e, UnsupportedModel) else EXIT_USAGE
     launch, refusal = None, None
     if plan.verdict != 'refused':  # does_not_fit: still show the exact command that was not run
         try:
