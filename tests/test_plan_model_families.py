@@ -229,3 +229,28 @@ def test_sparse_text_config_of_a_vl_wrapper_takes_its_class_defaults():
     assert abs(total / 1e9 - 7.06) < 0.01 and any('LlamaConfig' in n or 'llama config class' in n for n in spec.notes)
     with pytest.raises(ConfigError, match='hidden_size'):
         model_spec({'model_type': 'llama', 'vocab_size': 32000})
+
+
+def test_every_transformers_decoder_config_plans_or_is_refused_cleanly():
+    """Every causal-LM and image-text-to-text config class of the installed transformers, at its default size:
+    the planner counts it and plans it, or refuses with UnsupportedModel / ConfigError naming the field — never
+    another exception (a traceback for the user)."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL,
+                                                        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as IT)
+    from swift_vora.plan import PlanRequest, make_plan
+    planned = 0
+    for model_type in sorted(set(CAUSAL) | set(IT)):
+        try:
+            d = CONFIG_MAPPING[model_type]().to_dict()
+        except Exception:  # noqa: BLE001 - a config class that needs extra arguments or packages is not ours
+            continue
+        try:
+            spec = model_spec(d)
+        except UnsupportedModel as e:
+            assert 'config' in str(e), (model_type, e)
+            continue
+        plan = make_plan(PlanRequest(model=model_type, hardware='h200x1'), spec=spec, search_alternatives=False)
+        assert plan.verdict in ('fits', 'does_not_fit', 'refused'), model_type
+        planned += 1
+    assert planned > 100

@@ -541,8 +541,15 @@ def model_spec(cfg: Dict[str, Any], where: str = 'config.json') -> ModelSpec:
     if raw_types and len(raw_types) != layers:
         raise ConfigError(f'{where}: {prefix}layer_types has {len(raw_types)} entries for {layers} layers')
     raw_types = raw_types or ['full_attention'] * layers
-    layer_types = ['linear_attention' if lt in ('linear_attention', 'linear') else 'full_attention'
+    # Gated DeltaNet layers are counted for the hybrid families only; other layer kinds (another family's linear
+    # attention, Mamba / conv blocks) have no family code and are counted as attention layers, which the plan says.
+    layer_types = ['linear_attention' if hybrid and lt in ('linear_attention', 'linear') else 'full_attention'
                    for lt in raw_types]
+    unknown = sorted({lt for lt in raw_types if lt not in ('full_attention', 'sliding_attention', 'attention')
+                      and not (hybrid and lt in ('linear_attention', 'linear'))})
+    if unknown:
+        notes.append(f'layer types {", ".join(unknown)} have no family code in the planner: counted as standard '
+                     f'attention layers (an estimate)')
     sliding = sum(1 for lt in raw_types if 'sliding' in lt)
     if sliding:
         notes.append(f'{sliding} of {layers} layers use sliding-window attention ({t.get("sliding_window")} tokens): '
