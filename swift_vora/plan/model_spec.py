@@ -6,8 +6,9 @@ are counted generically from their fields (hidden_size, num_hidden_layers, heads
 intermediate_size; MoE through num_experts / num_local_experts / n_routed_experts, num_experts_per_tok,
 moe_intermediate_size, shared experts, first_k_dense_replace / decoder_sparse_step; tied embeddings; sliding and
 linear attention; multi-head latent attention), text-only or with a `vision_config`. Where a family's modeling
-code differs, the family tables below say how (q/k/v biases, per-head q/k norms, sandwich norms, gated attention,
-the vision towers of Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 and Gemma 3). The parameter layout mirrors the
+code differs, the family tables below say how (q/k/v biases, q/k norms, sandwich norms, gated attention, biased
+experts, non-gated MLPs, the vision towers of Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, Gemma 3 and GLM-4V; the
+list is in docs/planner.md); anything else is counted generically and the spec's notes say so. The layout mirrors the
 transformers 5 modeling code (fused 3-D experts `mlp.experts.gate_up_proj [E, 2F, H]` / `down_proj [E, H, F]`, a
 router weight `[E, H]`, ...); tests/test_plan_model_spec.py checks every family against the model built on the
 meta device.
