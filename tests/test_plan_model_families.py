@@ -81,7 +81,7 @@ FAMILIES = {
 }
 # Vision-language types at their config classes' default (published-model) sizes: family code for glm4v, the
 # generic ViT + projector estimate for the llava-style ones (within 1 % of the whole model).
-DEFAULT_SIZE_VL = ['glm4v', 'glm4v_moe', 'llava', 'llava_onevision', 'mistral3', 'paligemma']
+DEFAULT_SIZE_VL = ['glm4v', 'glm4v_moe', 'llava', 'llava_onevision', 'mistral3', 'paligemma', 'internvl']
 VISION_PREFIXES = ('visual.', 'vision_tower.', 'multi_modal_projector.')
 
 

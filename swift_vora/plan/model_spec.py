@@ -751,9 +751,9 @@ def _vision(style: str, v: _Cfg, cfg: Dict[str, Any], text_hidden: int, lin, oth
     """Add the vision tower's parameter groups (through `lin` / `other`) and describe it for the token budget."""
     depth, heads = v.require('depth'), v.int('num_heads', required=style != 'vit')
     cin = v.int('in_channels')
-    raw_ps = v.get('patch_size')
-    if isinstance(raw_ps, list) and raw_ps and style == 'vit':  # [14, 14] in some towers
-        v.d = dict(v.d, patch_size=raw_ps[0])
+    if style == 'vit':  # some towers give square sizes as pairs ([14, 14], [448, 448]): one side is enough here
+        v.d = {k: (x[0] if k in ('patch_size', 'image_size') and isinstance(x, list) and x else x)
+               for k, x in v.d.items()}
     ps = v.int('patch_size', required=style != 'vit') or 14
     n_deep = 0
     if style in ('qwen3_vl', 'qwen3_5'):
