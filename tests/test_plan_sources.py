@@ -202,3 +202,15 @@ def test_unusable_config_is_invalid_input_for_plan_and_train(tmp_path):
                                cwd=REPO)
             assert r.returncode == 1, (argv, r.stderr)
             assert str(d / 'config.json') in r.stderr and field in r.stderr and 'Traceback' not in r.stderr
+
+
+def test_a_bad_budget_in_the_environment_names_the_variable(empty_caches, monkeypatch):
+    from swift_vora.plan.cli import PlanUsageError
+    base = ['--model', 'Qwen/Qwen3-VL-2B-Instruct', '--hardware', 'h200x1']
+    monkeypatch.setenv('SWIFT_VORA_PAIR_TOKENS', 'abc')
+    with pytest.raises(PlanUsageError, match="SWIFT_VORA_PAIR_TOKENS='abc'"):
+        plan_from_argv(base)
+    monkeypatch.delenv('SWIFT_VORA_PAIR_TOKENS')
+    monkeypatch.setenv('SWIFT_VORA_WINDOW', 'soon')
+    with pytest.raises(PlanUsageError, match="SWIFT_VORA_WINDOW='soon'"):
+        plan_from_argv(base)

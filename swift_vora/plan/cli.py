@@ -152,11 +152,21 @@ def sample_budget(args, environ=None):
     environ = os.environ if environ is None else environ
     flags = {'fps': args.fps, 'min_frames': args.min_frames, 'max_frames': args.max_frames,
              'pair_tokens': args.pair_tokens, 'max_video_tokens': args.max_video_tokens}
-    budget = VideoBudget.from_env(environ).updated({k: v for k, v in flags.items() if v is not None})
+    try:
+        budget = VideoBudget.from_env(environ)
+    except ValueError as e:
+        bad = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() in
+                     VideoBudget.__dataclass_fields__)
+        given = ', '.join(f'{k}={environ[k]!r}' for k in bad)
+        raise ValueError(f'the video budget in the environment is not valid ({given}): {e}') from e
+    budget = budget.updated({k: v for k, v in flags.items() if v is not None})
     window = args.window
     if window is None and environ.get(ENV_PREFIX + 'WINDOW') not in (None, ''):
         raw = environ[ENV_PREFIX + 'WINDOW']
-        window = None if raw.lower() in ('none', '0') else float(raw)
+        try:
+            window = None if raw.lower() in ('none', '0') else float(raw)
+        except ValueError as e:
+            raise ValueError(f'{ENV_PREFIX}WINDOW={raw!r} is not a number of seconds') from e
         if window is None:
             raise ValueError(f'{ENV_PREFIX}WINDOW={raw} trains whole videos: give the clip length to plan with '
                              f'--window')
