@@ -27,14 +27,13 @@ def plan_request(recipe: Recipe):
     from ..plan import PlanRequest
     from ..plan import constants as C
     from ..plan.hardware import resolve
+    from ..plan.video_budget import budget_sample
     from .launch import video_budget
     hardware = resolve(recipe['hardware'], recipe['gpus'], recipe['gpu_mem_gib'], recipe['host_ram_gib'],
                        recipe['nodes'])
     budget = video_budget(recipe)
-    from ..plan.video_budget import budget_sample
     clip = float(recipe['data.window'] or C.DEFAULT_CLIP_SECONDS)  # None: the dataset's default window
     frames, pair_tokens = budget_sample(budget, clip)  # min/max frames and max_video_tokens as the template applies
-
     return PlanRequest(
         model=recipe['model.path'], hardware=hardware, tuner=recipe['train.tuner'], backend=recipe['train.backend'],
         offload=recipe['deepspeed.offload'] or 'none', ep=recipe['megatron.ep'], tp=recipe['megatron.tp'],
