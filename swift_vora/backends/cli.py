@@ -100,9 +100,10 @@ def cmd_train(args) -> int:
         plan = plan_recipe(recipe)
     except FileNotFoundError as e:
         raise CliError(f'{recipe.path}: model.path: {e}', EXIT_USAGE) from None
-    except (KeyError, ValueError) as e:  # unknown hardware profile, bad request values, unsupported model
+    except (KeyError, ValueError) as e:  # unknown hardware profile, bad request values, unusable config.json
+        from ..plan.model_spec import UnsupportedModel  # ConfigError included: the config is invalid input
         raise CliError(f'{recipe.path}: {e.args[0] if e.args else e}',
-                       EXIT_INVALID if e.__class__.__name__ == 'UnsupportedModel' else EXIT_USAGE) from None
+                       EXIT_INVALID if isinstance(e, UnsupportedModel) else EXIT_USAGE) from None
     launch, refusal = None, None
     if plan.verdict != 'refused':  # does_not_fit: still show the exact command that was not run
         try:
@@ -119,6 +120,12 @@ def cmd_train(args) -> int:
         plan.command = []
     if plan.verdict == 'fits' and launch is not None and not args.dry_run:
         # What stops a launch is checked before anything is printed: with --json, stdout then holds the error only.
+        source = plan.config_source or {}
+        if not source.get('local_model', True):  # planned from a cached / shipped config: the weights are not there
+            raise CliError(f'{recipe.path}: model.path {recipe["model.path"]!r} is not a local model directory '
+                           f'(planned from {source.get("description")}); download the model first, e.g. '
+                           f'`huggingface-cli download {source.get("model_id") or "ORG/NAME"} --local-dir '
+                           f'{recipe["model.path"]}`, and point model.path at it', EXIT_USAGE)
         missing = missing_rendezvous(launch.env)
         if missing:
             raise CliError(f'{recipe["nodes"]} nodes: set {", ".join(missing)} in the environment of every node '

@@ -148,13 +148,15 @@ def plan_view(plan: Any, recipe: Recipe) -> PlanView:
 
 
 def read_config(model_path: str) -> Dict[str, Any]:
-    path = model_path if model_path.endswith('.json') else os.path.join(model_path, 'config.json')
+    """The model's config.json as the planner found it (a local copy, the HF / ModelScope cache, or the config
+    shipped with swift-vora); {} when there is none or it cannot be read."""
+    from ..plan.model_source import resolve_config
+    from ..plan.model_spec import ConfigError
     try:
-        with open(path, encoding='utf-8') as f:
-            cfg = json.load(f)
-    except (OSError, json.JSONDecodeError):
+        cfg, _ = resolve_config(model_path)
+    except (OSError, ConfigError):
         return {}
-    return cfg if isinstance(cfg, dict) else {}
+    return cfg
 
 
 def config_model_type(model_path: str) -> str:
