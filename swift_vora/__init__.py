@@ -8,12 +8,19 @@ ms-swift's Python API directly.
 import sys
 
 __version__ = '0.1.0'
+_warned = False
 
 
 def register():
     """Register the `video_ora` template and dataset with ms-swift (idempotent)."""
     from .swift_registry import register_all
     register_all()
+    global _warned
+    if not _warned:  # a misspelt SWIFT_VORA_* switch would otherwise be ignored silently; once per process
+        _warned = True
+        from .env_names import unknown_name_warnings
+        for warning in unknown_name_warnings():
+            print(f'[swift-vora] warning: {warning}', file=sys.stderr)
 
 
 if 'swift' in sys.modules:  # imported by ms-swift's plugin loader (or after `import swift`)

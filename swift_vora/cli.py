@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     'swift_vora.plan.cli',  # doctor, plan
     'swift_vora.data.cli',  # data check | build | convert
     'swift_vora.backends.cli',  # train
+    'swift_vora.recipe_catalog',  # recipes ls | show | cp
     'swift_vora.eval.cli',  # eval, parse
     'swift_vora.guards.cli',  # verify-adapter
     'swift_vora.demo',  # demo
@@ -35,11 +36,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        # `key=value` overrides may come after the flags (`train RECIPE --dry-run video.max_frames=4`): argparse
+        # stops filling a positional list at the first flag, so the leftovers are appended in order here.
+        if isinstance(getattr(args, 'overrides', None), list) and all('=' in a and not a.startswith('-')
+                                                                         for a in rest):
+            args.overrides.extend(rest)
+        else:
+            parser.error(f'unrecognized arguments: {" ".join(rest)}')
     if args.version:
         from . import __version__
         print(__version__)
         return EXIT_OK
+    from .env_names import unknown_name_warnings
+    for warning in unknown_name_warnings():
+        print(f'swift-vora: warning: {warning}', file=sys.stderr)
     handler = getattr(args, 'handler', None)
     if handler is None:
         parser.print_help(sys.stderr)

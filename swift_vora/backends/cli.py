@@ -24,7 +24,8 @@ def register_commands(subparsers) -> None:
     register_plan_command_builders()  # `swift-vora plan` prints the command `train` would run
     p = subparsers.add_parser('train', help='plan a recipe, then launch the chosen backend',
                               description=__doc__.split('\n\n')[0])
-    p.add_argument('recipe', help='recipe YAML (see recipes/ and docs/backends.md)')
+    p.add_argument('recipe', help='recipe YAML, or the name of a shipped recipe (`swift-vora recipes` lists them: '
+                   'h200x1, 3060x4, ...); see docs/backends.md')
     p.add_argument('overrides', nargs='*', metavar='key=value',
                    help='dotted recipe keys, YAML values: video.max_frames=16 model.path=/models/x train.max_steps=10')
     p.add_argument('--dry-run', action='store_true', help='print the plan, the exact command and generated files; '
@@ -40,9 +41,13 @@ def _err(msg: str) -> None:
 def cmd_train(args) -> int:
     from .launch import LaunchRefused, LaunchUsageError, build_launch, launch_record, missing_rendezvous
     from .planning import command_argv, plan_recipe
+    from ..recipe_catalog import resolve_recipe
     from .recipe import RecipeError, load_recipe
     try:
-        recipe = load_recipe(args.recipe, args.overrides)
+        recipe = load_recipe(resolve_recipe(args.recipe), args.overrides)
+    except FileNotFoundError as e:
+        _err(str(e))
+        return EXIT_USAGE
     except RecipeError as e:
         _err(str(e))
         return EXIT_USAGE
