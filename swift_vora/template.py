@@ -46,11 +46,9 @@ class SampleRejected(ValueError):
 
 @functools.lru_cache(maxsize=4096)
 def _video_header(path: str):
-    """(fps, frame count, height, width) of a video file; decoded once per path and process."""
-    import decord
-    reader = decord.VideoReader(path, num_threads=1)
-    height, width = reader[0].shape[:2]
-    return float(reader.get_avg_fps()), len(reader), int(height), int(width)
+    """(fps, frame count, height, width) of a video file; read once per path and process (decord, else PyAV)."""
+    from .video_reader import video_header
+    return video_header(path)
 
 
 class VideoOraTemplate(Qwen3VLTemplate):
@@ -86,8 +84,8 @@ class VideoOraTemplate(Qwen3VLTemplate):
             return super().replace_tag(media_type, index, inputs)
         from qwen_vl_utils import fetch_video, smart_resize
 
-        from .video_decode import limit_decord_threads
-        limit_decord_threads()  # one ffmpeg thread per reader in each DataLoader worker (swift_vora/video_decode.py)
+        from .video_reader import prepare_video_reader
+        prepare_video_reader()  # decord (one thread per reader), else torchcodec, else PyAV (swift_vora/video_reader.py)
         kwargs = inputs.chat_template_kwargs or {}
         budget = self.sample_budget(kwargs)
         src_fps, n_src, height, width = _video_header(video)

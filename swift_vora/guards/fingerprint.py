@@ -28,7 +28,7 @@ NAME = 'fingerprint'
 RECIPE_ENV = 'SWIFT_VORA_RECIPE'
 OVERRIDES_ENV = 'SWIFT_VORA_RECIPE_OVERRIDES'
 PACKAGES = ['swift-vora', 'ms-swift', 'torch', 'transformers', 'peft', 'accelerate', 'deepspeed', 'datasets',
-            'tokenizers', 'safetensors', 'qwen-vl-utils', 'decord', 'torchcodec', 'torchvision', 'flash-attn',
+            'tokenizers', 'safetensors', 'qwen-vl-utils', 'decord', 'av', 'torchcodec', 'torchvision', 'flash-attn',
             'liger-kernel', 'numpy', 'megatron-core', 'mcore-bridge', 'transformer-engine', 'unsloth', 'vllm']
 ENV_PREFIXES = ('VIDEO_', 'FPS', 'SWIFT_VORA_', 'NCCL_', 'CUDA_', 'PYTORCH_', 'TORCH_', 'NPROC_PER_NODE', 'NNODES',
                 'NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'WORLD_SIZE', 'RANK', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE',
