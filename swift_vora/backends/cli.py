@@ -34,6 +34,23 @@ def register_commands(subparsers) -> None:
     p.set_defaults(handler=cmd_train)
 
 
+def alternative_overrides(plan, recipe) -> list:
+    """The planner's cheapest alternative on the recipe's own hardware, as `key=value` overrides (ms-swift's
+    names where the recipe has them), or [] when only more GPUs would do."""
+    same = [a for a in (getattr(plan, 'alternatives', None) or [])
+            if a.get('num_gpus') == plan.num_gpus and a.get('nodes') == plan.nodes]
+    if not same:
+        return []
+    alt = same[0]
+    wanted = {'train.backend': alt['backend'], 'train.tuner_type': alt['tuner'], 'train.quantization': alt['quant'],
+              'deepspeed.offload': alt['offload'], 'train.per_device_train_batch_size': alt['micro_batch']}
+    if alt['backend'] == 'megatron_ep_lora':
+        wanted.update({'megatron.ep': alt['ep'], 'megatron.tp': alt['tp']})
+    current = {'deepspeed.offload': recipe['deepspeed.offload'] or 'none'}
+    return [f'{key}={value}' for key, value in wanted.items()
+            if value is not None and str(current.get(key, recipe[key])) != str(value)]
+
+
 def _err(msg: str) -> None:
     print(f'swift-vora train: {msg}', file=sys.stderr)
 
@@ -86,6 +103,10 @@ def cmd_train(args) -> int:
     if plan.verdict != 'fits' or launch is None:
         if not args.json:
             _err(f'not launched: {plan.verdict.replace("_", " ")} (exit {plan.exit_code})')
+            overrides = alternative_overrides(plan, recipe)
+            if overrides:
+                _err(f'what fits on this hardware, as recipe overrides: swift-vora train {args.recipe} '
+                     f'{" ".join(overrides)}')
         return plan.exit_code
     if not args.json:
         print('\nlaunch (exact command)')
