@@ -93,6 +93,8 @@ def cmd_train(args) -> int:
         plan.command = []
     if args.json:
         out = {'plan': plan.to_dict(), 'exit_code': plan.exit_code}
+        if plan.verdict == 'does_not_fit':
+            out['fits_with_overrides'] = alternative_overrides(plan, recipe)  # [] when only more GPUs would do
         if launch is not None:
             out['launch'] = {'backend': launch.backend, 'argv': launch.argv, 'env': launch.env, 'files': launch.files,
                              'notes': launch.notes, 'shell': launch.shell()}
