@@ -36,7 +36,8 @@ def plan_request(recipe: Recipe):
     frames, pair_tokens = budget_sample(budget, clip)  # min/max frames and max_video_tokens as the template applies
     return PlanRequest(
         model=recipe['model.path'], hardware=hardware, tuner=recipe['train.tuner'], backend=recipe['train.backend'],
-        offload=recipe['deepspeed.offload'] or 'none', ep=recipe['megatron.ep'], tp=recipe['megatron.tp'],
+        offload=recipe['deepspeed.offload'] or 'none', quant=recipe['train.quantization'], ep=recipe['megatron.ep'],
+        tp=recipe['megatron.tp'],
         micro_batch=recipe['train.micro_batch'], fps=float(budget.fps), max_frames=frames,
         frame_tokens=pair_tokens, clip_seconds=clip, lora_rank=recipe['train.lora_rank'],
         lora_targets=_lora_targets(recipe), nodes=recipe['nodes'],
@@ -60,7 +61,7 @@ def recipe_for_request(request: Any, plan: Any) -> Recipe:
         'data': {'dataset': PLAN_DATASET_PLACEHOLDER, 'window': float(request.clip_seconds)},
         'video': {'fps': float(request.fps), 'max_frames': int(request.max_frames),
                   'pair_tokens': int(request.frame_tokens)},
-        'train': {'backend': plan.backend, 'tuner': plan.tuner,
+        'train': {'backend': plan.backend, 'tuner': plan.tuner, 'quantization': plan.quant,
                   'lora_rank': int(plan.lora_rank), 'micro_batch': int(plan.micro_batch),
                   'target_modules': 'attention' if plan.lora_targets == 'attention' else 'all-linear',
                   'gradient_checkpointing': bool(request.gradient_checkpointing)},

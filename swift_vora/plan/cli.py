@@ -96,7 +96,10 @@ def register_commands(subparsers) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 def cmd_doctor(args) -> int:
     from .probe import doctor_report
-    rep = doctor_report(root=args.cgroup_root, use_torch=not args.no_torch)
+    def progress(message: str) -> None:  # stderr, so that --json output stays one object on stdout
+        print(f'swift-vora doctor: {message}', file=sys.stderr, flush=True)
+
+    rep = doctor_report(root=args.cgroup_root, use_torch=not args.no_torch, progress=progress)
     if args.json:
         print(dumps(rep, indent=2))
         return EXIT_OK
