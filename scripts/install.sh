@@ -5,6 +5,8 @@
 #   bash scripts/install.sh deepspeed  # + DeepSpeed (multi-GPU dense training)
 # torch/torchvision are pinned first: an unpinned `torch` pulled in by a dependency can resolve to a
 # multi-GB build that does not match torchvision (qwen_vl_utils needs a torchvision that imports).
+# pip's own output (what it downloads, its progress bars on a terminal) is shown for the large installs:
+# several GB on a fresh machine, minutes that should not look like a hang.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python_bin="${PYTHON:-python3}"
@@ -12,11 +14,14 @@ if [ ! -x .venv/bin/python ]; then
   "$python_bin" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
+echo "== [1/2] torch 2.14.1 + torchvision 0.29.1 (the largest download)"
+.venv/bin/python -m pip install "torch==2.14.1" "torchvision==0.29.1"
 extras="${1:-}"
 if [ -n "$extras" ]; then
-  .venv/bin/python -m pip install -q -e ".[${extras}]"
+  echo "== [2/2] swift-vora (editable) with [${extras}]: ms-swift, transformers, peft, video decoders, ..."
+  .venv/bin/python -m pip install -e ".[${extras}]"
 else
-  .venv/bin/python -m pip install -q -e .
+  echo "== [2/2] swift-vora (editable): ms-swift, transformers, peft, video decoders, ..."
+  .venv/bin/python -m pip install -e .
 fi
 .venv/bin/swift-vora --version

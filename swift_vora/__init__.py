@@ -13,7 +13,7 @@ __version__ = '0.1.0'
 def register():
     """Register the `video_ora` template and dataset with ms-swift (idempotent)."""
     from .swift_registry import register_all
-    register_all()
+    register_all()  # refuses a SWIFT_VORA_* name that is not a switch (swift_vora/switches.py) first
 
 
 if 'swift' in sys.modules:  # imported by ms-swift's plugin loader (or after `import swift`)

@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     'swift_vora.plan.cli',  # doctor, plan
     'swift_vora.data.cli',  # data check | build | convert
     'swift_vora.backends.cli',  # train
+    'swift_vora.recipe_catalog',  # recipes ls | show | cp
     'swift_vora.eval.cli',  # eval, parse
     'swift_vora.guards.cli',  # verify-adapter
     'swift_vora.demo',  # demo
@@ -59,12 +60,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     command = 'swift-vora'
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args, rest = parser.parse_known_args(argv)
+        if rest:
+            # `key=value` overrides may come after the flags (`train RECIPE --dry-run video.max_frames=4`):
+            # argparse stops filling a positional list at the first flag, so the leftovers are appended in order.
+            if isinstance(getattr(args, 'overrides', None), list) and all('=' in a and not a.startswith('-')
+                                                                             for a in rest):
+                args.overrides.extend(rest)
+            else:
+                parser.error(f'unrecognized arguments: {" ".join(rest)}')
         command = _command_name(args)
         if args.version:
             from . import __version__
             print(__version__)
             return EXIT_OK
+        if args.command != 'switches':  # `swift-vora switches` is where such a name is looked into
+            _check_switch_names()
         handler = getattr(args, 'handler', None)
         if handler is None:
             parser.print_help(sys.stderr)
@@ -92,6 +103,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         message = (f'internal error: {type(exc).__name__}: {exc} (this is a bug in swift-vora; please report it '
                    f'with the command line; {TRACEBACK_ENV}=1 prints the traceback)')
         return _fail(command, message, EXIT_INVALID, want_json)
+
+
+def _check_switch_names() -> None:
+    """A `SWIFT_VORA_*` name that is not a switch is a usage error (a misspelt switch would otherwise be ignored
+    here and refused later by the plugin inside `swift sft`), with the closest switch's name."""
+    from .switches import SwitchError, check_names
+    try:
+        check_names()
+    except SwitchError as exc:
+        raise UsageError(f'{exc}; `swift-vora switches` lists them') from None
 
 
 def _command_name(args) -> str:

@@ -105,6 +105,8 @@ def _table() -> Tuple[Switch, ...]:
                where='guards/verify_adapter.py'),
         Switch(PREFIX + 'RECIPE', 'path', None, 'the recipe file hashed into fingerprint.json',
                'the recipe file itself', where='guards/fingerprint.py'),
+        Switch(PREFIX + 'RECIPE_OVERRIDES', 'text', None, 'JSON list of the key=value overrides applied over the '
+               'recipe, recorded in fingerprint.json', 'the key=value overrides', where='guards/fingerprint.py'),
         # --- speed levers (swift_vora/speed/) -------------------------------------------------------------------
         Switch(PREFIX + 'COMPILE', 'choice', 'off', 'regional torch.compile: off | layers',
                'train.compile', choices=('off', 'layers'), aliases=off_aliases, where='speed/compile_layers.py'),
@@ -173,8 +175,10 @@ def switch(name: str) -> Switch:
 
 
 def _suggest(name: str) -> str:
-    close = difflib.get_close_matches(name, list(table()), n=1)
-    return f' (did you mean {close[0]}?)' if close else ''
+    # compared without the shared prefix, which would make every name look close
+    close = difflib.get_close_matches(name[len(PREFIX):] if name.startswith(PREFIX) else name,
+                                      [n[len(PREFIX):] for n in table()], n=1, cutoff=0.6)
+    return f' (did you mean {PREFIX}{close[0]}?)' if close else ''
 
 
 def parse(name: str, raw: Optional[str]) -> Any:
@@ -229,11 +233,17 @@ def unknown_names(environ: Optional[Mapping[str, str]] = None) -> List[str]:
     return sorted(k for k in environ if k.startswith(PREFIX) and k not in table())
 
 
+def check_names(environ: Optional[Mapping[str, str]] = None) -> None:
+    """Raise on `SWIFT_VORA_*` variables that are not switches, each with the closest switch's name."""
+    unknown = unknown_names(environ)
+    if unknown:
+        raise SwitchError('; '.join(f'{name}: not a swift-vora switch{_suggest(name)}' for name in unknown))
+
+
 def check_environment(environ: Optional[Mapping[str, str]] = None) -> None:
     """Raise on the first `SWIFT_VORA_*` variable that is not a switch or holds a value its switch refuses."""
     environ = os.environ if environ is None else environ
-    for name in unknown_names(environ):
-        switch(name)  # raises, with the closest name
+    check_names(environ)
     for name in table():
         read(name, environ)
 

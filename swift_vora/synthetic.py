@@ -39,30 +39,33 @@ def write_video(path: str, duration: float, intervals: Sequence[Tuple[float, flo
 
 
 def random_intervals(duration: float, rng: random.Random, max_events: int = 2, min_len: float = 2.0,
-                     grid: float = 1.0) -> List[Tuple[float, float]]:
-    """Up to `max_events` non-overlapping intervals on a `grid`-second grid (0 events is allowed)."""
-    events: List[Tuple[float, float]] = []
-    for _ in range(rng.randint(0, max_events)):
-        length = rng.choice([min_len, min_len * 2, min_len * 3])
-        if length >= duration:
-            continue
-        start = round(rng.uniform(0, duration - length) / grid) * grid
-        candidate = (start, start + length)
-        if all(candidate[1] <= s or candidate[0] >= e for s, e in events):
-            events.append(candidate)
-    return sorted(events)
+                     grid: float = 1.0, min_events: int = 0) -> List[Tuple[float, float]]:
+    """Between `min_events` and `max_events` non-overlapping intervals on a `grid`-second grid."""
+    for _ in range(100):
+        events: List[Tuple[float, float]] = []
+        for _ in range(rng.randint(min_events, max_events)):
+            length = rng.choice([min_len, min_len * 2, min_len * 3])
+            if length >= duration:
+                continue
+            start = round(rng.uniform(0, duration - length) / grid) * grid
+            candidate = (start, start + length)
+            if all(candidate[1] <= s or candidate[0] >= e for s, e in events):
+                events.append(candidate)
+        if len(events) >= min_events:
+            return sorted(events)
+    raise ValueError(f'cannot place {min_events} events of {min_len} s or more in {duration} s')
 
 
 def make_dataset(out_dir: str, n_videos: int, duration: float = 16.0, fps: float = 4.0,
                  size: Tuple[int, int] = (128, 96), seed: int = 0, max_events: int = 2,
-                 durations: Optional[Sequence[float]] = None) -> str:
+                 durations: Optional[Sequence[float]] = None, min_events: int = 0) -> str:
     """Write `n_videos` synthetic clips and an annotation JSONL (docs/contract.md format); return its path."""
     os.makedirs(out_dir, exist_ok=True)
     rng = random.Random(seed)
     rows: List[Dict] = []
     for i in range(n_videos):
         clip_duration = durations[i % len(durations)] if durations else duration
-        intervals = random_intervals(clip_duration, rng, max_events=max_events)
+        intervals = random_intervals(clip_duration, rng, max_events=max_events, min_events=min_events)
         name = f'synthetic_{i:04d}.mp4'
         write_video(os.path.join(out_dir, name), clip_duration, intervals, fps=fps, size=size, seed=seed + i)
         rows.append({'id': f'synthetic_{i:04d}', 'video': name, 'duration': clip_duration, 'query': QUERY,

@@ -48,11 +48,9 @@ class SampleRejected(ValueError):
 
 @functools.lru_cache(maxsize=4096)
 def _video_header(path: str):
-    """(fps, frame count, height, width) of a video file; decoded once per path and process."""
-    import decord
-    reader = decord.VideoReader(path, num_threads=1)
-    height, width = reader[0].shape[:2]
-    return float(reader.get_avg_fps()), len(reader), int(height), int(width)
+    """(fps, frame count, height, width) of a video file; read once per path and process (decord, else PyAV)."""
+    from .video_reader import video_header
+    return video_header(path)
 
 
 class VideoOraTemplate(Qwen3VLTemplate):
@@ -87,7 +85,9 @@ class VideoOraTemplate(Qwen3VLTemplate):
         if media_type != 'video' or self.mode == 'vllm' or not isinstance(video, str):
             return super().replace_tag(media_type, index, inputs)
         from qwen_vl_utils import fetch_video, smart_resize
-        speed.before_decode()
+        from .video_reader import prepare_video_reader
+        # decord (one thread per reader), else torchcodec, else PyAV (swift_vora/video_reader.py)
+        speed.before_decode(prepare_video_reader())
         kwargs = inputs.chat_template_kwargs or {}
         budget = self.sample_budget(kwargs)
         src_fps, n_src, height, width = _video_header(video)

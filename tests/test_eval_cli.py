@@ -140,12 +140,14 @@ def test_out_dir_writes_metrics_report_and_plots(tmp_path, capsys, qvh_file, qvh
     assert 'MR-full-mAP' in report and 'Parse failures' in report and 'Missing predictions' in report
     plots = sorted((out / 'plots').iterdir())
     assert len(plots) == 3
-    for p in plots:
+    for p in [*plots, out / 'overview.png']:
         data = p.read_bytes()
         assert data[:8] == b'\x89PNG\r\n\x1a\n' and len(data) > 2000
         assert p.name in report
-    # worst first: the parse failure / missing ones are plotted before the correct ones
-    assert str(qvh_rows[0]['qid']) in plots[0].name
+    # timelines show answered videos: not the unparseable one nor the five without a prediction
+    unanswered = {str(r['qid']) for r in qvh_rows[:1] + qvh_rows[35:]}
+    assert not any(p.name.split('_', 1)[1].rsplit('.', 1)[0] in unanswered for p in plots)
+    assert '34 of 40 videos answered' in report
 
 
 def test_max_plots_zero_writes_no_plots(tmp_path, capsys, qvh_file, qvh_rows):

@@ -35,6 +35,7 @@ def test_fingerprint_contents(tmp_path, monkeypatch):
     recipe = tmp_path / 'recipe.yaml'
     recipe.write_text('model: x\n')
     monkeypatch.setenv('SWIFT_VORA_RECIPE', str(recipe))
+    monkeypatch.setenv('SWIFT_VORA_RECIPE_OVERRIDES', json.dumps(['video.max_frames=4']))
     monkeypatch.setenv('VIDEO_MAX_TOKEN_NUM', '128')
     monkeypatch.setenv('NCCL_DEBUG', 'INFO')
     monkeypatch.setenv('HF_TOKEN', 'hf_secret_value')
@@ -43,7 +44,8 @@ def test_fingerprint_contents(tmp_path, monkeypatch):
     fp = build_fingerprint()
     assert fp['python']['executable'] and fp['python']['version']
     assert fp['packages']['ms-swift'] and fp['packages']['torch'] and fp['packages']['transformers']
-    assert fp['recipe'] == {'path': str(recipe), 'sha256': sha256_file(str(recipe))}
+    assert fp['recipe'] == {'path': str(recipe), 'sha256': sha256_file(str(recipe)),
+                            'overrides': ['video.max_frames=4']}
     env = fp['env']
     assert env['VIDEO_MAX_TOKEN_NUM'] == '128' and env['NCCL_DEBUG'] == 'INFO'
     assert env['HF_TOKEN'] == '<redacted>' and env['TOKENIZERS_PARALLELISM'] == 'false'

@@ -131,3 +131,17 @@ def test_nvidia_smi_fallback(monkeypatch):
     g = probe.probe_gpus(use_torch=False)
     assert g['source'] == 'nvidia-smi' and len(g['gpus']) == 2
     assert g['gpus'][0]['total_gib'] == pytest.approx(140.4, abs=0.1)
+
+
+def test_doctor_says_what_it_probes_on_stderr_and_keeps_json_on_stdout(tmp_path):
+    import os
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, 'PYTHONPATH': repo}
+    env.pop('SWIFT_VORA_PROBE_TORCH', None)
+    proc = subprocess.run([sys.executable, '-m', 'swift_vora', 'doctor', '--json'], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert 'swift-vora doctor: importing torch to probe the GPUs' in proc.stderr
+    assert json.loads(proc.stdout)['gpu_probe'] in ('torch', 'nvidia-smi', 'none')

@@ -1,5 +1,6 @@
 """Every recipe plans (config.json only), says what the planner says in its header, and dry-runs to a runnable
 command; cpu-tiny really trains through `swift-vora train`."""
+import hashlib
 import json
 import os
 import re
@@ -22,8 +23,8 @@ EXPECTED = {
     'h200x8': (os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json'), 'megatron_ep_lora'),
     'cpu-tiny': ('tiny', 'ddp'),
 }
-MEMORY_KNOBS = ('max_frames', 'pair_tokens', 'micro_batch', 'gradient_checkpointing', 'lora_rank', 'max_length',
-                'window', 'offload', 'recompute')
+MEMORY_KNOBS = ('max_frames', 'pair_tokens', 'micro_batch', 'per_device_train_batch_size', 'gradient_checkpointing',
+                'lora_rank', 'max_length', 'window', 'offload', 'recompute')
 
 
 @pytest.fixture(scope='module')
@@ -134,3 +135,9 @@ def test_cpu_tiny_trains_through_swift_vora_train(cpu_tiny_run):
     with open(os.path.join(ckpt, 'args.json')) as f:
         args = json.load(f)
     assert args['template'] == 'video_ora' and args['custom_register_path'] == ['swift_vora']
+    # the fingerprint guard recorded which recipe ran, its hash and the overrides applied over it
+    fingerprint = json.load(open(os.path.join(os.path.dirname(ckpt), 'fingerprint.json')))
+    recipe = os.path.join(RECIPES, 'cpu-tiny.yaml')
+    assert fingerprint['recipe']['path'] == recipe
+    assert fingerprint['recipe']['sha256'] == hashlib.sha256(open(recipe, 'rb').read()).hexdigest()
+    assert f'train.output_dir={out}' in fingerprint['recipe']['overrides']

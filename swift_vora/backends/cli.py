@@ -24,7 +24,8 @@ EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_REFUSED = 0, 1, 2, 3,
 def register_commands(subparsers) -> None:
     p = subparsers.add_parser('train', help='plan a recipe, then launch the chosen backend',
                               description=__doc__.split('\n\n')[0])
-    p.add_argument('recipe', help='recipe YAML (see recipes/ and docs/backends.md)')
+    p.add_argument('recipe', help='recipe YAML, or the name of a shipped recipe (`swift-vora recipes` lists them: '
+                   'h200x1, 3060x4, ...); see docs/backends.md')
     p.add_argument('overrides', nargs='*', metavar='key=value',
                    help='dotted recipe keys, YAML values: video.max_frames=16 model.path=/models/x train.max_steps=10')
     p.add_argument('--dry-run', action='store_true', help='print the plan, the exact command and generated files; '
@@ -83,6 +84,23 @@ def dataset_problems(recipe, sample_lines: int = DATA_CHECK_LINES):
     return problems, code
 
 
+def alternative_overrides(plan, recipe) -> list:
+    """The planner's cheapest alternative on the recipe's own hardware, as `key=value` overrides (ms-swift's
+    names where the recipe has them), or [] when only more GPUs would do."""
+    same = [a for a in (getattr(plan, 'alternatives', None) or [])
+            if a.get('num_gpus') == plan.num_gpus and a.get('nodes') == plan.nodes]
+    if not same:
+        return []
+    alt = same[0]
+    wanted = {'train.backend': alt['backend'], 'train.tuner_type': alt['tuner'], 'train.quantization': alt['quant'],
+              'deepspeed.offload': alt['offload'], 'train.per_device_train_batch_size': alt['micro_batch']}
+    if alt['backend'] == 'megatron_ep_lora':
+        wanted.update({'megatron.ep': alt['ep'], 'megatron.tp': alt['tp']})
+    current = {'deepspeed.offload': recipe['deepspeed.offload'] or 'none'}
+    return [f'{key}={value}' for key, value in wanted.items()
+            if value is not None and str(current.get(key, recipe[key])) != str(value)]
+
+
 def _err(msg: str) -> None:
     print(f'swift-vora train: {msg}', file=sys.stderr)
 
@@ -91,18 +109,22 @@ def cmd_train(args) -> int:
     from .common import LaunchRefused, LaunchUsageError, launch_record, missing_rendezvous
     from .launch import build_launch
     from .planning import command_argv, plan_recipe
+    from ..recipe_catalog import resolve_recipe
     from .recipe import RecipeError, load_recipe
     try:
-        recipe = load_recipe(args.recipe, args.overrides)
+        recipe = load_recipe(resolve_recipe(args.recipe), args.overrides)
+    except FileNotFoundError as e:  # neither a file nor a shipped recipe's name
+        raise CliError(str(e), EXIT_USAGE) from None
     except RecipeError as e:
         raise CliError(str(e), EXIT_USAGE) from None
     try:
         plan = plan_recipe(recipe)
     except FileNotFoundError as e:
         raise CliError(f'{recipe.path}: model.path: {e}', EXIT_USAGE) from None
-    except (KeyError, ValueError) as e:  # unknown hardware profile, bad request values, unsupported model
+    except (KeyError, ValueError) as e:  # unknown hardware profile, bad request values, unusable config.json
+        from ..plan.model_spec import UnsupportedModel  # ConfigError included: the config is invalid input
         raise CliError(f'{recipe.path}: {e.args[0] if e.args else e}',
-                       EXIT_INVALID if e.__class__.__name__ == 'UnsupportedModel' else EXIT_USAGE) from None
+                       EXIT_INVALID if isinstance(e, UnsupportedModel) else EXIT_USAGE) from None
     launch, refusal = None, None
     if plan.verdict != 'refused':  # does_not_fit: still show the exact command that was not run
         try:
@@ -119,6 +141,12 @@ def cmd_train(args) -> int:
         plan.command = []
     if plan.verdict == 'fits' and launch is not None and not args.dry_run:
         # What stops a launch is checked before anything is printed: with --json, stdout then holds the error only.
+        source = plan.config_source or {}
+        if not source.get('local_model', True):  # planned from a cached / shipped config: the weights are not there
+            raise CliError(f'{recipe.path}: model.path {recipe["model.path"]!r} is not a local model directory '
+                           f'(planned from {source.get("description")}); download the model first, e.g. '
+                           f'`huggingface-cli download {source.get("model_id") or "ORG/NAME"} --local-dir '
+                           f'{recipe["model.path"]}`, and point model.path at it', EXIT_USAGE)
         missing = missing_rendezvous(launch.env)
         if missing:
             raise CliError(f'{recipe["nodes"]} nodes: set {", ".join(missing)} in the environment of every node '
@@ -129,6 +157,8 @@ def cmd_train(args) -> int:
             raise CliError('not launched: ' + '\n  '.join(problems), code)
     if args.json:
         out = {'plan': plan.to_dict(), 'exit_code': plan.exit_code}
+        if plan.verdict == 'does_not_fit':
+            out['fits_with_overrides'] = alternative_overrides(plan, recipe)  # [] when only more GPUs would do
         if launch is not None:
             out['launch'] = {'backend': launch.backend, 'argv': launch.argv, 'env': launch.env, 'files': launch.files,
                              'notes': launch.notes, 'shell': launch.shell()}
@@ -138,6 +168,10 @@ def cmd_train(args) -> int:
         print(render_plan(plan))
     if plan.verdict != 'fits' or launch is None:
         _err(f'not launched: {plan.verdict.replace("_", " ")} (exit {plan.exit_code})')  # stderr: JSON stays clean
+        overrides = [] if args.json else alternative_overrides(plan, recipe)  # --json: `fits_with_overrides`
+        if overrides:
+            _err(f'what fits on this hardware, as recipe overrides: swift-vora train {args.recipe} '
+                 f'{" ".join(overrides)}')
         return plan.exit_code
     if not args.json:
         print('\nlaunch (exact command)')

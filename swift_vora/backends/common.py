@@ -148,13 +148,15 @@ def plan_view(plan: Any, recipe: Recipe) -> PlanView:
 
 
 def read_config(model_path: str) -> Dict[str, Any]:
-    path = model_path if model_path.endswith('.json') else os.path.join(model_path, 'config.json')
+    """The model's config.json as the planner found it (a local copy, the HF / ModelScope cache, or the config
+    shipped with swift-vora); {} when there is none or it cannot be read."""
+    from ..plan.model_source import resolve_config
+    from ..plan.model_spec import ConfigError
     try:
-        with open(path, encoding='utf-8') as f:
-            cfg = json.load(f)
-    except (OSError, json.JSONDecodeError):
+        cfg, _ = resolve_config(model_path)
+    except (OSError, ConfigError):
         return {}
-    return cfg if isinstance(cfg, dict) else {}
+    return cfg
 
 
 def config_model_type(model_path: str) -> str:
@@ -200,6 +202,8 @@ def common_env(recipe: Recipe, view: PlanView, environ: Optional[Mapping[str, st
     env['SWIFT_VORA_ENCODE_LOG'] = os.path.join(recipe['train.output_dir'], 'encode_log.jsonl')
     if os.path.isfile(recipe.path):  # hashed into fingerprint.json (a plan's stand-in recipe has no file)
         env['SWIFT_VORA_RECIPE'] = os.path.abspath(recipe.path)
+    if recipe.overrides:  # recorded next to the recipe's hash in fingerprint.json (guards/fingerprint.py)
+        env['SWIFT_VORA_RECIPE_OVERRIDES'] = json.dumps(list(recipe.overrides))
     for source in ('guards.env', 'env'):
         for key, value in recipe[source].items():
             if key.startswith(switches.PREFIX):  # a switch of the table's `env` column, with a value it accepts
@@ -266,10 +270,11 @@ def lora_args(recipe: Recipe) -> List[str]:
     targets = recipe['train.target_modules']
     targets = [targets] if isinstance(targets, str) else list(targets)
     return ['--tuner_type', 'lora', '--target_modules', *targets, '--lora_rank', str(recipe['train.lora_rank']),
-            '--lora_alpha', _num(recipe['train.lora_alpha']), '--lora_dropout', _num(recipe['train.lora_dropout'])]
+            '--lora_alpha', format_number(recipe['train.lora_alpha']), '--lora_dropout',
+            format_number(recipe['train.lora_dropout'])]
 
 
-def _num(x: Any) -> str:
+def format_number(x: Any) -> str:
     return f'{x:g}' if isinstance(x, float) else str(x)
 
 

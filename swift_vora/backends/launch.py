@@ -18,11 +18,12 @@ that produced it. This module is the dispatcher only; the pieces the backends sh
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from typing import Any, List, Mapping, Optional, Sequence
 
-from .common import Launch, LaunchRefused, LaunchUsageError, plan_view
+from .common import Launch, LaunchRefused, LaunchUsageError, bool_arg, format_number, plan_view
 from .deepspeed import build_swift_sft_launch
 from .megatron import build_megatron_launch
 from .recipe import Recipe
@@ -91,6 +92,102 @@ def check_extra_args(recipe: Recipe) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# QLoRA and the pass-through arguments (swift sft / megatron sft only), checked by the engine's own parser
+# ---------------------------------------------------------------------------------------------------------------
+ENGINE_LAUNCHERS = ('ddp', 'deepspeed_zero2', 'deepspeed_zero3', 'megatron_ep_lora')
+
+
+def quantization_args(recipe: Recipe, backend: str) -> List[str]:
+    """`train.quantization: 4bit` -> ms-swift's bitsandbytes NF4 load (QLoRA), computing in the recipe's dtype."""
+    if recipe['train.quantization'] == 'none':
+        return []
+    if backend not in ('ddp', 'deepspeed_zero2', 'deepspeed_zero3'):
+        raise LaunchUsageError(f'{recipe.path}: train.quantization={recipe["train.quantization"]} needs a swift sft '
+                               f'backend (ddp or DeepSpeed); {backend} has no bitsandbytes 4-bit path')
+    return ['--quant_method', 'bnb', '--quant_bits', '4', '--bnb_4bit_quant_type', 'nf4',
+            '--bnb_4bit_use_double_quant', 'true', '--bnb_4bit_compute_dtype', recipe['train.dtype']]
+
+
+def passthrough_args(recipe: Recipe) -> List[str]:
+    """`swift_args: {name: value}` -> `--name value` (lists: several values; mappings: inline JSON)."""
+    argv: List[str] = []
+    for name, value in recipe['swift_args'].items():
+        if isinstance(value, bool):
+            values = [bool_arg(value)]
+        elif isinstance(value, list):
+            values = [bool_arg(v) if isinstance(v, bool) else str(v) for v in value]
+        elif isinstance(value, dict):
+            values = [json.dumps(value)]
+        else:
+            values = [format_number(value)]
+        argv += [f'--{name}', *values]
+    return argv
+
+
+def engine_parser(backend: str):
+    """The argument parser the engine itself builds for `swift sft` / `megatron sft` (ms-swift's HfArgumentParser
+    over SftArguments / MegatronSftArguments, swift.utils.parse_args)."""
+    from transformers import HfArgumentParser
+    from swift.utils.utils import _patch_get_type_hints
+    if backend == 'megatron_ep_lora':
+        from swift.megatron.arguments import MegatronSftArguments as arguments
+    else:
+        from swift.arguments import SftArguments as arguments
+    with _patch_get_type_hints():
+        parser = HfArgumentParser([arguments])
+    return parser
+
+
+class _EngineArgumentError(Exception):
+    pass
+
+
+def check_engine_args(launch: Launch, recipe: Recipe) -> None:
+    """Parse the final argv with the engine's own parser (argparse level: names, types, choices; nothing is
+    loaded) so that a misspelt or ill-typed `swift_args` / `extra_args` entry stops here, not minutes into a
+    launch. Without the engine installed (megatron-core, Transformer Engine), a note says the check did not run."""
+    try:
+        parser = engine_parser(launch.backend)
+    except ImportError as e:
+        launch.notes.append(f'swift_args/extra_args not checked: the {launch.argv[1]} argument parser could not be '
+                            f'imported here ({e})')
+        return
+    parser.exit_on_error = False
+    parser.allow_abbrev = False  # a misspelt name is an error here, not a guess at the closest argument
+
+    def fail(message: str):
+        raise _EngineArgumentError(message)
+
+    parser.error = fail  # argparse reports through error(); raise instead of exiting
+    engine = ' '.join(os.path.basename(a) for a in launch.argv[:2])
+    try:
+        _, unknown = parser.parse_known_args(launch.argv[2:])
+    except (_EngineArgumentError, argparse.ArgumentError) as e:
+        raise LaunchUsageError(f'{recipe.path}: swift_args/extra_args: {engine} rejects the arguments: {e}') from None
+    if unknown:
+        raise LaunchUsageError(f'{recipe.path}: swift_args/extra_args: {engine} has no argument '
+                               f'{" ".join(a for a in unknown if a.startswith("-")) or " ".join(unknown)} '
+                               f'(`{engine} --help` lists them)')
+
+
+def add_engine_args(launch: Launch, recipe: Recipe, backend: str) -> None:
+    user = recipe['swift_args'] or recipe['extra_args']
+    if backend not in ENGINE_LAUNCHERS:
+        if recipe['swift_args'] or recipe['train.quantization'] != 'none':
+            raise LaunchUsageError(f'{recipe.path}: swift_args and train.quantization are for swift sft / megatron '
+                                   f'sft; the {backend} runner takes neither (see its unsloth.* keys)')
+        return
+    added = quantization_args(recipe, backend) + passthrough_args(recipe)
+    for flag in (a for a in added if a.startswith('--')):
+        if flag in launch.argv:
+            raise LaunchUsageError(f'{recipe.path}: {flag} is already set by swift-vora train from the recipe; '
+                                   'change the recipe key that sets it (docs/backends.md)')
+    launch.argv += added
+    if user:
+        check_engine_args(launch, recipe)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 def build_launch(plan: Any, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
     """The process that trains `recipe` as `plan` decided. Raises LaunchRefused (exit 4) for refused or
     unsupported combinations and LaunchUsageError (exit 2) for recipes the launcher cannot express."""
@@ -106,8 +203,10 @@ def build_launch(plan: Any, recipe: Recipe, environ: Optional[Mapping[str, str]]
         launch = build_unsloth_launch(view, recipe, environ)
     else:
         raise LaunchUsageError(f'no launcher for backend {backend!r}')
-    # The guard runs on what would actually be executed, extra_args included, before the reserved-flag check.
+    # The guard runs on what would actually be executed, extra_args included, before the reserved-flag check
+    # (swift_args cannot name --deepspeed: the recipe check stops it).
     refuse_moe_zero3(launch, view.is_moe)
     check_extra_args(recipe)
     launch.backend = backend
+    add_engine_args(launch, recipe, backend)
     return launch

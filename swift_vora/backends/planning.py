@@ -27,17 +27,19 @@ def plan_request(recipe: Recipe):
     from ..plan import PlanRequest
     from ..plan import constants as C
     from ..plan.hardware import resolve
+    from ..plan.video_budget import budget_sample
     from .common import video_budget
     hardware = resolve(recipe['hardware'], recipe['gpus'], recipe['gpu_mem_gib'], recipe['host_ram_gib'],
                        recipe['nodes'])
     budget = video_budget(recipe)
-    clip = float(recipe['data.window'] or C.DEFAULT_CLIP_SECONDS)
-    frames = budget.frames_for(clip)  # applies min/max frames and max_video_tokens exactly as the template does
+    clip = float(recipe['data.window'] or C.DEFAULT_CLIP_SECONDS)  # None: the dataset's default window
+    frames, pair_tokens = budget_sample(budget, clip)  # min/max frames and max_video_tokens as the template applies
     return PlanRequest(
         model=recipe['model.path'], hardware=hardware, tuner=recipe['train.tuner'], backend=recipe['train.backend'],
-        offload=recipe['deepspeed.offload'] or 'none', ep=recipe['megatron.ep'], tp=recipe['megatron.tp'],
+        offload=recipe['deepspeed.offload'] or 'none', quant=recipe['train.quantization'], ep=recipe['megatron.ep'],
+        tp=recipe['megatron.tp'],
         micro_batch=recipe['train.micro_batch'], fps=float(budget.fps), max_frames=frames,
-        frame_tokens=budget.pair_tokens, clip_seconds=clip, lora_rank=recipe['train.lora_rank'],
+        frame_tokens=pair_tokens, clip_seconds=clip, lora_rank=recipe['train.lora_rank'],
         lora_targets=_lora_targets(recipe), nodes=recipe['nodes'],
         gradient_checkpointing=recipe['train.gradient_checkpointing'])
 
@@ -56,10 +58,10 @@ def recipe_for_request(request: Any, plan: Any) -> Recipe:
         'nodes': int(plan.nodes or 1),
         'model': {'path': request.model[:-len('/config.json')] if request.model.endswith('/config.json')
                   else request.model},
-        'data': {'dataset': PLAN_DATASET_PLACEHOLDER},
+        'data': {'dataset': PLAN_DATASET_PLACEHOLDER, 'window': float(request.clip_seconds)},
         'video': {'fps': float(request.fps), 'max_frames': int(request.max_frames),
                   'pair_tokens': int(request.frame_tokens)},
-        'train': {'backend': plan.backend, 'tuner': plan.tuner,
+        'train': {'backend': plan.backend, 'tuner': plan.tuner, 'quantization': plan.quant,
                   'lora_rank': int(plan.lora_rank), 'micro_batch': int(plan.micro_batch),
                   'target_modules': 'attention' if plan.lora_targets == 'attention' else 'all-linear',
                   'gradient_checkpointing': bool(request.gradient_checkpointing)},

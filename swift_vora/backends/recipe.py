@@ -8,8 +8,14 @@ Overrides (`swift-vora train RECIPE.yaml key=value ...`): `key` is a dotted path
 (`video.max_frames=16`, `model.path=/models/x`, `train.backend=deepspeed_zero3`, `megatron.ep=4`); `value`
 is parsed as a YAML scalar or flow collection (`true`, `16`, `1e-4`, `null`, `[q_proj, v_proj]`,
 `{A: 1}`), so types are the same as in the file. Overrides are applied in order, after the file, and are
-checked like the file. A dict-valued key (`env`, `guards.env`, `deepspeed.zero_optimization`) can be set
-whole (`env={A: 1}`) or per entry (`env.A=1`).
+checked like the file. A dict-valued key (`env`, `guards.env`, `deepspeed.zero_optimization`, `swift_args`) can
+be set whole (`env={A: 1}`) or per entry (`env.A=1`).
+
+ms-swift's own argument names are accepted wherever the schema has a shorter name for the same setting
+(`ALIASES`: `train.learning_rate` is `train.lr`, `train.per_device_train_batch_size` is `train.micro_batch`, ...),
+in the file and in overrides; setting both names of one key is an error. Any other `swift sft` / `megatron sft`
+argument goes in `swift_args` (checked against the engine's own argument parser before launch,
+swift_vora.backends.launch.check_engine_args).
 """
 from __future__ import annotations
 
@@ -53,6 +59,9 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'train.backend': ((str, ), 'auto'),  # auto | ddp | deepspeed_zero2 | deepspeed_zero3 | megatron_ep_lora |
     #                                      unsloth_split_lora (auto: the planner chooses)
     'train.tuner': ((str, ), 'lora'),  # lora | full | selective (full training of attention + shared experts)
+    # none | 4bit: 4bit = QLoRA (bitsandbytes NF4 base, double quantization; dense models, tuner lora), what the
+    # planner may suggest when bf16 weights do not fit (`swift-vora plan --quant 4bit`)
+    'train.quantization': ((str, ), 'none'),
     'train.lora_rank': ((int, ), 8),  # LoRA rank; memory and trainable parameters grow linearly with it
     'train.lora_alpha': ((int, float), 32),  # LoRA scaling numerator
     'train.lora_dropout': ((int, float), 0.05),
@@ -105,6 +114,41 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'guards.env': (ANY_DICT, {}),  # environment for the guards (strings)
     'env': (ANY_DICT, {}),  # extra environment for the launched process (not overriding SWIFT_VORA_* set here)
     'extra_args': ((list, ), []),  # appended verbatim to the launcher's argv (checked: no backend switches)
+    # any `swift sft` / `megatron sft` argument the keys above do not model, by its ms-swift name:
+    # {neftune_noise_alpha: 5, lr_scheduler_type: cosine} -> --neftune_noise_alpha 5 --lr_scheduler_type cosine;
+    # checked against the engine's own argument parser (ms-swift's HfArgumentParser) before launch
+    'swift_args': (ANY_DICT, {}),
+}
+
+# ms-swift's argument name (as `swift sft --help` spells it) -> the schema key for the same setting. Both work in
+# a recipe and in overrides; docs/backends.md lists them.
+ALIASES: Dict[str, str] = {
+    'model.model': 'model.path',
+    'model.model_type': 'model.type',
+    'train.tuner_type': 'train.tuner',
+    'train.learning_rate': 'train.lr',
+    'train.per_device_train_batch_size': 'train.micro_batch',
+    'train.gradient_accumulation_steps': 'train.grad_accum',
+    'train.num_train_epochs': 'train.epochs',
+    'train.torch_dtype': 'train.dtype',
+    'train.use_liger_kernel': 'train.liger_kernel',
+    'train.dataloader_num_workers': 'train.dataloader_workers',
+    'megatron.expert_model_parallel_size': 'megatron.ep',
+    'megatron.tensor_model_parallel_size': 'megatron.tp',
+    'megatron.pipeline_model_parallel_size': 'megatron.pp',
+    'megatron.global_batch_size': 'megatron.global_batch',
+    'megatron.recompute_granularity': 'megatron.recompute',
+}
+# ms-swift argument name -> the recipe key that sets it (a `swift_args` entry may not set these twice)
+MODELLED_ARGS: Dict[str, str] = {
+    **{k.split('.', 1)[1]: k for k in SCHEMA if k.split('.')[0] in ('model', 'data', 'train')
+       and k.split('.', 1)[1] in ('lora_rank', 'lora_alpha', 'lora_dropout', 'target_modules', 'max_steps',
+                                  'warmup_ratio', 'save_steps', 'logging_steps', 'gradient_checkpointing',
+                                  'freeze_vit', 'attn_impl', 'output_dir', 'add_version', 'seed', 'max_length',
+                                  'dataset', 'strict')},
+    **{k.split('.', 1)[1]: k for k in ALIASES},
+    'quant_method': 'train.quantization', 'quant_bits': 'train.quantization', 'deepspeed': 'train.backend',
+    'template': 'the video_ora template (always)', 'custom_register_path': 'the plugin (always)',
 }
 # dotted key -> (lowest, highest, lowest allowed itself). Every number in a recipe is finite, and these are in
 # range: a NaN passes every comparison, and a frame rate of .inf or a rank of 10**9 sizes the plan and the
@@ -140,10 +184,10 @@ class Recipe:
     overrides: List[str] = field(default_factory=list)
 
     def __getitem__(self, key: str) -> Any:
-        return self.values[key]
+        return self.values[ALIASES.get(key, key)]
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
+        return self.values.get(ALIASES.get(key, key), default)
 
     def section(self, name: str) -> Dict[str, Any]:
         prefix = name + '.'
@@ -152,20 +196,24 @@ class Recipe:
 
 def _flatten(doc: Dict[str, Any], where: str) -> Dict[str, Any]:
     flat: Dict[str, Any] = {}
+    spelled: Dict[str, str] = {}  # schema key -> the name the file used (an ms-swift alias or the key)
 
     def walk(node: Dict[str, Any], prefix: str) -> None:
         for key, value in node.items():
             if not isinstance(key, str):
                 raise RecipeError(f'{where}: key {key!r} under {prefix or "the top level"!r} is not a string')
-            dotted = f'{prefix}.{key}' if prefix else key
+            written = f'{prefix}.{key}' if prefix else key
+            dotted = ALIASES.get(written, written)
             if dotted in SCHEMA:
-                flat[dotted] = value
+                if dotted in flat:
+                    raise RecipeError(f'{where}: {spelled[dotted]!r} and {written!r} are the same setting; keep one')
+                flat[dotted], spelled[dotted] = value, written
             elif isinstance(value, dict) and dotted in SECTIONS:
                 walk(value, dotted)
             elif dotted in SECTIONS:
                 raise RecipeError(f'{where}: key {dotted!r} must be a mapping of settings, got {_show(value)}')
             else:
-                raise RecipeError(f'{where}: unknown key {dotted!r}{_suggest(dotted)}')
+                raise RecipeError(f'{where}: unknown key {written!r}{_suggest(written)}')
 
     walk(doc, '')
     return flat
@@ -173,7 +221,7 @@ def _flatten(doc: Dict[str, Any], where: str) -> Dict[str, Any]:
 
 def _suggest(key: str) -> str:
     import difflib
-    close = difflib.get_close_matches(key, list(SCHEMA), n=1)
+    close = difflib.get_close_matches(key, [*SCHEMA, *ALIASES], n=1)
     return f' (did you mean {close[0]!r}?)' if close else ''
 
 
@@ -204,6 +252,7 @@ def _check(values: Dict[str, Any], where: str) -> None:
         'train.backend': ('auto', 'ddp', 'deepspeed_zero2', 'deepspeed_zero3', 'megatron_ep_lora',
                           'unsloth_split_lora'),
         'train.tuner': ('lora', 'full', 'selective'),
+        'train.quantization': ('none', '4bit'),
         'train.dtype': ('bfloat16', 'float16', 'float32'),
         'train.compile': ('off', 'layers'),
         'deepspeed.offload': (None, 'none', 'cpu'),
@@ -225,6 +274,15 @@ def _check(values: Dict[str, Any], where: str) -> None:
     if values['data.window'] and values['data.window'] < 1:
         raise RecipeError(f'{where}: key \'data.window\' must be 0/null (whole video) or at least 1 s, '
                           f'got {values["data.window"]!r}')
+    for name, value in values['swift_args'].items():
+        if not isinstance(name, str) or not name or name.startswith('-'):
+            raise RecipeError(f'{where}: swift_args: {name!r}: give the ms-swift argument name without dashes '
+                              '(neftune_noise_alpha: 5)')
+        if value is None:
+            raise RecipeError(f'{where}: swift_args.{name} is null; remove it to keep ms-swift\'s default')
+        if name in MODELLED_ARGS:
+            raise RecipeError(f'{where}: swift_args.{name}: set {MODELLED_ARGS[name]!r} instead (swift-vora train '
+                              f'passes it as --{name} and plans with it)')
     for key in ('guards.env', 'env'):
         for k in values[key]:
             if not isinstance(k, str):
@@ -270,6 +328,7 @@ def parse_override(text: str) -> Tuple[str, Any]:
 def apply_overrides(values: Dict[str, Any], overrides: Sequence[str]) -> None:
     for text in overrides:
         key, value = parse_override(text)
+        key = ALIASES.get(key, key)
         if key in SCHEMA:
             values[key] = value
             continue

@@ -95,8 +95,8 @@ def run_eval(args) -> int:
         from .report import write_outputs
         written = write_outputs(result, args.out_dir, max_plots=args.max_plots,
                                 inputs={'annotations': args.annotations, 'predictions': args.predictions})
-        print(f"swift-vora eval: wrote {written['metrics']}, {written['report']} and {len(written['plots'])} plot(s)",
-              file=sys.stderr)
+        print(f"swift-vora eval: wrote {written['metrics']}, {written['report']}, {written['overview']} and "
+              f"{len(written['plots'])} timeline(s)", file=sys.stderr)
     if args.json:
         print(dumps(m))
     else:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
+import re
 import subprocess
 import sys
-from typing import Dict, Iterable, List, Optional
+import time
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..offline import OFFLINE_ENV, swift_argv
 
@@ -56,6 +59,75 @@ def results_to_predictions(rows: Iterable[Dict]) -> List[Dict]:
     return predictions
 
 
+def count_windows(annotations: str) -> Optional[int]:
+    """How many clips `swift infer` will answer: the annotation file windowed as the video_ora dataset does
+    (same window settings from the environment); None when it cannot be read (swift infer will say why)."""
+    try:
+        from ..data.annotations import load_annotations
+        from ..data.windowing import make_windows
+        from ..dataset import window_config_from_env
+        config = window_config_from_env()
+        report = load_annotations(annotations, video_root=os.environ.get('SWIFT_VORA_VIDEO_ROOT') or None, probe=True)
+        return sum(len(make_windows(a, config)) for a in report.rows)
+    except (OSError, ValueError, KeyError, TypeError, ImportError):  # swift infer reports a bad file itself
+        return None
+
+
+def _lines(path: str) -> int:
+    try:
+        with open(path, 'rb') as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
+
+
+_LOGGED_ROWS = re.compile(r'val_dataset: Dataset\(\{.*?num_rows: (\d+)', re.S)
+
+
+def _logged_total(log_path: str, total: Optional[int]) -> Tuple[bool, Optional[int]]:
+    try:
+        with open(log_path, encoding='utf-8', errors='replace') as f:
+            found = _LOGGED_ROWS.search(f.read())
+    except OSError:
+        return False, total
+    return (True, int(found.group(1))) if found else (False, total)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f'{seconds // 60}m{seconds % 60:02d}s' if seconds >= 60 else f'{seconds}s'
+
+
+def wait_with_progress(proc, log_path: str, result_path: str, total: Optional[int], stream=None,
+                       interval: float = 2.0) -> int:
+    """Wait for `swift infer`, printing clips done / total, the elapsed time and an estimate of the time left
+    (from the pace since the first answers arrived, so model loading does not skew it) whenever the result file
+    grows. Returns the exit code."""
+    stream = stream or sys.stderr
+    start = time.monotonic()
+    first_at, first_done, shown, confirmed = None, 0, -1, False
+    while True:
+        code = proc.poll()
+        if not confirmed:  # ms-swift logs the dataset it will answer; its size is the one that counts
+            confirmed, total = _logged_total(log_path, total)
+        done = _lines(result_path)
+        if done != shown:
+            now = time.monotonic()
+            line = f'swift-vora eval: inference {done}/{total if total else "?"} clips, {_duration(now - start)} elapsed'
+            if done == 0:
+                line += ' (loading the model and the clips)'
+            elif first_at is None:
+                first_at, first_done = now, done
+            elif total and done > first_done:
+                rate = (done - first_done) / (now - first_at)
+                line += f', about {_duration(max(0, total - done) / rate)} left'
+            print(line, file=stream, flush=True)
+            shown = done
+        if code is not None:
+            return code
+        time.sleep(interval)
+
+
 def run_inference(annotations: str, out_path: str, model: Optional[str] = None, adapters: Optional[str] = None,
                   backend: Optional[str] = None, max_new_tokens: int = 64, model_type: Optional[str] = None,
                   log_path: Optional[str] = None) -> str:
@@ -72,9 +144,13 @@ def run_inference(annotations: str, out_path: str, model: Optional[str] = None, 
         os.remove(result_path)
     argv = swift_infer_argv(os.path.abspath(annotations), result_path, model, adapters,
                             backend or default_backend(), max_new_tokens, model_type)
+    total = count_windows(annotations)
+    if total:  # results are written every `write_batch_size` clips: about 50 progress steps, at least 1 clip each
+        argv += ['--write_batch_size', str(max(1, math.ceil(total / 50)))]
     print(f'swift-vora eval: $ {" ".join(argv)}\n  (log: {log_path})', file=sys.stderr, flush=True)
     with open(log_path, 'w') as log:
-        code = subprocess.run(argv, env={**os.environ, **OFFLINE_ENV}, stdout=log, stderr=subprocess.STDOUT).returncode
+        proc = subprocess.Popen(argv, env={**os.environ, **OFFLINE_ENV}, stdout=log, stderr=subprocess.STDOUT)
+        code = wait_with_progress(proc, log_path, result_path, total)
     if code != 0:
         with open(log_path) as f:
             raise InferenceError(f'swift infer exited with {code}; last lines of {log_path}:\n{f.read()[-3000:]}')

@@ -1,15 +1,19 @@
-"""`--out-dir` output of `swift-vora eval`: metrics.json, report.md and one PNG timeline per video.
+"""`--out-dir` output of `swift-vora eval`: metrics.json, report.md, overview.png and one PNG timeline per video.
 
 Plots are drawn with matplotlib's Agg canvas directly (no pyplot, no display, no global backend
-switch). Which videos get a plot: worst first (parse failures and missing predictions, then lowest
-IoU), at most `max_plots`.
+switch). `overview.png` is the whole set in one figure: the per-video IoU distribution and how far predicted
+starts and ends land from the ground truth. Which videos get a timeline: those the model answered (at least one
+clip parsed), lowest IoU first; when there are more than `max_plots`, the worst half and the best half, so the
+report shows both what goes wrong and what good looks like. Videos without an answer (missing, or every clip
+unparseable) are listed in the report and plotted only when room is left.
 """
 from __future__ import annotations
 
 import os
 import re
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
+from ..intervals import iou
 from ..json_output import dumps
 from ..outputs import check_output_dir, write_text_atomic
 from .evaluate import COUNT_KEYS, SUMMARY_KEYS, EvalResult
@@ -28,7 +32,10 @@ def write_outputs(result: EvalResult, out_dir: str, max_plots: int = DEFAULT_MAX
     os.makedirs(out_dir, exist_ok=True)
     metrics_path = os.path.join(out_dir, 'metrics.json')
     write_text_atomic(metrics_path, dumps(result.metrics, indent=2) + '\n', protected)
-    chosen = _worst(result)[:max(0, max_plots)]
+    chosen = choose_timelines(result, max(0, max_plots))
+    overview_path = os.path.join(out_dir, 'overview.png')
+    overview = overall_summary(result)
+    plot_overview(result, overview, overview_path)
     plots = []
     if chosen:
         plot_dir = os.path.join(out_dir, 'plots')
@@ -39,8 +46,9 @@ def write_outputs(result: EvalResult, out_dir: str, max_plots: int = DEFAULT_MAX
             plots.append(path)
     report_path = os.path.join(out_dir, 'report.md')
     write_text_atomic(report_path, render_markdown(result, [os.path.relpath(p, out_dir) for p in plots], chosen,
-                                                   sources), protected)
-    return {'metrics': metrics_path, 'report': report_path, 'plots': plots}
+                                                   sources, overview, os.path.relpath(overview_path, out_dir)),
+                      protected)
+    return {'metrics': metrics_path, 'report': report_path, 'plots': plots, 'overview': overview_path}
 
 
 def _safe(key: str) -> str:
@@ -58,6 +66,95 @@ def _worst(result: EvalResult) -> List[str]:
     return sorted(result.annotations, key=lambda k: _badness(result, k))
 
 
+def answered(result: EvalResult, key: str) -> bool:
+    """The model answered this video: a prediction exists and at least one of its clips parsed."""
+    pred = result.predictions.get(key)
+    return pred is not None and pred.rows > len(pred.failures)
+
+
+def _iou_of(result: EvalResult, key: str) -> float:
+    pv = result.per_video[key]
+    return pv.get('top1_iou', pv['iou'])
+
+
+def choose_timelines(result: EvalResult, max_plots: int) -> List[str]:
+    """Answered videos, lowest IoU first (the worst and the best halves when they do not all fit), then the
+    unanswered ones if plots are left."""
+    if max_plots <= 0:
+        return []
+    with_answer = sorted((k for k in result.annotations if answered(result, k)), key=lambda k: _iou_of(result, k))
+    if len(with_answer) > max_plots:
+        worst = (max_plots + 1) // 2
+        with_answer = with_answer[:worst] + with_answer[len(with_answer) - (max_plots - worst):]
+    without = [k for k in _worst(result) if not answered(result, k)]
+    return (with_answer + without)[:max_plots]
+
+
+def _scored_windows(result: EvalResult, key: str) -> List[Tuple[float, float]]:
+    """The predicted windows a metric scores: the top-1 for ranked QVHighlights answers, all of them otherwise."""
+    pred = result.predictions.get(key)
+    windows = [(s, e) for s, e, _ in (pred.windows if pred else [])]
+    return windows[:1] if result.format == 'qvhighlights' else windows
+
+
+def overall_summary(result: EvalResult) -> dict:
+    """The set at a glance: IoU per answered video, and for each scored predicted window that overlaps a ground
+    truth window, the start and end offsets (prediction - truth, seconds) to the best-overlapping one."""
+    ious, starts, ends, unmatched = [], [], [], 0
+    keys = [k for k in result.annotations if answered(result, k)]
+    for key in keys:
+        ious.append(_iou_of(result, key))
+        truth = result.annotations[key].windows
+        for window in _scored_windows(result, key):
+            best = max(truth, key=lambda t: iou(t, window), default=None)
+            if best is None or iou(best, window) <= 0:
+                unmatched += 1
+                continue
+            starts.append(window[0] - best[0])
+            ends.append(window[1] - best[1])
+    return {'videos': len(result.annotations), 'answered': len(keys), 'ious': ious, 'start_offsets': starts,
+            'end_offsets': ends, 'unmatched_windows': unmatched}
+
+
+def _median(values: List[float]) -> Optional[float]:
+    if not values:
+        return None
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def plot_overview(result: EvalResult, summary: dict, path: str) -> None:
+    """One figure for the whole set: IoU per answered video, start offsets, end offsets."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 3.2), dpi=100)
+    FigureCanvasAgg(fig)
+    iou_name = 'top-1 IoU' if result.format == 'qvhighlights' else 'IoU'
+    panels = ((summary['ious'], f'{iou_name} per answered video', [i / 10 for i in range(11)], 'tab:blue'),
+              (summary['start_offsets'], 'start offset, s (prediction - truth)', 20, 'tab:green'),
+              (summary['end_offsets'], 'end offset, s (prediction - truth)', 20, 'tab:orange'))
+    for i, (values, label, bins, color) in enumerate(panels):
+        ax = fig.add_subplot(1, 3, i + 1)
+        if values:
+            ax.hist(values, bins=bins, color=color, edgecolor='white')
+            med = _median(values)
+            ax.axvline(med, color='black', linestyle='--', linewidth=1)
+            ax.set_title(f'median {med:.2f}  (n={len(values)})', fontsize=9)
+        else:
+            ax.text(0.5, 0.5, 'nothing to show', ha='center', va='center', transform=ax.transAxes, color='tab:red')
+        if i > 0:
+            ax.axvline(0, color='0.5', linewidth=0.8)
+        ax.set_xlabel(label, fontsize=8)
+        ax.set_ylabel('videos' if i == 0 else 'windows', fontsize=8)
+    m = result.metrics
+    fig.suptitle(f"{summary['answered']} of {summary['videos']} videos answered ({m.get('parse_failures', 0)} parse "
+                 f"failures, {m.get('missing_predictions', 0)} missing); mIoU {_fmt(m.get('mIoU'))} %", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, bbox_inches='tight')
+
+
 def _fmt(v) -> str:
     if v is None:
         return 'n/a'
@@ -66,7 +163,8 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def render_markdown(result: EvalResult, plot_paths: List[str], plotted: List[str], inputs: dict) -> str:
+def render_markdown(result: EvalResult, plot_paths: List[str], plotted: List[str], inputs: dict,
+                    overview: Optional[dict] = None, overview_path: Optional[str] = None) -> str:
     m = result.metrics
     lines = ['# swift-vora eval report', '']
     for name, value in inputs.items():
@@ -101,8 +199,23 @@ def render_markdown(result: EvalResult, plot_paths: List[str], plotted: List[str
         lines += ['', '## Invalid prediction lines', '', '| line | reason |', '| --- | --- |']
         for p in probs['invalid_lines']:
             lines.append(f"| {p['line']} | {p['reason']} |")
+    if overview is not None:
+        lines += ['', '## Overall', '', f"{overview['answered']} of {overview['videos']} videos answered (at least "
+                  'one clip parsed).', '']
+        ious, starts, ends = overview['ious'], overview['start_offsets'], overview['end_offsets']
+        if ious:
+            lines.append(f"- IoU per answered video: median {_median(ious):.2f}; {sum(v >= 0.5 for v in ious)} of "
+                         f'{len(ious)} at 0.5 or more')
+        if starts:
+            lines.append(f'- offsets of {len(starts)} predicted windows to the truth they overlap most: start median '
+                         f'{_median(starts):+.2f} s (|median| {_median([abs(v) for v in starts]):.2f} s), end median '
+                         f'{_median(ends):+.2f} s (|median| {_median([abs(v) for v in ends]):.2f} s)')
+        if overview['unmatched_windows']:
+            lines.append(f"- {overview['unmatched_windows']} predicted windows overlap no ground truth window")
+        if overview_path:
+            lines += ['', f'![overview]({overview_path})']
     if plotted:
-        lines += ['', '## Timelines (worst first)', '']
+        lines += ['', '## Timelines (answered videos, lowest IoU first; then unanswered ones)', '']
         iou_name = 'top-1 IoU' if result.format == 'qvhighlights' else 'IoU'
         lines += [f'| id | video | {iou_name} | kept F1 | failures |', '| --- | --- | --- | --- | --- |']
         for key in plotted:

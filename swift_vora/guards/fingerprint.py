@@ -2,7 +2,8 @@
 
 Interpreter (path, version), package versions, the git commit and dirty state of the swift_vora checkout
 (found from the package's own path, so it is the code that was imported; `git` is run with a list argv, no
-shell), SHA-256 of every plugin file and of the recipe (`SWIFT_VORA_RECIPE`), the command line, host and
+shell), SHA-256 of every plugin file and of the recipe (`SWIFT_VORA_RECIPE`, with the overrides applied over it from
+`SWIFT_VORA_RECIPE_OVERRIDES`; `swift-vora train` sets both), the command line, host and
 world size, and the environment variables that change behaviour (video budget, swift_vora settings, CUDA /
 NCCL / allocator, launcher, offline switches). Values of variables whose names look secret (TOKEN, KEY,
 SECRET, PASSWORD) are never written.
@@ -10,6 +11,7 @@ SECRET, PASSWORD) are never written.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import socket
@@ -24,8 +26,9 @@ from .common import logger, now, output_dir, rank, world_size, write_json
 
 NAME = 'fingerprint'
 RECIPE_ENV = 'SWIFT_VORA_RECIPE'
+OVERRIDES_ENV = 'SWIFT_VORA_RECIPE_OVERRIDES'
 PACKAGES = ['swift-vora', 'ms-swift', 'torch', 'transformers', 'peft', 'accelerate', 'deepspeed', 'datasets',
-            'tokenizers', 'safetensors', 'qwen-vl-utils', 'decord', 'torchcodec', 'torchvision', 'flash-attn',
+            'tokenizers', 'safetensors', 'qwen-vl-utils', 'decord', 'av', 'torchcodec', 'torchvision', 'flash-attn',
             'liger-kernel', 'numpy', 'megatron-core', 'mcore-bridge', 'transformer-engine', 'unsloth', 'vllm']
 ENV_PREFIXES = ('VIDEO_', 'FPS', 'SWIFT_VORA_', 'NCCL_', 'CUDA_', 'PYTORCH_', 'TORCH_', 'NPROC_PER_NODE', 'NNODES',
                 'NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'WORLD_SIZE', 'RANK', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE',
@@ -95,6 +98,18 @@ def behaviour_env(environ=None) -> Dict[str, str]:
     return out
 
 
+def recipe_overrides(environ=None) -> Optional[List[str]]:
+    """The `key=value` overrides `swift-vora train` applied over the recipe file (JSON list in the env)."""
+    text = (os.environ if environ is None else environ).get(OVERRIDES_ENV)
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return [text]  # recorded as found rather than dropped
+    return [str(v) for v in value] if isinstance(value, list) else [text]
+
+
 def build_fingerprint(extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     import swift_vora
     package_dir = os.path.dirname(os.path.abspath(swift_vora.__file__))
@@ -108,7 +123,8 @@ def build_fingerprint(extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         'packages': package_versions(PACKAGES),
         'swift_vora': {'version': getattr(swift_vora, '__version__', None), 'git': git_state(package_dir),
                        'plugin': plugin_hashes(package_dir)},
-        'recipe': {'path': recipe, 'sha256': sha256_file(recipe) if recipe else None},
+        'recipe': {'path': recipe, 'sha256': sha256_file(recipe) if recipe else None,
+                   'overrides': recipe_overrides()},
         'command_line': list(sys.argv),
         'env': behaviour_env(),
     }

@@ -37,7 +37,9 @@ def register_commands(subparsers) -> None:
         'plan', help='choose a backend and predict whether training fits (reads config.json only)',
         description='Decide which backend can train MODEL on this hardware and whether it fits, from config.json '
         'alone (no weights are read). Exit 0 fits, 3 does not fit, 4 refused. Every number is a prediction.')
-    p.add_argument('--model', required=True, help='model directory or config.json')
+    p.add_argument('--model', required=True,
+                   help='model directory, config.json, or a model id / name resolved offline (Hugging Face or '
+                        'ModelScope cache, else the configs shipped with swift-vora)')
     hw = p.add_argument_group('hardware')
     hw.add_argument('--hardware', default=None,
                     help=f'profile: {", ".join(PROFILES)}, or local (probe this machine; the default)')
@@ -62,14 +64,31 @@ def register_commands(subparsers) -> None:
     t.add_argument('--vision-mode', choices=VISION_MODES, default=None,
                    help='frozen vision tower: no_grad (default; measured with ms-swift 4.6 + transformers 5.17) or '
                         'checkpointed_requires_grad')
-    s = p.add_argument_group('sample (video budget, or --seq-len)')
-    s.add_argument('--seq-len', type=positive_int(100_000_000), default=None, help='tokens per sample (text; overrides the video budget)')
-    s.add_argument('--fps', type=number(0, 240, above=True), default=None, help='sampling fps (default 2)')
-    s.add_argument('--max-frames', type=positive_int(100_000), default=None, help='FPS_MAX_FRAMES (default 64)')
-    s.add_argument('--frame-tokens', type=positive_int(1_000_000), default=None,
-                   help='LLM tokens per frame pair, i.e. VIDEO_MAX_TOKEN_NUM (default 196)')
-    s.add_argument('--clip-seconds', type=number(0, 7 * 24 * 3600, above=True), default=None, help='clip length in seconds (default 32)')
-    s.add_argument('--answer-tokens', type=positive_int(1_000_000), default=None, help='supervised (answer) tokens per sample')
+    s = p.add_argument_group(
+        'sample (video budget, or --seq-len)',
+        'The same knobs, defaults and names as the recipe\'s video.* keys, the SWIFT_VORA_* environment the '
+        'video_ora template reads, and data.window (swift_vora/budget.py, docs/planner.md). A flag not given is '
+        'taken from SWIFT_VORA_<NAME> when set, else the template\'s default.')
+    s.add_argument('--seq-len', type=positive_int(100_000_000), default=None,
+                   help='tokens per sample (text; overrides the video budget)')
+    s.add_argument('--fps', type=number(0, 240, above=True), default=None,
+                   help='frames per second of clip (video.fps, SWIFT_VORA_FPS; default 2)')
+    s.add_argument('--min-frames', type=positive_int(100_000), default=None,
+                   help='video.min_frames, SWIFT_VORA_MIN_FRAMES (default 4)')
+    s.add_argument('--max-frames', type=positive_int(100_000), default=None,
+                   help='frame cap per clip (video.max_frames, SWIFT_VORA_MAX_FRAMES; default 64)')
+    s.add_argument('--pair-tokens', '--frame-tokens', dest='pair_tokens', type=positive_int(1_000_000),
+                   default=None,
+                   help='tokens per frame pair (video.pair_tokens, SWIFT_VORA_PAIR_TOKENS; default 256). '
+                        '--frame-tokens is the older name of the same flag')
+    s.add_argument('--max-video-tokens', type=positive_int(100_000_000), default=None,
+                   help='cap on one clip\'s video tokens (video.max_video_tokens, SWIFT_VORA_MAX_VIDEO_TOKENS)')
+    s.add_argument('--window', '--clip-seconds', dest='window', type=number(0, 7 * 24 * 3600, above=True),
+                   default=None,
+                   help='clip length in seconds (data.window, SWIFT_VORA_WINDOW; default 60). --clip-seconds is '
+                        'the older name')
+    s.add_argument('--answer-tokens', type=positive_int(1_000_000), default=None,
+                   help='supervised (answer) tokens per sample')
     p.add_argument('--json', action='store_true', help='print JSON')
     p.set_defaults(handler=cmd_plan)
 
@@ -77,7 +96,10 @@ def register_commands(subparsers) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 def cmd_doctor(args) -> int:
     from .probe import doctor_report
-    rep = doctor_report(root=args.cgroup_root, use_torch=not args.no_torch)
+    def progress(message: str) -> None:  # stderr, so that --json output stays one object on stdout
+        print(f'swift-vora doctor: {message}', file=sys.stderr, flush=True)
+
+    rep = doctor_report(root=args.cgroup_root, use_torch=not args.no_torch, progress=progress)
     if args.json:
         print(dumps(rep, indent=2))
         return EXIT_OK
@@ -132,23 +154,57 @@ def render_doctor(rep: Dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+def sample_budget(args, environ=None):
+    """(VideoBudget, window seconds) for `plan`: flags, else SWIFT_VORA_* environment, else the template's defaults."""
+    import os
+
+    from ..budget import ENV_PREFIX, VideoBudget
+    from ..data.windowing import WindowConfig
+    environ = os.environ if environ is None else environ
+    flags = {'fps': args.fps, 'min_frames': args.min_frames, 'max_frames': args.max_frames,
+             'pair_tokens': args.pair_tokens, 'max_video_tokens': args.max_video_tokens}
+    try:
+        budget = VideoBudget.from_env(environ)
+    except ValueError as e:
+        bad = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() in
+                     VideoBudget.__dataclass_fields__)
+        given = ', '.join(f'{k}={environ[k]!r}' for k in bad)
+        raise ValueError(f'the video budget in the environment is not valid ({given}): {e}') from e
+    budget = budget.updated({k: v for k, v in flags.items() if v is not None})
+    window = args.window
+    if window is None and environ.get(ENV_PREFIX + 'WINDOW') not in (None, ''):
+        raw = environ[ENV_PREFIX + 'WINDOW']
+        try:
+            window = None if raw.lower() in ('none', '0') else float(raw)
+        except ValueError as e:
+            raise ValueError(f'{ENV_PREFIX}WINDOW={raw!r} is not a number of seconds') from e
+        if window is None:
+            raise ValueError(f'{ENV_PREFIX}WINDOW={raw} trains whole videos: give the clip length to plan with '
+                             f'--window')
+    if window is None:
+        window = WindowConfig().window
+    return budget, float(window)
+
+
 def request_from_args(args):
     from . import constants as C
     from .select import PlanRequest
-    video = [args.fps, args.max_frames, args.frame_tokens, args.clip_seconds]
+    from .video_budget import budget_sample
+    video = [args.fps, args.min_frames, args.max_frames, args.pair_tokens, args.max_video_tokens, args.window]
     if args.seq_len is not None and any(v is not None for v in video):
-        raise ValueError('give either --seq-len or the video budget (--fps/--max-frames/--frame-tokens/'
-                         '--clip-seconds), not both')
+        raise ValueError('give either --seq-len or the video budget (--fps/--min-frames/--max-frames/--pair-tokens/'
+                         '--max-video-tokens/--window), not both')
     if args.hardware and (args.gpus is not None or args.gpu_mem_gib is not None):
         raise ValueError('give either --hardware or --gpus/--gpu-mem-gib, not both')
+    budget, window = sample_budget(args)
+    if window <= 0:
+        raise ValueError('--window must be positive')
+    frames, pair_tokens = budget_sample(budget, window)
     answer = args.answer_tokens if args.answer_tokens is not None else C.DEFAULT_ANSWER_TOKENS
     return PlanRequest(
         model=args.model, hardware=args.hardware, tuner=args.tuner, backend=args.backend, offload=args.offload,
         quant=args.quant, ep=args.ep, tp=args.tp, micro_batch=args.micro_batch, seq_len=args.seq_len,
-        fps=args.fps if args.fps is not None else C.DEFAULT_FPS,
-        max_frames=args.max_frames if args.max_frames is not None else C.DEFAULT_MAX_FRAMES,
-        frame_tokens=args.frame_tokens if args.frame_tokens is not None else C.DEFAULT_FRAME_TOKENS,
-        clip_seconds=args.clip_seconds if args.clip_seconds is not None else C.DEFAULT_CLIP_SECONDS,
+        fps=float(budget.fps), max_frames=frames, frame_tokens=pair_tokens, clip_seconds=window,
         text_tokens=C.DEFAULT_PROMPT_TOKENS + answer, supervised_tokens=answer,
         lora_rank=args.lora_rank if args.lora_rank is not None else C.DEFAULT_LORA_RANK,
         lora_targets=args.lora_targets, nodes=args.nodes,
@@ -224,6 +280,9 @@ def render_plan(plan) -> str:
                                                        moe.get('shared_experts') else '') + ')')
     hw = plan.hardware
     lines = [f'model    : {desc}']
+    src = getattr(plan, 'config_source', None) or {}
+    if src.get('description'):
+        lines.append(f'config   : {src["description"]}')
     host = (f'{hw.get("host_ram_gib"):.1f} GiB host RAM ({hw.get("host_ram_source")})'
             if hw.get('host_ram_gib') is not None else 'host RAM unknown')
     lines.append(f'hardware : {hw.get("name")}: {hw.get("num_gpus")} x {hw.get("gpu_name") or "GPU"} '

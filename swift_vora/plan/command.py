@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, List
 if TYPE_CHECKING:  # pragma: no cover
     from .select import Plan, PlanRequest
 
+
 class CommandRefused(Exception):
     """Raised when `swift-vora train` would refuse to launch the plan; the plan becomes "refused" with these
     reasons, so that `plan` and `train` never disagree."""

@@ -6,6 +6,9 @@ records torch.cuda.max_memory_allocated/reserved per phase next to the planner's
 
 Units: bytes per element / per parameter unless the name says GiB.
 """
+from ..budget import VideoBudget as _VideoBudget
+from ..data.windowing import WindowConfig as _WindowConfig
+
 GiB = 1024 ** 3  # what torch reports (total_memory, max_memory_allocated)
 GB = 1000 ** 3  # what vendors sell ("141 GB HBM3e", "276 GB" of RAM)
 
@@ -138,13 +141,15 @@ UNSLOTH_GPU_INFLIGHT_LAYERS = 2  # layer inputs resident on the GPU while the of
 CONTAINER_LIMIT_WARN_FRACTION = 0.75
 
 # ------------------------------------------------------------------------------------------------------------
-# Default sample (the first measured plain swift sft baseline, docs/benchmarks.md: 32 s clips, FPS=2,
-# FPS_MAX_FRAMES=64, VIDEO_MAX_TOKEN_NUM=196 -> 64 frames, 32 groups x 180 tokens, 6,106 tokens per sample)
+# Default sample: ONE source of truth with the `video_ora` template, the dataset and the recipes. The budget is
+# swift_vora.budget.VideoBudget's defaults (fps 2, 4..64 frames, 256 tokens per frame pair), the clip length the
+# dataset's default window (swift_vora.data.windowing.WindowConfig, 60 s). Change them there, not here.
 # ------------------------------------------------------------------------------------------------------------
-DEFAULT_CLIP_SECONDS = 32.0  # clip (window) length
-DEFAULT_FPS = 2.0  # FPS (qwen_vl_utils default)
-DEFAULT_MAX_FRAMES = 64  # FPS_MAX_FRAMES
-DEFAULT_FRAME_TOKENS = 196  # VIDEO_MAX_TOKEN_NUM used as tokens per frame pair (upper bound of the real 180)
+_BUDGET = _VideoBudget()
+DEFAULT_CLIP_SECONDS = float(_WindowConfig().window)  # clip (window) length: the dataset's default window
+DEFAULT_FPS = float(_BUDGET.fps)  # frames per second of clip (video.fps / SWIFT_VORA_FPS)
+DEFAULT_MAX_FRAMES = int(_BUDGET.max_frames)  # frame cap per clip (video.max_frames / SWIFT_VORA_MAX_FRAMES)
+DEFAULT_FRAME_TOKENS = int(_BUDGET.pair_tokens)  # tokens per frame pair (video.pair_tokens / SWIFT_VORA_PAIR_TOKENS)
 TIMESTAMP_TOKENS_PER_GROUP = 8  # "<t seconds>" text (~6 tokens) + vision start/end per frame pair [fit]
 DEFAULT_PROMPT_TOKENS = 96  # system + user prompt around the video
 DEFAULT_ANSWER_TOKENS = 32  # the JSON window list the model learns to write (the supervised positions)

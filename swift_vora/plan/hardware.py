@@ -50,13 +50,46 @@ class Hardware:
         return d
 
 
-H200_GIB = 139.8  # torch total_memory of one H200 (141 GB HBM3e) on the lent machine
-# name -> (gpus, GiB per GPU, host GiB, GPU name, host source note)
+# Memory of one GPU as torch reports it (torch.cuda.get_device_properties(i).total_memory = CUDA's
+# totalGlobalMem, the "Total amount of global memory" line of deviceQuery), in GiB, rounded down. This is less than
+# the vendor's GB figure and less than nvidia-smi's memory.total (which also counts memory the driver reserves):
+# an A100-SXM4-40GB shows 40960 MiB in nvidia-smi but 40339 MiB (42,298,834,944 B) in deviceQuery.
+# Sources: the lent H200 machine (torch, 139.8 GiB); deviceQuery outputs posted in public issues for the A100 40GB
+# (bottlerocket-os/bottlerocket#3873: 42,298,834,944 B), A100 80GB (ekondis/mixbench#47: 81049 MiB) and RTX 5090
+# (aikitoria/open-gpu-kernel-modules#1: 33,677,180,928 B); torch's printed total_memory for the RTX 3060 12 GB
+# (12,636,061,696 B), RTX 3090 (25,438,126,080 B) and RTX 4090 (25,393,692,672 B = 24217 MiB); H100 80GB HBM3
+# and L40S: torch/vLLM-reported totals of 79.11 GiB and 44.39 GiB (nvidia-smi shows 81559 MiB and 46068 MiB).
+# A different board, driver or ECC setting moves these by a few hundred MiB: `--hardware local` probes yours.
+GPU_GIB = {
+    'RTX 3060': 11.76, 'RTX 3090': 23.69, 'RTX 4090': 23.65, 'RTX 5090': 31.36, 'L40S': 44.39,
+    'A100 40GB': 39.39, 'A100 80GB': 79.15, 'H100 80GB': 79.11, 'H200': 139.8,
+}
+H200_GIB = GPU_GIB['H200']  # torch total_memory of one H200 (141 GB HBM3e) on the lent machine
+_DGX = 'DGX-class node (assumption)'
+# name -> (gpus, GiB per GPU, host GiB, GPU name, host source note). Host RAM is an assumption unless said
+# otherwise: pass --host-ram-gib (or host_ram_gib in a recipe) when you know your machine's, or plan on the
+# machine itself with --hardware local.
 PROFILES: Dict[str, tuple] = {
     # 4 x RTX 3060 12 GB (12,636,061,696 B = 11.77 GiB as torch reports); a 64 GiB workstation.
-    '3060x4': (4, 11.76, 64.0, 'RTX 3060', 'assumed 64 GiB workstation'),
+    '3060x4': (4, GPU_GIB['RTX 3060'], 64.0, 'RTX 3060', 'assumed 64 GiB workstation'),
     # 3 x RTX 3090 24 GB (25,438,126,080 B = 23.69 GiB); a 128 GiB workstation (assumption).
-    '3090x3': (3, 23.69, 128.0, 'RTX 3090', 'assumed 128 GiB workstation'),
+    '3090x3': (3, GPU_GIB['RTX 3090'], 128.0, 'RTX 3090', 'assumed 128 GiB workstation'),
+    '3090x1': (1, GPU_GIB['RTX 3090'], 64.0, 'RTX 3090', 'assumed 64 GiB desktop'),
+    '3090x2': (2, GPU_GIB['RTX 3090'], 128.0, 'RTX 3090', 'assumed 128 GiB workstation'),
+    '4090x1': (1, GPU_GIB['RTX 4090'], 64.0, 'RTX 4090', 'assumed 64 GiB desktop'),
+    '4090x2': (2, GPU_GIB['RTX 4090'], 128.0, 'RTX 4090', 'assumed 128 GiB workstation'),
+    '4090x4': (4, GPU_GIB['RTX 4090'], 256.0, 'RTX 4090', 'assumed 256 GiB workstation'),
+    '4090x8': (8, GPU_GIB['RTX 4090'], 512.0, 'RTX 4090', 'assumed 512 GiB server'),
+    '5090x1': (1, GPU_GIB['RTX 5090'], 64.0, 'RTX 5090', 'assumed 64 GiB desktop'),
+    'l40sx4': (4, GPU_GIB['L40S'], 512.0, 'L40S', 'assumed 512 GiB server (4-GPU L40S node)'),
+    'l40sx8': (8, GPU_GIB['L40S'], 1024.0, 'L40S', 'assumed 1 TiB server'),
+    # DGX A100 320 GB ships 1 TB of RAM, DGX A100 640 GB 2 TB, DGX H100 2 TB (vendor GB)
+    'a100-40x1': (1, GPU_GIB['A100 40GB'], 85 * C.GB / C.GiB, 'A100 40GB', 'cloud 1-GPU A100 VM, 85 GB (assumption)'),
+    'a100-40x8': (8, GPU_GIB['A100 40GB'], 1000 * C.GB / C.GiB, 'A100 40GB', f'{_DGX}: DGX A100 320GB, 1 TB'),
+    'a100-80x1': (1, GPU_GIB['A100 80GB'], 117 * C.GB / C.GiB, 'A100 80GB', 'cloud 1-GPU A100 VM, 117 GB (assumption)'),
+    'a100-80x8': (8, GPU_GIB['A100 80GB'], 2000 * C.GB / C.GiB, 'A100 80GB', f'{_DGX}: DGX A100 640GB, 2 TB'),
+    'h100x1': (1, GPU_GIB['H100 80GB'], 200 * C.GB / C.GiB, 'H100 80GB', 'cloud 1-GPU H100 VM, 200 GB (assumption)'),
+    'h100x8': (8, GPU_GIB['H100 80GB'], 2000 * C.GB / C.GiB, 'H100 80GB', f'{_DGX}: DGX H100, 2 TB'),
     # 1 x H200; the seed case's container: 276 GB (= 257.0 GiB) of RAM. The lent machine itself has 128 GiB
     # and no cgroup limit: use `--hardware local` there, or `--host-ram-gib 128`.
     'h200x1': (1, H200_GIB, 276 * C.GB / C.GiB, 'H200', "seed case container limit: 276 GB"),
@@ -81,6 +114,23 @@ def custom(gpus: int, gpu_mem_gib: float, host_ram_gib: Optional[float], nodes: 
                     host_ram_source='--host-ram-gib' if host_ram_gib is not None else 'not given')
 
 
+# GPU name (as torch / nvidia-smi print it) -> GPU_GIB key; the more specific patterns first.
+_NAME_PATTERNS = (('H200', 'H200'), ('H100', 'H100 80GB'), ('A100-SXM4-80GB', 'A100 80GB'), ('A100 80GB', 'A100 80GB'),
+                  ('A100', 'A100 40GB'), ('L40S', 'L40S'), ('5090', 'RTX 5090'), ('4090', 'RTX 4090'),
+                  ('3090', 'RTX 3090'), ('3060', 'RTX 3060'))
+
+
+def torch_gib_from_smi(name: str, smi_gib: float) -> Optional[float]:
+    """torch's total for a card that nvidia-smi reported: nvidia-smi's memory.total also counts memory the driver
+    reserves, so it overstates what torch can allocate. Returns the known torch total when `name` is a card in
+    GPU_GIB and nvidia-smi's figure is within 5 % above it (so a 48 GB modded 4090 is not taken for a 24 GB one)."""
+    for pattern, key in _NAME_PATTERNS:
+        if pattern.lower() in name.lower():
+            known = GPU_GIB[key]
+            return known if known <= smi_gib <= known * 1.05 else None
+    return None
+
+
 def local(use_torch: bool = False, cgroup_root: Optional[str] = None) -> Hardware:
     """This machine, from doctor's probes (nvidia-smi first unless use_torch, so `plan` stays fast)."""
     from . import probe
@@ -96,6 +146,15 @@ def local(use_torch: bool = False, cgroup_root: Optional[str] = None) -> Hardwar
         notes.append('no GPU found on this machine')
     mem_gib = min(x['total_gib'] for x in gpus) if gpus else 0.0
     names = sorted({x['name'] for x in gpus})
+    if gpus and g.get('source') == 'nvidia-smi':
+        known = [torch_gib_from_smi(x['name'], x['total_gib']) for x in gpus]
+        if all(k is not None for k in known):
+            notes.append(f'nvidia-smi reports {mem_gib:.2f} GiB per GPU including driver-reserved memory; planned '
+                         f'with the {min(known):.2f} GiB torch reports for {", ".join(names)}')
+            mem_gib = min(known)
+        else:
+            notes.append(f'GPU memory from nvidia-smi ({mem_gib:.2f} GiB) includes driver-reserved memory: torch '
+                         f'can allocate somewhat less (`swift-vora doctor` probes with torch)')
     return Hardware(name='local', num_gpus=len(gpus), gpu_mem_gib=mem_gib, host_ram_gib=lim,
                     gpu_name=', '.join(names), source='probed', host_ram_source=src, notes=notes)
 

@@ -243,7 +243,7 @@ def _layer_activation_bytes(spec: ModelSpec, s: TrainSetup, tokens: float, layer
         n += (la['num_value_heads'] * la['key_head_dim'] * la['value_head_dim'] * C.LINEAR_ATTN_STATE_BYTES /
               C.LINEAR_ATTN_CHUNK)
     else:
-        gated = 2 if spec.family in ('qwen3_5', 'qwen3_next') else 1
+        gated = 2 if spec.gated_attention else 1
         q = spec.num_heads * spec.head_dim
         kv = spec.num_kv_heads * spec.head_dim
         n += C.ACT_BYTES_PER_QKV * (gated * q + 2 * kv) + C.ACT_BYTES_PER_ATTN_OUT * q

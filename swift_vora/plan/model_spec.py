@@ -1,14 +1,21 @@
 """What a model is, from its `config.json` alone: family, dense or MoE, layer mix, vision tower, and
 parameter counts per component (total and active), plus the trainable count for LoRA / full / selective.
 
-Pure arithmetic on the JSON dict: no torch, no transformers, no weights. The parameter layout mirrors
-the transformers 5.17 modeling code of each supported type (fused 3-D expert tensors
-`mlp.experts.gate_up_proj [E, 2F, H]` / `mlp.experts.down_proj [E, H, F]`, a router weight `[E, H]`,
-...); tests/test_plan_model_spec.py checks every count against the model instantiated on the meta
-device (±0.5 %, in practice exact).
+Pure arithmetic on the JSON dict: no torch, no transformers, no weights. Standard Hugging Face decoder configs
+are counted generically from their fields (hidden_size, num_hidden_layers, heads, KV heads, head_dim, vocab,
+intermediate_size; MoE through num_experts / num_local_experts / n_routed_experts, num_experts_per_tok,
+moe_intermediate_size, shared experts, first_k_dense_replace / decoder_sparse_step; tied embeddings; sliding and
+linear attention; multi-head latent attention), text-only or with a `vision_config`. Where a family's modeling
+code differs, the family tables below say how (q/k/v biases, q/k norms, sandwich norms, gated attention, biased
+experts, non-gated MLPs, the vision towers of Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, Gemma 3 and GLM-4V; the
+list is in docs/planner.md); anything else is counted generically and the spec's notes say so. The layout mirrors the
+transformers 5 modeling code (fused 3-D experts `mlp.experts.gate_up_proj [E, 2F, H]` / `down_proj [E, H, F]`, a
+router weight `[E, H]`, ...); tests/test_plan_model_spec.py checks every family against the model built on the
+meta device.
 
-Supported `model_type`s: qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, qwen3_moe, qwen3, qwen3_next,
-qwen2_5_vl, mixtral. Anything else raises `UnsupportedModel`.
+A config must state its own size (`hidden_size`, `num_hidden_layers`); keys a family's published configs leave
+out come from that family's config-class defaults (`_TEXT_DEFAULTS`), any other missing key is a `ConfigError`
+naming the field and the file.
 """
 from __future__ import annotations
 
@@ -115,6 +122,10 @@ class ModelSpec:
     vision: Optional[VisionSpec] = None
     groups: List[ParamGroup] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    gated_attention: bool = False  # Qwen3.5 / Qwen3-Next: q_proj also emits an output gate
+    sliding_attention_layers: int = 0  # layers with sliding-window attention (counted like full attention)
+    attention_kind: str = 'mha'  # mha (incl. GQA/MQA) | mla (DeepSeek latent attention)
+    source: Any = None  # model_source.ConfigSource: where config.json came from (None: a dict given in code)
 
     # ----- counts -------------------------------------------------------------------------------------------
     def params_by_component(self) -> Dict[str, int]:
@@ -253,6 +264,8 @@ class ModelSpec:
             'tie_word_embeddings': self.tie_word_embeddings,
             'full_attention_layers': self.num_full_attention_layers,
             'linear_attention_layers': self.num_linear_attention_layers,
+            'sliding_attention_layers': self.sliding_attention_layers,
+            'attention': self.attention_kind,
         }
         if self.linear_attention:
             d['linear_attention'] = dict(self.linear_attention)
@@ -281,94 +294,151 @@ class ModelSpec:
 # config loading
 # ---------------------------------------------------------------------------------------------------------------
 def load_config(path: str) -> Dict[str, Any]:
-    """Read `config.json` from a model directory, or a JSON file given directly. No weights are touched."""
+    """Read `config.json` from a model directory, or a JSON file given directly. No weights are touched.
+
+    Only local paths; `model_source.resolve_config` also finds model ids in the caches and the shipped configs."""
     p = os.fspath(path)
     if os.path.isdir(p):
         p = os.path.join(p, 'config.json')
     if not os.path.isfile(p):
         raise FileNotFoundError(f'no config.json at {path!r}')
-    with open(p, encoding='utf-8') as f:
-        cfg = json.load(f)
+    return read_config_file(p)
+
+
+def read_config_file(p: str) -> Dict[str, Any]:
+    """Parse one config.json; a syntax error or a non-object names the file (and the line)."""
+    try:
+        with open(p, encoding='utf-8') as f:
+            cfg = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f'{p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})') from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f'{p}: not UTF-8 text ({e.reason})') from e
     if not isinstance(cfg, dict):
-        raise ValueError(f'{p}: config is not a JSON object')
+        raise ConfigError(f'{p}: config is not a JSON object')
     return cfg
 
 
 def load_model_spec(path: str) -> ModelSpec:
-    return model_spec(load_config(path))
+    """The ModelSpec of a model directory, a config.json, a model id or a known model name (see model_source)."""
+    from .model_source import resolve_config
+    cfg, source = resolve_config(path)
+    spec = model_spec(cfg, where=source.path or path)
+    spec.source = source
+    return spec
 
 
-# Per model_type: (family, architecture, auto class, text style, vision style). The auto class is the one that
-# builds the whole checkpoint (vision tower included) — AutoModelForImageTextToText for the VL types.
-_TYPES = {
-    'qwen3_vl': ('qwen3_vl', 'Qwen3VLForConditionalGeneration', 'AutoModelForImageTextToText', 'qwen3', 'qwen3_vl'),
-    'qwen3_vl_moe': ('qwen3_vl', 'Qwen3VLMoeForConditionalGeneration', 'AutoModelForImageTextToText', 'qwen3_moe',
-                     'qwen3_vl'),
-    'qwen3_5': ('qwen3_5', 'Qwen3_5ForConditionalGeneration', 'AutoModelForImageTextToText', 'qwen3_5', 'qwen3_5'),
-    'qwen3_5_moe': ('qwen3_5', 'Qwen3_5MoeForConditionalGeneration', 'AutoModelForImageTextToText', 'qwen3_5_moe',
-                    'qwen3_5'),
-    'qwen3_moe': ('qwen3', 'Qwen3MoeForCausalLM', 'AutoModelForCausalLM', 'qwen3_moe', None),
-    'qwen3': ('qwen3', 'Qwen3ForCausalLM', 'AutoModelForCausalLM', 'qwen3', None),
-    'qwen3_next': ('qwen3_next', 'Qwen3NextForCausalLM', 'AutoModelForCausalLM', 'qwen3_next', None),
-    'qwen2_5_vl': ('qwen2_5_vl', 'Qwen2_5_VLForConditionalGeneration', 'AutoModelForImageTextToText', 'qwen2',
-                   'qwen2_5_vl'),
-    'mixtral': ('mixtral', 'MixtralForCausalLM', 'AutoModelForCausalLM', 'mixtral', None),
+class ConfigError(UnsupportedModel):
+    """config.json cannot be planned: a required field is missing or has the wrong type (the message names both)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# families
+# ---------------------------------------------------------------------------------------------------------------
+# model_type -> (family, architecture, auto class). The auto class builds the whole checkpoint (vision tower
+# included): AutoModelForImageTextToText for the VL types. A model_type not listed here is planned generically from
+# its config (architecture from `architectures`, the standard decoder layout) with a note saying so.
+_KNOWN = {
+    'llama': ('llama', 'LlamaForCausalLM', 'AutoModelForCausalLM'),
+    'mistral': ('mistral', 'MistralForCausalLM', 'AutoModelForCausalLM'),
+    'mixtral': ('mixtral', 'MixtralForCausalLM', 'AutoModelForCausalLM'),
+    'qwen2': ('qwen2', 'Qwen2ForCausalLM', 'AutoModelForCausalLM'),
+    'qwen2_moe': ('qwen2', 'Qwen2MoeForCausalLM', 'AutoModelForCausalLM'),
+    'qwen2_vl': ('qwen2_vl', 'Qwen2VLForConditionalGeneration', 'AutoModelForImageTextToText'),
+    'qwen2_5_vl': ('qwen2_5_vl', 'Qwen2_5_VLForConditionalGeneration', 'AutoModelForImageTextToText'),
+    'qwen3': ('qwen3', 'Qwen3ForCausalLM', 'AutoModelForCausalLM'),
+    'qwen3_moe': ('qwen3', 'Qwen3MoeForCausalLM', 'AutoModelForCausalLM'),
+    'qwen3_next': ('qwen3_next', 'Qwen3NextForCausalLM', 'AutoModelForCausalLM'),
+    'qwen3_vl': ('qwen3_vl', 'Qwen3VLForConditionalGeneration', 'AutoModelForImageTextToText'),
+    'qwen3_vl_moe': ('qwen3_vl', 'Qwen3VLMoeForConditionalGeneration', 'AutoModelForImageTextToText'),
+    'qwen3_5': ('qwen3_5', 'Qwen3_5ForConditionalGeneration', 'AutoModelForImageTextToText'),
+    'qwen3_5_moe': ('qwen3_5', 'Qwen3_5MoeForConditionalGeneration', 'AutoModelForImageTextToText'),
+    'gemma3': ('gemma3', 'Gemma3ForConditionalGeneration', 'AutoModelForImageTextToText'),
+    'gemma3_text': ('gemma3', 'Gemma3ForCausalLM', 'AutoModelForCausalLM'),
+    'deepseek_v3': ('deepseek_v3', 'DeepseekV3ForCausalLM', 'AutoModelForCausalLM'),
+    'glm4_moe': ('glm4_moe', 'Glm4MoeForCausalLM', 'AutoModelForCausalLM'),
+    'glm4v': ('glm4v', 'Glm4vForConditionalGeneration', 'AutoModelForImageTextToText'),
+    'glm46v': ('glm4v', 'Glm46VForConditionalGeneration', 'AutoModelForImageTextToText'),
+    'glm4v_moe': ('glm4v', 'Glm4vMoeForConditionalGeneration', 'AutoModelForImageTextToText'),
 }
-SUPPORTED_MODEL_TYPES = tuple(_TYPES)
+SUPPORTED_MODEL_TYPES = tuple(_KNOWN)
 
-# transformers 5.17 config-class defaults for the keys used below (a config.json that omits a key gets these,
-# exactly as AutoConfig would fill them in).
-_TEXT_DEFAULTS = {
-    'qwen3_vl': dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
-                     num_attention_heads=32, num_key_value_heads=None, head_dim=128, attention_bias=False),
-    'qwen3_vl_moe': dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
-                         num_attention_heads=16, num_key_value_heads=None, head_dim=128, attention_bias=False,
-                         moe_intermediate_size=1408, num_experts_per_tok=4, num_experts=60, decoder_sparse_step=1,
-                         mlp_only_layers=[]),
-    'qwen3_5': dict(vocab_size=248320, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
-                    num_attention_heads=16, num_key_value_heads=4, head_dim=256, attention_bias=False,
-                    linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
-                    linear_num_key_heads=16, linear_num_value_heads=32),
-    'qwen3_5_moe': dict(vocab_size=248320, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
-                        num_key_value_heads=2, head_dim=256, attention_bias=False, moe_intermediate_size=512,
-                        shared_expert_intermediate_size=512, num_experts_per_tok=8, num_experts=256,
-                        linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
-                        linear_num_key_heads=16, linear_num_value_heads=32),
-    'qwen3_moe': dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
-                      num_attention_heads=32, num_key_value_heads=4, attention_bias=False, moe_intermediate_size=768,
-                      num_experts_per_tok=8, num_experts=128, decoder_sparse_step=1, mlp_only_layers=[]),
-    'qwen3': dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
-                  num_attention_heads=32, num_key_value_heads=32, head_dim=128, attention_bias=False),
-    'qwen3_next': dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=48,
-                       num_attention_heads=16, num_key_value_heads=2, head_dim=256, attention_bias=False,
-                       moe_intermediate_size=512, shared_expert_intermediate_size=512, num_experts_per_tok=10,
-                       num_experts=512, decoder_sparse_step=1, mlp_only_layers=[], linear_conv_kernel_dim=4,
-                       linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
-                       linear_num_value_heads=32),
-    'qwen2_5_vl': dict(vocab_size=152064, hidden_size=8192, intermediate_size=29568, num_hidden_layers=80,
-                       num_attention_heads=64, num_key_value_heads=8),
-    'mixtral': dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                    num_attention_heads=32, num_key_value_heads=8, head_dim=None, num_experts_per_tok=2,
-                    num_experts=8),
+# Where a family's modeling code differs from the standard decoder (keyed by the top-level or text model_type).
+_QKV_BIAS = {'qwen2', 'qwen2_moe', 'qwen2_vl', 'qwen2_5_vl', 'qwen2_vl_text', 'qwen2_5_vl_text', 'glm4v',
+             'glm4v_text'}  # q/k/v bias, no o
+_QK_NORM = {'qwen3', 'qwen3_moe', 'qwen3_next', 'qwen3_vl', 'qwen3_vl_moe', 'qwen3_5', 'qwen3_5_moe', 'gemma3',
+            'gemma3_text', 'qwen3_vl_text', 'qwen3_vl_moe_text', 'qwen3_5_text', 'qwen3_5_moe_text'}  # per-head RMSNorm
+_SANDWICH_NORM = {'gemma2', 'gemma3', 'gemma3_text', 'glm4', 'glm4v', 'glm4v_text'}  # 4 norms per layer
+_HYBRID = {'qwen3_5', 'qwen3_5_moe', 'qwen3_next', 'qwen3_5_text', 'qwen3_5_moe_text'}  # gated DeltaNet + gated attn
+_TIE_DEFAULT = {'gemma', 'gemma2', 'gemma3', 'gemma3_text'}  # config classes whose tie_word_embeddings defaults True
+_QK_NORM_FULL = {'olmo2', 'olmo3', 'olmoe'}  # q_norm over heads x head_dim, k_norm over kv heads x head_dim
+_QK_NORM_NO_WEIGHTS = {'llama4', 'llama4_text'}  # use_qk_norm is a weightless L2 norm
+_NON_GATED_MLP = {'arcee', 'apertus', 'nemotron', 'nanochat', 'starcoder2'}  # up_proj + down_proj, no gate
+_NORM_BIAS = {'nemotron', 'starcoder2'}  # LayerNorms with a bias
+_NO_NORM_WEIGHTS = {'nanochat'}  # parameter-free RMSNorm
+_ACT_PARAMS = {'apertus': 2}  # xIELU's alpha_p / alpha_n per MLP
+_GPT_OSS = {'gpt_oss'}  # biased experts and router, attention sinks (one per head)
+_ROUTER_BIAS_PARAM = {'ernie4_5_moe'}  # e_score_correction_bias is a parameter (elsewhere a buffer)
+_VISION_STYLE = {'qwen3_vl': 'qwen3_vl', 'qwen3_vl_moe': 'qwen3_vl', 'qwen3_5': 'qwen3_5', 'qwen3_5_moe': 'qwen3_5',
+                 'qwen2_5_vl': 'qwen2_5_vl', 'qwen2_vl': 'qwen2_vl', 'gemma3': 'gemma3', 'glm4v': 'glm4v',
+                 'glm46v': 'glm4v', 'glm4v_moe': 'glm4v'}
+
+# Config-class defaults (transformers 5.x) for keys that published configs of a family leave out. Only keys with
+# a family-wide value are here: a config must always state its own size (hidden_size, num_hidden_layers), so a stub
+# holding little more than model_type is an error, never a model invented from defaults.
+_TEXT_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    # published gemma-3 text_configs list only what differs from Gemma3TextConfig
+    'gemma3': dict(vocab_size=262208, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                   intermediate_size=9216, sliding_window_pattern=6),
+    'qwen3_5': dict(linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                    linear_num_key_heads=16, linear_num_value_heads=32, full_attention_interval=4),
+    'qwen3_next': dict(linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                       linear_num_key_heads=16, linear_num_value_heads=32, full_attention_interval=4),
+    'qwen3_moe': dict(decoder_sparse_step=1),
+    'qwen2_moe': dict(decoder_sparse_step=1),
+    'deepseek_v3': dict(first_k_dense_replace=3, moe_layer_freq=1, n_shared_experts=1),
 }
+_TEXT_DEFAULTS['gemma3_text'] = _TEXT_DEFAULTS['gemma3']
+# A VL wrapper's text_config may name a text model_type and leave its size to that config class, as published
+# llava-1.5 configs do ({"model_type": "llama", "vocab_size": 32064}); transformers then builds the class default.
+# Only there (a nested text_config next to a vision_config) are these sizes filled in, and the plan says so.
+_NESTED_TEXT_DEFAULTS = {
+    'llama': dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                  vocab_size=32000),  # LlamaConfig()
+    'mistral': dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                    num_key_value_heads=8, vocab_size=32000),  # MistralConfig()
+    'qwen2': dict(hidden_size=4096, intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32,
+                  num_key_value_heads=32, vocab_size=151936),  # Qwen2Config()
+}
+_TEXT_DEFAULTS['qwen3_5_moe'] = _TEXT_DEFAULTS['qwen3_5']
 _VISION_DEFAULTS = {
-    'qwen3_vl': dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, in_channels=3, patch_size=16,
-                     spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=3584, num_position_embeddings=2304,
-                     deepstack_visual_indexes=[8, 16, 24]),
-    'qwen3_5': dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, in_channels=3, patch_size=16,
-                    spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=3584, num_position_embeddings=2304),
-    'qwen2_5_vl': dict(depth=32, hidden_size=3584, intermediate_size=3420, num_heads=16, in_channels=3, patch_size=14,
-                       spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=3584),
+    'qwen3_vl': dict(in_channels=3, patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
+                     num_position_embeddings=2304),
+    'qwen3_5': dict(in_channels=3, patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
+                    num_position_embeddings=2304),
+    'qwen2_5_vl': dict(in_channels=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2),
+    'qwen2_vl': dict(in_channels=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, mlp_ratio=4),
+    'gemma3': dict(in_channels=3, vision_use_head=True),  # SiglipVisionConfig
+    'glm4v': dict(in_channels=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, image_size=336),
+    'vit': dict(in_channels=3),
 }
 
 
 class _Cfg:
-    """dict lookup with defaults and key aliases (num_experts/num_local_experts, num_heads/num_attention_heads)."""
-    _ALIASES = {'num_experts': ('num_experts', 'num_local_experts'),
-                'num_heads': ('num_heads', 'num_attention_heads')}
+    """A config section with the family's defaults and key aliases; a missing key is an error naming the field."""
+    _ALIASES = {'num_experts': ('num_experts', 'num_local_experts', 'n_routed_experts', 'moe_num_experts'),
+                'num_experts_per_tok': ('num_experts_per_tok', 'moe_k', 'moe_topk'),
+                'n_shared_experts': ('n_shared_experts', 'moe_num_shared_experts'),
+                'attention_bias': ('attention_bias', 'use_bias'),
+                'num_heads': ('num_heads', 'num_attention_heads'),
+                'in_channels': ('in_channels', 'in_chans', 'num_channels'),
+                'depth': ('depth', 'num_hidden_layers')}
 
-    def __init__(self, d: Dict[str, Any], defaults: Dict[str, Any]):
-        self.d, self.defaults = d, defaults
+    def __init__(self, d: Dict[str, Any], defaults: Dict[str, Any], where: str, prefix: str = ''):
+        self.d, self.defaults, self.where, self.prefix = d, defaults, where, prefix
+
+    def has(self, key: str) -> bool:
+        return any(self.d.get(k) is not None for k in self._ALIASES.get(key, (key, )))
 
     def get(self, key: str, default: Any = None) -> Any:
         for k in self._ALIASES.get(key, (key, )):
@@ -378,69 +448,152 @@ class _Cfg:
             return self.defaults[key]
         return default
 
-    def int(self, key: str, default: Optional[int] = None) -> int:
+    def int(self, key: str, default: Optional[int] = None, required: bool = True) -> int:
         v = self.get(key, default)
         if v is None:
-            raise ValueError(f'config.json lacks {key!r}')
+            if not required:
+                return 0
+            raise ConfigError(f'{self.where}: config lacks {self.prefix + key!r}, which the planner needs to count '
+                              f'the model')
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < 0:
+            raise ConfigError(f'{self.where}: {self.prefix + key!r} must be a non-negative integer (got {v!r})')
         return int(v)
 
+    def require(self, key: str) -> int:
+        """A key the config must state itself (no family default): the model's size."""
+        if not self.has(key):
+            raise ConfigError(f'{self.where}: config lacks {self.prefix + key!r}; a config.json must state the '
+                              f'model\'s size (is this a complete config.json of a decoder model?)')
+        return self.int(key)
 
-def model_spec(cfg: Dict[str, Any]) -> ModelSpec:
-    """Build a ModelSpec from a parsed config.json dict."""
-    model_type = cfg.get('model_type')
-    if model_type not in _TYPES:
-        raise UnsupportedModel(f'model_type {model_type!r} is not supported by the planner '
-                               f'(supported: {", ".join(SUPPORTED_MODEL_TYPES)})')
-    family, arch, auto_class, text_style, vision_style = _TYPES[model_type]
-    archs = cfg.get('architectures') or []
-    if archs:
+
+def _model_type(cfg: Dict[str, Any], where: str) -> str:
+    mt = cfg.get('model_type')
+    if mt is None:
+        raise ConfigError(f'{where}: config lacks \'model_type\'')
+    if not isinstance(mt, str) or not mt:
+        raise ConfigError(f'{where}: field \'model_type\' must be a non-empty string (got {mt!r})')
+    return mt
+
+
+def model_spec(cfg: Dict[str, Any], where: str = 'config.json') -> ModelSpec:
+    """Build a ModelSpec from a parsed config.json dict (`where` names it in errors)."""
+    if not isinstance(cfg, dict):
+        raise ConfigError(f'{where}: config is not a JSON object')
+    model_type = _model_type(cfg, where)
+    if cfg.get('is_encoder_decoder'):
+        raise UnsupportedModel(f'{where}: {model_type!r} is an encoder-decoder model; the planner plans decoder '
+                               f'(causal LM) models, with or without a vision tower')
+    notes: List[str] = []
+    text_d = cfg.get('text_config')
+    if text_d is not None and not isinstance(text_d, dict):
+        raise ConfigError(f'{where}: field \'text_config\' must be an object (got {type(text_d).__name__})')
+    prefix = 'text_config.' if text_d is not None else ''
+    text_d = text_d if text_d is not None else cfg
+    text_type = text_d.get('model_type') if isinstance(text_d.get('model_type'), str) else model_type
+    types = {model_type, text_type}
+    if model_type in _KNOWN:
+        family, arch, auto_class = _KNOWN[model_type]
+    else:
+        has_vision = isinstance(cfg.get('vision_config'), dict)
+        family = model_type
+        arch = ''
+        auto_class = 'AutoModelForImageTextToText' if has_vision else 'AutoModelForCausalLM'
+        notes.append(f'model_type {model_type!r} has no family-specific code in the planner: counted as a standard '
+                     f'Hugging Face decoder from its config fields')
+    archs = cfg.get('architectures')
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
         arch = archs[0]
-    text_d = cfg.get('text_config') if isinstance(cfg.get('text_config'), dict) else None
-    t = _Cfg(text_d if text_d is not None else cfg, _TEXT_DEFAULTS[model_type])
+    arch = arch or model_type
+    defaults = dict(_TEXT_DEFAULTS.get(model_type) or _TEXT_DEFAULTS.get(text_type) or {})
+    nested = _NESTED_TEXT_DEFAULTS.get(text_type) if prefix and isinstance(cfg.get('vision_config'), dict) else None
+    if nested:
+        filled = sorted(k for k in nested if text_d.get(k) is None)
+        if filled:
+            defaults.update({k: nested[k] for k in filled})
+            text_d = dict(text_d, **{k: nested[k] for k in filled})
+            notes.append(f'text_config leaves {", ".join(filled)} to the {text_type} config class: counted with its '
+                         f'defaults, as transformers builds it')
+    t = _Cfg(text_d, defaults, where, prefix)
 
-    hidden = t.int('hidden_size')
-    layers = t.int('num_hidden_layers')
+    hidden = t.require('hidden_size')
+    layers = t.require('num_hidden_layers')
     heads = t.int('num_attention_heads')
-    kv = t.get('num_key_value_heads') or heads
-    head_dim = t.get('head_dim') or hidden // heads
+    kv = t.int('num_key_value_heads', heads)
+    head_dim = t.int('head_dim', hidden // heads if heads else None)
     vocab = t.int('vocab_size')
-    ffn = int(t.get('intermediate_size') or 0)
-    # For the VL wrappers transformers 5 ties lm_head to the embeddings from the *top-level* flag (class default
-    # False); text_config's own flag is ignored. For text-only types the top level is the text config.
-    tie = bool(cfg.get('tie_word_embeddings', False))
+    ffn = t.int('intermediate_size', required=False)
+    # VL wrappers tie lm_head to the embeddings from the *top-level* flag in transformers 5 (text_config's own flag
+    # is ignored); for text-only types the top level is the text config.
+    tie = cfg.get('tie_word_embeddings')
+    tie = bool(tie) if tie is not None else bool(types & _TIE_DEFAULT)
 
     # ----- layer pattern ------------------------------------------------------------------------------------
-    hybrid = text_style in ('qwen3_5', 'qwen3_5_moe', 'qwen3_next')
-    if hybrid:
-        layer_types = t.get('layer_types')
-        if not layer_types:
-            interval = int(t.get('full_attention_interval', 4) or 4)
-            layer_types = ['linear_attention' if (i + 1) % interval else 'full_attention' for i in range(layers)]
-        layer_types = ['linear_attention' if lt in ('linear_attention', 'linear') else 'full_attention'
-                       for lt in layer_types]
-    else:
-        layer_types = ['full_attention'] * layers
-    if len(layer_types) != layers:
-        raise ValueError(f'layer_types has {len(layer_types)} entries for {layers} layers')
+    hybrid = bool(types & _HYBRID)
+    raw_types = t.get('layer_types')
+    if raw_types is not None and (not isinstance(raw_types, list) or not all(isinstance(x, str) for x in raw_types)):
+        raise ConfigError(f'{where}: {prefix}layer_types must be a list of strings')
+    if hybrid and not raw_types:
+        interval = t.int('full_attention_interval')
+        raw_types = ['linear_attention' if (i + 1) % interval else 'full_attention' for i in range(layers)]
+    if not raw_types and t.get('sliding_window_pattern') and t.get('sliding_window'):
+        pattern = t.int('sliding_window_pattern')  # gemma3: every pattern-th layer is global
+        raw_types = ['full_attention' if (i + 1) % pattern == 0 else 'sliding_attention' for i in range(layers)]
+    if raw_types and len(raw_types) != layers:
+        raise ConfigError(f'{where}: {prefix}layer_types has {len(raw_types)} entries for {layers} layers')
+    raw_types = raw_types or ['full_attention'] * layers
+    # Gated DeltaNet layers are counted for the hybrid families only; other layer kinds (another family's linear
+    # attention, Mamba / conv blocks) have no family code and are counted as attention layers, which the plan says.
+    layer_types = ['linear_attention' if hybrid and lt in ('linear_attention', 'linear') else 'full_attention'
+                   for lt in raw_types]
+    unknown = sorted({lt for lt in raw_types if lt not in ('full_attention', 'sliding_attention', 'attention')
+                      and not (hybrid and lt in ('linear_attention', 'linear'))})
+    if unknown:
+        notes.append(f'layer types {", ".join(unknown)} have no family code in the planner: counted as standard '
+                     f'attention layers (an estimate)')
+    sliding = sum(1 for lt in raw_types if 'sliding' in lt)
+    if sliding:
+        notes.append(f'{sliding} of {layers} layers use sliding-window attention ({t.get("sliding_window")} tokens): '
+                     f'with SDPA / flash attention no score matrix is kept, so their activations are counted like '
+                     f'full attention')
+    if t.get('use_sliding_window') and t.get('sliding_window') and not sliding:
+        notes.append('use_sliding_window is set: counted like full attention (SDPA / flash keep no score matrix)')
 
-    is_moe = text_style in ('qwen3_moe', 'qwen3_5_moe', 'qwen3_next', 'mixtral')
-    E = k = moe_ffn = shared_ffn = 0
+    # ----- MoE ----------------------------------------------------------------------------------------------
+    E = t.int('num_experts', required=False)
+    is_moe = E > 1
+    k = moe_ffn = shared_ffn = n_shared = 0
+    shared_gate = False
     moe_layers: List[int] = []
     if is_moe:
-        E = t.int('num_experts')
         k = t.int('num_experts_per_tok')
-        moe_ffn = ffn if text_style == 'mixtral' else t.int('moe_intermediate_size')
-        if text_style in ('qwen3_5_moe', 'qwen3_next'):
-            shared_ffn = int(t.get('shared_expert_intermediate_size') or 0)
-        if text_style in ('qwen3_moe', 'qwen3_next'):
-            # transformers Qwen3MoeDecoderLayer: sparse iff not in mlp_only_layers and (i+1) % decoder_sparse_step == 0
-            step = int(t.get('decoder_sparse_step', 1) or 1)
+        moe_ffn = t.int('moe_intermediate_size') if t.has('moe_intermediate_size') else t.int('intermediate_size')
+        if t.get('shared_expert_intermediate_size'):  # qwen2_moe / qwen3_next / qwen3_5_moe: one gated expert
+            shared_ffn, n_shared, shared_gate = t.int('shared_expert_intermediate_size'), 1, True
+        elif t.get('n_shared_experts'):  # deepseek / glm4_moe / ernie4_5_moe: n shared experts in one MLP, ungated
+            n_shared = t.int('n_shared_experts')
+            shared_ffn = moe_ffn * n_shared
+        elif types & {'llama4', 'llama4_text'}:  # one ungated shared expert as wide as a routed one
+            n_shared, shared_ffn = 1, moe_ffn
+        explicit = t.get('moe_layers')
+        if isinstance(explicit, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in explicit):
+            moe_layers = sorted(i for i in set(explicit) if 0 <= i < layers)  # llama4: the config lists them
+        elif t.has('moe_layer_start_index'):  # ernie4_5_moe: [start, end] every `interval` layers
+            start, interval = t.int('moe_layer_start_index'), t.int('moe_layer_interval', 1) or 1
+            end = t.int('moe_layer_end_index', layers - 1)
+            end = layers - 1 if end < 0 else end
+            moe_layers = [i for i in range(start, min(end, layers - 1) + 1) if (i - start) % interval == 0]
+        elif t.has('first_k_dense_replace') or model_type in ('deepseek_v3', 'glm4_moe'):
+            first = t.int('first_k_dense_replace', 0)
+            freq = t.int('moe_layer_freq', 1) or 1
+            moe_layers = [i for i in range(layers) if i >= first and i % freq == 0]
+        else:  # qwen2_moe / qwen3_moe / qwen3_next / qwen3_vl_moe: decoder_sparse_step and mlp_only_layers
+            step = t.int('decoder_sparse_step', 1) or 1
             only_dense = set(t.get('mlp_only_layers') or [])
-            moe_layers = [i for i in range(layers) if i not in only_dense and E > 0 and (i + 1) % step == 0]
-        else:  # qwen3_5_moe, mixtral: every layer is sparse
-            moe_layers = list(range(layers))
+            moe_layers = [i for i in range(layers) if i not in only_dense and (i + 1) % step == 0]
         if not moe_layers:
             is_moe = False
+            notes.append(f'{E} experts configured but no layer is sparse: planned as dense')
     n_moe = len(moe_layers)
     n_dense_mlp = layers - n_moe
     n_full = sum(1 for lt in layer_types if lt == 'full_attention')
@@ -459,30 +612,55 @@ def model_spec(cfg: Dict[str, Any]) -> ModelSpec:
             return
         G.append(ParamGroup(component, name, numel, count, False, tower=tower))
 
-    # ----- embeddings / head --------------------------------------------------------------------------------
+    # ----- embeddings / head / norms ------------------------------------------------------------------------
     other('embeddings', 'embed_tokens', vocab * hidden)
     if not tie:
         lin('lm_head', 'lm_head', hidden, vocab, 1)
-    other('norms', 'final_norm', hidden)
-    other('norms', 'input_layernorm', hidden, layers)
-    other('norms', 'post_attention_layernorm', hidden, layers)
+    norm = 0 if types & _NO_NORM_WEIGHTS else (2 if types & _NORM_BIAS else 1) * hidden
+    other('norms', 'final_norm', norm)
+    other('norms', 'input_layernorm', norm, layers)
+    other('norms', 'post_attention_layernorm', norm, layers)
+    if types & _SANDWICH_NORM:
+        other('norms', 'pre+post_feedforward_layernorm', 2 * hidden, layers)
 
     # ----- full attention -----------------------------------------------------------------------------------
-    q_out = heads * head_dim * (2 if hybrid else 1)  # Qwen3.5 / Qwen3-Next: gated attention, q_proj emits q and gate
-    kv_out = kv * head_dim
-    if text_style == 'qwen2':
-        lin('attention', 'q_proj', hidden, q_out, n_full, bias=True)
-        lin('attention', 'k_proj', hidden, kv_out, n_full, bias=True)
-        lin('attention', 'v_proj', hidden, kv_out, n_full, bias=True)
-        lin('attention', 'o_proj', heads * head_dim, hidden, n_full)
-    else:
+    mla = t.has('kv_lora_rank')
+    if mla:  # DeepSeek multi-head latent attention
+        nope, rope, vd = t.int('qk_nope_head_dim'), t.int('qk_rope_head_dim'), t.int('v_head_dim')
+        qk_dim = nope + rope
+        kv_rank = t.int('kv_lora_rank')
+        q_rank = t.int('q_lora_rank', required=False)
         bias = bool(t.get('attention_bias', False))
-        lin('attention', 'q_proj', hidden, q_out, n_full, bias=bias)
-        lin('attention', 'k_proj', hidden, kv_out, n_full, bias=bias)
-        lin('attention', 'v_proj', hidden, kv_out, n_full, bias=bias)
-        lin('attention', 'o_proj', heads * head_dim, hidden, n_full, bias=bias)
-        if text_style != 'mixtral':
+        if q_rank:
+            lin('attention', 'q_a_proj', hidden, q_rank, n_full, bias=bias)
+            other('attention', 'q_a_layernorm', q_rank, n_full)
+            lin('attention', 'q_b_proj', q_rank, heads * qk_dim, n_full)
+        else:
+            lin('attention', 'q_proj', hidden, heads * qk_dim, n_full)
+        lin('attention', 'kv_a_proj_with_mqa', hidden, kv_rank + rope, n_full, bias=bias)
+        other('attention', 'kv_a_layernorm', kv_rank, n_full)
+        lin('attention', 'kv_b_proj', kv_rank, heads * (nope + vd), n_full)
+        lin('attention', 'o_proj', heads * vd, hidden, n_full, bias=bias)
+        head_dim, kv = qk_dim, heads  # what the attention kernel sees (for the activation estimate)
+    else:
+        if not heads:
+            raise ConfigError(f'{where}: config lacks {prefix + "num_attention_heads"!r}')
+        q_out = heads * head_dim * (2 if hybrid else 1)  # Qwen3.5 / Qwen3-Next: q_proj emits q and its gate
+        kv_out = kv * head_dim
+        if types & _QKV_BIAS:
+            qkv_bias, o_bias = True, False
+        else:
+            qkv_bias = o_bias = bool(t.get('attention_bias', False))
+        lin('attention', 'q_proj', hidden, q_out, n_full, bias=qkv_bias)
+        lin('attention', 'k_proj', hidden, kv_out, n_full, bias=qkv_bias)
+        lin('attention', 'v_proj', hidden, kv_out, n_full, bias=qkv_bias)
+        lin('attention', 'o_proj', heads * head_dim, hidden, n_full, bias=o_bias)
+        if types & _QK_NORM_FULL:
+            other('norms', 'q_norm+k_norm', q_out + kv_out, n_full)
+        elif (types & _QK_NORM or t.get('use_qk_norm')) and not types & (_QK_NORM_NO_WEIGHTS | _NO_NORM_WEIGHTS):
             other('norms', 'q_norm+k_norm', 2 * head_dim, n_full)
+        if types & _GPT_OSS:
+            other('attention', 'sinks', heads, n_full)
 
     # ----- linear attention (Gated DeltaNet) ----------------------------------------------------------------
     lin_dims: Dict[str, int] = {}
@@ -494,7 +672,7 @@ def model_spec(cfg: Dict[str, Any]) -> ModelSpec:
         conv_dim = 2 * key_dim + value_dim
         lin_dims = dict(num_key_heads=nk, num_value_heads=nv, key_head_dim=dk, value_head_dim=dv,
                         conv_kernel=kernel, key_dim=key_dim, value_dim=value_dim, conv_dim=conv_dim)
-        if text_style == 'qwen3_next':
+        if 'qwen3_next' in types:
             lin('linear_attention', 'in_proj_qkvz', hidden, 2 * key_dim + 2 * value_dim, n_lin)
             lin('linear_attention', 'in_proj_ba', hidden, 2 * nv, n_lin)
         else:
@@ -508,75 +686,173 @@ def model_spec(cfg: Dict[str, Any]) -> ModelSpec:
         other('norms', 'linear_attn.norm', dv, n_lin)
 
     # ----- MLPs ---------------------------------------------------------------------------------------------
+    mlp_bias = bool(t.get('mlp_bias', False)) or ('starcoder2' in types and bool(t.get('use_bias', True)))
+    dense_ffn = t.int('intermediate_size_mlp') if t.has('intermediate_size_mlp') else ffn  # llama4's dense layers
     if n_dense_mlp:
-        if not ffn:
-            raise ValueError('config.json lacks intermediate_size for the dense MLP layers')
-        lin('dense_mlp', 'gate_proj', hidden, ffn, n_dense_mlp)
-        lin('dense_mlp', 'up_proj', hidden, ffn, n_dense_mlp)
-        lin('dense_mlp', 'down_proj', ffn, hidden, n_dense_mlp)
+        if not dense_ffn:
+            raise ConfigError(f'{where}: config lacks {prefix + "intermediate_size"!r} for the dense MLP layers')
+        if not types & _NON_GATED_MLP:
+            lin('dense_mlp', 'gate_proj', hidden, dense_ffn, n_dense_mlp, bias=mlp_bias)
+        lin('dense_mlp', 'up_proj', hidden, dense_ffn, n_dense_mlp, bias=mlp_bias)
+        lin('dense_mlp', 'down_proj', dense_ffn, hidden, n_dense_mlp, bias=mlp_bias)
+        for name, n in _ACT_PARAMS.items():
+            if name in types:
+                other('dense_mlp', 'act_fn', n, n_dense_mlp)
     if n_moe:
         frac = k / E
-        lin('experts', 'experts.gate_up_proj', hidden, 2 * moe_ffn, n_moe, experts=E, active=frac)
-        lin('experts', 'experts.down_proj', moe_ffn, hidden, n_moe, experts=E, active=frac)
-        other('router', 'gate', E * hidden, n_moe)
+        expert_bias = bool(types & _GPT_OSS)
+        lin('experts', 'experts.gate_up_proj', hidden, 2 * moe_ffn, n_moe, bias=expert_bias, experts=E, active=frac)
+        lin('experts', 'experts.down_proj', moe_ffn, hidden, n_moe, bias=expert_bias, experts=E, active=frac)
+        other('router', 'gate', E * hidden + (E if types & (_GPT_OSS | _ROUTER_BIAS_PARAM) else 0), n_moe)
         if shared_ffn:
             lin('shared_expert', 'shared_expert.gate_proj', hidden, shared_ffn, n_moe)
             lin('shared_expert', 'shared_expert.up_proj', hidden, shared_ffn, n_moe)
             lin('shared_expert', 'shared_expert.down_proj', shared_ffn, hidden, n_moe)
-            lin('shared_expert', 'shared_expert_gate', hidden, 1, n_moe)
+            if shared_gate:
+                lin('shared_expert', 'shared_expert_gate', hidden, 1, n_moe)
 
     # ----- vision tower -------------------------------------------------------------------------------------
     vision = None
-    notes: List[str] = []
-    if vision_style is not None:
-        vd = cfg.get('vision_config') if isinstance(cfg.get('vision_config'), dict) else {}
-        v = _Cfg(vd, _VISION_DEFAULTS['qwen3_vl' if vision_style == 'qwen3_vl' else vision_style])
-        depth, vh, vf = v.int('depth'), v.int('hidden_size'), v.int('intermediate_size')
-        ps, tps, m = v.int('patch_size'), v.int('temporal_patch_size'), v.int('spatial_merge_size')
-        cin, vout = v.int('in_channels'), v.int('out_hidden_size')
-        merged = vh * m * m
-        n_deep = 0
+    vd_raw = cfg.get('vision_config')
+    style = _VISION_STYLE.get(model_type)
+    if vd_raw is not None and not isinstance(vd_raw, dict):
+        raise ConfigError(f'{where}: field \'vision_config\' must be an object (got {type(vd_raw).__name__})')
+    if style is not None and vd_raw is None:
+        raise ConfigError(f'{where}: config lacks \'vision_config\' ({model_type} is a vision-language model)')
+    if vd_raw is not None:
+        style = style or 'vit'
+        if style == 'vit':
+            notes.append(f'vision tower of {model_type!r} estimated as a standard ViT (LayerNorm, biased q/k/v/o, '
+                         f'two-layer MLP) plus a two-layer projector; exact counts need family-specific code')
         before = len(G)
-        if vision_style in ('qwen3_vl', 'qwen3_5'):
-            other('vision', 'patch_embed', vh * cin * tps * ps * ps + vh, tower='vision')
-            other('vision', 'pos_embed', v.int('num_position_embeddings') * vh, tower='vision')
-            other('vision', 'blocks.norm1+norm2', 4 * vh, depth, tower='vision')
-            lin('vision', 'blocks.attn.qkv', vh, 3 * vh, depth, bias=True, tower='vision')
-            lin('vision', 'blocks.attn.proj', vh, vh, depth, bias=True, tower='vision')
-            lin('vision', 'blocks.mlp.linear_fc1', vh, vf, depth, bias=True, tower='vision')
-            lin('vision', 'blocks.mlp.linear_fc2', vf, vh, depth, bias=True, tower='vision')
-            other('vision', 'merger.norm', 2 * vh, tower='vision')
-            lin('vision', 'merger.linear_fc1', merged, merged, 1, bias=True, tower='vision')
-            lin('vision', 'merger.linear_fc2', merged, vout, 1, bias=True, tower='vision')
-            if vision_style == 'qwen3_vl':
-                n_deep = len(v.get('deepstack_visual_indexes') or [])
-                other('vision', 'deepstack_merger.norm', 2 * merged, n_deep, tower='vision')
-                lin('vision', 'deepstack_merger.linear_fc1', merged, merged, n_deep, bias=True, tower='vision')
-                lin('vision', 'deepstack_merger.linear_fc2', merged, vout, n_deep, bias=True, tower='vision')
-        else:  # qwen2_5_vl: RMSNorm, SwiGLU MLP with biases, window attention (no extra params)
-            other('vision', 'patch_embed', vh * cin * tps * ps * ps, tower='vision')
-            other('vision', 'blocks.norm1+norm2', 2 * vh, depth, tower='vision')
-            lin('vision', 'blocks.attn.qkv', vh, 3 * vh, depth, bias=True, tower='vision')
-            lin('vision', 'blocks.attn.proj', vh, vh, depth, bias=True, tower='vision')
-            lin('vision', 'blocks.mlp.gate_proj', vh, vf, depth, bias=True, tower='vision')
-            lin('vision', 'blocks.mlp.up_proj', vh, vf, depth, bias=True, tower='vision')
-            lin('vision', 'blocks.mlp.down_proj', vf, vh, depth, bias=True, tower='vision')
-            other('vision', 'merger.ln_q', vh, tower='vision')
-            lin('vision', 'merger.mlp.0', merged, merged, 1, bias=True, tower='vision')
-            lin('vision', 'merger.mlp.2', merged, vout, 1, bias=True, tower='vision')
-        vparams = sum(g.total for g in G[before:])
-        vision = VisionSpec(vision_style, depth, vh, vf, v.int('num_heads'), ps, tps, m, vout, n_deep, vparams)
-        if vout != hidden:
-            notes.append(f'vision out_hidden_size {vout} != text hidden_size {hidden}: the merger output does not '
-                         f'match the LLM (counted as configured).')
-    mtp = t.get('mtp_num_hidden_layers')
-    if mtp:
-        notes.append(f'{mtp} MTP layer(s) in config.json are not counted: transformers drops mtp.* weights at load.')
+        vision = _vision(style, _Cfg(vd_raw, _VISION_DEFAULTS[style], where, 'vision_config.'), cfg, hidden, lin,
+                         other)
+        vision.params = sum(g.total for g in G[before:])
+        if vision.out_hidden_size != hidden:
+            notes.append(f'vision out_hidden_size {vision.out_hidden_size} != text hidden_size {hidden}: the merger '
+                         f'output does not match the LLM (counted as configured).')
+    for key in ('mtp_num_hidden_layers', 'num_nextn_predict_layers'):
+        mtp = t.get(key)
+        if mtp:
+            notes.append(f'{mtp} MTP layer(s) in config.json ({key}) are not counted: transformers drops their '
+                         f'weights at load.')
 
     return ModelSpec(
         model_type=model_type, family=family, architecture=arch, auto_class=auto_class, is_moe=is_moe,
         hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=int(kv), head_dim=int(head_dim),
-        vocab_size=vocab, intermediate_size=ffn, tie_word_embeddings=tie, layer_types=list(layer_types),
-        num_experts=E, experts_per_token=k, num_shared_experts=1 if (is_moe and shared_ffn) else 0,
+        vocab_size=vocab, intermediate_size=dense_ffn, tie_word_embeddings=tie, layer_types=list(layer_types),
+        num_experts=E if is_moe else 0, experts_per_token=k, num_shared_experts=n_shared if is_moe else 0,
         moe_intermediate_size=moe_ffn, shared_expert_intermediate_size=shared_ffn, moe_layers=moe_layers,
-        linear_attention=lin_dims, vision=vision, groups=G, notes=notes)
+        linear_attention=lin_dims, vision=vision, groups=G, notes=notes, gated_attention=hybrid,
+        sliding_attention_layers=sliding, attention_kind='mla' if mla else 'mha')
+
+
+def _vision(style: str, v: _Cfg, cfg: Dict[str, Any], text_hidden: int, lin, other) -> VisionSpec:
+    """Add the vision tower's parameter groups (through `lin` / `other`) and describe it for the token budget."""
+    depth, heads = v.require('depth'), v.int('num_heads', required=style != 'vit')
+    cin = v.int('in_channels')
+    if style == 'vit':  # some towers give square sizes as pairs ([14, 14], [448, 448]): one side is enough here
+        v.d = {k: (x[0] if k in ('patch_size', 'image_size') and isinstance(x, list) and x else x)
+               for k, x in v.d.items()}
+    ps = v.int('patch_size', required=style != 'vit') or 14
+    n_deep = 0
+    if style in ('qwen3_vl', 'qwen3_5'):
+        vh, vf = v.require('hidden_size'), v.int('intermediate_size')
+        tps, m, vout = v.int('temporal_patch_size'), v.int('spatial_merge_size'), v.int('out_hidden_size')
+        merged = vh * m * m
+        other('vision', 'patch_embed', vh * cin * tps * ps * ps + vh, tower='vision')
+        other('vision', 'pos_embed', v.int('num_position_embeddings') * vh, tower='vision')
+        other('vision', 'blocks.norm1+norm2', 4 * vh, depth, tower='vision')
+        lin('vision', 'blocks.attn.qkv', vh, 3 * vh, depth, bias=True, tower='vision')
+        lin('vision', 'blocks.attn.proj', vh, vh, depth, bias=True, tower='vision')
+        lin('vision', 'blocks.mlp.linear_fc1', vh, vf, depth, bias=True, tower='vision')
+        lin('vision', 'blocks.mlp.linear_fc2', vf, vh, depth, bias=True, tower='vision')
+        other('vision', 'merger.norm', 2 * vh, tower='vision')
+        lin('vision', 'merger.linear_fc1', merged, merged, 1, bias=True, tower='vision')
+        lin('vision', 'merger.linear_fc2', merged, vout, 1, bias=True, tower='vision')
+        if style == 'qwen3_vl':
+            n_deep = len(v.get('deepstack_visual_indexes') or [])
+            other('vision', 'deepstack_merger.norm', 2 * merged, n_deep, tower='vision')
+            lin('vision', 'deepstack_merger.linear_fc1', merged, merged, n_deep, bias=True, tower='vision')
+            lin('vision', 'deepstack_merger.linear_fc2', merged, vout, n_deep, bias=True, tower='vision')
+    elif style == 'qwen2_5_vl':  # RMSNorm, SwiGLU MLP with biases, window attention (no extra params)
+        vh, vf = v.require('hidden_size'), v.int('intermediate_size')
+        tps, m, vout = v.int('temporal_patch_size'), v.int('spatial_merge_size'), v.int('out_hidden_size')
+        merged = vh * m * m
+        other('vision', 'patch_embed', vh * cin * tps * ps * ps, tower='vision')
+        other('vision', 'blocks.norm1+norm2', 2 * vh, depth, tower='vision')
+        lin('vision', 'blocks.attn.qkv', vh, 3 * vh, depth, bias=True, tower='vision')
+        lin('vision', 'blocks.attn.proj', vh, vh, depth, bias=True, tower='vision')
+        lin('vision', 'blocks.mlp.gate_proj', vh, vf, depth, bias=True, tower='vision')
+        lin('vision', 'blocks.mlp.up_proj', vh, vf, depth, bias=True, tower='vision')
+        lin('vision', 'blocks.mlp.down_proj', vf, vh, depth, bias=True, tower='vision')
+        other('vision', 'merger.ln_q', vh, tower='vision')
+        lin('vision', 'merger.mlp.0', merged, merged, 1, bias=True, tower='vision')
+        lin('vision', 'merger.mlp.2', merged, vout, 1, bias=True, tower='vision')
+    elif style == 'qwen2_vl':  # LayerNorm, GELU MLP of embed_dim * mlp_ratio; vision_config.hidden_size = LLM width
+        vh = v.require('embed_dim')
+        vf = v.int('intermediate_size', vh * v.int('mlp_ratio'))
+        tps, m = v.int('temporal_patch_size'), v.int('spatial_merge_size')
+        vout = v.int('hidden_size', text_hidden)
+        merged = vh * m * m
+        other('vision', 'patch_embed', vh * cin * tps * ps * ps, tower='vision')
+        other('vision', 'blocks.norm1+norm2', 4 * vh, depth, tower='vision')
+        lin('vision', 'blocks.attn.qkv', vh, 3 * vh, depth, bias=True, tower='vision')
+        lin('vision', 'blocks.attn.proj', vh, vh, depth, bias=True, tower='vision')
+        lin('vision', 'blocks.mlp.fc1', vh, vf, depth, bias=True, tower='vision')
+        lin('vision', 'blocks.mlp.fc2', vf, vh, depth, bias=True, tower='vision')
+        other('vision', 'merger.ln_q', 2 * vh, tower='vision')
+        lin('vision', 'merger.mlp.0', merged, merged, 1, bias=True, tower='vision')
+        lin('vision', 'merger.mlp.2', merged, vout, 1, bias=True, tower='vision')
+    elif style == 'glm4v':  # RMSNorm ViT with a SwiGLU MLP as wide as the LLM, conv downsample, SwiGLU merger
+        vh, vf = v.require('hidden_size'), v.int('intermediate_size')
+        tps, m, vout = v.int('temporal_patch_size'), v.int('spatial_merge_size'), v.int('out_hidden_size')
+        vbias = bool(v.get('attention_bias', False))
+        side = v.int('image_size') // ps
+        other('vision', 'patch_embed', vh * cin * tps * ps * ps + vh, tower='vision')
+        other('vision', 'position_embedding', side * side * vh, tower='vision')
+        other('vision', 'post_conv_layernorm+post_layernorm', 2 * vh, tower='vision')
+        other('vision', 'blocks.norm1+norm2', 2 * vh, depth, tower='vision')
+        lin('vision', 'blocks.attn.qkv', vh, 3 * vh, depth, bias=vbias, tower='vision')
+        lin('vision', 'blocks.attn.proj', vh, vh, depth, bias=vbias, tower='vision')
+        for name in ('gate_proj', 'up_proj'):
+            lin('vision', f'blocks.mlp.{name}', vh, vout, depth, tower='vision')
+        lin('vision', 'blocks.mlp.down_proj', vout, vh, depth, tower='vision')
+        other('vision', 'downsample', vh * vout * m * m + vout, tower='vision')
+        lin('vision', 'merger.proj', vout, vout, 1, tower='vision')
+        other('vision', 'merger.post_projection_norm', 2 * vout, tower='vision')
+        for name in ('gate_proj', 'up_proj'):
+            lin('vision', f'merger.{name}', vout, vf, 1, tower='vision')
+        lin('vision', 'merger.down_proj', vf, vout, 1, tower='vision')
+    else:  # gemma3 (SigLIP + a pooled projection) and the generic ViT estimate: one image per frame, no time merge
+        vh = v.require('hidden_size')
+        vf = v.int('intermediate_size', required=style == 'gemma3') or 4 * vh  # estimate: the usual 4x MLP
+        image = v.int('image_size', required=style == 'gemma3')
+        side = image // ps if image else 0  # no image_size: position embeddings not counted (an estimate)
+        tps, vout = 1, text_hidden
+        other('vision', 'patch_embedding', vh * cin * ps * ps + vh, tower='vision')
+        other('vision', 'position_embedding', side * side * vh, tower='vision')
+        other('vision', 'layer_norm1+2', 4 * vh, depth, tower='vision')
+        for name in ('q_proj', 'k_proj', 'v_proj', 'out_proj'):
+            lin('vision', f'self_attn.{name}', vh, vh, depth, bias=True, tower='vision')
+        lin('vision', 'mlp.fc1', vh, vf, depth, bias=True, tower='vision')
+        lin('vision', 'mlp.fc2', vf, vh, depth, bias=True, tower='vision')
+        other('vision', 'post_layernorm', 2 * vh, tower='vision')
+        if style == 'gemma3':
+            if v.get('vision_use_head'):  # SigLIP's attention-pooling head (published gemma-3 configs turn it off)
+                other('vision', 'head.probe+layernorm', 3 * vh, tower='vision')
+                lin('vision', 'head.attention.in_proj', vh, 3 * vh, 1, bias=True, tower='vision')
+                lin('vision', 'head.attention.out_proj', vh, vh, 1, bias=True, tower='vision')
+                lin('vision', 'head.mlp.fc1', vh, vf, 1, bias=True, tower='vision')
+                lin('vision', 'head.mlp.fc2', vf, vh, 1, bias=True, tower='vision')
+            other('vision', 'multi_modal_projector.mm_input_projection', vh * text_hidden, tower='vision')
+            other('vision', 'multi_modal_projector.mm_soft_emb_norm', vh, tower='vision')
+            per_image = int(cfg.get('mm_tokens_per_image') or 256)
+        else:
+            lin('vision', 'projector.linear_1', vh, text_hidden, 1, bias=True, tower='vision')
+            lin('vision', 'projector.linear_2', text_hidden, text_hidden, 1, bias=True, tower='vision')
+            per_image = side * side or 256
+        # tokens per image = (side / pool)^2: `spatial_merge_size` is the pooling factor per side
+        pooled = max(1, int(round(per_image ** 0.5)))
+        m = max(1, side // pooled)
+    return VisionSpec(style, depth, vh, vf, heads, ps, tps, m, vout, n_deep)

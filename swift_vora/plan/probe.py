@@ -14,7 +14,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import constants as C
 
@@ -23,7 +23,7 @@ DEFAULT_CGROUP_ROOT = '/sys/fs/cgroup'
 # (9223372036854771712) for an unlimited group; v2 writes the word "max".
 UNLIMITED_THRESHOLD = 1 << 60
 PACKAGES = ('torch', 'transformers', 'peft', 'ms-swift', 'deepspeed', 'megatron-core', 'mcore-bridge',
-            'transformer-engine', 'unsloth', 'unsloth_zoo', 'bitsandbytes', 'decord', 'qwen-vl-utils', 'accelerate',
+            'transformer-engine', 'unsloth', 'unsloth_zoo', 'bitsandbytes', 'decord', 'av', 'qwen-vl-utils', 'accelerate',
             'flash-attn')
 
 
@@ -203,12 +203,17 @@ def probe_cpus(root: Optional[str] = None) -> Dict[str, Any]:
             'os_cpu_count': os.cpu_count()}
 
 
-def probe_gpus(use_torch: bool = True, use_nvidia_smi: bool = True) -> Dict[str, Any]:
-    """GPUs via torch.cuda (if importable and available), else nvidia-smi (if on PATH), else none."""
+def probe_gpus(use_torch: bool = True, use_nvidia_smi: bool = True,
+               progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+    """GPUs via torch.cuda (if importable and available), else nvidia-smi (if on PATH), else none. `progress`
+    hears what is being probed (importing torch and initialising CUDA can take many seconds)."""
     from .. import switches
+    progress = progress or (lambda message: None)
     if use_torch and switches.read('SWIFT_VORA_PROBE_TORCH'):
         try:
+            progress('importing torch to probe the GPUs through torch.cuda (--no-torch skips it) ...')
             import torch  # noqa: WPS433 (imported only when probing)
+            progress(f'torch {torch.__version__} imported; asking torch.cuda for devices ...')
             if torch.cuda.is_available():
                 gpus = []
                 for i in range(torch.cuda.device_count()):
@@ -221,10 +226,12 @@ def probe_gpus(use_torch: bool = True, use_nvidia_smi: bool = True) -> Dict[str,
                                  'total_gib': round(total / C.GiB, 2),
                                  'free_gib': round(free / C.GiB, 2) if free is not None else None})
                 return {'source': 'torch', 'gpus': gpus}
-        except Exception:  # noqa: BLE001 - a broken torch install must not break doctor
-            pass
+            progress('torch.cuda sees no GPU')
+        except Exception as error:  # noqa: BLE001 - a broken torch install must not break doctor
+            progress(f'torch could not probe the GPUs ({error.__class__.__name__}: {error})')
     smi = shutil.which('nvidia-smi') if use_nvidia_smi else None
     if smi:
+        progress('asking nvidia-smi ...')
         try:
             out = subprocess.run([smi, '--query-gpu=index,name,memory.total,memory.free',
                                   '--format=csv,noheader,nounits'], capture_output=True, text=True, timeout=20)
@@ -267,11 +274,12 @@ def host_limit(mem: Dict[str, Any], meminfo: Dict[str, Any]) -> Tuple[Optional[f
 
 
 def doctor_report(root: Optional[str] = None, meminfo_path: Optional[str] = None, use_torch: bool = True,
-                  proc_self_cgroup: str = '/proc/self/cgroup') -> Dict[str, Any]:
+                  proc_self_cgroup: str = '/proc/self/cgroup',
+                  progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     mem = probe_memory(root, proc_self_cgroup)
     meminfo = probe_meminfo(meminfo_path)
     cpus = probe_cpus(root)
-    gpus = probe_gpus(use_torch=use_torch)
+    gpus = probe_gpus(use_torch=use_torch, progress=progress)
     warnings: List[str] = []
     lim_gib, lim_src = host_limit(mem, meminfo)
     total = meminfo.get('mem_total_bytes')

@@ -38,12 +38,13 @@ EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_REFUSED = 0, 3, 4
 # main (Nov 2026): model/gpts/llm.py (qwen2, llama, qwen3, qwen2_moe, qwen3_moe, internlm3, mimo, deepseek*, kimi_k2,
 # dots1, ernie4_5*, glm4_moe*, gpt_oss), gpts/qwen3_next.py, gpts/olmoe.py, gpts/glm4.py, gpts/minimax_m2.py,
 # mm_gpts/qwen.py (qwen2_vl, qwen2_5_vl), mm_gpts/qwen3_vl.py (qwen3_vl, qwen3_vl_moe), mm_gpts/qwen3_5*.py
-# (qwen3_5, qwen3_5_moe). Not there: mixtral, among others. tests/test_plan_select.py re-reads the installed package.
+# (qwen3_5, qwen3_5_moe), mm_gpts/glm4v*.py (glm4v, glm4v_moe), llama4. Not there: mixtral, among others.
+# tests/test_plan_select.py re-reads the installed package for every model type the planner has family code for.
 MEGATRON_SUPPORTED_MODEL_TYPES = frozenset({
     'qwen2', 'qwen2_moe', 'qwen3', 'qwen3_moe', 'qwen3_next', 'llama', 'internlm3', 'mimo', 'deepseek',
     'deepseek_v2', 'deepseek_v3', 'deepseek_v32', 'kimi_k2', 'dots1', 'ernie4_5', 'ernie4_5_moe', 'glm4_moe',
     'glm4_moe_lite', 'glm_moe_dsa', 'gpt_oss', 'olmoe', 'glm4', 'minimax_m2', 'qwen2_vl', 'qwen2_5_vl', 'qwen3_vl',
-    'qwen3_vl_moe', 'qwen3_5', 'qwen3_5_moe'
+    'qwen3_vl_moe', 'qwen3_5', 'qwen3_5_moe', 'glm4v', 'glm4v_moe', 'llama4'
 })
 
 REFUSAL_RULES = {
@@ -78,7 +79,7 @@ class PlanRequest:
     seq_len: Optional[int] = None  # tokens per sample; when given, the sample is treated as text only
     fps: float = C.DEFAULT_FPS  # video budget (ignored when seq_len is given)
     max_frames: int = C.DEFAULT_MAX_FRAMES
-    frame_tokens: int = C.DEFAULT_FRAME_TOKENS  # LLM tokens per frame pair (VIDEO_MAX_TOKEN_NUM)
+    frame_tokens: int = C.DEFAULT_FRAME_TOKENS  # LLM tokens per frame pair (video.pair_tokens)
     clip_seconds: float = C.DEFAULT_CLIP_SECONDS
     text_tokens: int = C.DEFAULT_PROMPT_TOKENS + C.DEFAULT_ANSWER_TOKENS  # prompt + answer around the video
     supervised_tokens: int = C.DEFAULT_ANSWER_TOKENS  # answer tokens (positions with labels)
@@ -139,6 +140,7 @@ class Plan:
     alternative: Optional[Dict[str, Any]] = None  # cheapest alternative that fits (does_not_fit / refused)
     alternatives: List[Dict[str, Any]] = field(default_factory=list)
     assumptions: List[str] = field(default_factory=list)
+    config_source: Dict[str, Any] = field(default_factory=dict)  # where config.json came from (model_source)
     predicted: bool = True  # every number here is a prediction (constants.py), not a measurement
 
     @property
@@ -438,6 +440,13 @@ def find_alternatives(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw
     return found
 
 
+def _config_source(spec: ModelSpec, model: str) -> Dict[str, Any]:
+    if spec.source is not None:
+        return spec.source.to_dict()
+    return {'kind': 'given', 'path': '', 'requested': model, 'model_id': '', 'local_model': True,
+            'description': 'a config dict given in code'}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: Optional[Hardware] = None,
               search_alternatives: bool = True) -> Plan:
@@ -466,7 +475,7 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
                 tp=tp, micro_batch=req.micro_batch, lora_rank=req.lora_rank, lora_targets=req.lora_targets,
                 tokens=tokens.to_dict(), model=spec.summary(), hardware=hw.to_dict(),
                 gpu_capacity_gib=hw.gpu_mem_gib, host_limit_gib=hw.host_ram_gib,
-                host_limit_source=hw.host_ram_source)
+                host_limit_source=hw.host_ram_source, config_source=_config_source(spec, req.model))
 
     refusal = check_refusal(spec, world, req, backend, ep, tp)
     if refusal:
@@ -560,7 +569,7 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
                 host_peak_gib=round(est.host_peak / C.GiB, 2), reasons=reasons, breakdown=est.gpu_gib(),
                 command=[], host_breakdown=est.host_gib(), phases=est.phases_gib(),
                 trainable_params=est.trainable_params, alternative=alternative, alternatives=alternatives,
-                assumptions=est.assumptions, **base)
+                assumptions=list(est.assumptions) + list(spec.notes) + list(hw.notes), **base)
     try:
         plan.command = build_command(req, plan)
     except CommandRefused as exc:  # `train` would refuse this launch: the plan must not say "fits" without it

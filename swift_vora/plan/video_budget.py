@@ -135,3 +135,13 @@ def text_only_tokens(seq_len: int, supervised_tokens: int = C.DEFAULT_ANSWER_TOK
     return VideoTokens(clip_seconds=0.0, fps=0.0, frames=0, groups=0, tokens_per_group=0, vision_tokens=0, patches=0,
                        timestamp_tokens=0, text_tokens=seq_len, supervised_tokens=min(supervised_tokens, seq_len),
                        total_tokens=seq_len)
+
+
+def budget_sample(budget, clip_seconds: float):
+    """(frames, tokens per frame pair) that the `video_ora` template gives a clip of `clip_seconds` under `budget`
+    (swift_vora.budget.VideoBudget): the frame rule, and the per-pair cap that max_video_tokens implies."""
+    frames = budget.frames_for(clip_seconds)
+    pair_tokens = budget.pair_tokens
+    if budget.max_video_tokens is not None:
+        pair_tokens = min(pair_tokens, budget.max_video_tokens // max(1, frames // FRAME_FACTOR))
+    return frames, max(int(pair_tokens), 1)

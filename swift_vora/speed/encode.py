@@ -12,9 +12,11 @@ from . import pixel_dtype, shape_bucket
 from .video_decode import limit_decord_threads
 
 
-def before_decode() -> None:
-    """One ffmpeg thread per reader in each DataLoader worker (video_decode.py)."""
-    limit_decord_threads()
+def before_decode(reader: str) -> None:
+    """One ffmpeg thread per reader in each DataLoader worker (video_decode.py), when `reader` (the name
+    swift_vora/video_reader.py chose) is decord; the other readers need nothing (decord may not even import)."""
+    if reader == 'decord':
+        limit_decord_threads()
 
 
 def pixel_target(torch_dtype):
