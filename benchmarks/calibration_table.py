@@ -84,8 +84,8 @@ ROWS: List[Dict[str, Any]] = [
     {'id': 11, 'what': '2B LoRA r16 via `swift-vora train recipes/h200x1.yaml` (planner: ZeRO-3, 1 GPU), 32 frames x '
                        '220 tok, ~4,010 tok (e2e_dense; peak after the checkpoint save)',
      'source': ('e2e-dense-h200-2026-11-29.json', None), 'scope': 'run',
-     'plan': [*H200_HW, '--fps', '2', '--max-frames', '32', '--backend', 'deepspeed_zero3', '--tuner', 'lora', '--lora-rank', '16', '--frame-tokens', '220',
-              '--clip-seconds', '32', '--answer-tokens', '14']},
+     'plan': [*H200_HW, '--fps', '2', '--max-frames', '32', '--backend', 'deepspeed_zero3', '--tuner', 'lora',
+              '--lora-rank', '16', '--frame-tokens', '220', '--clip-seconds', '32', '--answer-tokens', '14']},
     {'id': 12, 'what': '2B LoRA r16 via `swift-vora train recipes/3090x3.yaml hardware=local` on 2 H200s (ZeRO-3), '
                        '16/8/12 s windows, 16-32 frames x 180 tok, <= 3,382 tok (multi_gpu_zero3; max over ranks)',
      'source': ('multi-gpu-zero3-h200x2-2026-11-29.json', None), 'scope': 'run',

@@ -44,8 +44,20 @@ from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import (REPO, base_env, build_model, cmdline, cuda_available, hardware, read_jsonl,  # noqa: E402
-                        run_logged, swift_cmd, tail, wait_or_kill, write_results)
+from throughput import (  # noqa: E402
+    REPO,
+    base_env,
+    build_model,
+    cmdline,
+    cuda_available,
+    hardware,
+    read_jsonl,
+    run_logged,
+    swift_cmd,
+    tail,
+    wait_or_kill,
+    write_results,
+)
 
 sys.path.insert(0, REPO)
 
@@ -323,7 +335,8 @@ def main(argv=None) -> int:
         args.workers = 1 if smoke else max(1, cores // 2 - 1)
     windows_per_video = max(1, int(round(args.video_seconds / args.window))) if args.window else 1
     if args.max_steps is None:
-        args.max_steps = 2 if smoke else max(1, math.ceil(args.epochs * args.train_videos * windows_per_video / args.batch))
+        args.max_steps = 2 if smoke else max(
+            1, math.ceil(args.epochs * args.train_videos * windows_per_video / args.batch))
     if not smoke and not cuda_available() and not args.allow_cpu:
         raise SystemExit('no CUDA device: run with --smoke on CPU (or --allow-cpu)')
     work = args.work or os.path.join(tempfile.gettempdir(), 'swift_vora_learn_smoke' if smoke else 'swift_vora_learn')
@@ -427,7 +440,8 @@ def main(argv=None) -> int:
         'criteria': f'r1_at_0_5 >= {R1_THRESHOLD} and shuffled_r1_at_0_5 <= max(chance, majority) + {SHUFFLED_MARGIN}; '
                     'R1@0.5 over clips with a non-empty ground truth (first predicted window IoU >= 0.5 with any '
                     'ground-truth window); empty-ground-truth clips reported as empty_accuracy',
-        'task': {'video_seconds': args.video_seconds, 'video_fps': fps, 'size': list(size), 'window_seconds': args.window,
+        'task': {'video_seconds': args.video_seconds, 'video_fps': fps, 'size': list(size),
+                 'window_seconds': args.window,
                  'sampled_fps': 2, 'events': '1-3 per video, 2-4 s, 1 s grid, >= 1 s apart',
                  'train_videos': len(train_rows), 'test_videos': len(test_rows),
                  'train_windows': len(windowed_answers(train_rows, args.window)),
@@ -445,7 +459,8 @@ def main(argv=None) -> int:
                                                'majority_r1_at_0_5', 'pass', 'seconds')}, indent=1))
     for name in runs:
         s = results[name].get('score', {})
-        print(f'{name}: R1@0.5 {s.get("r1_at_0_5")} (all {s.get("r1_at_0_5_all")}, empty acc {s.get("empty_accuracy")}, '
+        print(f'{name}: R1@0.5 {s.get("r1_at_0_5")} (all {s.get("r1_at_0_5_all")}, '
+              f'empty acc {s.get("empty_accuracy")}, '
               f'parse failures {s.get("parse_failures")}/{s.get("clips")}); train {results[name].get("train")}')
     print(f'wrote {path}')
     if passed is False and not args.no_assert:

@@ -1,7 +1,7 @@
 """MoE video LoRA on one GPU: swift-vora's Unsloth split LoRA against plain ms-swift PEFT, same model and clips.
 
-    python benchmarks/moe_throughput.py --layers 8                      # on the GPU machine (scripts/gpu/run_all.sh moe)
-    python benchmarks/moe_throughput.py --smoke                         # CPU: tiny Qwen3.5-MoE, PEFT stand-in, 2 steps
+    python benchmarks/moe_throughput.py --layers 8    # on the GPU machine (scripts/gpu/run_all.sh moe)
+    python benchmarks/moe_throughput.py --smoke       # CPU: tiny Qwen3.5-MoE, PEFT stand-in, 2 steps
 
 The model: a random-weight Qwen3.5/3.6-MoE of the published 35B-A3B configuration (hidden 2048, 256 experts, 8
 routed + 1 shared, Gated DeltaNet + gated attention in a 3:1 pattern, the 27-block vision tower, vocab 248,320),
@@ -106,7 +106,8 @@ def swift_command(args, b: Dict[str, Any], model: str, rows: str, out: str, tune
                   targets: List[str], parameters: List[str]) -> List[str]:
     cmd = tp.swift_cmd() + [
         'sft', '--custom_register_path', os.path.relpath(os.path.join(REPO, 'benchmarks', 'throughput.py'), REPO),
-        '--model', model, '--model_type', 'qwen3_5_moe', '--template', 'qwen3_5', '--dataset', rows, '--tuner_type', 'lora',
+        '--model', model, '--model_type', 'qwen3_5_moe', '--template', 'qwen3_5', '--dataset', rows,
+        '--tuner_type', 'lora',
         '--tuner_backend', tuner_backend, '--target_modules', *targets, '--lora_rank', str(LORA_RANK),
         '--lora_alpha', str(LORA_ALPHA), '--lora_dropout', '0', '--attn_impl', 'sdpa',
         '--per_device_train_batch_size', '1', '--gradient_accumulation_steps', str(args.grad_accum),
@@ -372,7 +373,8 @@ def main(argv=None) -> int:
         'command': ' '.join(['python', 'benchmarks/moe_throughput.py'] + list(argv if argv is not None else
                                                                                sys.argv[1:])),
         'model': {'config': '35B-A3B (Qwen3_5MoeConfig defaults + published merger width and M-RoPE)'
-                  if counts.get('shape', args.shape) == '35b-a3b' else 'tiny', 'layers': config['text_config']['num_hidden_layers'],
+                  if counts.get('shape', args.shape) == '35b-a3b' else 'tiny',
+                  'layers': config['text_config']['num_hidden_layers'],
                   'layer_types': config['text_config']['layer_types'], 'total_params': counts['total'],
                   'vision_params': counts['vision'], 'expert_params': counts['experts'],
                   'build_s': counts.get('build_s')},

@@ -5,7 +5,8 @@ not part of this repository (never commit it); get a local copy under the git-ig
 
     git clone --depth 1 https://github.com/jayleicn/moment_detr .fetched/moment_detr
     # or, from an existing mirror / clone:
-    #   mkdir -p .fetched/moment_detr && git --git-dir=MIRROR archive HEAD standalone_eval | tar -x -C .fetched/moment_detr
+    #   mkdir -p .fetched/moment_detr
+    #   git --git-dir=MIRROR archive HEAD standalone_eval | tar -x -C .fetched/moment_detr
     #   git --git-dir=MIRROR rev-parse HEAD > .fetched/moment_detr/COMMIT
     pip install numpy scikit-learn      # what the official code needs; not swift-vora dependencies
 
@@ -105,7 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument('--official', default=os.environ.get('MOMENT_DETR_DIR', DEFAULT_OFFICIAL),
                     help='directory holding standalone_eval/ (default .fetched/moment_detr or $MOMENT_DETR_DIR)')
     ap.add_argument('--annotations', default=DEFAULT_ANNOTATIONS)
-    ap.add_argument('--write', action='store_true', help=f'write the official figures to {os.path.relpath(EXPECTED, ROOT)}')
+    ap.add_argument('--write', action='store_true',
+                    help=f'write the official figures to {os.path.relpath(EXPECTED, ROOT)}')
     args = ap.parse_args(argv)
 
     if not os.path.exists(os.path.join(args.official, 'standalone_eval', 'eval.py')):

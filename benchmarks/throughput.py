@@ -823,7 +823,8 @@ def main(argv=None) -> int:
     parser.add_argument('--smoke', action='store_true', help='CPU: tiny model, 2 clips, a few steps, float32')
     parser.add_argument('--out', default=os.environ.get('OUT') or None,
                         help='folder for logs and a copy of the JSON (default: $OUT, else the work dir)')
-    parser.add_argument('--work', default=None, help='work dir (model, clips, runs); default: <temp dir>/swift_vora_bench')
+    parser.add_argument('--work', default=None,
+                        help='work dir (model, clips, runs); default: <temp dir>/swift_vora_bench')
     parser.add_argument('--results-dir', default=os.path.join(REPO, 'benchmarks', 'results'))
     parser.add_argument('--variants', default='baseline,vora')
     parser.add_argument('--clips', type=int, default=None, help='distinct clips (default: one per sample)')
@@ -868,8 +869,8 @@ def main(argv=None) -> int:
 
     t0 = time.time()
     inputs = build_inputs(args, work)
-    print(f'inputs ready in {time.time() - t0:.0f} s: model {inputs["build_model_s"]} s, clips {inputs["make_clips_s"]} s',
-          flush=True)
+    print(f'inputs ready in {time.time() - t0:.0f} s: model {inputs["build_model_s"]} s, '
+          f'clips {inputs["make_clips_s"]} s', flush=True)
     specs = variant_specs(smoke, args.workers_baseline, args.workers_vora)
     variants = [v.strip() for v in args.variants.split(',') if v.strip()]
     args.torch_profile = [v.strip() for v in args.torch_profile.split(',') if v.strip()]
@@ -940,7 +941,8 @@ def main(argv=None) -> int:
         'model': {'shape': shape_name, 'dir': inputs['model'], 'build_s': inputs['build_model_s']},
         'clips': {'count': args.clips, 'seconds': 8.0 if smoke else 32.0, 'size': [128, 96] if smoke else [640, 360],
                   'fps': 4.0 if smoke else 8.0, 'codec': 'mp4v', 'make_s': inputs['make_clips_s']},
-        'command': 'python benchmarks/throughput.py' + (' --smoke' if smoke else '') + ' ' + ' '.join(argv or sys.argv[1:]),
+        'command': ('python benchmarks/throughput.py' + (' --smoke' if smoke else '') + ' '
+                    + ' '.join(argv or sys.argv[1:])),
         'baseline_command': pick('baseline', 'command'),
         'peak_gib_source': 'torch.cuda.max_memory_reserved in the trainer (what swift logs as memory(GiB)); '
                            'allocated and swift\'s own value are in variants',

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates ./.venv and installs swift-vora into it (editable), with optional extras.
 #   bash scripts/install.sh            # the package: ms-swift, transformers, peft, decord, ...
-#   bash scripts/install.sh test       # + pytest and hypothesis
+#   bash scripts/install.sh test       # + pytest, hypothesis and ruff
 #   bash scripts/install.sh deepspeed  # + DeepSpeed (multi-GPU dense training)
 # torch/torchvision are pinned first: an unpinned `torch` pulled in by a dependency can resolve to a
 # multi-GB build that does not match torchvision (qwen_vl_utils needs a torchvision that imports).

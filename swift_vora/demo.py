@@ -102,10 +102,9 @@ def run_demo(args) -> int:
     from .data.annotations import load_annotations
     from .eval.inference import run_inference
     from .eval.report import write_outputs
+    from .outputs import check_output_dir
     from .synthetic import make_dataset
     from .tiny_model import build_tiny_qwen3_vl
-
-    from .outputs import check_output_dir
 
     started = time.time()
     out = os.path.abspath(check_output_dir(args.out, what='--out'))
@@ -167,9 +166,11 @@ def run_demo(args) -> int:
     m, c = real.metrics, control.metrics
     r1, r1_control = r1_at(real), r1_at(control)
     print(f'  training samples encoded : {len(train_encodes)} (windows of {DEMO_WINDOW["SWIFT_VORA_WINDOW"]} s)')
-    print(f'  tokens per sample        : {min(tokens)}-{max(tokens)} (video {train_encodes[0]["video_tokens"] if train_encodes else 0}, '
+    print(f'  tokens per sample        : {min(tokens)}-{max(tokens)} '
+          f'(video {train_encodes[0]["video_tokens"] if train_encodes else 0}, '
           f'frames {train_encodes[0]["frames_from_tensors"] if train_encodes else 0}; read from the tensors)')
-    print(f'  loss                     : first {losses[0] if losses else "n/a"} -> last {losses[-1] if losses else "n/a"}')
+    print(f'  loss                     : first {losses[0] if losses else "n/a"} '
+          f'-> last {losses[-1] if losses else "n/a"}')
     print(f'  adapter                  : {checkpoint}')
     print(f'  held-out clips           : {m["queries"]}, each {CLIP_SECONDS:g} s with at least one event; '
           f'{m["parse_failures"]} parse failures, {m["empty_predictions"]} empty answers')
@@ -184,8 +185,8 @@ def run_demo(args) -> int:
     print(f'  distinct answers         : {distinct} for {len(answers)} clips')
     learned = m['parse_failures'] == 0 and r1 >= r1_control + LEARNED_MARGIN
     if learned:
-        print(f'  verdict                  : the answers come from the frames: R1@0.5 {r1:.2f} against {r1_control:.2f} '
-              'for the same answers scored on other clips')
+        print(f'  verdict                  : the answers come from the frames: R1@0.5 {r1:.2f} '
+              f'against {r1_control:.2f} for the same answers scored on other clips')
     else:
         what = ('every answer parsed: the answer format is learned' if m['parse_failures'] == 0 else
                 f'{m["parse_failures"]} of {m["queries"]} answers did not parse')

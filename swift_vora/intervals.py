@@ -7,7 +7,10 @@ non-overlapping; `[]` when nothing in the clip is worth keeping (docs/contract.m
 from __future__ import annotations
 
 import json
-from typing import Iterable, List, Sequence, Tuple
+import math
+from bisect import bisect_right
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 Interval = Tuple[float, float]
 
@@ -103,15 +106,10 @@ def overlap_seconds(a: Iterable[Sequence[float]], b: Iterable[Sequence[float]]) 
 # point. Repairs reuse `clip` and `merge` above, so the parser and the writer agree on what a
 # well-formed answer is.
 # --------------------------------------------------------------------------------------------------
-import math as _math
-from bisect import bisect_right as _bisect_right
-from dataclasses import asdict as _asdict, dataclass as _dataclass, field as _field
-from typing import Dict as _Dict, Optional as _Optional
-
 REPAIR_NAMES = ('swapped', 'clamped', 'dropped_zero', 'dropped_invalid', 'deduplicated', 'merged')
 
 
-@_dataclass
+@dataclass
 class ParseResult:
     """What `parse_answer` read from one model response.
 
@@ -121,13 +119,13 @@ class ParseResult:
     """
     windows: List[Interval]
     ok: bool
-    failure: _Optional[str] = None
+    failure: Optional[str] = None
     # How the answer was written: 'json', 'json_lenient' (single quotes, tuples, mm:ss inside
     # brackets, trailing commas...), 'text' (ranges in prose), or None on failure.
-    format: _Optional[str] = None
+    format: Optional[str] = None
     # One score per window when the answer carried scores ([s, e, score] triples or a score key);
     # a merged window keeps the highest score of the pairs it absorbed. None when no scores.
-    scores: _Optional[List[float]] = None
+    scores: Optional[List[float]] = None
     # Repair counts (pairs affected).
     swapped: int = 0          # end before start: the two values were swapped
     clamped: int = 0          # a value lay outside [0, duration] and was clamped
@@ -137,10 +135,10 @@ class ParseResult:
     merged: int = 0           # overlapping or touching pairs merged (`merge`)
     # Observations that are not repairs: 'think', 'answer_tag', 'unclosed_answer', 'fenced', 'prose',
     # 'objects', 'timecode', 'units', 'scores', 'unbalanced_tags', 'repetition', 'input_capped'.
-    flags: List[str] = _field(default_factory=list)
+    flags: List[str] = field(default_factory=list)
 
     @property
-    def repairs(self) -> _Dict[str, int]:
+    def repairs(self) -> Dict[str, int]:
         return {name: getattr(self, name) for name in REPAIR_NAMES}
 
     @property
@@ -148,12 +146,12 @@ class ParseResult:
         return any(self.repairs.values())
 
     def to_dict(self) -> dict:
-        d = _asdict(self)
+        d = asdict(self)
         d['windows'] = [[s, e] for s, e in self.windows]
         return d
 
 
-def repair_pairs(entries: Iterable[Sequence], duration: _Optional[float] = None) -> ParseResult:
+def repair_pairs(entries: Iterable[Sequence], duration: Optional[float] = None) -> ParseResult:
     """Turn raw `(start, end[, score])` entries into a well-formed answer and count every repair.
 
     Order: drop non-finite -> swap reversed -> clamp to `[0, duration]` (`[0, inf)` without a
@@ -161,9 +159,9 @@ def repair_pairs(entries: Iterable[Sequence], duration: _Optional[float] = None)
     Returns an `ok` result (the caller sets format and flags).
     """
     res = ParseResult(windows=[], ok=True)
-    hi = float(duration) if duration is not None and _math.isfinite(float(duration)) and float(duration) > 0 \
-        else _math.inf
-    kept: List[Tuple[float, float, _Optional[float]]] = []
+    hi = float(duration) if duration is not None and math.isfinite(float(duration)) and float(duration) > 0 \
+        else math.inf
+    kept: List[Tuple[float, float, Optional[float]]] = []
     seen = set()
     for entry in entries:
         try:
@@ -172,10 +170,10 @@ def repair_pairs(entries: Iterable[Sequence], duration: _Optional[float] = None)
         except (TypeError, ValueError, IndexError):
             res.dropped_invalid += 1
             continue
-        if not (_math.isfinite(s) and _math.isfinite(e)):
+        if not (math.isfinite(s) and math.isfinite(e)):
             res.dropped_invalid += 1
             continue
-        if score is not None and not _math.isfinite(score):
+        if score is not None and not math.isfinite(score):
             score = None
         if s > e:
             s, e = e, s
@@ -204,16 +202,16 @@ def repair_pairs(entries: Iterable[Sequence], duration: _Optional[float] = None)
     res.windows = windows
     if any(score is not None for _, _, score in kept):
         starts = [w[0] for w in windows]
-        scores: List[float] = [-_math.inf] * len(windows)
+        scores: List[float] = [-math.inf] * len(windows)
         for s, _, score in kept:
-            i = _bisect_right(starts, s) - 1  # the merged window that contains this pair
+            i = bisect_right(starts, s) - 1  # the merged window that contains this pair
             if score is not None and score > scores[i]:
                 scores[i] = score
-        res.scores = [sc if _math.isfinite(sc) else 0.0 for sc in scores]
+        res.scores = [sc if math.isfinite(sc) else 0.0 for sc in scores]
     return res
 
 
-def parse_answer(text, duration: _Optional[float] = None) -> ParseResult:
+def parse_answer(text, duration: Optional[float] = None) -> ParseResult:
     """Read one model response back into `[start, end]` windows; never raises.
 
     `text`: the raw response (a str; bytes are decoded; an already-decoded JSON value is accepted).

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 from swift.template import register_template
-from swift.template.templates.qwen import QwenTemplateMeta, Qwen3VLTemplate
+from swift.template.templates.qwen import Qwen3VLTemplate, QwenTemplateMeta
 from swift.utils import get_logger
 
 from . import switches
@@ -85,6 +85,7 @@ class VideoOraTemplate(Qwen3VLTemplate):
         if media_type != 'video' or self.mode == 'vllm' or not isinstance(video, str):
             return super().replace_tag(media_type, index, inputs)
         from qwen_vl_utils import fetch_video, smart_resize
+
         from .video_reader import prepare_video_reader
         # decord (one thread per reader), else torchcodec, else PyAV (swift_vora/video_reader.py)
         speed.before_decode(prepare_video_reader())
@@ -140,7 +141,8 @@ class VideoOraTemplate(Qwen3VLTemplate):
                     break
                 frames = max(r['frames'] for r in self._video_reports)
                 grid = encoded['video_grid_thw']
-                pair_tokens = int(max(g[1] * g[2] for g in grid.tolist())) // (self.processor.image_processor.merge_size**2)
+                merge_size = self.processor.image_processor.merge_size
+                pair_tokens = int(max(g[1] * g[2] for g in grid.tolist())) // (merge_size**2)
                 pairs_over = math.ceil((length - self.max_length) / max(1, pair_tokens * len(grid)))
                 new_cap = frames - FRAME_FACTOR * pairs_over
                 if new_cap < FRAME_FACTOR:

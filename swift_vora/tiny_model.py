@@ -81,11 +81,13 @@ def build_tiny_qwen3_vl(out_dir: str, moe: bool = False, shape: TinyShape = Tiny
                   spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=shape.hidden_size,
                   num_position_embeddings=2304, deepstack_visual_indexes=[0])
     if moe:
-        from transformers import Qwen3VLMoeConfig as Config, Qwen3VLMoeForConditionalGeneration as Model
+        from transformers import Qwen3VLMoeConfig as Config
+        from transformers import Qwen3VLMoeForConditionalGeneration as Model
         text.update(num_experts=shape.num_experts, num_experts_per_tok=shape.experts_per_token,
                     moe_intermediate_size=shape.moe_intermediate_size, decoder_sparse_step=1, mlp_only_layers=[])
     else:
-        from transformers import Qwen3VLConfig as Config, Qwen3VLForConditionalGeneration as Model
+        from transformers import Qwen3VLConfig as Config
+        from transformers import Qwen3VLForConditionalGeneration as Model
     config = Config(text_config=text, vision_config=vision, tie_word_embeddings=True)
     config.architectures = [Model.__name__]
     model = Model(config).to(torch.bfloat16)

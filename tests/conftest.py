@@ -30,10 +30,7 @@ def offline_env():
 
 
 # --- swift_vora.data tests: synthetic videos -------------------------------------------------------
-import pytest as _data_pytest
-
-
-@_data_pytest.fixture
+@pytest.fixture
 def make_video(tmp_path):
     """Factory: `make_video(name, frames=35, fps=10.0, size=(32, 24))` writes a small mp4v file under
     tmp_path (duration = frames / fps) and returns its path."""

@@ -28,10 +28,10 @@ def _install_transformer_engine_stand_in() -> None:
     import types
     if importlib.util.find_spec('transformer_engine') is not None:
         return
-    import peft.tuners.lora  # noqa: F401  (peft's TE check must see "not installed")
     import megatron.core  # noqa: F401
     import megatron.core.extensions.transformer_engine as mte
     import megatron.core.models.gpt  # noqa: F401
+    import peft.tuners.lora  # noqa: F401  (peft's TE check must see "not installed")
     for name in ('TEGroupedLinear', 'TELinear'):  # None without TE; mcore-bridge patches methods onto them
         if getattr(mte, name, None) is None:
             setattr(mte, name, type(name, (), {}))

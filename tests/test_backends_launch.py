@@ -11,7 +11,7 @@ from swift_vora.backends.common import LaunchRefused, LaunchUsageError
 from swift_vora.backends.deepspeed import ZERO3_SMALL_GPU, ZERO3_SWIFT, zero_config
 from swift_vora.backends.launch import build_launch, deepspeed_stage
 from swift_vora.backends.planning import plan_recipe
-from swift_vora.backends.recipe import RecipeError, SCHEMA, load_recipe, parse_override, recipe_from_dict
+from swift_vora.backends.recipe import SCHEMA, RecipeError, load_recipe, parse_override, recipe_from_dict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, 'tests', 'fixtures', 'configs')
@@ -59,7 +59,8 @@ def test_unknown_key_names_file_and_key_with_a_suggestion(tmp_path):
 @pytest.mark.parametrize('text, key', [
     ('data: {dataset: d.jsonl}\n', "'model.path'"),  # missing required
     ('model: {path: x}\ndata: {dataset: d.jsonl}\nvideo: {max_frames: many}\n', "'video.max_frames'"),
-    ('model: {path: x}\ndata: {dataset: d.jsonl}\ntrain: {gradient_checkpointing: 1}\n', "'train.gradient_checkpointing'"),
+    ('model: {path: x}\ndata: {dataset: d.jsonl}\ntrain: {gradient_checkpointing: 1}\n',
+     "'train.gradient_checkpointing'"),
     ('model: {path: x}\ndata: {dataset: d.jsonl}\ntrain: {backend: zero3}\n', "'train.backend'"),
     ('model: x\ndata: {dataset: d.jsonl}\n', "'model'"),
 ])
@@ -160,7 +161,8 @@ def test_offload_variants_unpinned_small_subgroups(mem):
     z2 = zero_config(2, 'cpu', mem)['zero_optimization']
     assert z2['offload_optimizer'] == {'device': 'cpu', 'pin_memory': False} and 'offload_param' not in z2
     # ms-swift's offload preset pins, ours does not: the rest is the same shape
-    assert set(_preset('zero3_offload.json')['zero_optimization']) <= set(zero_config(3, 'cpu', mem)['zero_optimization'])
+    assert (set(_preset('zero3_offload.json')['zero_optimization'])
+            <= set(zero_config(3, 'cpu', mem)['zero_optimization']))
 
 
 def test_zero_overrides_merge_but_cannot_change_the_stage():

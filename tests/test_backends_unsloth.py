@@ -11,8 +11,15 @@ from swift_vora.backends.common import LaunchUsageError, read_config
 from swift_vora.backends.launch import build_launch
 from swift_vora.backends.planning import plan_recipe
 from swift_vora.backends.recipe import load_recipe
-from swift_vora.backends.unsloth import (EXPERT_PARAMETERS, RouterTargeted, UnslothRunConfig, assert_router_frozen,
-                                         from_pretrained_kwargs, lora_targets, peft_kwargs)
+from swift_vora.backends.unsloth import (
+    EXPERT_PARAMETERS,
+    RouterTargeted,
+    UnslothRunConfig,
+    assert_router_frozen,
+    from_pretrained_kwargs,
+    lora_targets,
+    peft_kwargs,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, 'tests', 'fixtures', 'configs')
@@ -79,6 +86,7 @@ def peft_moe(tiny_moe_model_dir):
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForImageTextToText
+
     from swift_vora.backends.unsloth_runner import _language_regex
 
     def build(modules, parameters):

@@ -15,7 +15,8 @@ def test_total_video_token_cap_cuts_frames():
 
 
 def test_env_then_row_overrides():
-    b = VideoBudget.from_env({'SWIFT_VORA_FPS': '1.5', 'SWIFT_VORA_MAX_FRAMES': '16', 'SWIFT_VORA_MAX_VIDEO_TOKENS': 'none'})
+    b = VideoBudget.from_env({'SWIFT_VORA_FPS': '1.5', 'SWIFT_VORA_MAX_FRAMES': '16',
+                              'SWIFT_VORA_MAX_VIDEO_TOKENS': 'none'})
     assert (b.fps, b.max_frames, b.max_video_tokens) == (1.5, 16, None)
     row = b.updated({'fps': 4, 'video_start': 3.0, 'pair_tokens': '64'})
     assert (row.fps, row.pair_tokens, row.max_frames) == (4.0, 64, 16)

@@ -3,8 +3,13 @@ import json
 
 import pytest
 
-from swift_vora.data.annotations import (WINDOW_TOLERANCE, AnnotationError, load_annotations, validate_line,
-                                         validate_record)
+from swift_vora.data.annotations import (
+    WINDOW_TOLERANCE,
+    AnnotationError,
+    load_annotations,
+    validate_line,
+    validate_record,
+)
 
 # The good video every line points at: 125 frames at 10 fps = 12.5 s.
 DURATION = 12.5

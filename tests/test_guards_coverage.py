@@ -5,9 +5,8 @@ import os
 import types
 
 import pytest
-
-import torch
 import swift  # noqa: F401  (a test dependency: pyproject [test])
+import torch
 
 
 def _ms_swift_batches(monkeypatch, n, world, batch_size=1, **kwargs):

@@ -4,7 +4,6 @@ import os
 import subprocess
 
 import pytest
-
 import swift  # noqa: F401  (a test dependency: pyproject [test])
 
 

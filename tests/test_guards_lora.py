@@ -4,11 +4,10 @@ import os
 import textwrap
 import types
 
-import pytest
-
-import torch
 import peft
+import pytest
 import swift  # noqa: F401  (a test dependency: pyproject [test])
+import torch
 
 
 class TinyNet(torch.nn.Module):

@@ -5,9 +5,8 @@ import os
 import types
 
 import pytest
-
-import torch
 import swift  # noqa: F401  (a test dependency: pyproject [test])
+import torch
 
 
 class _Collect(logging.Handler):

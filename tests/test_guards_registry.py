@@ -22,6 +22,7 @@ def test_selection_from_env():
 
 def test_registered_in_callbacks_map_and_default_on(monkeypatch):
     import swift  # noqa: F401  (a test dependency: pyproject [test])
+
     import swift_vora  # noqa: F401 -- the plugin import
     swift_vora.register()
     from swift.callbacks import callbacks_map

@@ -3,9 +3,8 @@ import json
 import types
 
 import pytest
-
-import torch
 import swift  # noqa: F401  (a test dependency: pyproject [test])
+import torch
 
 ROW = {'messages': [{'role': 'user', 'content': 'Query: item 0 with a long question that fills the context'},
                     {'role': 'assistant', 'content': '[[1.0, 3.0]]'}]}

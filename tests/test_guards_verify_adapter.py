@@ -5,10 +5,9 @@ import subprocess
 import sys
 import types
 
-import pytest
-
-import torch
 import peft
+import pytest
+import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

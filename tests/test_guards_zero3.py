@@ -15,9 +15,8 @@ import sys
 import textwrap
 
 import pytest
-
-import torch
 import swift  # noqa: F401  (a test dependency: pyproject [test])
+import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -103,8 +102,8 @@ def _write_checkpoint_variant(src, dst, rename):
 
 def test_key_layouts_map_onto_the_model(tiny_model_dir, tmp_path):
     """Old-style keys (`model.layers.*`, `visual.*`) and PEFT-wrapped names map; a renamed key does not."""
-    from transformers import Qwen3VLForConditionalGeneration
     import peft
+    from transformers import Qwen3VLForConditionalGeneration
 
     from swift_vora.guards.zero3_load import canonical, verify_loaded_weights
     assert canonical('model.language_model.layers.0.mlp.up_proj.weight') == \

@@ -64,7 +64,8 @@ def assert_merge_matches(base_dir, adapter_dir, out_dir, bf16_drift=0.05):
     base, unmerged, rounded = reference_logits(base_dir, adapter_dir)
     got = merged_logits(out_dir)
     scale = unmerged.abs().max()
-    assert (unmerged - base).abs().max() > 0.05 * scale, 'the adapter must change the model for this test to mean anything'
+    assert (unmerged - base).abs().max() > 0.05 * scale, \
+        'the adapter must change the model for this test to mean anything'
     assert (got - rounded).abs().max() <= 1e-3 * scale + 1e-4, 'merged weights differ from base + adapter'
     if bf16_drift is not None:
         assert (got - unmerged).abs().max() <= bf16_drift * scale, 'merged (bf16) drifts from base + adapter (fp32)'
@@ -98,6 +99,7 @@ def test_peft_adapter_with_expert_parameters_merges(tiny_moe_model_dir, tmp_path
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForImageTextToText
+
     from swift_vora.backends.unsloth import MARKER_FILE
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_pretrained(tiny_moe_model_dir, dtype=torch.float32)
@@ -220,8 +222,8 @@ def test_every_tensor_must_be_indexed(good_dir):
 
 
 def test_stray_shard_is_reported(good_dir):
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
     _shard(good_dir)
     save_file({'x': torch.zeros(2, dtype=torch.bfloat16)}, str(good_dir / 'extra.safetensors'))
     _expect(good_dir, ['not in the index', 'extra.safetensors'])

@@ -213,11 +213,11 @@ def test_expert_check_catches_swapped_experts(expert_adapter, tmp_path):
 # ---- benchmarks/moe_throughput.py: the FLOP count ----------------------------------------------------------------
 def test_active_lora_parameters_equal_peft_when_every_expert_is_active():
     """With top-k = all experts, the LoRA parameters a token passes through are all of them: PEFT's own count."""
+    import moe_throughput as mt
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen3_5MoeForConditionalGeneration
 
-    import moe_throughput as mt
     from swift_vora.tiny_model import qwen3_5_moe_config
     config = qwen3_5_moe_config('tiny')
     config.text_config.num_experts_per_tok = config.text_config.num_experts

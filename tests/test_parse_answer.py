@@ -3,7 +3,8 @@ import json
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from swift_vora import answer_parser
 from swift_vora.intervals import ParseResult, clip, format_answer, merge, parse_answer
@@ -225,7 +226,8 @@ json_values = st.recursive(
 
 
 @FUZZ
-@given(json_values, st.sampled_from(['{}', 'answer: {}', '```json\n{}\n```', '<answer>{}</answer>', '<think>x</think>{}']))
+@given(json_values,
+       st.sampled_from(['{}', 'answer: {}', '```json\n{}\n```', '<answer>{}</answer>', '<think>x</think>{}']))
 def test_fuzz_json_shaped(value, wrapper):
     text = wrapper.format(json.dumps(value)) if '{}' in wrapper else json.dumps(value)
     _check_invariants(parse_answer(text))

@@ -236,8 +236,9 @@ def test_every_transformers_decoder_config_plans_or_is_refused_cleanly():
     the planner counts it and plans it, or refuses with UnsupportedModel / ConfigError naming the field — never
     another exception (a traceback for the user)."""
     from transformers import CONFIG_MAPPING
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL,
-                                                        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as IT)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as IT
+
     from swift_vora.plan import PlanRequest, make_plan
     planned = 0
     for model_type in sorted(set(CAUSAL) | set(IT)):

@@ -37,8 +37,8 @@ def meta_model(d):
 
 
 def test_auto_class_per_type():
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL,
-                                                        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as IT)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as IT
     for name in FULL + TINY:
         spec = model_spec(load(name))
         if spec.auto_class == 'AutoModelForImageTextToText':

@@ -95,9 +95,11 @@ def test_megatron_supported_list_matches_installed_mcore_bridge():
     not imported)."""
     import importlib.util
     import re
+
     from swift_vora.plan.model_spec import SUPPORTED_MODEL_TYPES
     found = importlib.util.find_spec('mcore_bridge')
-    assert found is not None and found.submodule_search_locations, 'mcore-bridge is not installed (pip install -e .[test])'
+    assert found is not None and found.submodule_search_locations, \
+        'mcore-bridge is not installed (pip install -e .[test])'
     root = os.path.join(list(found.submodule_search_locations)[0], 'model')
     registered = set()
     for dirpath, _, files in os.walk(root):

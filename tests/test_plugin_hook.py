@@ -1,11 +1,8 @@
 """The .pth hook that lets ms-swift 4.6 import `--custom_register_path swift_vora` (a package directory)."""
 import importlib
-import os
 import subprocess
 import sys
 import types
-
-import pytest
 
 import _swift_vora_hook as hook
 

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+
 import tomllib
 
 from swift_vora.recipe_catalog import recipes_dir, resolve_recipe, shipped_recipes

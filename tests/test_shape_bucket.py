@@ -4,9 +4,9 @@ import json
 
 import pytest
 import torch
+from test_template import make_template, processor, row, video  # noqa: F401 (fixtures)
 
 from swift_vora.speed import shape_bucket
-from test_template import make_template, processor, row, video  # noqa: F401 (fixtures)
 
 
 def test_switch_and_arithmetic():

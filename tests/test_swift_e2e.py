@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow

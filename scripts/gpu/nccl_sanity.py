@@ -43,7 +43,8 @@ def main() -> int:
         print(f'nccl_sanity: world {world}, all_reduce of rank+1 = {x[0].item():g} (expected {expected:g}) on '
               f'{world - int(flags.item())} of {world} ranks; {args.mib} MiB float32 all_reduce {dt * 1e3:.2f} ms, '
               f'algo {algo:.1f} GiB/s, bus {algo * 2 * (world - 1) / world:.1f} GiB/s; '
-              f'NCCL_NVLS_ENABLE={os.environ.get("NCCL_NVLS_ENABLE")}, nccl {".".join(map(str, torch.cuda.nccl.version()))}',
+              f'NCCL_NVLS_ENABLE={os.environ.get("NCCL_NVLS_ENABLE")}, '
+              f'nccl {".".join(map(str, torch.cuda.nccl.version()))}',
               flush=True)
     dist.destroy_process_group()
     return 0 if int(flags.item()) == 0 else 1

@@ -106,10 +106,10 @@ def _err(msg: str) -> None:
 
 
 def cmd_train(args) -> int:
+    from ..recipe_catalog import resolve_recipe
     from .common import LaunchRefused, LaunchUsageError, launch_record, missing_rendezvous
     from .launch import build_launch
     from .planning import command_argv, plan_recipe
-    from ..recipe_catalog import resolve_recipe
     from .recipe import RecipeError, load_recipe
     try:
         recipe = load_recipe(resolve_recipe(args.recipe), args.overrides)

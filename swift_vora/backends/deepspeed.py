@@ -25,8 +25,16 @@ from typing import Any, Dict, Mapping, Optional
 
 from ..plan import constants as C
 from ..plan.memory import DEEPSPEED_BACKENDS
-from .common import (Launch, LaunchUsageError, PlanView, bool_arg, common_env, console_script, lora_args,
-                     swift_common_args)
+from .common import (
+    Launch,
+    LaunchUsageError,
+    PlanView,
+    bool_arg,
+    common_env,
+    console_script,
+    lora_args,
+    swift_common_args,
+)
 from .recipe import Recipe
 
 SMALL_GPU_GIB = C.ZERO3_SMALL_GPU_GIB  # at or below: the field-tested 12 GB configuration

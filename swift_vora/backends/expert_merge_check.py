@@ -5,8 +5,8 @@ code other than the code that trained it; a wrong layout (experts transposed, ga
 forgotten) still produces a checkpoint that loads and generates text. So the merged weights are compared, for a
 sample of layers and experts, with what PEFT itself says the adapter adds: PEFT's own `ParamWrapper.get_delta_weight`
 on the float32 base model with the saved adapter (the layout that PEFT loads and vLLM's LoRA serving follows), summed
-in float32; the merged bf16 value must be that sum rounded to bf16, within one unit in the last place. The merged directory is loaded with transformers, which is the
-other half of the check ("transformers loads it").
+in float32; the merged bf16 value must be that sum rounded to bf16, within one unit in the last place. The merged
+directory is loaded with transformers, which is the other half of the check ("transformers loads it").
 """
 from __future__ import annotations
 
@@ -47,9 +47,8 @@ def check_expert_merge(adapter_dir: str, base: str, merged_dir: str, layers: int
     """Compare sampled experts of `merged_dir` with base + delta from PEFT; returns a report with `ok`."""
     import torch
     import transformers
-    from peft.tuners.lora.layer import ParamWrapper
-
     from peft import PeftModel
+    from peft.tuners.lora.layer import ParamWrapper
 
     config = transformers.AutoConfig.from_pretrained(merged_dir)
     cls = getattr(transformers, (config.architectures or [''])[0], None) or transformers.AutoModelForCausalLM

@@ -127,8 +127,8 @@ def passthrough_args(recipe: Recipe) -> List[str]:
 def engine_parser(backend: str):
     """The argument parser the engine itself builds for `swift sft` / `megatron sft` (ms-swift's HfArgumentParser
     over SftArguments / MegatronSftArguments, swift.utils.parse_args)."""
-    from transformers import HfArgumentParser
     from swift.utils.utils import _patch_get_type_hints
+    from transformers import HfArgumentParser
     if backend == 'megatron_ep_lora':
         from swift.megatron.arguments import MegatronSftArguments as arguments
     else:

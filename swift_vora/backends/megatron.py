@@ -20,8 +20,17 @@ from __future__ import annotations
 
 from typing import Dict, List, Mapping, Optional
 
-from .common import (Launch, LaunchUsageError, PlanView, bool_arg, common_env, console_script, lora_args, read_config,
-                     swift_common_args)
+from .common import (
+    Launch,
+    LaunchUsageError,
+    PlanView,
+    bool_arg,
+    common_env,
+    console_script,
+    lora_args,
+    read_config,
+    swift_common_args,
+)
 from .recipe import Recipe
 
 
@@ -74,7 +83,8 @@ def megatron_sft_args(view: PlanView, recipe: Recipe) -> List[str]:
     recompute = recipe['megatron.recompute'] if recipe['train.gradient_checkpointing'] else 'none'
     argv += ['--recompute_granularity', recompute]
     if recompute == 'full':
-        argv += ['--recompute_method', 'uniform', '--recompute_num_layers', str(recipe['megatron.recompute_num_layers'])]
+        argv += ['--recompute_method', 'uniform',
+                 '--recompute_num_layers', str(recipe['megatron.recompute_num_layers'])]
     argv += ['--micro_batch_size', str(view.micro_batch), '--global_batch_size', str(global_batch),
              '--freeze_llm', 'false', '--freeze_vit', bool_arg(recipe['train.freeze_vit']), '--freeze_aligner', 'true',
              '--bf16', 'true', '--attention_backend', recipe['megatron.attention_backend'],

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import copy
 import math
-import reprlib
 import os
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Tuple
 

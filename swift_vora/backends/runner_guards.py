@@ -124,5 +124,5 @@ class RunnerGuards:
         return report
 
     def verify(self, ckpt: str, base: str) -> Dict[str, Any]:
-        """Reload the saved adapter on `base` in a fresh process and compare every tensor (swift-vora verify-adapter)."""
+        """Reload the saved adapter on `base` in a fresh process, compare every tensor (swift-vora verify-adapter)."""
         return verify_and_report(ckpt, base, self.output_dir, switches.read(VERIFY_TIMEOUT_ENV))

@@ -26,8 +26,14 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from .unsloth import (MARKER_FILE, UnslothRunConfig, assert_router_frozen, from_pretrained_kwargs, peft_kwargs,
-                      unsloth_env)
+from .unsloth import (
+    MARKER_FILE,
+    UnslothRunConfig,
+    assert_router_frozen,
+    from_pretrained_kwargs,
+    peft_kwargs,
+    unsloth_env,
+)
 
 
 def log(msg: str) -> None:

@@ -40,7 +40,8 @@ def register_commands(subparsers) -> None:
     build.add_argument('annotations', metavar='ANNOTATIONS')
     build.add_argument('out', metavar='OUT.jsonl')
     build.add_argument('--window', type=number(MIN_CLIP_SECONDS, allow_zero=True), metavar='S', default=60.0,
-                       help='clip length in seconds, at least 1; 0 = whole video (default 60; longer clips cost more tokens)')
+                       help='clip length in seconds, at least 1; 0 = whole video '
+                            '(default 60; longer clips cost more tokens)')
     build.add_argument('--stride', type=number(MIN_STRIDE_SECONDS), metavar='S', default=None,
                        help='seconds between clip starts (default: the window, no overlap; at most the window)')
     build.add_argument('--min-event', type=number(0), metavar='S', default=0.5,

@@ -12,10 +12,10 @@ and reports problems under the field names the user wrote (`relevant_windows`, `
 """
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
 import json
 import math
+import os
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 # Keys that only a QVHighlights line has; any of them (and neither `video` nor `windows`) marks one.

@@ -36,7 +36,8 @@ def _mean_saliency(row: Mapping) -> List[float]:
 
 def oracle(gt_rows: Sequence[Mapping]) -> List[dict]:
     return [{'qid': r['qid'],
-             'pred_relevant_windows': [[w[0], w[1], round(1.0 - 0.01 * i, 4)] for i, w in enumerate(r['relevant_windows'])],
+             'pred_relevant_windows': [[w[0], w[1], round(1.0 - 0.01 * i, 4)]
+                                       for i, w in enumerate(r['relevant_windows'])],
              'pred_saliency_scores': _mean_saliency(r)} for r in gt_rows]
 
 
@@ -69,7 +70,8 @@ def random_predictions(gt_rows: Sequence[Mapping], seed: int = 0) -> List[dict]:
                 e = min(dur, s + rnd.randrange(1, 120) / 2)
             windows.append([s, e, rnd.choice([0.1, 0.25, 0.5, 0.5, 0.75, 0.9, 0.9, 1.0])])
         n = _n_clips(r) + rnd.choice([-10, -1, 0, 0, 0, 3])
-        saliency = [rnd.choice([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0]) + rnd.choice([0.0, 0.0, 0.125]) for _ in range(max(1, n))]
+        saliency = [rnd.choice([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0]) + rnd.choice([0.0, 0.0, 0.125])
+                    for _ in range(max(1, n))]
         out.append({'qid': r['qid'], 'pred_relevant_windows': windows, 'pred_saliency_scores': saliency})
     return out
 

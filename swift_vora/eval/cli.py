@@ -43,8 +43,10 @@ def register_commands(subparsers) -> None:
         'parse', help='read model responses back into [start, end] windows',
         description='Read model responses (one JSON string per line on stdin, or --text) and print one JSON '
                     'array of [start, end] per line. Junk prints [] and is counted on stderr.')
-    q.add_argument('--text', action='append', metavar='TEXT', help='a response to parse (repeatable); stdin is not read')
-    q.add_argument('--duration', type=number(0, above=True), metavar='S', help='clip length in seconds: clamp to [0, S]')
+    q.add_argument('--text', action='append', metavar='TEXT',
+                   help='a response to parse (repeatable); stdin is not read')
+    q.add_argument('--duration', type=number(0, above=True), metavar='S',
+                   help='clip length in seconds: clamp to [0, S]')
     q.add_argument('--details', action='store_true',
                    help='print the full parse result (windows, ok, failure, format, repairs, flags) per line')
     q.add_argument('--strict', action='store_true', help='exit 1 when any response did not parse')

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..intervals import merge, parse_answer, REPAIR_NAMES
+from ..intervals import REPAIR_NAMES, merge, parse_answer
 from . import metrics as M
 
 PROBLEM_SAMPLE = 100  # at most this many ids / lines per problem list in the JSON output
@@ -207,7 +207,8 @@ def load_predictions(path: str, anns: Dict[str, Annotation]):
                             'reason': 'needs pred_relevant_windows, response or pred_saliency_scores'})
             continue
         if 'pred_relevant_windows' in row and not _windows_ok(row['pred_relevant_windows']):
-            invalid.append({'line': line, 'id': key, 'reason': 'pred_relevant_windows must be [[start, end(, score)], ...]'})
+            invalid.append({'line': line, 'id': key,
+                            'reason': 'pred_relevant_windows must be [[start, end(, score)], ...]'})
             continue
         sal = row.get('pred_saliency_scores')
         if sal is not None and not (isinstance(sal, list) and all(_finite(x) for x in sal)):

@@ -21,7 +21,6 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from ..offline import OFFLINE_ENV, swift_argv
 
 
-
 class InferenceError(RuntimeError):
     """`swift infer` failed; carries the tail of its log."""
 
@@ -113,7 +112,8 @@ def wait_with_progress(proc, log_path: str, result_path: str, total: Optional[in
         done = _lines(result_path)
         if done != shown:
             now = time.monotonic()
-            line = f'swift-vora eval: inference {done}/{total if total else "?"} clips, {_duration(now - start)} elapsed'
+            line = (f'swift-vora eval: inference {done}/{total if total else "?"} clips, '
+                    f'{_duration(now - start)} elapsed')
             if done == 0:
                 line += ' (loading the model and the clips)'
             elif first_at is None:

@@ -34,7 +34,8 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..intervals import length as total_length, merge, overlap_seconds
+from ..intervals import length as total_length
+from ..intervals import merge, overlap_seconds
 
 IOU_THRESHOLDS = tuple(float(f'{t:.2f}') for t in np.linspace(0.5, 0.95, 10))
 R1_THRESHOLDS = (0.3,) + IOU_THRESHOLDS

@@ -181,7 +181,8 @@ def render_markdown(result: EvalResult, plot_paths: List[str], plotted: List[str
     for k in COUNT_KEYS:
         lines.append(f'| {k} | {m.get(k, 0)} |')
     if m.get('parse_failure_kinds'):
-        lines.append(f"| parse failures by kind | {', '.join(f'{k}: {v}' for k, v in m['parse_failure_kinds'].items())} |")
+        kinds = ', '.join(f'{k}: {v}' for k, v in m['parse_failure_kinds'].items())
+        lines.append(f'| parse failures by kind | {kinds} |')
     repairs = {k: v for k, v in (m.get('repairs') or {}).items() if v}
     if repairs:
         lines.append(f"| repairs in parsed answers | {', '.join(f'{k}: {v}' for k, v in repairs.items())} |")

@@ -33,8 +33,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from swift.callbacks import TrainerCallback
 
-from .common import (GuardError, all_gather_objects, append_jsonl, get_tap, logger, output_dir, rank, world_size,
-                     write_json)
+from .common import (
+    GuardError,
+    all_gather_objects,
+    append_jsonl,
+    get_tap,
+    logger,
+    output_dir,
+    rank,
+    world_size,
+    write_json,
+)
 
 NAME = 'coverage'
 TAIL_ENV = 'SWIFT_VORA_TAIL'
@@ -128,8 +137,9 @@ def plan_coverage(n: int, world: int, batch_size: int, *, tail: str = 'pad', rep
     plan['would_never_train'] = never  # what ms-swift alone would leave out, before the tail policy
     if missing_positions and tail == 'stop':
         plan['dropped'] = never
-        plan['error'] = (f'{len(missing_positions)} of {len(order)} samples would never be trained (ms-swift floors the '
-                         f'dataset to a multiple of {multiple}); {TAIL_ENV}=stop. Set {TAIL_ENV}=pad or drop, or '
+        plan['error'] = (f'{len(missing_positions)} of {len(order)} samples would never be trained '
+                         f'(ms-swift floors the dataset to a multiple of {multiple}); {TAIL_ENV}=stop. '
+                         f'Set {TAIL_ENV}=pad or drop, or '
                          'change the dataset size.')
     elif missing_positions and tail == 'drop':
         plan['dropped'] = never

@@ -171,8 +171,8 @@ class LoraUpdateGuard(TrainerCallback):
                                      'lora_A': counts['A'], 'lora_B': counts['B']})
         if self.effective_steps == 1:
             logger.info(f'swift-vora lora_update: after the first optimizer step {counts["B"][0]} of {counts["B"][1]} '
-                        f'lora_B tensors changed ({counts["A"][0]} of {counts["A"][1]} lora_A: their gradient is zero on this step, '
-                        'weight decay alone may move them).')
+                        f'lora_B tensors changed ({counts["A"][0]} of {counts["A"][1]} lora_A: '
+                        'their gradient is zero on this step, weight decay alone may move them).')
         if self.effective_steps < self.check_steps:
             return
         self.done = True

@@ -108,7 +108,8 @@ def verify_adapter(ckpt: str, base: Optional[str] = None) -> Dict[str, Any]:
 
 
 def summary_line(report: Dict[str, Any]) -> str:
-    line = f'{report["matched"]} of {report["tensors"]} saved adapter tensors match after reload ({report["checkpoint"]})'
+    line = (f'{report["matched"]} of {report["tensors"]} saved adapter tensors match after reload '
+            f'({report["checkpoint"]})')
     for key in ('mismatched', 'missing', 'not_in_file'):
         if report.get(key):
             items = [i if isinstance(i, str) else i['key'] for i in report[key]]

@@ -30,8 +30,17 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from swift.callbacks import TrainerCallback
 
-from .common import (GuardError, all_gather_objects, logger, output_dir, rank, tensors_equal, unwrap_model, world_size,
-                     write_json)
+from .common import (
+    GuardError,
+    all_gather_objects,
+    logger,
+    output_dir,
+    rank,
+    tensors_equal,
+    unwrap_model,
+    world_size,
+    write_json,
+)
 
 NAME = 'zero3_load'
 MODE_ENV = 'SWIFT_VORA_ZERO3_LOAD'

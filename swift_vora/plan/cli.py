@@ -44,7 +44,8 @@ def register_commands(subparsers) -> None:
     hw.add_argument('--hardware', default=None,
                     help=f'profile: {", ".join(PROFILES)}, or local (probe this machine; the default)')
     hw.add_argument('--gpus', type=positive_int(4096), default=None, help='GPUs per node (custom hardware)')
-    hw.add_argument('--gpu-mem-gib', type=number(0, 1e5, above=True), default=None, help='memory per GPU in GiB, as torch reports it')
+    hw.add_argument('--gpu-mem-gib', type=number(0, 1e5, above=True), default=None,
+                    help='memory per GPU in GiB, as torch reports it')
     hw.add_argument('--host-ram-gib', type=number(0, 1e6, above=True), default=None,
                     help='host RAM per node the job may use (container limit), GiB; overrides a profile')
     hw.add_argument('--nodes', type=positive_int(4096), default=1, help='nodes (default 1)')
@@ -54,10 +55,12 @@ def register_commands(subparsers) -> None:
     t.add_argument('--backend', choices=('auto', ) + BACKENDS, default='auto')
     t.add_argument('--offload', choices=('none', 'cpu'), default='none', help='DeepSpeed CPU offload')
     t.add_argument('--quant', choices=('none', '4bit'), default='none', help='4bit = QLoRA base (dense only)')
-    t.add_argument('--ep', type=positive_int(4096), default=None, help='expert parallel size (Megatron; default: chosen)')
+    t.add_argument('--ep', type=positive_int(4096), default=None,
+                   help='expert parallel size (Megatron; default: chosen)')
     t.add_argument('--tp', type=positive_int(4096), default=None, help='tensor parallel size (Megatron; default 1)')
     t.add_argument('--micro-batch', type=positive_int(1_000_000), default=1)
-    t.add_argument('--lora-rank', type=positive_int(65536), default=None, help='LoRA rank (default 8, ms-swift\'s default)')
+    t.add_argument('--lora-rank', type=positive_int(65536), default=None,
+                   help='LoRA rank (default 8, ms-swift\'s default)')
     t.add_argument('--lora-targets', choices=LORA_TARGETS, default='all-linear',
                    help='all-linear includes the routed experts (one rank-r pair per expert)')
     t.add_argument('--no-gradient-checkpointing', action='store_true')

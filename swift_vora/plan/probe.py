@@ -23,8 +23,8 @@ DEFAULT_CGROUP_ROOT = '/sys/fs/cgroup'
 # (9223372036854771712) for an unlimited group; v2 writes the word "max".
 UNLIMITED_THRESHOLD = 1 << 60
 PACKAGES = ('torch', 'transformers', 'peft', 'ms-swift', 'deepspeed', 'megatron-core', 'mcore-bridge',
-            'transformer-engine', 'unsloth', 'unsloth_zoo', 'bitsandbytes', 'decord', 'av', 'qwen-vl-utils', 'accelerate',
-            'flash-attn')
+            'transformer-engine', 'unsloth', 'unsloth_zoo', 'bitsandbytes', 'decord', 'av', 'qwen-vl-utils',
+            'accelerate', 'flash-attn')
 
 
 def cgroup_root(root: Optional[str] = None) -> str:

@@ -22,7 +22,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import constants as C
 from .command import CommandRefused, build_command
-from .hardware import Hardware, resolve as resolve_hardware
+from .hardware import Hardware
+from .hardware import resolve as resolve_hardware
 from .memory import BACKENDS, DEEPSPEED_BACKENDS, VISION_MODES, MemoryEstimate, TrainSetup, estimate
 from .model_spec import LORA_TARGETS, TUNERS, ModelSpec, load_model_spec
 from .video_budget import VideoTokens, text_only_tokens, video_tokens
