@@ -9,6 +9,9 @@
 #   bash scripts/gpu/fetch_wheels.sh moe        # .whl/moe: what benchmarks/moe_throughput.py adds to .whl/swift --
 #                                               # unsloth, unsloth_zoo, bitsandbytes (slimmed, from the unsloth set)
 #                                               # and flash-linear-attention (fla-core + flash-linear-attention)
+#   bash scripts/gpu/fetch_wheels.sh megatron   # .whl/megatron + .te0/.te1/.te2: Megatron-SWIFT with Transformer Engine
+#                                               # (not part of `all`: it downloads torch 2.11 + CUDA 13 headers to
+#                                               # build TE's torch extension, ~4 GB under .build/)
 #
 # Layout (all under the git-ignored .whl/):
 #   .whl/swift/*.whl        installed on the GPU machine by scripts/gpu/setup_env.sh (`--target /tmp/site`)
@@ -16,7 +19,13 @@
 #                           --find-links .whl/swift/build --no-deps -e .` there (never installed into /tmp/site)
 #   .whl/unsloth/*.whl      the Unsloth set (trl 1.15 / datasets 4.8.5: never mix with .whl/swift)
 #   .whl/moe/*.whl          Unsloth without its trl/datasets pins (ms-swift's trl 0.29.1 satisfies it) + fla
-#   .whl/_orig/             untouched downloads the slimmed wheels were made from (does not travel)
+#   .whl/megatron/*.whl     megatron-core, mcore-bridge, peft 0.20, TE's meta wheel and its torch extension (built
+#                           here from the sdist) + SHA256SUMS of the TE core wheel and its three parts
+#   .te0/ .te1/ .te2/       the TE core wheel (171 MiB) split into 57 MiB parts, one per device call
+#                           (scripts/gpu/setup_megatron.sh reassembles, checks and installs them)
+#   .whl/_orig/             untouched downloads the slimmed wheels were made from, and the whole TE core wheel
+#                           (does not travel)
+#   .build/                 the Python 3.12 + torch 2.11 environment that builds TE's torch extension (does not travel)
 # Every set must stay under ~60 MiB: one device call carries at most 64 MiB, repository included.
 set -euo pipefail
 
@@ -31,7 +40,7 @@ MOE="$WHL/moe"
 ORIG="$WHL/_orig"
 WHAT="${1:-all}"
 
-if [ "${CLEAN:-0}" = 1 ]; then rm -rf "$SWIFT" "$UNSLOTH" "$MOE" "$ORIG"; fi
+if [ "${CLEAN:-0}" = 1 ]; then rm -rf "$SWIFT" "$UNSLOTH" "$MOE" "$ORIG" "$WHL/megatron" "$ROOT"/.te[012]; fi
 mkdir -p "$SWIFT" "$BUILD" "$UNSLOTH" "$ORIG"
 
 # Python 3.12, x86_64 Linux (glibc 2.35+ there): pip matches each manylinux tag exactly, so list them all.
@@ -116,8 +125,68 @@ if [ "$WHAT" = all ] || [ "$WHAT" = moe ]; then
   done
 fi
 
+# --- Megatron-SWIFT (`megatron sft`) with Transformer Engine 2.11 ---------------------------------------------------
+# megatron-core 0.16.1 (its TE range: >=2.9,<2.12) and mcore-bridge 1.6.5 are the versions this repository's CPU
+# tests parse arguments with; peft 0.20.0 because ms-swift 4.6 and mcore-bridge pin peft<0.21 (the image has 0.21).
+# pydantic (a TE runtime dependency) comes with .whl/swift. No flash-linear-attention: the Megatron run uses
+# Qwen3-VL-MoE (no Gated DeltaNet); a Qwen3.5/3.6-MoE Megatron run would need `fetch_wheels.sh moe`'s fla wheels.
+MEGATRON="$WHL/megatron"
+TE_VERSION=2.11.0
+TE_CORE="transformer_engine_cu13-${TE_VERSION}-py3-none-manylinux_2_28_x86_64.whl"
+TE_CORE_SHA256=62febd0422cc9003f1048f97be75f4a05d6e43092baf28a5ff6b857b638181c0
+TE_CORE_BYTES=179248112
+TE_PART_SIZE=57M          # 3 parts; each travels alone with the repository (<= 64 MiB per device call)
+MEGATRON_SET=(megatron-core==0.16.1 mcore-bridge==1.6.5 peft==0.20.0 transformer-engine==$TE_VERSION)
+
+# TE's torch extension has no wheel on PyPI: build it from its sdist against torch 2.11.0 (PyPI's build is the
+# +cu130 one the GPU machine has) in a Python 3.12 venv under .build/. It is a C++ extension compiled by g++
+# (no GPU code), but its setup.py reads the CUDA version from `nvcc -V`, and CUDA's headers include CCCL's
+# <nv/target>: both come from pip (cuda-toolkit[nvcc,cccl] at torch's CUDA 13.0.2), nothing system-wide.
+# Build time: BUILD_TIME_NOTE. Result: a ~0.7 MB cp312 wheel.
+build_te_torch() {
+  local venv="$ROOT/.build/py312" py312="${PY312:-python3.12}"
+  if [ ! -x "$venv/bin/python" ]; then
+    "$py312" -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version' || {
+      echo "fetch_wheels: need Python 3.12 for the TE torch extension (set PY312=/path/to/python3.12)" >&2; return 1; }
+    "$py312" -m venv "$venv"
+  fi
+  "$venv/bin/python" -m pip install -q torch==2.11.0 "cuda-toolkit[nvcc,cccl]==13.0.2" setuptools
+  local nv="$venv/lib/python3.12/site-packages/nvidia" tmp t0=$SECONDS
+  tmp="$(mktemp -d)"
+  NVTE_PYTORCH_FORCE_BUILD=TRUE CUDA_HOME="$nv/cu13" CPATH="$nv/cu13/include:$nv/nccl/include:$nv/cudnn/include" \
+    MAX_JOBS="$(nproc)" "$venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps \
+    --no-binary transformer_engine_torch -w "$tmp" "transformer_engine_torch==$TE_VERSION"
+  mv "$tmp"/transformer_engine_torch-"$TE_VERSION"-cp312-*.whl "$MEGATRON"/ && rm -rf "$tmp"
+  echo "fetch_wheels: transformer_engine_torch built in $((SECONDS - t0)) s"
+}
+
+if [ "$WHAT" = megatron ]; then
+  mkdir -p "$MEGATRON"
+  fetch "$MEGATRON" "${MEGATRON_SET[@]}"
+  ls "$MEGATRON"/transformer_engine_torch-"$TE_VERSION"-cp312-*.whl >/dev/null 2>&1 || build_te_torch
+  fetch "$ORIG" "transformer-engine-cu13==$TE_VERSION"
+  got="$(sha256sum "$ORIG/$TE_CORE" | cut -d' ' -f1)"
+  if [ "$got" != "$TE_CORE_SHA256" ] || [ "$(stat -c %s "$ORIG/$TE_CORE")" != "$TE_CORE_BYTES" ]; then
+    echo "fetch_wheels: $ORIG/$TE_CORE is not the wheel seen working (sha256 $got)" >&2; exit 1
+  fi
+  # One part per git-ignored folder: each device call carries one of them; they accumulate on the warm machine.
+  rm -rf "$ROOT"/.te0 "$ROOT"/.te1 "$ROOT"/.te2 "$ROOT"/.te3
+  tmp="$(mktemp -d)"
+  split -b "$TE_PART_SIZE" -d -a 1 "$ORIG/$TE_CORE" "$tmp/$TE_CORE.part"
+  [ "$(ls "$tmp" | wc -l)" = 3 ] || { echo "fetch_wheels: expected 3 TE parts, got $(ls "$tmp")" >&2; exit 1; }
+  {
+    echo "$TE_CORE_SHA256  $TE_CORE"
+    for i in 0 1 2; do
+      mkdir -p "$ROOT/.te$i" && mv "$tmp/$TE_CORE.part$i" "$ROOT/.te$i/"
+      (cd "$ROOT" && sha256sum ".te$i/$TE_CORE.part$i")
+    done
+  } > "$MEGATRON/SHA256SUMS"
+  rm -rf "$tmp"
+fi
+
 echo "== sizes (one device call carries <= 64 MiB including the repository)"
-for d in "$SWIFT" "$BUILD" "$UNSLOTH" "$MOE"; do
-  n=$(ls "$d"/*.whl 2>/dev/null | wc -l)
+for d in "$SWIFT" "$BUILD" "$UNSLOTH" "$MOE" "$WHL/megatron" "$ROOT/.te0" "$ROOT/.te1" "$ROOT/.te2"; do
+  [ -d "$d" ] || continue
+  n=$(ls "$d"/*.whl* 2>/dev/null | wc -l)
   printf "%-28s %3s wheels  %s\n" "${d#$ROOT/}" "$n" "$(du -sh "$d" | cut -f1)"
 done
