@@ -15,6 +15,10 @@
 #   moe           benchmarks/moe_throughput.py: Unsloth split LoRA vs plain swift PEFT, Qwen3.5-MoE 35B-A3B shape with
 #                 N layers (needs carry [".whl/swift", ".whl/moe"]: ~56 MiB with the repo)
 #   unsloth       scripts/gpu/unsloth_smoke.sh (needs carry [".whl/swift", ".whl/unsloth"]: ~59 MiB with the repo)
+#   megatron      scripts/gpu/megatron_smoke.sh: Megatron-SWIFT EP=1 LoRA on one GPU, random Qwen3-VL-MoE, checks +
+#                 megatron-h200-<date>.json. Needs scripts/gpu/setup_megatron.sh's inputs: .te0, .te1, .te2 carried
+#                 by three earlier back-to-back calls, then carry [".whl/swift", ".whl/megatron"] (docs/backends.md)
+#   megatron_ep   scripts/gpu/megatron_ep.sh: the same with EP=2 over two GPUs (refuses on fewer GPUs, exit 4)
 # Example: `bash scripts/gpu/run_all.sh throughput --variants baseline,vora,vora_gc`.
 #
 # $OUT receives (the tool returns at most 8 files): run.log (all output), each phase's results JSON
@@ -94,7 +98,17 @@ main() {
         else
           echo "unsloth: scripts/gpu/unsloth_smoke.sh is not in this checkout"; rc=2
         fi;;
-      *) echo "unknown phase '$phase' (setup|throughput|learnability|calibrate|e2e|e2e_dense|multi_gpu_zero3|moe|unsloth)"; rc=2;;
+      megatron|megatron_ep)
+        # TE + megatron-core + mcore-bridge + peft 0.20 into /tmp/site-megatron, in front of PYTHONPATH (once)
+        # shellcheck source=/dev/null
+        source "$ROOT/scripts/gpu/setup_megatron.sh" || { rc=1; continue; }
+        work=/tmp/$phase
+        if [ "$phase" = megatron ]
+        then OUT="$LOGS/$phase" bash scripts/gpu/megatron_smoke.sh "$work" "$@" || rc=1
+        else OUT="$LOGS/$phase" bash scripts/gpu/megatron_ep.sh "$work" "$@"; r=$?; [ $r = 0 ] || rc=$r
+        fi;;
+      *) echo "unknown phase '$phase' (setup|throughput|learnability|calibrate|e2e|e2e_dense|multi_gpu_zero3|moe|unsloth|"\
+"megatron|megatron_ep)"; rc=2;;
     esac
     echo "== phase $phase done in $((SECONDS - t1)) s (rc so far $rc)"
     # Results JSON flat into $OUT; the logs into one archive (the 8-file limit).

@@ -2,7 +2,7 @@
 # from the wheels `scripts/gpu/fetch_wheels.sh megatron` prepared. Source it after `source scripts/gpu/setup_env.sh
 # swift` (run_all.sh's megatron phase does).
 #
-#   source scripts/gpu/setup_megatron.sh            # reassemble + check TE, install (once), export PYTHONPATH, import check
+#   source scripts/gpu/setup_megatron.sh            # reassemble + check TE, install (once), PYTHONPATH, import check
 #   bash   scripts/gpu/setup_megatron.sh assemble   # reassemble the TE core wheel and check its sha256 only
 #   bash   scripts/gpu/setup_megatron.sh install    # assemble + install, no import check (no GPU needed)
 #
@@ -81,7 +81,10 @@ _svm_assemble() {
 
 _svm_main() {
   local mode="${1:-all}"
-  case "$mode" in all|assemble|install) ;; *) echo "setup_megatron: unknown mode '$mode' (assemble|install)" >&2; return 2;; esac
+  case "$mode" in
+    all|assemble|install) ;;
+    *) echo "setup_megatron: unknown mode '$mode' (assemble|install)" >&2; return 2;;
+  esac
   local root; root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
   local py="${SWIFT_VORA_PYTHON:-python3}"
   local wheels="${SWIFT_VORA_MEGATRON_WHEELS:-$root/.whl/megatron}"

@@ -9,6 +9,11 @@ What the generated command does (ms-swift 4.6.0, swift/megatron/arguments/megatr
 - `--moe_grouped_gemm true` (one grouped GEMM per expert group), `--moe_permute_fusion true` (fused token
   permutation), `--recompute_granularity full --recompute_method uniform --recompute_num_layers 1` (the plan's
   memory model assumes full recompute).
+- `--attention_backend fused` (the recipe default): TE's cuDNN fused attention. `flash` needs flash-attn, which has
+  no build for torch 2.11; megatron-core then turns TE's fused and unfused backends off (NVTE_FUSED_ATTN=0,
+  NVTE_UNFUSED_ATTN=0, language_module.py) and mcore-bridge switches the HF vision tower to flash_attention_2.
+- `--callbacks`: Megatron-SWIFT looks names up in its own `megatron_callbacks_map`, not in swift's
+  `callbacks_map` where swift-vora's guards live (they hook swift's SFT trainers only), so only its names pass.
 - LoRA is saved merged into HF safetensors at `OUTPUT/checkpoint-N-merged` (`--merge_lora true`, the default
   with `--save_safetensors true`): that directory is what vLLM loads. Do not merge Megatron MoE LoRA with
   `swift export`.
@@ -32,6 +37,10 @@ from .common import (
     swift_common_args,
 )
 from .recipe import Recipe
+
+
+# swift/megatron/callbacks/mapping.py (ms-swift 4.6.0); a test compares it with the installed mapping.
+MEGATRON_CALLBACKS = ('print', 'default_flow', 'swanlab', 'wandb', 'tensorboard')
 
 
 def _num_experts(model_path: str) -> int:
@@ -100,6 +109,11 @@ def megatron_sft_args(view: PlanView, recipe: Recipe) -> List[str]:
              bool_arg(recipe['megatron.merge_lora']), '--dataloader_num_workers',
              str(recipe['train.dataloader_workers']), '--seed', str(recipe['train.seed'])]
     if recipe['guards.callbacks']:
+        unknown = [c for c in recipe['guards.callbacks'] if c not in MEGATRON_CALLBACKS]
+        if unknown:
+            raise LaunchUsageError(f'{recipe.path}: guards.callbacks: {", ".join(unknown)} cannot run under '
+                                   f'megatron sft (Megatron-SWIFT has only {", ".join(MEGATRON_CALLBACKS)}; swift-vora\'s guards '
+                                   'run with swift sft backends)')
         argv += ['--callbacks', *recipe['guards.callbacks']]
     return argv + recipe['extra_args']
 

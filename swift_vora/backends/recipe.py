@@ -104,7 +104,7 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'megatron.recompute_num_layers': ((int, ), 1),  # layers per recompute chunk (uniform method)
     'megatron.moe_grouped_gemm': ((bool, ), True),  # one grouped GEMM for all local experts
     'megatron.moe_permute_fusion': ((bool, ), True),  # fused token permutation (needs TE >= 2.1)
-    'megatron.attention_backend': ((str, ), 'flash'),
+    'megatron.attention_backend': ((str, ), 'fused'),  # TE cuDNN attention; flash needs flash-attn (none: torch 2.11)
     'megatron.merge_lora': ((bool, ), True),  # save checkpoint-N-merged (HF safetensors, LoRA merged)
     # --- Unsloth (MoE on one GPU; python -m swift_vora.backends.unsloth_runner) -----------------------------
     'unsloth.gradient_checkpointing': ((str, bool), 'unsloth'),  # 'unsloth' offloads layer inputs to host

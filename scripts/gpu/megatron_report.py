@@ -1,0 +1,213 @@
+"""Checks of a `megatron sft` LoRA run on a MoE model, and its results JSON (scripts/gpu/megatron_smoke.sh, EP=1;
+scripts/gpu/megatron_ep.sh, EP=2).
+
+What a user relies on, checked from the files the run left (nothing is taken from the run's own claims):
+- the loss: at least --min-steps logged steps, all finite, the last below the first (logging.jsonl next to the
+  checkpoint, written by Megatron-SWIFT's print callback);
+- LoRA on the experts and on attention, none on the router: the merged weights (checkpoint-N-merged) against the
+  base model -- expert and attention weights changed, router weights (`mlp.gate.weight`) bit-identical -- and the
+  LoRA tensor names of the saved adapter when the checkpoint holds one;
+- checkpoint-N-merged loads in transformers and gives finite logits;
+- the measured peak (`memory(GiB)`: torch.cuda.max_memory_reserved) next to the planner's prediction.
+Exit 0 when every check passes, 1 otherwise (the JSON is written either way, with `failures`).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+from typing import Dict, List, Optional
+
+ROUTER_KEYS = ('.mlp.gate.weight', '.router.')  # HF Qwen3-MoE / Qwen3-VL-MoE router; Megatron's TopKRouter
+EXPERT_KEY = '.experts.'
+ATTENTION_KEY = '.self_attn.'
+
+
+def read_losses(run_dir: str) -> List[float]:
+    """Per-step losses from Megatron-SWIFT's logging.jsonl (one record per logged step)."""
+    path = os.path.join(run_dir, 'logging.jsonl')
+    losses = []
+    with open(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f'{path}:{line_no}: not JSON ({e})') from e
+            if 'loss' in record:
+                losses.append(float(record['loss']))
+    return losses
+
+
+def read_log_field(run_dir: str, field: str) -> List[float]:
+    out = []
+    with open(os.path.join(run_dir, 'logging.jsonl')) as f:
+        for line in f:
+            if line.strip():
+                value = json.loads(line).get(field)
+                if isinstance(value, (int, float)):
+                    out.append(float(value))
+    return out
+
+
+def _tensors(model_dir: str) -> Dict[str, 'object']:
+    from safetensors import safe_open
+    tensors = {}
+    for path in sorted(glob.glob(os.path.join(model_dir, '*.safetensors'))):
+        with safe_open(path, 'pt') as f:
+            for key in f.keys():
+                tensors[key] = f.get_tensor(key)
+    if not tensors:
+        raise FileNotFoundError(f'{model_dir}: no *.safetensors')
+    return tensors
+
+
+def compare_weights(base_dir: str, merged_dir: str) -> Dict[str, object]:
+    """Which groups of weights LoRA changed: experts, attention, router (must stay identical)."""
+    import torch
+    base, merged = _tensors(base_dir), _tensors(merged_dir)
+    missing = sorted(set(base) - set(merged))
+    changed = {'experts': 0, 'attention': 0, 'router': 0}
+    totals = {'experts': 0, 'attention': 0, 'router': 0}
+    for key, tensor in base.items():
+        if key not in merged:
+            continue
+        group = ('router' if any(r in key for r in ROUTER_KEYS) else 'experts' if EXPERT_KEY in key
+                 else 'attention' if ATTENTION_KEY in key and 'visual' not in key else None)
+        if group is None:
+            continue
+        totals[group] += 1
+        if not torch.equal(tensor.to(torch.float32), merged[key].to(torch.float32)):
+            changed[group] += 1
+    return {'changed': changed, 'totals': totals, 'missing_in_merged': missing[:20], 'missing_count': len(missing)}
+
+
+def adapter_lora_names(checkpoint: str) -> Dict[str, int]:
+    """LoRA tensor counts in the saved adapter (if the checkpoint holds HF-format safetensors)."""
+    counts = {'experts': 0, 'router': 0, 'attention': 0, 'all': 0}
+    for path in glob.glob(os.path.join(checkpoint, '*.safetensors')):
+        from safetensors import safe_open
+        with safe_open(path, 'pt') as f:
+            for key in f.keys():
+                if 'lora' not in key:
+                    continue
+                counts['all'] += 1
+                if 'router' in key or '.mlp.gate.' in key:
+                    counts['router'] += 1
+                elif 'expert' in key:
+                    counts['experts'] += 1
+                elif 'attn' in key or 'attention' in key:
+                    counts['attention'] += 1
+    return counts
+
+
+def merged_loads(merged_dir: str) -> Optional[str]:
+    """None if checkpoint-N-merged loads in transformers and gives finite logits; else why not."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+    try:
+        config = AutoConfig.from_pretrained(merged_dir)
+        model = AutoModelForImageTextToText.from_pretrained(merged_dir, dtype=torch.bfloat16)
+        device = 'cuda' if torch.cuda.is_available() else 'cpu'
+        model.to(device).eval()
+        ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]], device=device)
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+        if not torch.isfinite(logits).all():
+            return 'logits are not finite'
+        del model, config
+        return None
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        return f'{type(e).__name__}: {e}'
+
+
+def tokens_per_second(encode_log: str, global_batch: int, seconds_per_step: Optional[float]) -> Optional[float]:
+    if not seconds_per_step or not os.path.isfile(encode_log):
+        return None
+    tokens = []
+    with open(encode_log) as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                if record.get('mode', 'train') == 'train' and record.get('total_tokens'):
+                    tokens.append(record['total_tokens'])
+    if not tokens:
+        return None
+    return round(sum(tokens) / len(tokens) * global_batch / seconds_per_step, 1)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--base', required=True, help='the model trained on (HF directory)')
+    p.add_argument('--checkpoint', required=True, help='OUTPUT/vN-.../checkpoint-N')
+    p.add_argument('--merged', required=True, help='OUTPUT/vN-.../checkpoint-N-merged')
+    p.add_argument('--plan', required=True, help='`swift-vora train ... --dry-run --json` output')
+    p.add_argument('--encode-log', default='', help='SWIFT_VORA_ENCODE_LOG of the run (tokens per sample)')
+    p.add_argument('--gpus', type=int, required=True)
+    p.add_argument('--ep', type=int, required=True)
+    p.add_argument('--tp', type=int, required=True)
+    p.add_argument('--global-batch', type=int, required=True)
+    p.add_argument('--min-steps', type=int, default=5)
+    p.add_argument('--skip-load', action='store_true', help='do not load the merged model (CPU tests)')
+    p.add_argument('--out', required=True)
+    a = p.parse_args(argv)
+
+    failures = []
+    run_dir = os.path.dirname(os.path.abspath(a.checkpoint))
+    losses = read_losses(run_dir)
+    if len(losses) < a.min_steps:
+        failures.append(f'{len(losses)} logged steps, need {a.min_steps}')
+    if not all(math.isfinite(x) for x in losses):
+        failures.append(f'non-finite loss: {losses}')
+    elif losses and not losses[-1] < losses[0]:
+        failures.append(f'loss did not fall: first {losses[0]:.4f}, last {losses[-1]:.4f}')
+
+    weights = compare_weights(a.base, a.merged)
+    if weights['changed']['experts'] == 0:
+        failures.append(f'no expert weight changed by LoRA ({weights["totals"]["experts"]} expert tensors)')
+    if weights['changed']['attention'] == 0:
+        failures.append('no attention weight changed by LoRA')
+    if weights['changed']['router'] != 0:
+        failures.append(f'{weights["changed"]["router"]} router tensors changed: the router must stay frozen')
+    if weights['missing_count']:
+        failures.append(f'{weights["missing_count"]} base tensors missing from the merged weights')
+    adapter = adapter_lora_names(a.checkpoint)
+    if adapter['router']:
+        failures.append(f'{adapter["router"]} LoRA tensors on the router in {a.checkpoint}')
+    load_error = None if a.skip_load else merged_loads(a.merged)
+    if load_error:
+        failures.append(f'checkpoint-N-merged does not load: {load_error}')
+
+    with open(a.plan) as f:
+        plan = json.load(f)['plan']
+    memory = read_log_field(run_dir, 'memory(GiB)')
+    speed = read_log_field(run_dir, 'train_speed(s/it)')
+    result = {
+        'backend': plan['backend'], 'gpus': a.gpus, 'ep': a.ep, 'tp': a.tp, 'steps': len(losses), 'losses': losses,
+        # LoRA tensors on experts: counted in the adapter when saved in HF format, else the expert weights LoRA
+        # changed in the merged model
+        'expert_lora_tensors': adapter['experts'] or weights['changed']['experts'],
+        'expert_lora_source': 'adapter' if adapter['experts'] else 'merged-vs-base',
+        'router_trainable': bool(weights['changed']['router'] or adapter['router']),
+        'merged_loads': None if a.skip_load else load_error is None,
+        'peak_reserved_gib': max(memory) if memory else None, 'planned_peak_gib': plan['gpu_peak_gib'],
+        'tokens_per_s': tokens_per_second(a.encode_log, a.global_batch, speed[-1] if speed else None),
+        'weights_changed': weights['changed'], 'weights_total': weights['totals'], 'adapter_lora': adapter,
+        'failures': failures,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, 'w') as f:
+        json.dump(result, f, indent=2)
+        f.write('\n')
+    print(json.dumps({k: v for k, v in result.items() if k != 'losses'}, indent=1))
+    for failure in failures:
+        print('FAIL:', failure, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
