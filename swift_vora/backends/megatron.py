@@ -38,7 +38,6 @@ from .common import (
 )
 from .recipe import Recipe
 
-
 # swift/megatron/callbacks/mapping.py (ms-swift 4.6.0); a test compares it with the installed mapping.
 MEGATRON_CALLBACKS = ('print', 'default_flow', 'swanlab', 'wandb', 'tensorboard')
 
@@ -112,8 +111,8 @@ def megatron_sft_args(view: PlanView, recipe: Recipe) -> List[str]:
         unknown = [c for c in recipe['guards.callbacks'] if c not in MEGATRON_CALLBACKS]
         if unknown:
             raise LaunchUsageError(f'{recipe.path}: guards.callbacks: {", ".join(unknown)} cannot run under '
-                                   f'megatron sft (Megatron-SWIFT has only {", ".join(MEGATRON_CALLBACKS)}; swift-vora\'s guards '
-                                   'run with swift sft backends)')
+                                   f'megatron sft (Megatron-SWIFT has only {", ".join(MEGATRON_CALLBACKS)}; '
+                                   "swift-vora's guards run with swift sft backends)")
         argv += ['--callbacks', *recipe['guards.callbacks']]
     return argv + recipe['extra_args']
 
