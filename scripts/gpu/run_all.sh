@@ -101,7 +101,7 @@ main() {
       megatron|megatron_ep)
         # TE + megatron-core + mcore-bridge + peft 0.20 into /tmp/site-megatron, in front of PYTHONPATH (once)
         # shellcheck source=/dev/null
-        source "$ROOT/scripts/gpu/setup_megatron.sh" || { rc=1; continue; }
+        source "$ROOT/scripts/gpu/setup_megatron.sh" all || { rc=1; continue; }
         work=/tmp/$phase
         if [ "$phase" = megatron ]
         then OUT="$LOGS/$phase" bash scripts/gpu/megatron_smoke.sh "$work" "$@" || rc=1

@@ -2,9 +2,10 @@
 # from the wheels `scripts/gpu/fetch_wheels.sh megatron` prepared. Source it after `source scripts/gpu/setup_env.sh
 # swift` (run_all.sh's megatron phase does).
 #
-#   source scripts/gpu/setup_megatron.sh            # reassemble + check TE, install (once), PYTHONPATH, import check
+#   source scripts/gpu/setup_megatron.sh [all]      # reassemble + check TE, install (once), PYTHONPATH, import check
 #   bash   scripts/gpu/setup_megatron.sh assemble   # reassemble the TE core wheel and check its sha256 only
 #   bash   scripts/gpu/setup_megatron.sh install    # assemble + install, no import check (no GPU needed)
+# Inside a function, source it with the mode spelled out: a bare `source` hands it the function's arguments.
 #
 # The TE core wheel (171 MiB) is larger than one device call carries (64 MiB), so it arrives as three parts in the
 # git-ignored folders .te0/ .te1/ .te2/ of the repository root, one per call, back to back: files of earlier calls
