@@ -153,6 +153,14 @@ def _table() -> Tuple[Switch, ...]:
                where='scripts/gpu/setup_env.sh'),
         Switch(PREFIX + 'SITE', 'path', None, 'scripts/gpu/setup_env.sh: target folder', None,
                where='scripts/gpu/setup_env.sh'),
+        Switch(PREFIX + 'MEGATRON_WHEELS', 'path', None, 'scripts/gpu/setup_megatron.sh: the Megatron wheel folder '
+               '(default .whl/megatron)', None, where='scripts/gpu/setup_megatron.sh'),
+        Switch(PREFIX + 'TE_PARTS', 'path', None, 'scripts/gpu/setup_megatron.sh: folder holding .te0-.te2 '
+               '(default the repository root)', None, where='scripts/gpu/setup_megatron.sh'),
+        Switch(PREFIX + 'TE_WORK', 'path', None, 'scripts/gpu/setup_megatron.sh: where the Transformer Engine wheel is '
+               'reassembled (default /tmp/swift_vora_te)', None, where='scripts/gpu/setup_megatron.sh'),
+        Switch(PREFIX + 'MEGATRON_SITE', 'path', None, 'scripts/gpu/setup_megatron.sh: install target (default '
+               '/tmp/site-megatron)', None, where='scripts/gpu/setup_megatron.sh'),
     )
 
 
