@@ -15,9 +15,14 @@ shared expert's MLP and the routed experts' fused tensors -- micro-batch 1, the 
   runner: FastModel (16-bit), split MoE LoRA ((X@A)@B per expert, grouped GEMMs), offloaded checkpointing, the
   `video_ora` template encoding on a prefetch thread. `--flagship` adds every guard: the adapter reload in a fresh
   process, the merged 16-bit export and its check against base + B@A (scripts/merge_for_vllm.sh).
-- `vora_unsloth_fla`: the same with flash-linear-attention on the path (`--fla-path`): transformers then binds fla's
-  Triton Gated DeltaNet kernels. fla 0.6 refuses their backward on Hopper with Triton < 3.7.1 (wrong results, fla
-  #640), so with the GPU image's Triton 3.6 every variant runs transformers' PyTorch reference instead.
+  Unsloth's process binds the flash-linear-attention 0.5.1 that unsloth_zoo vendors for the Gated DeltaNet layers
+  (Triton; on Hopper with Triton < 3.7.1 it steps fla #640's miscompiled BK=64 tile down to 32). Unsloth's per-block
+  compile is off (the runner's default). `--profile-step N` adds a torch.profiler step past the measured ones.
+- `vora_unsloth_torchgdn`: the same with the vendored fla off (`UNSLOTH_DISABLE_VENDORED_FLA=1`): transformers'
+  PyTorch Gated DeltaNet, the kernel plain swift runs here -- the like-with-like comparison (`speedup_clean`).
+- `vora_unsloth_compile`: the same with Unsloth's block compile on (`UNSLOTH_BLOCK_COMPILE=1`, Unsloth's default).
+- `vora_unsloth_fla`: the same with an installed flash-linear-attention on the path (`--fla-path`). fla 0.6 refuses
+  its backward on Hopper with Triton < 3.7.1 (wrong results, fla #640); the GPU image has Triton 3.6.
 - `swift_peft`: plain `swift sft` LoRA through PEFT, experts reached with ms-swift's `--target_parameters`
   (PEFT's ParamWrapper: the delta weight of all 256 experts materialised per layer), `qwen3_5` template, the
   budget through ms-swift's own variables (FPS, FPS_MAX_FRAMES, VIDEO_MAX_TOKEN_NUM), the strongest plain flags
@@ -93,7 +98,8 @@ def vora_command(args, b: Dict[str, Any], model: str, ann: str, out: str, flagsh
                  f'data.window={b["clip_s"]:g}', f'data.stride={b["clip_s"]:g}', 'data.min_event=0.5',
                  f'video.fps={b["fps"]:g}', f'video.max_frames={b["max_frames"]}',
                  f'video.pair_tokens={b["pair_tokens"]}', f'video.min_pair_tokens={b["min_pair_tokens"]}',
-                 f'train.lora_rank={LORA_RANK}', f'train.lora_alpha={LORA_ALPHA}', f'train.max_steps={args.steps}',
+                 f'train.lora_rank={LORA_RANK}', f'train.lora_alpha={LORA_ALPHA}',
+                 f'train.max_steps={max(args.steps, args.profile_step or 0)}',
                  f'train.grad_accum={args.grad_accum}', f'train.save_steps={args.steps}', 'train.logging_steps=1',
                  f'train.output_dir={out}', f'unsloth.save_merged={"true" if flagship else "false"}']
     if args.smoke:  # CPU: the runner itself, transformers + PEFT standing in for Unsloth's loader
@@ -142,6 +148,8 @@ def run_vora(name: str, args, b, inputs, work: str, flagship: bool, fla: bool,
     env = {'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True', 'SWIFT_VORA_LOG_FIRST': '1', **(extra_env or {})}
     if not flagship:  # speed runs: the adapter reload (a second model load) is the flagship's
         env['SWIFT_VORA_GUARD_VERIFY_ADAPTER'] = 'off'
+    if args.profile_step:  # torch.profiler over that step (backends/step_profile.py); not a measured step
+        env['SWIFT_VORA_PROFILE_STEP'] = str(args.profile_step)
     full_env = tp.base_env(env)
     if fla:
         if not args.fla_path:
@@ -154,6 +162,8 @@ def run_vora(name: str, args, b, inputs, work: str, flagship: bool, fla: bool,
         spy_when_slow(proc, args.spy_after, os.path.join(vdir, 'py-spy-dump.txt'))
     tp.wait_logged(proc, f'swift-vora train ({name})', log_path)
     result = summarize_runner(name, out, args, tp.cmdline(cmd, env), time.time() - t0)
+    if args.profile_step:
+        result['profile'] = profile_summary(os.path.join(out, 'torch_profile.json'))
     if flagship:
         result['flagship'] = flagship_checks(out, inputs['model'], vdir)
     return result
@@ -166,14 +176,65 @@ def spy_when_slow(proc, after: float, path: str) -> None:
         if proc.poll() is not None:
             return
         time.sleep(2)
-    spy = shutil.which('py-spy')
+    spy = find_py_spy()
     if not spy:
+        with open(path, 'w') as f:
+            f.write('py-spy: not found on PATH nor next to the interpreter or the site folders\n')
         return
     pids = subprocess.run(['pgrep', '-g', str(proc.pid)], capture_output=True, text=True).stdout.split()
     with open(path, 'w') as f:
         for pid in pids:
             dump = subprocess.run([spy, 'dump', '--pid', pid], capture_output=True, text=True, timeout=60)
             f.write(f'==== pid {pid}\n{dump.stdout}{dump.stderr}\n')
+
+
+def find_py_spy() -> Optional[str]:
+    """py-spy on PATH, else next to this interpreter or in a `bin/` beside a sys.path entry (pip --target)."""
+    found = shutil.which('py-spy')
+    if found:
+        return found
+    dirs = [os.path.dirname(sys.executable)] + [os.path.join(p, 'bin') for p in sys.path if p]
+    for d in dirs:
+        candidate = os.path.join(d, 'py-spy')
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+# GPU time of a profiled step by kernel family (first match wins, on the lowercased kernel name).
+KERNEL_FAMILIES = [
+    ('grouped GEMM (experts)', ('grouped_mm', 'group_gemm', 'grouped_gemm', 'groupedgemm', 'moe_')),
+    ('Gated DeltaNet (fla Triton)', ('chunk_', 'gated_delta', 'recurrent', 'l2norm', 'fused_norm_gate')),
+    ('attention', ('flash', 'fmha', 'attention', 'sdpa', 'efficient_attention')),
+    ('GEMM (dense, LoRA)', ('gemm', 'sm90_xmma', 'cutlass', 'cublas', 'nvjet', 'matmul')),
+    ('host<->device copies (offloaded checkpoints)', ('memcpy htod', 'memcpy dtoh', 'memcpy')),
+    ('copy / cast / index', ('copy_kernel', 'direct_copy', 'cat_', 'catarray', 'index', 'scatter', 'gather')),
+    ('norm', ('norm', )),
+    ('other Triton', ('triton', )),
+    ('elementwise / reduce (torch)', ('at::native', 'elementwise', 'reduce')),
+]
+
+
+def profile_summary(path: str) -> Optional[Dict[str, Any]]:
+    """torch_profile.json (the runner's profiled step) -> wall, device busy share and GPU time per family."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        data = json.load(f)
+    by_family: Dict[str, float] = {}
+    for event in data['events']:
+        if not event['kernel'] or event['device_us'] <= 0:
+            continue
+        low = event['name'].lower()
+        family = next((fam for fam, keys in KERNEL_FAMILIES if any(k in low for k in keys)), 'other')
+        by_family[family] = by_family.get(family, 0.0) + event['device_us']
+    total = sum(by_family.values()) or 1.0
+    return {'step': data['step'], 'wall_s': data['wall_s'], 'device_kernel_s': data['device_kernel_s'],
+            'device_busy_fraction': data['device_busy_fraction'],
+            'gpu_time_by_family': {k: {'s': round(v / 1e6, 3), 'fraction': round(v / total, 4)}
+                                   for k, v in sorted(by_family.items(), key=lambda kv: -kv[1])},
+            'top_kernels': [{'name': e['name'][:100], 'ms': round(e['device_us'] / 1e3, 2), 'calls': e['calls']}
+                            for e in data['events'] if e['kernel']][:15]}
 
 
 def run_swift(name: str, args, b, inputs, work: str, tuner_backend: str, targets, parameters) -> Dict[str, Any]:
@@ -208,6 +269,8 @@ def summarize_runner(name: str, out: str, args, command: str, wall: float) -> Di
     """The runner's train_log.jsonl (CUDA-synchronised step times, tokens, data wait, peaks) -> the same keys as
     throughput.summarize_variant."""
     steps = tp.read_jsonl(os.path.join(out, 'train_log.jsonl'))
+    if args.profile_step:  # the profiled step runs slower: it and the ones after it are not measured
+        steps = [r for r in steps if r['step'] < args.profile_step]
     if len(steps) <= args.warmup_steps:
         raise SystemExit(f'{name}: only {len(steps)} steps logged (warm-up {args.warmup_steps}); see its train.log')
     first, last = steps[args.warmup_steps - 1] if args.warmup_steps else None, steps[-1]
@@ -343,6 +406,9 @@ def main(argv=None) -> int:
     parser.add_argument('--fla-path', default=os.environ.get('SWIFT_VORA_FLA_PATH', ''),
                         help='PYTHONPATH entry holding flash-linear-attention (added by *_fla variants)')
     parser.add_argument('--deadline', type=float, default=None, help='seconds: skip variants that would start later')
+    parser.add_argument('--profile-step', type=int, default=None,
+                        help='swift-vora variants: torch.profiler over that optimizer step (take it past --steps '
+                             'measured ones: the run gets one more step)')
     parser.add_argument('--spy-after', type=float, default=None,
                         help='seconds: py-spy stack dump of a swift-vora variant still running then (diagnosis)')
     args = parser.parse_args(argv)
@@ -391,9 +457,15 @@ def main(argv=None) -> int:
             if name in ('vora_unsloth', 'vora_unsloth_fla'):
                 result = run_vora(name, args, b, inputs, work, flagship=args.flagship and name == 'vora_unsloth',
                                   fla=name == 'vora_unsloth_fla')
-            elif name == 'vora_unsloth_nocompile':  # Unsloth's regional compile of the decoder blocks off
+            elif name == 'vora_unsloth_nocompile':  # = vora_unsloth since the runner turns the block compile off
                 result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
                                   extra_env={'UNSLOTH_BLOCK_COMPILE': '0'})
+            elif name == 'vora_unsloth_compile':  # Unsloth's own default: each decoder block compiled
+                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
+                                  extra_env={'UNSLOTH_BLOCK_COMPILE': '1'})
+            elif name == 'vora_unsloth_torchgdn':  # the Gated DeltaNet kernel plain swift runs: the PyTorch reference
+                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
+                                  extra_env={'UNSLOTH_DISABLE_VENDORED_FLA': '1'})
             elif name == 'swift_peft':
                 result = run_swift(name, args, b, inputs, work, 'peft', TARGET_MODULES, TARGET_PARAMETERS)
             elif name == 'swift_peft_attn':
@@ -439,6 +511,17 @@ def headline(payload: Dict[str, Any], config: Dict[str, Any], counts: Dict[str, 
         payload['speedup'] = round(ours['tokens_per_s'] / base['tokens_per_s'], 3)
         if ours.get('peak_reserved_gib') and base.get('peak_reserved_gib'):
             payload['memory_ratio'] = round(ours['peak_reserved_gib'] / base['peak_reserved_gib'], 3)
+    # Like with like: ours on transformers' PyTorch Gated DeltaNet, the kernel plain swift runs here (fla 0.6
+    # refuses its backward on Hopper with this Triton; unsloth_zoo's vendored fla steps the bad tile down).
+    clean = variants.get('vora_unsloth_torchgdn') or {}
+    if clean.get('tokens_per_s') and payload['baseline_variant']:
+        payload['speedup_clean'] = round(clean['tokens_per_s'] / plain[payload['baseline_variant']]['tokens_per_s'], 3)
+    payload['side_by_side'] = bool(ours.get('tokens_per_s') and payload['baseline_variant'])
+    # The frozen bf16 weights both paths hold: the lowest memory ratio any bf16 LoRA could reach
+    if payload['baseline_variant'] and plain[payload['baseline_variant']].get('peak_reserved_gib'):
+        weights = counts['total'] * 2 / 2**30
+        payload['weights_gib'] = round(weights, 2)
+        payload['memory_ratio_floor'] = round(weights / plain[payload['baseline_variant']]['peak_reserved_gib'], 3)
     # The planner's torch-reserved prediction against torch's measured reserved peak (docs/memory-model.md's
     # convention: its headline gpu_peak_gib adds the ~0.75 GiB CUDA context torch does not count).
     planned = ours.get('planned') or {}

@@ -236,7 +236,7 @@ def test_moe_benchmark_smoke_runs_both_paths_and_the_flagship_checks(tmp_path):
     """CPU: the tiny Qwen3.5-MoE through the runner (PEFT stand-in, every guard, merge + expert check) and plain
     `swift sft` with --target_parameters; the results JSON carries the keys the issue names."""
     cmd = [sys.executable, os.path.join(REPO, 'benchmarks', 'moe_throughput.py'), '--smoke', '--work', str(tmp_path),
-           '--variants', 'vora_unsloth,swift_peft', '--flagship', '--out', str(tmp_path / 'out')]
+           '--variants', 'vora_unsloth,swift_peft', '--flagship', '--profile-step', '3', '--out', str(tmp_path / 'out')]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (path,) = [p for p in (tmp_path / 'out').iterdir() if p.name.startswith('moe-h200-')]
@@ -249,6 +249,9 @@ def test_moe_benchmark_smoke_runs_both_paths_and_the_flagship_checks(tmp_path):
     for v in (ours, base):
         assert v['samples_per_s'] > 0 and v['tokens_per_s'] > 0 and v['flops_per_sample'] > 0 and v['mfu'] >= 0
     assert abs(ours['tokens_per_sample'] - base['tokens_per_sample']) <= 0.1 * base['tokens_per_sample']
+    # --profile-step 3: one step past the 2 measured ones, under torch.profiler, and not in the figures
+    assert ours['profile']['step'] == 3 and ours['profile']['wall_s'] > 0 and ours['steps'] == 2
+    assert data['side_by_side'] is True and 'memory_ratio_floor' not in data  # the floor needs GPU peaks
     flagship = ours['flagship']
     assert flagship['verify_adapter']['ok'] and flagship['merge_exit_code'] == 0 and flagship['merge_check']['ok']
     assert flagship['lora_update']['expert_updated'] == flagship['lora_update']['expert_tensors'] > 0
@@ -277,3 +280,51 @@ def test_fla_kernel_on_hopper_with_an_affected_triton_is_reported(monkeypatch):
     assert linear_attention_risk('transformers torch_chunk_gated_delta_rule (PyTorch reference)') is None
     monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda *a: (8, 0))  # A100: not affected
     assert linear_attention_risk(kernel) is None
+
+
+def test_fla_with_unsloths_hopper_tile_step_down_is_not_reported(monkeypatch):
+    """unsloth_zoo's vendored fla (and an installed fla it patched) avoids #640's BK=64 tile: no false alarm."""
+    import types
+
+    import torch
+
+    from swift_vora.backends.unsloth_runner import fla_hopper_workaround, linear_attention_risk
+    kernel = 'fla.ops.gated_delta_rule.chunk.chunk_gated_delta_rule'
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda *a: (9, 0))
+    monkeypatch.setitem(sys.modules, 'triton', types.SimpleNamespace(__version__='3.6.0'))
+    plain = types.SimpleNamespace(chunk_bwd_dqkwg=lambda *a: None)
+    monkeypatch.setitem(sys.modules, 'fla.ops.common.chunk_o', plain)
+    assert fla_hopper_workaround() is None and linear_attention_risk(kernel)  # upstream fla < 0.6: reported
+    vendored = types.SimpleNamespace(_is_hopper_tensor=lambda k: True, chunk_bwd_dqkwg=lambda *a: None)
+    monkeypatch.setitem(sys.modules, 'fla.ops.common.chunk_o', vendored)
+    assert 'vendored' in fla_hopper_workaround() and linear_attention_risk(kernel) is None
+
+    def patched(*a):
+        return None
+    patched._unsloth_hopper_dqkwg_patched = True
+    monkeypatch.setitem(sys.modules, 'fla.ops.common.chunk_o', types.SimpleNamespace(chunk_bwd_dqkwg=patched))
+    assert 'patched' in fla_hopper_workaround() and linear_attention_risk(kernel) is None
+
+
+def test_step_profiler_profiles_only_the_asked_step(tmp_path, monkeypatch):
+    """SWIFT_VORA_PROFILE_STEP=2: step 2's ops (and only its) land in torch_profile.txt / .json."""
+    import torch
+
+    from swift_vora.backends.step_profile import StepProfiler
+    monkeypatch.setenv('SWIFT_VORA_PROFILE_STEP', '2')
+    profiler = StepProfiler(str(tmp_path))
+    x = torch.randn(64, 64)
+    for n in (1, 2, 3):
+        with profiler.step(n):
+            (x @ x if n == 2 else x + x).sum()
+        if n == 1:
+            assert profiler.written is None and not (tmp_path / 'torch_profile.json').exists()
+    data = json.loads((tmp_path / 'torch_profile.json').read_text())
+    assert data['step'] == 2 and data['wall_s'] > 0
+    names = [e['name'] for e in data['events']]
+    assert 'aten::mm' in names and 'aten::add' not in names  # step 3's add was not recorded
+    assert (tmp_path / 'torch_profile.txt').read_text().startswith('optimizer step 2:')
+    monkeypatch.setenv('SWIFT_VORA_PROFILE_STEP', 'two')
+    with pytest.raises(ValueError, match='SWIFT_VORA_PROFILE_STEP'):
+        StepProfiler(str(tmp_path))

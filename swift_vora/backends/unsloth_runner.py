@@ -162,6 +162,7 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
 
     from .prefetch import EncodePrefetcher, SampleOrder
     from .runner_guards import RunnerGuards
+    from .step_profile import StepProfiler
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
@@ -178,6 +179,8 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     if risk:
         info['linear_attention_warning'] = risk
         log(f'WARNING: {risk}')
+    elif fla_hopper_workaround():
+        info['linear_attention_workaround'] = fla_hopper_workaround()
     log(f'model loaded ({cfg.loader}): {counts["lora_tensors"]} LoRA tensors, {counts["expert_lora_tensors"]} on '
         f'experts, {counts["trainable_params"]:,} trainable parameters; router frozen; moe backend: '
         f'{info.get("moe_backend")}; Gated DeltaNet kernel: {info["linear_attention_kernel"]}')
@@ -205,32 +208,34 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                                 first=_next_batch(rows, order, template, cfg))  # lazy set-up on this thread
     model.train()
     sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
+    profiler = StepProfiler(cfg.output_dir)
     start = time.time()
     step, samples, tokens, rejected, last, ckpt = 0, 0, 0, 0, {}, None
     try:
         while step < total:
-            loss_sum = 0.0
-            for micro in range(cfg.grad_accum):
-                guards.enter('batch_wait', step, micro)
-                batch = prefetch.next()
-                rejected += batch.rejected
-                guards.on_batch(batch.supervised_per_sample, step, batch.names)
-                inputs = {k: v.to(device) if hasattr(v, 'to') else v for k, v in batch.inputs.items() if k in keys}
-                guards.enter('forward', step, micro)
-                loss = model(**inputs).loss / cfg.grad_accum
-                guards.enter('backward', step, micro)
-                loss.backward()
-                loss_sum += float(loss.detach())
-                samples += batch.samples
-                tokens += batch.tokens
-            guards.enter('optimizer_step', step)
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            sync()  # step times are GPU times, not launch times
+            with profiler.step(step + 1):  # SWIFT_VORA_PROFILE_STEP=N: torch.profiler over step N
+                loss_sum = 0.0
+                for micro in range(cfg.grad_accum):
+                    guards.enter('batch_wait', step, micro)
+                    batch = prefetch.next()
+                    rejected += batch.rejected
+                    guards.on_batch(batch.supervised_per_sample, step, batch.names)
+                    inputs = {k: v.to(device) if hasattr(v, 'to') else v for k, v in batch.inputs.items() if k in keys}
+                    guards.enter('forward', step, micro)
+                    loss = model(**inputs).loss / cfg.grad_accum
+                    guards.enter('backward', step, micro)
+                    loss.backward()
+                    loss_sum += float(loss.detach())
+                    samples += batch.samples
+                    tokens += batch.tokens
+                guards.enter('optimizer_step', step)
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                lr = scheduler.get_last_lr()[0]
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                sync()  # step times are GPU times, not launch times
             if not math.isfinite(loss_sum):
                 raise FloatingPointError(f'step {step}: loss is {loss_sum} (not finite)')
             if 'lora_update' in guards_on:
@@ -251,6 +256,7 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     finally:
         prefetch.close()
     info['supervision'] = guards.finish()
+    info['profile'] = profiler.written
     info.update(_peak_memory(torch))
     if 'max_memory_reserved_gib' in info:
         log(f'peak GPU memory (measured): {info["max_memory_allocated_gib"]} GiB allocated, '
@@ -290,8 +296,10 @@ def linear_attention_kernel() -> Optional[str]:
 
 
 def linear_attention_risk(kernel: Optional[str]) -> Optional[str]:
-    """flash-linear-attention's gated chunk backward is wrong on Hopper with Triton >= 3.4, < 3.7.1 (fla issue #640;
-    fla 0.6 refuses it there, the fla 0.5.1 that unsloth_zoo vendors does not): say so when that is the case."""
+    """flash-linear-attention's gated chunk backward is wrong on Hopper with Triton >= 3.4, < 3.7.1 (fla issue #640,
+    a miscompile of its BK=64 tile; fla 0.6 refuses to run there): say so when the bound fla has no workaround. The
+    fla 0.5.1 that unsloth_zoo vendors steps that tile down to BK=32 on Hopper (and unsloth_zoo patches an installed
+    fla the same way), so with Unsloth imported this is normally None."""
     if not kernel or not kernel.startswith('fla.'):
         return None
     import torch
@@ -302,11 +310,25 @@ def linear_attention_risk(kernel: Optional[str]) -> Optional[str]:
         version = tuple(int(p) for p in triton.__version__.split('+')[0].split('.')[:3])
     except (ImportError, ValueError):
         return None
-    if (3, 4, 0) <= version < (3, 7, 1):
+    if (3, 4, 0) <= version < (3, 7, 1) and not fla_hopper_workaround():
         return (f'Gated DeltaNet runs flash-linear-attention\'s Triton kernel with Triton {triton.__version__} on a '
                 'Hopper GPU: upstream reports incorrect gradients from its gated chunk backward there (fla issue '
                 '#640; fla >= 0.6 refuses it). Use Triton >= 3.7.1, or make `fla` unimportable to train with '
                 'transformers\' PyTorch reference.')
+    return None
+
+
+def fla_hopper_workaround() -> Optional[str]:
+    """How the bound flash-linear-attention avoids fla #640's BK=64 tile on Hopper, or None if it does not:
+    unsloth_zoo's vendored copy probes each tensor's device in `fla.ops.common.chunk_o` (`_is_hopper_tensor`) and
+    steps the tile down; an installed fla that unsloth_zoo patched carries its marker on `chunk_bwd_dqkwg`."""
+    module = sys.modules.get('fla.ops.common.chunk_o')
+    if module is None:
+        return None
+    if callable(getattr(module, '_is_hopper_tensor', None)):
+        return 'unsloth_zoo vendored fla: BK=64 stepped down to 32 on Hopper'
+    if getattr(getattr(module, 'chunk_bwd_dqkwg', None), '_unsloth_hopper_dqkwg_patched', False):
+        return 'installed fla patched by unsloth_zoo: BK=64 stepped down on Hopper'
     return None
 
 

@@ -1,0 +1,87 @@
+"""One optimizer step under torch.profiler, for the runners that own their training loop (the Unsloth runner).
+
+`SWIFT_VORA_PROFILE_STEP=N` profiles step N (1-based; all its micro-batches and the optimizer step) and writes,
+next to the run's other files:
+- `torch_profile.txt`: torch's own table of the ops, sorted by device time (what a user reads first);
+- `torch_profile.json`: the step's wall seconds, the device time summed over kernels, and the top 200 events
+  (name, device time in us, calls, whether it is a device kernel) -- the raw numbers a benchmark groups by family.
+Profiling slows the profiled step: take a step outside the measured ones.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+from swift_vora import switches
+
+TOP_EVENTS = 200
+
+
+class StepProfiler:
+    """`with profiler.step(n):` around optimizer step n (1-based); a no-op for every other step."""
+
+    def __init__(self, out_dir: str, step: Optional[int] = None):
+        self.out_dir = out_dir
+        self.target = switches.read('SWIFT_VORA_PROFILE_STEP') if step is None else step
+        self.written: Optional[str] = None
+
+    def step(self, n: int) -> '_StepContext':
+        return _StepContext(self, n if self.target and n == self.target else None)
+
+
+class _StepContext:
+    def __init__(self, owner: StepProfiler, n: Optional[int]):
+        self.owner, self.n, self.prof, self.t0 = owner, n, None, 0.0
+
+    def __enter__(self):
+        if self.n is None:
+            return self
+        import torch
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+            torch.cuda.synchronize()
+        self.prof = torch.profiler.profile(activities=activities)
+        self.prof.__enter__()
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.prof is None:
+            return False
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - self.t0
+        self.prof.__exit__(exc_type, exc, tb)
+        if exc_type is None:
+            self.owner.written = write_profile(self.prof, self.owner.out_dir, self.n, wall)
+        return False
+
+
+def write_profile(prof, out_dir: str, step: int, wall_s: float) -> str:
+    """torch_profile.txt + torch_profile.json (module docstring); returns the JSON's path."""
+    events = prof.key_averages()
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, 'torch_profile.txt'), 'w', encoding='utf-8') as f:
+        f.write(f'optimizer step {step}: {wall_s:.3f} s wall\n')
+        f.write(events.table(sort_by='self_device_time_total', row_limit=60))
+    rows: List[Dict[str, Any]] = []
+    kernel_us = 0.0
+    for e in events:
+        device_us = float(getattr(e, 'self_device_time_total', 0.0) or 0.0)
+        is_kernel = getattr(e, 'device_type', None) is not None and 'CUDA' in str(e.device_type)
+        if is_kernel:
+            kernel_us += device_us
+        rows.append({'name': e.key[:160], 'device_us': round(device_us, 1), 'calls': int(e.count),
+                     'kernel': is_kernel, 'cpu_us': round(float(getattr(e, 'self_cpu_time_total', 0.0) or 0.0), 1)})
+    rows.sort(key=lambda r: (-r['device_us'], -r['cpu_us']))
+    summary = {'step': step, 'wall_s': round(wall_s, 4), 'device_kernel_s': round(kernel_us / 1e6, 4),
+               'device_busy_fraction': round(kernel_us / 1e6 / wall_s, 4) if wall_s > 0 else None,
+               'events': rows[:TOP_EVENTS]}
+    path = os.path.join(out_dir, 'torch_profile.json')
+    with open(path, 'w', encoding='utf-8') as f:
+        json.dump(summary, f, indent=1)
+    return path
