@@ -136,9 +136,11 @@ def write_run(tmp_path, losses, router_delta=0.0, expert_delta=0.1, attention_de
     os.makedirs(tmp_path / 'run/v0/checkpoint-8', exist_ok=True)
     with open(tmp_path / 'run/v0/logging.jsonl', 'w') as f:
         for i, loss in enumerate(losses, 1):
+            # Megatron-SWIFT's running mean: a 20 s first step, then 0.5 s per step
             f.write(json.dumps({'loss': loss, 'iteration': f'{i}/8', 'memory(GiB)': 10.0 + i,
-                                'train_speed(s/it)': 0.5}) + '\n')
-    (tmp_path / 'plan.json').write_text(json.dumps({'plan': {'backend': 'megatron_ep_lora', 'gpu_peak_gib': 9.8}}))
+                                'train_speed(s/it)': (20.0 + 0.5 * (i - 1)) / i}) + '\n')
+    (tmp_path / 'plan.json').write_text(json.dumps({'plan': {'backend': 'megatron_ep_lora', 'gpu_peak_gib': 9.8,
+                                                             'phases': {'steady': {'gpu_reserved_gib': 8.0}}}}))
     with open(tmp_path / 'encode.jsonl', 'w') as f:
         for _ in range(3):
             f.write(json.dumps({'mode': 'train', 'total_tokens': 1000}) + '\n')
@@ -164,7 +166,9 @@ def test_report_of_a_good_run(tmp_path):
         assert key in result
     assert result['steps'] == 6 and result['router_trainable'] is False and result['expert_lora_tensors'] == 1
     assert result['peak_reserved_gib'] == 16.0 and result['planned_peak_gib'] == 9.8
-    assert result['tokens_per_s'] == 4000.0  # 1000 tokens x global batch 2 / 0.5 s per step
+    # steps after the first two: 1000 tokens x global batch 2 / 0.5 s per step (the 20 s first step left out)
+    assert result['seconds_per_step'] == 0.5 and result['tokens_per_s'] == 4000.0
+    assert result['planned_reserved_gib'] == 8.0 and result['plan_error'] == 1.0  # 16 GiB reserved measured
 
 
 @pytest.mark.parametrize('case, expected', [

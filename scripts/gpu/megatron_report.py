@@ -125,6 +125,25 @@ def merged_loads(merged_dir: str) -> Optional[str]:
         return f'{type(e).__name__}: {e}'
 
 
+def steady_seconds_per_step(run_dir: str, warmup: int = 2) -> Optional[float]:
+    """Seconds per optimizer step after `warmup` steps. Megatron-SWIFT logs `train_speed(s/it)` as the running
+    mean since the first step (elapsed / iterations), so step k ends at k x mean_k; the first steps carry the
+    kernel set-up and must not count."""
+    ends = {}
+    with open(os.path.join(run_dir, 'logging.jsonl')) as f:
+        for line in f:
+            record = json.loads(line) if line.strip() else {}
+            speed, iteration = record.get('train_speed(s/it)'), str(record.get('iteration', ''))
+            if isinstance(speed, (int, float)) and '/' in iteration:
+                k = int(iteration.split('/')[0])
+                ends[k] = k * float(speed)
+    if len(ends) < 2:
+        return None
+    last = max(ends)
+    first = max((k for k in ends if k <= warmup and k < last), default=min(ends))
+    return (ends[last] - ends[first]) / (last - first) if last > first else None
+
+
 def tokens_per_second(encode_log: str, global_batch: int, seconds_per_step: Optional[float]) -> Optional[float]:
     if not seconds_per_step or not os.path.isfile(encode_log):
         return None
@@ -185,7 +204,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     with open(a.plan) as f:
         plan = json.load(f)['plan']
     memory = read_log_field(run_dir, 'memory(GiB)')
-    speed = read_log_field(run_dir, 'train_speed(s/it)')
+    step_s = steady_seconds_per_step(run_dir)
+    steady = (plan.get('phases') or {}).get('steady') or {}
+    peak = max(memory) if memory else None
     result = {
         'backend': plan['backend'], 'gpus': a.gpus, 'ep': a.ep, 'tp': a.tp, 'steps': len(losses), 'losses': losses,
         # LoRA tensors on experts: counted in the adapter when saved in HF format, else the expert weights LoRA
@@ -194,8 +215,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         'expert_lora_source': 'adapter' if adapter['experts'] else 'merged-vs-base',
         'router_trainable': bool(weights['changed']['router'] or adapter['router']),
         'merged_loads': None if a.skip_load else load_error is None,
-        'peak_reserved_gib': max(memory) if memory else None, 'planned_peak_gib': plan['gpu_peak_gib'],
-        'tokens_per_s': tokens_per_second(a.encode_log, a.global_batch, speed[-1] if speed else None),
+        # memory(GiB) is torch.cuda.max_memory_reserved: compared with the plan's reserved figure (its headline
+        # gpu_peak_gib adds the CUDA context torch does not count)
+        'peak_reserved_gib': peak, 'planned_peak_gib': plan['gpu_peak_gib'],
+        'planned_reserved_gib': steady.get('gpu_reserved_gib'),
+        'plan_error': round(peak / steady['gpu_reserved_gib'] - 1, 3) if peak and steady.get('gpu_reserved_gib')
+        else None,
+        'seconds_per_step': round(step_s, 4) if step_s else None,
+        'tokens_per_s': tokens_per_second(a.encode_log, a.global_batch, step_s),
         'weights_changed': weights['changed'], 'weights_total': weights['totals'], 'adapter_lora': adapter,
         'failures': failures,
     }

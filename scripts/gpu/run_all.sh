@@ -30,12 +30,14 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${OUT:-/tmp/swift_vora_out}"
 LOGS=/tmp/swift_vora_logs
 
-# Unsloth (+ unsloth_zoo, bitsandbytes) next to the ms-swift set in /tmp/site, flash-linear-attention in a folder of
-# its own (/tmp/site-fla) so that a variant can run without it (moe_throughput.py's *_nofla).
+# Unsloth (+ unsloth_zoo, bitsandbytes) in a folder of their own behind the ms-swift set (/tmp/site-moe: an
+# `--upgrade --target /tmp/site` install replaces /tmp/site/bin and with it the `swift`, `megatron` and `py-spy`
+# commands), flash-linear-attention in another (/tmp/site-fla) so that a variant can run without it (*_fla).
 install_moe_wheels() {
   ls .whl/moe/unsloth-*.whl >/dev/null 2>&1 || { echo "moe: no .whl/moe (bash scripts/gpu/fetch_wheels.sh moe)"; return 2; }
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-moe \
     .whl/moe/unsloth-*.whl .whl/moe/unsloth_zoo-*.whl .whl/moe/bitsandbytes-*.whl || return 1
+  case ":$PYTHONPATH:" in *":/tmp/site-moe:"*) ;; *) export PYTHONPATH="$PYTHONPATH:/tmp/site-moe";; esac
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-fla \
     .whl/moe/fla_core-*.whl .whl/moe/flash_linear_attention-*.whl || return 1
   # Not on PYTHONPATH by default: fla 0.6 refuses the Gated DeltaNet backward on Hopper with Triton < 3.7.1 (wrong
@@ -102,6 +104,8 @@ main() {
         # TE + megatron-core + mcore-bridge + peft 0.20 into /tmp/site-megatron, in front of PYTHONPATH (once)
         # shellcheck source=/dev/null
         source "$ROOT/scripts/gpu/setup_megatron.sh" all || { rc=1; continue; }
+        command -v megatron >/dev/null || { echo "megatron: no \`megatron\` command on PATH (ms-swift's; see setup_env.sh)"
+          rc=1; continue; }
         work=/tmp/$phase
         if [ "$phase" = megatron ]
         then OUT="$LOGS/$phase" bash scripts/gpu/megatron_smoke.sh "$work" "$@" || rc=1

@@ -103,8 +103,12 @@ VISION_MODE_DEFAULT = 'no_grad'
 # ------------------------------------------------------------------------------------------------------------
 # HF path: bf16 logits (2) + fp32 upcast in the loss (4) + fp32 grad of the logits (4) per position x vocab.
 LOGITS_BYTES_HF = 10
-# Megatron vocab-parallel fused cross entropy: bf16 logits + fp32 softmax workspace, split by TP.
-LOGITS_BYTES_MEGATRON = 6
+# Megatron-SWIFT (ms-swift 4.6, megatron-core 0.16.1, TE 2.11) computes every position's logits, split by TP. Its
+# cross entropy alone holds bf16 logits (2) + the fp32 copy it turns into the softmax (4) + the bf16 grad (2); the
+# peak measured on an H200 is twice that: a random Qwen3-VL-MoE whose 2,130-token samples x 151,936 vocab dominate
+# its memory peaked at 6.39 GiB reserved (benchmarks/results/megatron-h200-2026-12-01.json), i.e. ~17 bytes per
+# position x vocab once the rest of the plan is subtracted [fit to that one run; the extra copies were not traced].
+LOGITS_BYTES_MEGATRON = 17
 # Unsloth's fused/chunked cross entropy never materialises full fp32 logits: bytes per position x vocab [fit]
 LOGITS_BYTES_UNSLOTH = 2
 # ms-swift 4.6 with transformers>=5 projects only the positions that carry labels (Seq2SeqTrainer ->
