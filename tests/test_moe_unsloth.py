@@ -328,3 +328,38 @@ def test_step_profiler_profiles_only_the_asked_step(tmp_path, monkeypatch):
     monkeypatch.setenv('SWIFT_VORA_PROFILE_STEP', 'two')
     with pytest.raises(ValueError, match='SWIFT_VORA_PROFILE_STEP'):
         StepProfiler(str(tmp_path))
+
+
+@pytest.mark.parametrize('field', ['flat', 'nested'])
+def test_merge_refuses_an_expert_lora_packed_the_way_peft_misreads(expert_adapter, tmp_path, field):
+    """unsloth_zoo records a grouped_by_expert lora_B packing in adapter_config.json; PEFT would read it as rank_major
+    (same shapes) and merge scrambled experts that its own delta agrees with: refused before any work, naming the
+    file and the field."""
+    import shutil
+
+    from swift_vora.backends.merge import MergeError, merge
+    base, adapter = expert_adapter
+    copy = tmp_path / 'adapter'
+    shutil.copytree(adapter, copy)
+    config = json.loads((copy / 'adapter_config.json').read_text())
+    if field == 'flat':
+        config['lora_B_layout'] = 'grouped_by_expert'
+    else:
+        config['unsloth_fused_expert_lora'] = {'lora_A_layout': 'grouped_by_expert', 'parameters': {
+            'mlp.experts.gate_up_proj': {'lora_B_layout': 'rank_major', 'num_experts': 4},
+            'mlp.experts.down_proj': {'lora_B_layout': 'mixed', 'num_experts': 4}}}
+    (copy / 'adapter_config.json').write_text(json.dumps(config))
+    with pytest.raises(MergeError) as info:
+        merge(str(copy), str(tmp_path / 'merged'), base=base)
+    message = str(info.value)
+    assert str(copy / 'adapter_config.json') in message
+    assert ("lora_B_layout='grouped_by_expert'" if field == 'flat'
+            else "parameters.mlp.experts.down_proj.lora_B_layout='mixed'") in message
+    assert 'gate_up_proj' not in message  # the rank_major entry is fine
+    assert not (tmp_path / 'merged').exists()
+    config.pop('lora_B_layout', None)
+    config['unsloth_fused_expert_lora'] = {'lora_B_layout': 'rank_major', 'parameters': {
+        'mlp.experts.gate_up_proj': {'lora_B_layout': 'rank_major', 'num_experts': 4}}}
+    config['lora_B_layout'] = 'rank_major'  # what the current unsloth_zoo writes: merged and checked as before
+    (copy / 'adapter_config.json').write_text(json.dumps(config))
+    assert merge(str(copy), str(tmp_path / 'merged'), base=base)['expert_check']['ok']

@@ -27,6 +27,37 @@ def has_expert_adapters(adapter_dir: str) -> bool:
         return False
 
 
+# How Unsloth packs a fused expert LoRA's lora_B (written into adapter_config.json by unsloth_zoo, unsloth#6930).
+# PEFT reads every adapter as `rank_major`; an adapter packed `grouped_by_expert` (older Unsloth, or
+# UNSLOTH_MOE_LORA_B_LAYOUT=grouped_by_expert) has the same shapes, so PEFT would merge it into scrambled experts
+# and the comparison below, which asks PEFT for the delta, would agree with the scramble.
+PEFT_LORA_B_LAYOUT = 'rank_major'
+
+
+def foreign_expert_layout(adapter_dir: str) -> Optional[str]:
+    """None if PEFT reads this adapter's fused expert LoRA as it was trained; else why not (file and field)."""
+    path = os.path.join(adapter_dir, 'adapter_config.json')
+    try:
+        with open(path, encoding='utf-8') as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    found = []
+    if config.get('lora_B_layout') not in (None, PEFT_LORA_B_LAYOUT):
+        found.append(f'lora_B_layout={config["lora_B_layout"]!r}')
+    detail = config.get('unsloth_fused_expert_lora') or {}
+    for name, entry in sorted((detail.get('parameters') or {}).items()):
+        layout = entry.get('lora_B_layout') if isinstance(entry, dict) else None
+        if layout not in (None, PEFT_LORA_B_LAYOUT):
+            found.append(f'unsloth_fused_expert_lora.parameters.{name}.lora_B_layout={layout!r}')
+    if not found:
+        return None
+    return (f'{path}: {", ".join(found)}: this adapter packs its expert lora_B differently from PEFT '
+            f'({PEFT_LORA_B_LAYOUT!r}); a PEFT merge or vLLM would scramble the experts. Merge it with Unsloth in a '
+            'process that sets UNSLOTH_MOE_LORA_B_LAYOUT to the same layout (its save_pretrained_merged), or retrain '
+            'with the current unsloth_zoo (rank_major).')
+
+
 def _merged_name(peft_module_name: str) -> str:
     """`base_model.model.model.layers.0.mlp.experts.base_layer` -> `model.layers.0.mlp.experts`."""
     parts = peft_module_name.split('.')

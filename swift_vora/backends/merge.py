@@ -34,7 +34,7 @@ import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
 from .expert_merge_check import REPORT_FILE as EXPERT_REPORT
-from .expert_merge_check import check_expert_merge, has_expert_adapters
+from .expert_merge_check import check_expert_merge, foreign_expert_layout, has_expert_adapters
 from .unsloth import MARKER_FILE
 
 # Architectures vLLM serves, restricted to the families this project trains. Source: vLLM's model registry,
@@ -277,6 +277,10 @@ def merge(adapter_dir: str, out_dir: str, base: Optional[str] = None) -> Dict[st
         raise MergeError(str(e), 2) from None
     source, info = detect_source(adapter_dir)
     base = base or base_model_of(adapter_dir, source, info)
+    # Before any work: an expert packing PEFT misreads would merge (and pass the expert check) scrambled
+    layout_problem = foreign_expert_layout(adapter_dir) if source in ('unsloth', 'peft') else None
+    if layout_problem:
+        raise MergeError(layout_problem)
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f'.{os.path.basename(out_dir)}.partial-', dir=parent)
