@@ -209,6 +209,9 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     model.train()
     sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
     profiler = StepProfiler(cfg.output_dir)
+    if device.type == 'cuda':  # otherwise the first step looks like a hang
+        log('first step: Triton compiles and autotunes its kernels (Gated DeltaNet, grouped GEMMs): minutes on a fresh '
+            'machine, seconds once ~/.triton/cache holds them')
     start = time.time()
     step, samples, tokens, rejected, last, ckpt = 0, 0, 0, 0, {}, None
     try:
