@@ -116,6 +116,10 @@ def _table() -> Tuple[Switch, ...]:
                '(eager) or inside its graph (graph)', choices=('graph', 'eager'), where='speed/compile_layers.py'),
         Switch(PREFIX + 'COMPILE_VISION', 'flag', True, 'with compiled layers, compile the vision blocks too',
                where='speed/compile_layers.py'),
+        Switch(PREFIX + 'SELECTIVE_CHECKPOINT', 'choice', 'off', 'selective checkpointing of the checkpointed, '
+               'uncompiled decoder layers: off | attention (save attention outputs) | matmul (save matmul and '
+               'attention outputs); the pointwise ops are recomputed', choices=('off', 'attention', 'matmul'),
+               aliases=off_aliases, where='speed/selective_checkpoint.py'),
         Switch(PREFIX + 'VIT_ATTENTION', 'choice', 'batched', 'vision attention: batched (one call per layer, no '
                'sync) | transformers', choices=('batched', 'transformers'), where='speed/vit_attention.py'),
         Switch(PREFIX + 'LORA_AUTOCAST_INPUTS', 'flag', True, 'LoRA inputs stay in the autocast dtype',

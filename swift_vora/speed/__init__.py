@@ -48,6 +48,10 @@ LEVERS = (
     Lever('compile_layers', 'SWIFT_VORA_COMPILE',
           'callback at train begin: decoder layers and vision blocks compiled in place (not under DeepSpeed)',
           'CompileDecoderLayers'),
+    # after compile_layers: it leaves the layers that were compiled as they are
+    Lever('selective_checkpoint', 'SWIFT_VORA_SELECTIVE_CHECKPOINT',
+          'callback at train begin: checkpointed decoder layers save matmul / attention outputs, recompute the rest',
+          'SelectiveCheckpoint'),
     Lever('vit_attention', 'SWIFT_VORA_VIT_ATTENTION',
           'patch at plugin import: the Qwen3-VL / Qwen3.5 vision attention forward'),
     Lever('shape_bucket', 'SWIFT_VORA_PAD_MULTIPLE',
