@@ -17,10 +17,27 @@ What runs (each variant is one real `swift sft` process; nothing is timed in-pro
   12 persistent DataLoader workers. The per-sample tokens are asserted equal to the
   baseline's from the two encode logs.
 - `vora_gc` (optional, `--variants baseline,vora,vora_gc`): `vora` with the LLM checkpointed (memory-lean).
-Both runs use the same text (prompt and answer) per clip, so only the path differs. Not used, and why:
-padding-free / packing need flash-attn (no wheel there); `--use_liger_kernel` mainly saves the logits
-memory, which swift 4.6 already avoids (`use_logits_to_keep` is on for Qwen3-VL under transformers 5);
-decoded-frame caching would only pay when clips repeat, and every measured sample here is a distinct clip.
+Both runs use the same text (prompt and answer) per clip, so only the path differs. Further variants (all opt-in
+through `--variants`; each is commented where `variant_specs` defines it):
+- plain swift as a knowledgeable user tunes it: `baseline_strong` (`--vit_gradient_checkpointing false`, the
+  DataLoader workers of the swift-vora variants, persistent, `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`),
+  `baseline_strong_liger` (+ `--use_liger_kernel true`), and at any memory `baseline_strong_liger_nogc` (LLM not
+  checkpointed), `baseline_strong_mb4`, `baseline_strong_liger_mb4` and `baseline_strong_liger_nogc_mb4`
+  (`--per_device_train_batch_size 4`).
+  ms-swift 4.6's other Qwen3-VL speed switches, `--padding_free` and `--packing`, refuse any `--attn_impl` but
+  flash-attention (SftArguments._check_padding_free) and the GPU machine has no flash-attn wheel, so they are not
+  variants.
+- swift-vora's levers: `vora_gc_compile` (regional torch.compile, the default path) and its ablations, at any memory
+  `vora_compile` (LLM not checkpointed), `vora_gc_compile_mb4` / `vora_compile_mb4` (micro-batch 4), and selective
+  activation checkpointing instead of whole-layer checkpointing: `vora_gc_sac` (attention outputs saved) and
+  `vora_gc_sac_matmul` (every matmul output saved), swift_vora/speed/selective_checkpoint.py.
+A `_mb4` variant keeps the samples per optimizer step: its gradient accumulation is divided by 4 (at least 1).
+
+Headline (`headline_rule` in the JSON): the memory budget is `baseline`'s peak reserved memory. `swift_vora_*` and
+`speedup` are the fastest swift-vora variant within it against `baseline`; `baseline_variant` is the fastest plain
+variant within the same budget and `speedup_vs_strongest` ours over it; `any_memory` puts the fastest swift-vora
+variant against the fastest plain variant with memory and micro-batch free on both sides (`ours`, `baseline`,
+`speedup`, ours' `mfu`).
 
 Measurement: a callback (this file doubles as a swift plugin: `--custom_register_path benchmarks/throughput.py
 --callbacks vora_bench`) logs a CUDA-synchronised timestamp at every optimizer step, the number of samples
@@ -58,6 +75,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MICRO_BATCH = 4  # the *_mb4 variants' --per_device_train_batch_size
 PEAK_BF16_FLOPS = 790e12  # measured 8192^3 bf16 matmul on the lent H200 (KINDS.md)
 BENCH_DIR_ENV = 'SWIFT_VORA_BENCH_DIR'
 CALLBACK_NAME = 'vora_bench'
@@ -492,9 +510,32 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
                 'dataset': 'annotations', 'flags': ['--gradient_checkpointing', 'true' if gc else 'false', *flags]
                 + vora_flags(workers_vora if workers is None else workers), **keys}
 
+    def plain(gc: bool, *flags: str, env: Optional[Dict[str, str]] = None, **keys) -> Dict[str, Any]:
+        """A plain `swift sft` variant as a knowledgeable user tunes it: the frozen ViT not checkpointed, the
+        DataLoader workers of the swift-vora variants (persistent), the CUDA allocator's expandable segments."""
+        return {'env': {**baseline_env, 'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True', **(env or {})},
+                'plugins': [], 'template': [], 'dataset': 'rows',
+                'flags': ['--gradient_checkpointing', 'true' if gc else 'false', *flags] + vora_flags(workers_vora),
+                **keys}
+
+    liger = ('--use_liger_kernel', 'true')
+    # The same samples per optimizer step at a larger micro-batch: `batch_size` N sets
+    # --per_device_train_batch_size N and divides the gradient accumulation by N (sft_command).
+    mb = MICRO_BATCH
+    # Not a variant, because it cannot run here: ms-swift 4.6's `--padding_free true` and `--packing true` raise in
+    # SftArguments._check_padding_free unless --attn_impl is a flash-attention implementation (flash_attn,
+    # flash_attention_2/3/4), and the GPU machine has no flash-attn wheel for its torch; these runs use sdpa.
     return {
         'baseline': {'env': baseline_env, 'plugins': [], 'template': [], 'dataset': 'rows',
                      'flags': ['--gradient_checkpointing', 'true', '--dataloader_num_workers', str(workers_baseline)]},
+        # Plain swift, tuned (the headline's `baseline_variant` is the fastest of these within the default's memory)
+        'baseline_strong': plain(True),
+        'baseline_strong_liger': plain(True, *liger),
+        # ... at any memory: the LLM not checkpointed, larger micro-batches
+        'baseline_strong_liger_nogc': plain(False, *liger),
+        'baseline_strong_mb4': plain(True, batch_size=mb),  # (also runs where Liger cannot: the CPU smoke)
+        'baseline_strong_liger_mb4': plain(True, *liger, batch_size=mb),
+        'baseline_strong_liger_nogc_mb4': plain(False, *liger, batch_size=mb),
         'vora': vora(False),
         'vora_gc': vora(True),
         # Liger's Triton kernels for Qwen3-VL (RMSNorm, RoPE, fused linear cross entropy) through HF Trainer's
@@ -530,6 +571,17 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         # generated Python; the run-3 py-spy had ~20 % of the host samples in the Python wrappers. Run 8: no gain
         # (3.278 samples/s, the same step times as run 7, 0.2 GiB more reserved).
         'vora_gc_compile_cpp': vora(True, env={**compile_env, 'TORCHINDUCTOR_CPP_WRAPPER': '1'}),
+        # ... at a larger micro-batch (any memory), and without the LLM checkpointed (any memory)
+        'vora_gc_compile_mb4': vora(True, env=compile_env, batch_size=mb),
+        'vora_compile': vora(False, env=compile_env),
+        'vora_compile_mb4': vora(False, env=compile_env, batch_size=mb),
+        # Selective activation checkpointing (swift_vora/speed/selective_checkpoint.py) instead of whole-layer
+        # checkpointing: the attention outputs (or every matmul output too) saved, the pointwise ops recomputed. It
+        # leaves compiled layers alone, so these run the layers eager.
+        'vora_gc_sac': vora(True, env={'SWIFT_VORA_SELECTIVE_CHECKPOINT': 'attention',
+                                       'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}),
+        'vora_gc_sac_matmul': vora(True, env={'SWIFT_VORA_SELECTIVE_CHECKPOINT': 'matmul',
+                                              'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}),
         # ... with half the DataLoader workers (6 still decode ahead of 3.5 samples/s, and compete less with the
         # trainer while they do; run 9: slower, 3.10 against 3.30 samples/s)
         'vora_gc_compile_w6': vora(True, env=compile_env, workers=6),
@@ -575,14 +627,25 @@ def write_datasets(work: str, clips: List[Dict[str, Any]]) -> Dict[str, str]:
     return {'rows': rows_path, 'annotations': ann_path}
 
 
+def micro_steps(grad_accum: int, batch_size: int) -> int:
+    """Gradient accumulation at micro-batch `batch_size` that keeps `grad_accum` samples per optimizer step (at least
+    one micro-batch: a step then holds `batch_size` samples)."""
+    return max(1, grad_accum // batch_size)
+
+
+def samples_per_step(grad_accum: int, batch_size: int) -> int:
+    return micro_steps(grad_accum, batch_size) * batch_size
+
+
 def sft_command(args, spec: Dict[str, Any], inputs: Dict[str, str], out_dir: str, extra_steps: int = 0) -> List[str]:
     plugins = spec['plugins'] + [os.path.relpath(os.path.abspath(__file__), REPO)]
+    batch_size = spec.get('batch_size', 1)
     cmd = swift_cmd() + ['sft', '--custom_register_path', *plugins,
                          '--model', inputs['model'], '--model_type', 'qwen3_vl', *spec['template'],
                          '--dataset', inputs[spec['dataset']],
                          '--tuner_type', 'lora', '--target_modules', 'all-linear',
-                         '--attn_impl', 'sdpa', '--per_device_train_batch_size', '1',
-                         '--gradient_accumulation_steps', str(args.grad_accum),
+                         '--attn_impl', 'sdpa', '--per_device_train_batch_size', str(batch_size),
+                         '--gradient_accumulation_steps', str(micro_steps(args.grad_accum, batch_size)),
                          '--max_steps', str(args.steps + extra_steps),
                          '--learning_rate', '1e-4', '--logging_steps', '1', '--save_strategy', 'no',
                          '--split_dataset_ratio', '0', '--eval_strategy', 'no', '--report_to', 'none',
@@ -621,7 +684,8 @@ def run_variant(name: str, args, spec, inputs, work: str) -> Dict[str, Any]:
         profile = _profile_when_measuring(proc, vdir, args)
     wait_logged(proc, f'swift sft ({name})', log_path)
     wall = time.time() - t0
-    return summarize_variant(name, vdir, args, cmdline(cmd, spec['env']), wall, profile)
+    return summarize_variant(name, vdir, args, cmdline(cmd, spec['env']), wall, profile,
+                             batch_size=spec.get('batch_size', 1))
 
 
 def _profile_when_measuring(proc, vdir, args) -> Optional[Dict[str, Any]]:
@@ -710,7 +774,7 @@ def _frame_key(frame: str) -> str:
     return f'{name} ({short})'
 
 
-def summarize_variant(name, vdir, args, command, wall, profile) -> Dict[str, Any]:
+def summarize_variant(name, vdir, args, command, wall, profile, batch_size: int = 1) -> Dict[str, Any]:
     progress = read_jsonl(os.path.join(vdir, 'progress.jsonl'))
     steps = [r for r in progress if r.get('event') == 'step'][:args.steps]  # not the profiled extra step
     end = next((r for r in progress if r.get('event') == 'end'), {})
@@ -742,7 +806,8 @@ def summarize_variant(name, vdir, args, command, wall, profile) -> Dict[str, Any
         's_per_sample': round(seconds / measured, 4) if measured else None,
         'warmup_steps': args.warmup_steps,
         'steps': len(steps),
-        'grad_accum': args.grad_accum,
+        'batch_size': batch_size,
+        'grad_accum': micro_steps(args.grad_accum, batch_size),
         'data_wait_s_measured': round(last['data_wait_s'] - w_start, 3),
         'data_wait_fraction': round((last['data_wait_s'] - w_start) / seconds, 4) if seconds > 0 else None,
         'peak_allocated_gib': round(end.get('max_allocated_gib', last.get('max_allocated_gib', 0.0)), 2)
@@ -859,7 +924,15 @@ def main(argv=None) -> int:
     # py-spy off unless asked: a sampler inside the timed window can only cost a host-limited step;
     # --torch-profile profiles an extra step outside the window instead.
     args.profile_seconds = args.profile_seconds or 0
-    args.clips = args.clips or (2 if smoke else args.steps * args.grad_accum)
+    specs = variant_specs(smoke, args.workers_baseline, args.workers_vora)
+    variants = [v.strip() for v in args.variants.split(',') if v.strip()]
+    unknown = [v for v in variants if v not in specs]
+    if unknown:
+        raise SystemExit(f'unknown variant(s) {unknown}; known: {sorted(specs)}')
+    # One distinct clip per timed sample of the variant with the most samples per step (a larger micro-batch may
+    # hold more than the gradient accumulation does)
+    per_step = max([samples_per_step(args.grad_accum, specs[v].get('batch_size', 1)) for v in variants] or [1])
+    args.clips = args.clips or args.steps * per_step
     if not smoke and not cuda_available():
         raise SystemExit('no CUDA device: run with --smoke on CPU')
     work = args.work or os.path.join(tempfile.gettempdir(), 'swift_vora_bench_smoke' if smoke else 'swift_vora_bench')
@@ -871,13 +944,8 @@ def main(argv=None) -> int:
     inputs = build_inputs(args, work)
     print(f'inputs ready in {time.time() - t0:.0f} s: model {inputs["build_model_s"]} s, '
           f'clips {inputs["make_clips_s"]} s', flush=True)
-    specs = variant_specs(smoke, args.workers_baseline, args.workers_vora)
-    variants = [v.strip() for v in args.variants.split(',') if v.strip()]
     args.torch_profile = [v.strip() for v in args.torch_profile.split(',') if v.strip()]
     args.sync_debug = [v.strip() for v in args.sync_debug.split(',') if v.strip()]
-    unknown = [v for v in variants if v not in specs]
-    if unknown:
-        raise SystemExit(f'unknown variant(s) {unknown}; known: {sorted(specs)}')
     results: Dict[str, Dict[str, Any]] = {}
     errors: Dict[str, str] = {}
     for name in variants:
@@ -962,43 +1030,78 @@ def main(argv=None) -> int:
     path = write_results(payload, args.results_dir if not smoke else os.path.join(work, 'results'), args.name,
                          out)
     print(json.dumps({k: payload[k] for k in ('gpu', 'baseline_samples_per_s', 'swift_vora_samples_per_s', 'speedup',
-                                               'baseline_peak_gib', 'swift_vora_peak_gib', 'mfu', 'token_checks',
+                                               'baseline_peak_gib', 'swift_vora_peak_gib', 'baseline_variant',
+                                               'speedup_vs_strongest', 'any_memory', 'mfu', 'token_checks',
                                                'total_wall_s')}, indent=1))
     print(f'wrote {path}')
     return 1 if errors else 0
 
 
-HEADLINE_RULE = ('swift_vora_* = the fastest swift-vora variant (vora*, not cal_*) whose peak reserved memory is not '
-                 'above the baseline\'s (the issue\'s "at no more peak memory"); fastest_any_memory = the fastest '
-                 'swift-vora variant whatever its memory')
+HEADLINE_RULE = ('memory budget = the peak reserved memory of `baseline` (plain swift sft as gpu-machine.md runs it); '
+                 'swift_vora_* = the fastest swift-vora variant (vora*, not cal_*) within the budget; speedup = its '
+                 'rate over `baseline`\'s; baseline_variant = the fastest plain-swift variant (baseline*) within the '
+                 'same budget -- every plain variant at no more memory than ours is a candidate, and so is one using '
+                 'more than ours but no more than the default -- and speedup_vs_strongest = ours over it; '
+                 'any_memory = the fastest swift-vora variant against the fastest plain-swift variant, memory '
+                 'and micro-batch free on both sides; fastest_any_memory = the fastest swift-vora variant against '
+                 '`baseline`')
+
+
+def _fastest(variants: Dict[str, Dict[str, Any]], prefix: str, budget_gib: Optional[float] = None) -> Optional[str]:
+    """The name of the fastest measured variant starting with `prefix` whose peak reserved memory is within
+    `budget_gib` (None: any memory; a variant without a measured peak passes only then)."""
+    fits = {n: v for n, v in variants.items() if n.startswith(prefix) and v.get('samples_per_s')
+            and (budget_gib is None or (v.get('peak_reserved_gib') is not None
+                                        and v['peak_reserved_gib'] <= budget_gib))}
+    return max(fits, key=lambda n: fits[n]['samples_per_s']) if fits else None
+
+
+def _ratio(a: Dict[str, Any], b: Dict[str, Any]) -> Optional[float]:
+    return round(a['samples_per_s'] / b['samples_per_s'], 3) if a.get('samples_per_s') and b.get('samples_per_s') \
+        else None
+
+
+def _brief(variants: Dict[str, Dict[str, Any]], name: Optional[str]) -> Optional[Dict[str, Any]]:
+    v = variants.get(name) if name else None
+    return {'variant': name, 'samples_per_s': v['samples_per_s'], 'peak_gib': v.get('peak_reserved_gib'),
+            'batch_size': v.get('batch_size', 1), 'mfu': v.get('mfu')} if v else None
 
 
 def apply_headline(payload: Dict[str, Any]) -> Dict[str, Any]:
-    """Fill the swift_vora_* headline fields of a results payload from its variants (HEADLINE_RULE)."""
+    """Fill the headline fields of a results payload from its variants (HEADLINE_RULE)."""
     variants = payload.get('variants') or {}
     base = variants.get('baseline') or {}
-    ours = {n: v for n, v in variants.items() if n.startswith('vora') and v.get('samples_per_s')}
-    fits = {n: v for n, v in ours.items() if base.get('peak_reserved_gib') is None
-            or (v.get('peak_reserved_gib') or 0) <= base['peak_reserved_gib']}
-    name = max(fits, key=lambda n: fits[n]['samples_per_s']) if fits else None
-    fastest = max(ours, key=lambda n: ours[n]['samples_per_s']) if ours else None
+    budget = base.get('peak_reserved_gib')
+    # Without a measured budget (a CPU smoke, or no `baseline` run) every variant is within it.
+    name = _fastest(variants, 'vora', budget) if budget is not None else _fastest(variants, 'vora')
+    strongest = _fastest(variants, 'baseline', budget) if budget is not None else _fastest(variants, 'baseline')
+    fastest = _fastest(variants, 'vora')
     head = variants.get(name) or {}
+    plain = variants.get(strongest) or {}
+    best_plain = _fastest(variants, 'baseline')
     payload.update({
         'headline_rule': HEADLINE_RULE,
         'baseline_samples_per_s': base.get('samples_per_s'),
         'swift_vora_variant': name,
         'swift_vora_command': head.get('command'),
         'swift_vora_samples_per_s': head.get('samples_per_s'),
-        'speedup': round(head['samples_per_s'] / base['samples_per_s'], 3)
-        if head.get('samples_per_s') and base.get('samples_per_s') else None,
+        'swift_vora_mfu': head.get('mfu'),
+        'speedup': _ratio(head, base),
         'baseline_tokens_per_s': base.get('tokens_per_s'),
         'swift_vora_tokens_per_s': head.get('tokens_per_s'),
         'baseline_peak_gib': base.get('peak_reserved_gib'),
         'swift_vora_peak_gib': head.get('peak_reserved_gib'),
-        'fastest_any_memory': {'variant': fastest, 'samples_per_s': ours[fastest]['samples_per_s'],
-                               'peak_gib': ours[fastest].get('peak_reserved_gib'),
-                               'speedup': round(ours[fastest]['samples_per_s'] / base['samples_per_s'], 3)
-                               if base.get('samples_per_s') else None} if fastest else None,
+        'baseline_variant': strongest,
+        'baseline_variant_command': plain.get('command'),
+        'baseline_variant_samples_per_s': plain.get('samples_per_s'),
+        'baseline_variant_peak_gib': plain.get('peak_reserved_gib'),
+        'speedup_vs_strongest': _ratio(head, plain),
+        'any_memory': {'ours': _brief(variants, fastest), 'baseline': _brief(variants, best_plain),
+                       'speedup': _ratio(variants.get(fastest) or {}, variants.get(best_plain) or {}),
+                       'mfu': (variants.get(fastest) or {}).get('mfu')},
+        'fastest_any_memory': {'variant': fastest, 'samples_per_s': variants[fastest]['samples_per_s'],
+                               'peak_gib': variants[fastest].get('peak_reserved_gib'),
+                               'speedup': _ratio(variants[fastest], base)} if fastest else None,
     })
     return payload
 

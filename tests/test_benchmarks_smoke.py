@@ -74,6 +74,80 @@ def test_flops_formula_matches_the_note():
     assert parts['llm_matmul'] == 4 * 1409286144 * 6106
 
 
+def _variant(rate, peak, mfu=None, batch_size=1):
+    return {'samples_per_s': rate, 'peak_reserved_gib': peak, 'mfu': mfu, 'batch_size': batch_size,
+            'command': f'swift sft ... {rate}'}
+
+
+def test_headline_takes_the_strongest_plain_variant_within_the_default_memory():
+    """The issue's numbers: ours against plain swift tuned by a knowledgeable user, at no more memory than plain
+    swift's default; and the fastest of each side at any memory, larger micro-batches allowed."""
+    from throughput import apply_headline
+    variants = {
+        'baseline': _variant(1.66, 7.17),
+        'baseline_strong': _variant(1.76, 6.79),
+        'baseline_strong_liger': _variant(1.88, 6.66),
+        'baseline_strong_liger_nogc_mb4': _variant(2.60, 30.0, batch_size=4),  # faster, but over the budget
+        'vora_gc_compile': _variant(3.78, 6.18, mfu=0.33),
+        'vora_gc': _variant(2.0, 7.0),
+        'vora_compile_mb4': _variant(5.0, 25.0, mfu=0.44, batch_size=4),
+        'cal_f128': _variant(9.0, 1.0),  # calibration, not a speed variant
+        'vora_gc_sac': {'samples_per_s': None, 'peak_reserved_gib': None},  # failed: no rate
+    }
+    res = apply_headline({'variants': variants})
+    assert res['swift_vora_variant'] == 'vora_gc_compile' and res['swift_vora_mfu'] == 0.33
+    assert res['speedup'] == round(3.78 / 1.66, 3)  # the existing key: against the default command
+    assert res['baseline_variant'] == 'baseline_strong_liger'
+    assert res['baseline_variant_samples_per_s'] == 1.88 and res['baseline_variant_peak_gib'] == 6.66
+    assert res['speedup_vs_strongest'] == round(3.78 / 1.88, 3)
+    any_memory = res['any_memory']
+    assert any_memory['ours']['variant'] == 'vora_compile_mb4' and any_memory['ours']['batch_size'] == 4
+    assert any_memory['baseline']['variant'] == 'baseline_strong_liger_nogc_mb4'
+    assert any_memory['speedup'] == round(5.0 / 2.60, 3) and any_memory['mfu'] == 0.44
+    assert res['fastest_any_memory']['variant'] == 'vora_compile_mb4'
+    for key in ('baseline_samples_per_s', 'swift_vora_samples_per_s', 'baseline_peak_gib', 'swift_vora_peak_gib',
+                'swift_vora_command', 'headline_rule'):
+        assert key in res, key
+
+
+def test_headline_without_a_plain_variant_within_budget_or_without_ours():
+    from throughput import apply_headline
+    # A plain variant above the default's memory is never the headline's baseline; the default itself always fits.
+    res = apply_headline({'variants': {'baseline': _variant(1.66, 7.17), 'baseline_strong': _variant(1.9, 7.5),
+                                       'vora': _variant(3.0, 9.0)}})
+    assert res['baseline_variant'] == 'baseline' and res['swift_vora_variant'] is None
+    assert res['speedup'] is None and res['speedup_vs_strongest'] is None
+    assert res['any_memory']['speedup'] == round(3.0 / 1.9, 3)
+    # A CPU smoke measures no peak: every variant is within the (unknown) budget.
+    res = apply_headline({'variants': {'baseline': _variant(0.5, None), 'baseline_strong_mb4': _variant(0.7, None),
+                                       'vora_gc_sac': _variant(0.6, None)}})
+    assert res['baseline_variant'] == 'baseline_strong_mb4' and res['speedup_vs_strongest'] == round(0.6 / 0.7, 3)
+    res = apply_headline({'variants': {}})
+    assert res['baseline_variant'] is None and res['any_memory'] == {'ours': None, 'baseline': None, 'speedup': None,
+                                                                     'mfu': None}
+
+
+def test_micro_batch_variants_keep_the_samples_per_step():
+    from throughput import MICRO_BATCH, micro_steps, samples_per_step, variant_specs
+    assert micro_steps(4, 4) == 1 and samples_per_step(4, 4) == 4  # the GPU run: 4 samples per step either way
+    assert micro_steps(1, 4) == 1 and samples_per_step(1, 4) == 4  # the smoke: one micro-batch of 4
+    assert micro_steps(8, 1) == 8
+    specs = variant_specs(False, 4, 12)
+    for name, spec in specs.items():
+        assert spec.get('batch_size', 1) == (MICRO_BATCH if name.endswith('_mb4') else 1), name
+    strong = specs['baseline_strong']
+    assert strong['plugins'] == [] and strong['dataset'] == 'rows'  # plain swift: no plugin, no swift-vora data
+    for flag in ('--vit_gradient_checkpointing', '--dataloader_persistent_workers'):
+        assert flag in strong['flags']
+    assert strong['flags'][strong['flags'].index('--dataloader_num_workers') + 1] == '12'
+    assert strong['env']['PYTORCH_CUDA_ALLOC_CONF'] == 'expandable_segments:True'
+    assert '--use_liger_kernel' in specs['baseline_strong_liger']['flags']
+    assert specs['vora_gc_sac']['env']['SWIFT_VORA_SELECTIVE_CHECKPOINT'] == 'attention'
+    assert specs['vora_gc_sac_matmul']['env']['SWIFT_VORA_SELECTIVE_CHECKPOINT'] == 'matmul'
+    assert not any('padding_free' in ' '.join(s['flags']) or 'packing' in ' '.join(s['flags'])
+                   for s in specs.values())  # they need flash-attn (see variant_specs)
+
+
 def test_profile_summary(tmp_path):
     from throughput import summarize_profile
     raw = tmp_path / 'raw.txt'
