@@ -39,6 +39,11 @@ variant within the same budget and `speedup_vs_strongest` ours over it; `any_mem
 variant against the fastest plain variant with memory and micro-batch free on both sides (`ours`, `baseline`,
 `speedup`, ours' `mfu`).
 
+`--parallel N` runs N variants side by side, one GPU each (`CUDA_VISIBLE_DEVICES` per process, `gpu_index` in the
+JSON), in groups of N in the order given: on a machine with N GPUs one device call measures N times as many variants.
+The host (CPU cores for the DataLoader workers, memory bandwidth) is shared between the variants of a group, so a
+ratio compares variants of one invocation, as always.
+
 Measurement: a callback (this file doubles as a swift plugin: `--custom_register_path benchmarks/throughput.py
 --callbacks vora_bench`) logs a CUDA-synchronised timestamp at every optimizer step, the number of samples
 (micro-batches x batch size, gradient accumulation set explicitly), the main process's time blocked in
@@ -659,11 +664,24 @@ def sft_command(args, spec: Dict[str, Any], inputs: Dict[str, str], out_dir: str
 
 
 def run_variant(name: str, args, spec, inputs, work: str) -> Dict[str, Any]:
+    """One variant, start to summary (py-spy inside its timed window with --profile-seconds)."""
+    started = start_variant(name, args, spec, inputs, work)
+    if args.profile_seconds > 0 and shutil.which('py-spy'):
+        started['profile'] = _profile_when_measuring(started['proc'], started['vdir'], args)
+    return finish_variant(started, args)
+
+
+def start_variant(name: str, args, spec, inputs, work: str, gpu: Optional[str] = None, slot: int = 0) -> Dict[str, Any]:
+    """Start the variant's `swift sft` (on the one GPU `gpu` names, if given, as side-by-side slot `slot`) and
+    return what finish_variant needs."""
     vdir = os.path.join(work, name)
     shutil.rmtree(vdir, ignore_errors=True)
     os.makedirs(vdir)
     env_extra = dict(spec['env'])
     env_extra[BENCH_DIR_ENV] = vdir
+    if gpu is not None:  # --parallel: one GPU per variant; a port of its own for a torchrun launch (cal_zero3)
+        env_extra['CUDA_VISIBLE_DEVICES'] = gpu
+        env_extra['MASTER_PORT'] = str(29500 + slot)
     # Diagnostic steps run after the measured ones and are not counted: the profiled step first
     # (global_step == steps when it begins), then the sync-debug step.
     extra = 0
@@ -677,15 +695,23 @@ def run_variant(name: str, args, spec, inputs, work: str) -> Dict[str, Any]:
         env_extra['SWIFT_VORA_ENCODE_LOG'] = os.path.join(vdir, 'vora_encode.jsonl')
     cmd = sft_command(args, spec, inputs, os.path.join(vdir, 'output'), extra_steps=extra)
     log_path = os.path.join(vdir, 'sft.log')
-    t0 = time.time()
     proc = run_logged(cmd, log_path, base_env(env_extra), timeout=args.variant_timeout)
-    profile = None
-    if args.profile_seconds > 0 and shutil.which('py-spy'):
-        profile = _profile_when_measuring(proc, vdir, args)
-    wait_logged(proc, f'swift sft ({name})', log_path)
-    wall = time.time() - t0
-    return summarize_variant(name, vdir, args, cmdline(cmd, spec['env']), wall, profile,
-                             batch_size=spec.get('batch_size', 1))
+    return {'name': name, 'spec': spec, 'vdir': vdir, 'cmd': cmd, 'log_path': log_path, 'proc': proc,
+            't0': time.time(), 'gpu': gpu, 'profile': None}
+
+
+def finish_variant(started: Dict[str, Any], args) -> Dict[str, Any]:
+    """Wait for a started variant (its timeout counted from its start) and summarize it."""
+    proc = started['proc']
+    if proc._timeout is not None:
+        proc._timeout = max(1.0, proc._timeout - (time.time() - started['t0']))
+    wait_logged(proc, f'swift sft ({started["name"]})', started['log_path'])
+    wall = time.time() - started['t0']
+    result = summarize_variant(started['name'], started['vdir'], args, cmdline(started['cmd'], started['spec']['env']),
+                               wall, started['profile'], batch_size=started['spec'].get('batch_size', 1))
+    if started['gpu'] is not None:
+        result['gpu_index'] = started['gpu']
+    return result
 
 
 def _profile_when_measuring(proc, vdir, args) -> Optional[Dict[str, Any]]:
@@ -883,6 +909,22 @@ def flops_per_sample(shape_name: str, tokens: float, video_tokens: float, superv
     return parts
 
 
+def parallel_gpus(parallel: int, smoke: bool) -> List[Optional[str]]:
+    """The device index each of `parallel` side-by-side variants gets ([None]: one variant at a time). Indices are
+    into the GPUs this process sees (CUDA_VISIBLE_DEVICES, if set, is mapped through)."""
+    if parallel < 1:
+        raise SystemExit(f'--parallel {parallel}: at least 1')
+    if parallel == 1:
+        return [None]
+    visible = [d.strip() for d in os.environ.get('CUDA_VISIBLE_DEVICES', '').split(',') if d.strip()]
+    if not smoke:
+        import torch
+        count = torch.cuda.device_count()
+        if count < parallel:
+            raise SystemExit(f'--parallel {parallel}: only {count} GPU(s) visible')
+    return visible[:parallel] if len(visible) >= parallel else [str(i) for i in range(parallel)]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--smoke', action='store_true', help='CPU: tiny model, 2 clips, a few steps, float32')
@@ -907,6 +949,9 @@ def main(argv=None) -> int:
     parser.add_argument('--sync-debug', default='',
                         help='comma list of variants that run one more extra step with torch\'s CUDA sync debug mode '
                              'on: syncs.json counts the synchronising calls made from Python, by call site')
+    parser.add_argument('--parallel', type=int, default=1,
+                        help='run this many variants side by side, one GPU each (a machine with that many GPUs); '
+                             'default 1: one at a time')
     parser.add_argument('--name', default='throughput', help='results file name prefix (default throughput)')
     parser.add_argument('--model-dir', default=None, help='reuse a built model directory')
     parser.add_argument('--variant-timeout', type=float, default=None, help='seconds per swift sft (default none)')
@@ -948,27 +993,36 @@ def main(argv=None) -> int:
     args.sync_debug = [v.strip() for v in args.sync_debug.split(',') if v.strip()]
     results: Dict[str, Dict[str, Any]] = {}
     errors: Dict[str, str] = {}
-    for name in variants:
-        print(f'== {name}', flush=True)
+    gpus = parallel_gpus(args.parallel, smoke)
+    for group in [variants[i:i + len(gpus)] for i in range(0, len(variants), len(gpus))]:
+        print(f'== {", ".join(group)}', flush=True)
         if args.deadline is not None:
             left = args.deadline - (time.time() - t0) - 10
             if left < 60:
-                errors[name] = f'skipped: {left:.0f} s left before the deadline'
-                print(f'{name}: {errors[name]}', file=sys.stderr, flush=True)
+                for name in group:
+                    errors[name] = f'skipped: {left:.0f} s left before the deadline'
+                    print(f'{name}: {errors[name]}', file=sys.stderr, flush=True)
                 continue
             args.variant_timeout = min(args.variant_timeout or left, left)
-        try:
-            results[name] = run_variant(name, args, specs[name], inputs, work)
-        except SystemExit as exc:  # one failed variant must not cost the others' numbers
-            errors[name] = str(exc)
-            print(f'{name}: FAILED: {exc}', file=sys.stderr, flush=True)
-            continue
-        finally:
-            _copy_logs(os.path.join(work, name), out, name)
-        r = results[name]
-        print(f'{name}: {r["samples_per_s"]} samples/s ({r["s_per_sample"]} s/sample), '
-              f'{r["tokens_per_sample"]} tokens/sample, peak reserved {r["peak_reserved_gib"]} GiB, '
-              f'data wait {r["data_wait_fraction"]}, wall {r["wall_s"]} s', flush=True)
+        if len(gpus) == 1:  # one at a time on the default device (py-spy possible)
+            started = {group[0]: None}
+        else:  # side by side, one GPU each: started together, then waited for
+            started = {name: start_variant(name, args, specs[name], inputs, work, gpu=gpu, slot=slot)
+                       for slot, (name, gpu) in enumerate(zip(group, gpus))}
+        for name, handle in started.items():
+            try:
+                results[name] = (run_variant(name, args, specs[name], inputs, work) if handle is None
+                                 else finish_variant(handle, args))
+            except SystemExit as exc:  # one failed variant must not cost the others' numbers
+                errors[name] = str(exc)
+                print(f'{name}: FAILED: {exc}', file=sys.stderr, flush=True)
+                continue
+            finally:
+                _copy_logs(os.path.join(work, name), out, name)
+            r = results[name]
+            print(f'{name}: {r["samples_per_s"]} samples/s ({r["s_per_sample"]} s/sample), '
+                  f'{r["tokens_per_sample"]} tokens/sample, peak reserved {r["peak_reserved_gib"]} GiB, '
+                  f'data wait {r["data_wait_fraction"]}, wall {r["wall_s"]} s', flush=True)
 
     # Same work per sample? (the tokens of both paths, read from the encode logs)
     checks = {}
@@ -1021,6 +1075,7 @@ def main(argv=None) -> int:
                          '(frozen ViT/merger forward only; frozen LLM weights forward + activation-grad backward; '
                          'recomputation not counted)',
         'model_flops_per_sample': flops,
+        'parallel': args.parallel,
         'token_checks': checks,
         'variants': results,
         'errors': errors,

@@ -148,6 +148,17 @@ def test_micro_batch_variants_keep_the_samples_per_step():
                    for s in specs.values())  # they need flash-attn (see variant_specs)
 
 
+def test_parallel_gives_each_side_by_side_variant_its_own_gpu(monkeypatch):
+    from throughput import parallel_gpus
+    monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
+    assert parallel_gpus(1, smoke=True) == [None]  # the default: one at a time, on the default device
+    assert parallel_gpus(2, smoke=True) == ['0', '1']
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '3,5,6')  # mapped through what this process was given
+    assert parallel_gpus(2, smoke=True) == ['3', '5']
+    with pytest.raises(SystemExit, match='--parallel 0'):
+        parallel_gpus(0, smoke=True)
+
+
 def test_profile_summary(tmp_path):
     from throughput import summarize_profile
     raw = tmp_path / 'raw.txt'
