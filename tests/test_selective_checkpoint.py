@@ -60,8 +60,8 @@ def test_same_loss_and_lora_gradients_as_whole_layer_checkpointing(model_dir, re
     assert stats['policy_calls'] == stats['saved'] + stats['recomputed']
     assert losses == ref_losses
     assert set(grads) == set(ref_grads) and len(grads) == 28  # 2 layers x 7 projections x (A, B)
-    for name in grads:
-        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-2, atol=1e-5, msg=name)
+    for name in grads:  # the saved outputs are the forward's tensors, the recompute replays the same ops: bit-equal
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=0, atol=0, msg=name)
 
 
 def test_matmul_policy_saves_more_than_attention_policy(model_dir, reentrant_checkpoint):

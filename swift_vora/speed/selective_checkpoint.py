@@ -23,8 +23,9 @@ are those of whole-layer checkpointing (tests/test_selective_checkpoint.py check
 How it is applied: at train begin, every decoder layer that transformers checkpoints gets a checkpoint function that
 calls torch's own `checkpoint` (not ms-swift's wrapper, which forces `use_reentrant=True` on one process; selective
 checkpointing needs the non-reentrant implementation) with the policy's contexts. Layers compiled by
-`SWIFT_VORA_COMPILE=layers` are left as they are (the policy's dispatch mode would see inductor's extern kernels, not
-the layer's operators); nor is it applied under DeepSpeed, whose ZeRO-3 hooks gather parameters inside the region.
+`SWIFT_VORA_COMPILE=layers` are left as they are: that combination is not tested, and under torch.compile a policy
+belongs inside the compiled graph (where `SWIFT_VORA_COMPILE_CHECKPOINT=graph` puts the checkpoint), not around it.
+Nor is it applied under DeepSpeed, whose ZeRO-3 hooks gather parameters inside the checkpointed region.
 `stats()` counts what the policy decided, so a run's log shows that it was engaged.
 """
 from __future__ import annotations
