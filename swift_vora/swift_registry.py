@@ -9,12 +9,20 @@ swift/trainers/mixin.py): it appends the enabled guards, then the enabled levers
 did not already name. Switches are read when the trainer is built. It applies to ms-swift's SFT-style trainers
 (`swift.trainers`), not to the RLHF or Megatron trainers.
 
+Under `megatron sft` (the plugin is imported by `--custom_register_path` after `swift.megatron`), the guards of
+`guards.registry.MEGATRON_GUARDS` are also registered in Megatron-SWIFT's `megatron_callbacks_map` as `vora_<name>`;
+Megatron-SWIFT has no default-callback hook, so `swift-vora train` names the enabled ones in `--callbacks`
+(swift_vora/backends/megatron.py). Outside such a process nothing of Megatron is imported (it needs megatron-core
+and Transformer Engine).
+
 Before anything is registered, every `SWIFT_VORA_*` variable is checked against the switch table
 (swift_vora/switches.py). Patches at import: the batched vision attention (swift_vora/speed/vit_attention.py;
 SWIFT_VORA_VIT_ATTENTION=transformers to skip it). The template applies the per-sample levers itself
 (swift_vora/speed/encode.py).
 """
 from __future__ import annotations
+
+import sys
 
 _registered = False
 PREFIX = 'vora_'
@@ -23,6 +31,7 @@ PREFIX = 'vora_'
 def register_all() -> None:
     global _registered
     if _registered:
+        register_megatron_callbacks()  # swift.megatron may have been imported since (idempotent)
         return
     from .switches import check_environment
     check_environment()  # a misspelt SWIFT_VORA_* name or a bad value stops here, not silently mid-run
@@ -31,6 +40,7 @@ def register_all() -> None:
     register_video_ora_template()
     register_video_ora_dataset()
     register_callbacks()
+    register_megatron_callbacks()
     from .speed.vit_attention import patch_vision_attention  # one sync and one attention call per ViT layer
     patch_vision_attention()
     _registered = True
@@ -75,3 +85,20 @@ def register_callbacks() -> None:
     _get_callbacks._swift_vora_guards = True
     _get_callbacks.__wrapped__ = original
     SwiftMixin._get_callbacks = _get_callbacks
+
+
+def register_megatron_callbacks() -> bool:
+    """Inside a Megatron-SWIFT process, put the Megatron-capable guards into `megatron_callbacks_map` as
+    `vora_<name>` (idempotent); elsewhere do nothing and import nothing. True when registered."""
+    if 'swift.megatron' not in sys.modules:  # only `megatron sft` / `megatron ...` entry points import it
+        return False
+    from swift.megatron.callbacks import MegatronCallback, megatron_callbacks_map
+
+    from .guards.registry import MEGATRON_GUARDS, megatron_guard_class
+
+    for name in MEGATRON_GUARDS:
+        guard = megatron_guard_class(name)
+        # MegatronCallback second: events ms-swift adds later fall back to its no-ops
+        megatron_callbacks_map.setdefault(PREFIX + name, type(guard.__name__, (guard, MegatronCallback),
+                                                              {'__module__': guard.__module__}))
+    return True

@@ -12,8 +12,11 @@ What the generated command does (ms-swift 4.6.0, swift/megatron/arguments/megatr
 - `--attention_backend fused` (the recipe default): TE's cuDNN fused attention. `flash` needs flash-attn, which has
   no build for torch 2.11; megatron-core then turns TE's fused and unfused backends off (NVTE_FUSED_ATTN=0,
   NVTE_UNFUSED_ATTN=0, language_module.py) and mcore-bridge switches the HF vision tower to flash_attention_2.
-- `--callbacks`: Megatron-SWIFT looks names up in its own `megatron_callbacks_map`, not in swift's
-  `callbacks_map` where swift-vora's guards live (they hook swift's SFT trainers only), so only its names pass.
+- `--callbacks`: Megatron-SWIFT looks names up in its own `megatron_callbacks_map` and has no hook to add default
+  ones, so the enabled guards that run under Megatron (`vora_fingerprint`, `vora_memory`, `vora_lora_update`:
+  guards/registry.py MEGATRON_GUARDS, selected by SWIFT_VORA_GUARDS / SWIFT_VORA_GUARD_<NAME> as seen by the
+  training process) are named there; the plugin registers them in that map inside `megatron sft`. A recipe's
+  `guards.callbacks` may add those and Megatron-SWIFT's own names; the other guards hook swift's SFT trainers only.
 - LoRA is saved merged into HF safetensors at `OUTPUT/checkpoint-N-merged` (`--merge_lora true`, the default
   with `--save_safetensors true`): that directory is what vLLM loads. Do not merge Megatron MoE LoRA with
   `swift export`.
@@ -23,8 +26,10 @@ Megatron's transformer_engine cannot be installed without CUDA.
 """
 from __future__ import annotations
 
+import os
 from typing import Dict, List, Mapping, Optional
 
+from ..guards.registry import GUARDS, MEGATRON_GUARDS, enabled_guards
 from .common import (
     Launch,
     LaunchUsageError,
@@ -40,6 +45,25 @@ from .recipe import Recipe
 
 # swift/megatron/callbacks/mapping.py (ms-swift 4.6.0); a test compares it with the installed mapping.
 MEGATRON_CALLBACKS = ('print', 'default_flow', 'swanlab', 'wandb', 'tensorboard')
+GUARD_PREFIX = 'vora_'  # swift_vora/swift_registry.py PREFIX
+
+
+def megatron_guard_callbacks(environ: Mapping[str, str]) -> List[str]:
+    """`vora_<name>` of the enabled guards that run under Megatron, for the environment of the training process."""
+    try:
+        enabled = enabled_guards(dict(environ))
+    except ValueError as e:
+        raise LaunchUsageError(str(e)) from e
+    return [GUARD_PREFIX + name for name in enabled if name in MEGATRON_GUARDS]
+
+
+def guards_not_run(environ: Mapping[str, str]) -> List[str]:
+    """Enabled guards that hook swift's SFT trainers only and so do not run under `megatron sft`."""
+    try:
+        enabled = enabled_guards(dict(environ))
+    except ValueError as e:
+        raise LaunchUsageError(str(e)) from e
+    return [name for name in enabled if name not in MEGATRON_GUARDS]
 
 
 def _num_experts(model_path: str) -> int:
@@ -67,8 +91,9 @@ def parallel_sizes(view: PlanView, recipe: Recipe) -> Dict[str, int]:
     return {'ep': ep, 'tp': tp, 'pp': pp}
 
 
-def megatron_sft_args(view: PlanView, recipe: Recipe) -> List[str]:
-    """Arguments after `megatron sft` (validated by tests against MegatronSftArguments)."""
+def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> List[str]:
+    """Arguments after `megatron sft` (validated by tests against MegatronSftArguments). `environ`: the
+    environment the training process will see (it selects the guards); none means no SWIFT_VORA_GUARDS set."""
     if recipe['train.dtype'] != 'bfloat16':
         raise LaunchUsageError('megatron_ep_lora trains in bfloat16 (train.dtype=bfloat16)')
     sizes = parallel_sizes(view, recipe)
@@ -107,13 +132,18 @@ def megatron_sft_args(view: PlanView, recipe: Recipe) -> List[str]:
              '--no_save_optim', 'true', '--no_save_rng', 'true', '--save_safetensors', 'true', '--merge_lora',
              bool_arg(recipe['megatron.merge_lora']), '--dataloader_num_workers',
              str(recipe['train.dataloader_workers']), '--seed', str(recipe['train.seed'])]
-    if recipe['guards.callbacks']:
-        unknown = [c for c in recipe['guards.callbacks'] if c not in MEGATRON_CALLBACKS]
-        if unknown:
-            raise LaunchUsageError(f'{recipe.path}: guards.callbacks: {", ".join(unknown)} cannot run under '
-                                   f'megatron sft (Megatron-SWIFT has only {", ".join(MEGATRON_CALLBACKS)}; '
-                                   "swift-vora's guards run with swift sft backends)")
-        argv += ['--callbacks', *recipe['guards.callbacks']]
+    guard_names = [GUARD_PREFIX + name for name in MEGATRON_GUARDS]
+    unknown = [c for c in recipe['guards.callbacks'] if c not in MEGATRON_CALLBACKS and c not in guard_names]
+    if unknown:
+        other = [c for c in unknown if c.startswith(GUARD_PREFIX) and c[len(GUARD_PREFIX):] in GUARDS]
+        raise LaunchUsageError(f'{recipe.path}: guards.callbacks: {", ".join(unknown)} cannot run under megatron sft '
+                               f'(the guards that run there: {", ".join(guard_names)}; Megatron-SWIFT\'s callbacks: '
+                               f'{", ".join(MEGATRON_CALLBACKS)}'
+                               f'{"; the other guards run with the swift sft backends only" if other else ""})')
+    callbacks = megatron_guard_callbacks(environ or {})
+    callbacks += [c for c in recipe['guards.callbacks'] if c not in callbacks]
+    if callbacks:
+        argv += ['--callbacks', *callbacks]
     return argv + recipe['extra_args']
 
 
@@ -122,8 +152,13 @@ def build_megatron_launch(view: PlanView, recipe: Recipe, environ: Optional[Mapp
         raise LaunchUsageError('megatron_ep_lora trains LoRA (train.tuner=lora)')
     env = common_env(recipe, view, environ)
     env['CUDA_DEVICE_MAX_CONNECTIONS'] = '1'  # what swift/cli/_megatron/sft.py sets by default
-    argv = [console_script('megatron'), 'sft', *megatron_sft_args(view, recipe)]
+    child_environ = {**(os.environ if environ is None else environ), **env}  # what Launch.run gives the child
+    argv = [console_script('megatron'), 'sft', *megatron_sft_args(view, recipe, child_environ)]
     notes = ['needs megatron-core, mcore-bridge and transformer_engine on the GPU machine (pip install '
              '"swift-vora[megatron]" transformer_engine[pytorch])',
              f'merged HF weights for vLLM: {recipe["train.output_dir"]}/[vN-.../]checkpoint-N-merged']
+    skipped = guards_not_run(child_environ)
+    if skipped:
+        notes.append(f'guards {", ".join(skipped)} hook swift sft trainers only and do not run under megatron sft '
+                     f'(run there: {", ".join(MEGATRON_GUARDS)})')
     return Launch(argv=argv, env=env, notes=notes)

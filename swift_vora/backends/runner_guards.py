@@ -17,15 +17,11 @@ from typing import Any, Dict, List, Optional
 from .. import switches
 from ..guards.common import GuardError, append_jsonl, logger, write_json
 from ..guards.fingerprint import build_fingerprint
-from ..guards.lora_update import CHECK_STEPS_ENV, AdapterTracker
+from ..guards.lora_update import CHECK_STEPS_ENV, AdapterTracker, update_summary
 from ..guards.memory import EVERY_ENV, FIRST_ENV, is_oom, measure
 from ..guards.supervision import distribution
 from ..guards.verify_adapter import TIMEOUT_ENV as VERIFY_TIMEOUT_ENV
 from ..guards.verify_adapter import verify_and_report
-
-
-def is_expert_tensor(name: str) -> bool:
-    return '.experts.' in name or name.endswith('.experts') or '.experts_' in name
 
 
 class RunnerGuards:
@@ -99,13 +95,10 @@ class RunnerGuards:
         self.lora_checked = True
         changed = self.tracker.changed_since_baseline()
         names = self.tracker.names
-        expert = [i for i, n in enumerate(names) if is_expert_tensor(n)]
-        stuck = [n for n, c in zip(names, changed) if not c]
-        report = {'steps_counted': self.counted_steps, 'step': step, 'tensors': len(names),
-                  'updated': sum(changed), 'expert_tensors': len(expert),
-                  'expert_updated': sum(1 for i in expert if changed[i]), 'not_updated': stuck,
-                  'by_kind': {k: {'updated': u, 'total': t} for k, (u, t) in self.tracker.counts(changed).items()},
+        report = {'steps_counted': self.counted_steps, 'step': step,
+                  **update_summary(names, self.tracker.kinds, changed),
                   'source': 'float64 checksums of every LoRA tensor before training and after the counted steps'}
+        stuck = report['not_updated']
         write_json(os.path.join(self.output_dir, 'lora_update.json'), report)
         logger.info(f'swift-vora lora_update: {report["updated"]} of {report["tensors"]} adapter tensors updated '
                     f'after {self.counted_steps} steps ({report["expert_updated"]} of {report["expert_tensors"]} on '

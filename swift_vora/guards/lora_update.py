@@ -24,7 +24,7 @@ routed to has a legitimately unchanged adapter. The result goes to `lora_update.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from swift.callbacks import TrainerCallback
 
@@ -43,6 +43,24 @@ def adapter_kind(name: str) -> Optional[str]:
     return None
 
 
+def is_expert_tensor(name: str) -> bool:
+    """A MoE expert's adapter (HF `mlp.experts.*`, Megatron's grouped `mlp.experts.linear_fc1.lora_A...`)."""
+    return '.experts.' in name or name.endswith('.experts') or '.experts_' in name
+
+
+def update_summary(names: List[str], kinds: List[str], changed: List[bool]) -> Dict[str, Any]:
+    """The `lora_update.json` counts every backend reports: all adapter tensors, the expert ones apart, by kind,
+    and the names that did not change."""
+    expert = [i for i, n in enumerate(names) if is_expert_tensor(n)]
+    by_kind = {}
+    for kind in ('A', 'B'):
+        idx = [i for i, k in enumerate(kinds) if k == kind]
+        by_kind[kind] = {'updated': sum(1 for i in idx if changed[i]), 'total': len(idx)}
+    return {'tensors': len(names), 'updated': sum(changed), 'expert_tensors': len(expert),
+            'expert_updated': sum(1 for i in expert if changed[i]), 'by_kind': by_kind,
+            'not_updated': [n for n, c in zip(names, changed) if not c]}
+
+
 def local_data(param):
     """What this rank holds of a parameter: its ZeRO-3 partition when partitioned, else the tensor."""
     ds_tensor = getattr(param, 'ds_tensor', None)
@@ -50,13 +68,15 @@ def local_data(param):
 
 
 class AdapterTracker:
-    """Float64 checksums of every LoRA tensor (local partition under ZeRO-3)."""
+    """Float64 checksums of every LoRA tensor (local partition under ZeRO-3), of `model` or of the given
+    (name, parameter) pairs (Megatron's model chunks)."""
 
-    def __init__(self, model):
+    def __init__(self, model=None, named_parameters: Optional[Iterable[Tuple[str, Any]]] = None):
         self.names: List[str] = []
         self.kinds: List[str] = []
         self.params = []
-        for name, param in model.named_parameters():
+        pairs = model.named_parameters() if named_parameters is None else named_parameters
+        for name, param in pairs:
             kind = adapter_kind(name)
             if kind is not None:
                 self.names.append(name)
@@ -90,14 +110,23 @@ class AdapterTracker:
     def snapshot(self) -> None:
         self.baseline = self.checksums()
 
+    def _changed_flags(self):
+        now = self.checksums()
+        return (now != self.baseline).any(dim=1).to(now.dtype)
+
     def changed_since_baseline(self) -> List[bool]:
-        """Per tensor: did any rank's partition change since `snapshot()`? One all-reduce, one host copy."""
+        """Per tensor: did any rank's partition change since `snapshot()`? One all-reduce, one host copy. Every
+        rank must hold the same tensors (data parallel, ZeRO)."""
         if not self.params:
             return []
-        now = self.checksums()
-        flags = (now != self.baseline).any(dim=1).to(now.dtype)
-        flags = all_reduce_max(flags)
-        return [bool(f) for f in flags.cpu().tolist()]
+        return [bool(f) for f in all_reduce_max(self._changed_flags()).cpu().tolist()]
+
+    def changed_here(self) -> List[bool]:
+        """Per tensor: did this rank's copy change since `snapshot()`? No collective (ranks that hold different
+        tensors -- Megatron's pipeline stages and expert ranks -- combine by name instead)."""
+        if not self.params:
+            return []
+        return [bool(f) for f in self._changed_flags().cpu().tolist()]
 
     def counts(self, changed: List[bool]) -> Dict[str, Tuple[int, int]]:
         out = {}

@@ -2,6 +2,8 @@
 
 Each guard is an ms-swift `TrainerCallback`, registered as `vora_<name>` and appended to the trainer's callbacks
 when enabled by the plugin's wiring (swift_vora/swift_registry.py, which also appends the speed levers').
+Under `megatron sft` the guards of `MEGATRON_GUARDS` run as Megatron-SWIFT callbacks (guards/megatron.py),
+registered under the same `vora_<name>` in `megatron_callbacks_map` and named by the launch's `--callbacks`.
 
 Selection, read when the trainer is built:
 - `SWIFT_VORA_GUARDS=all` (default) | `none` | a comma list of names, optionally starting from `all` and
@@ -23,6 +25,13 @@ GUARDS: Dict[str, tuple] = {
     'supervision': ('swift_vora.guards.supervision', 'SupervisionGuard'),
     'lora_update': ('swift_vora.guards.lora_update', 'LoraUpdateGuard'),
     'verify_adapter': ('swift_vora.guards.verify_adapter', 'VerifyAdapterGuard'),
+}
+
+# name -> class in swift_vora.guards.megatron: the guards that also run under `megatron sft`.
+MEGATRON_GUARDS: Dict[str, str] = {
+    'fingerprint': 'MegatronFingerprintGuard',
+    'memory': 'MegatronMemoryGuard',
+    'lora_update': 'MegatronLoraUpdateGuard',
 }
 
 
@@ -61,3 +70,8 @@ def _check(name: str) -> None:
 def guard_class(name: str):
     module, cls = GUARDS[name]
     return getattr(importlib.import_module(module), cls)
+
+
+def megatron_guard_class(name: str):
+    """The Megatron-SWIFT callback of guard `name` (imports torch; megatron itself is not needed)."""
+    return getattr(importlib.import_module('swift_vora.guards.megatron'), MEGATRON_GUARDS[name])

@@ -1,0 +1,278 @@
+"""The guards that run under `megatron sft`: Megatron-SWIFT callbacks around the same checks and report files.
+
+Megatron-SWIFT (swift/megatron/trainers/base.py) builds `megatron_callbacks_map[name](trainer)` for each name in
+`--callbacks` and calls `on_train_begin`, `on_step_begin`, `on_step_end` (after `state.iteration += 1`),
+`on_log`, `on_save` and `on_train_end` without arguments beyond `logs` / `output_dir`. The classes here only read
+`trainer.args.output_dir`, `trainer.state.iteration`, `trainer.unwrapped_models` (the model chunks),
+`trainer.optimizer` and `trainer.opt_param_scheduler`; they do not import megatron, so they are tested on CPU
+with a stand-in trainer. swift_vora/swift_registry.py mixes Megatron-SWIFT's `MegatronCallback` in (for the
+events not handled here) when it registers them inside a `megatron sft` process.
+
+- fingerprint: `fingerprint.json` when the trainer is built (guards/fingerprint.py's record).
+- memory: on CUDA, `memory_phases.rank{R}.jsonl` rows (guards/memory.py's measurement) when the trainer is built,
+  at train begin/end, and at step begin/end of the first `SWIFT_VORA_MEMORY_FIRST` steps and every
+  `SWIFT_VORA_MEMORY_EVERY`. Without CUDA it records nothing.
+- lora_update: float64 checksums of every trainable LoRA tensor of every model chunk at train begin; after
+  `SWIFT_VORA_LORA_CHECK_STEPS` steps that updated (learning rate > 0 -- Megatron's warm-up starts at 0 -- and
+  the scheduler advanced, i.e. the step was not skipped) every one must have changed, or the run stops naming
+  them. Ranks hold different tensors (pipeline stages, expert ranks), so they combine per-tensor flags by name
+  with one object all-gather, the name qualified by the pipeline stage and, for expert tensors, the expert rank;
+  a tensor counts as updated if any rank's copy changed (tensor-parallel shards; with a distributed optimizer
+  each rank updates its own shard first).
+"""
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any, Deque, Dict, List, Optional, Tuple
+
+from .. import switches
+from .common import GuardError, all_gather_objects, append_jsonl, logger, now, rank, world_size, write_json
+from .fingerprint import build_fingerprint
+from .lora_update import CHECK_STEPS_ENV, AdapterTracker, adapter_kind, is_expert_tensor, update_summary
+from .lora_update import NAME as LORA_NAME
+from .memory import EVERY_ENV, FIRST_ENV, measure
+
+
+class MegatronGuard:
+    """What a Megatron-SWIFT callback has (swift/megatron/callbacks/base.py), with no-op events."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.args = trainer.args
+        self.state = trainer.state
+
+    def output_dir(self) -> str:
+        return getattr(self.trainer.args, 'output_dir', None) or '.'
+
+    def iteration(self) -> int:
+        return int(self.trainer.state.iteration)
+
+    def on_train_begin(self):
+        pass
+
+    def on_train_end(self):
+        pass
+
+    def on_step_begin(self):
+        pass
+
+    def on_step_end(self):
+        pass
+
+    def on_log(self, logs):
+        pass
+
+    def on_eval_begin(self):
+        pass
+
+    def on_eval_end(self):
+        pass
+
+    def on_eval_step(self):
+        pass
+
+    def on_save(self, output_dir):
+        pass
+
+
+class MegatronFingerprintGuard(MegatronGuard):
+    """`fingerprint.json` once the trainer is built (Megatron-SWIFT builds the callbacks at the end of __init__)."""
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        args = trainer.args
+        fp = build_fingerprint({'world_size': world_size(), 'output_dir': self.output_dir(),
+                                'trainer': type(trainer).__name__, 'tuner_type': getattr(args, 'tuner_type', None),
+                                'parallel': {key: getattr(args, key, None) for key in (
+                                    'tensor_model_parallel_size', 'pipeline_model_parallel_size',
+                                    'expert_model_parallel_size', 'context_parallel_size')}})
+        git = fp['swift_vora']['git']
+        logger.info(f'swift-vora fingerprint: python {fp["python"]["version"]}; ms-swift {fp["packages"]["ms-swift"]}, '
+                    f'megatron-core {fp["packages"]["megatron-core"]}, transformer-engine '
+                    f'{fp["packages"]["transformer-engine"]}; swift_vora commit {(git.get("commit") or "none")[:12]}'
+                    f'{" DIRTY" if git.get("dirty") else ""}; recipe {fp["recipe"]["path"]}.')
+        if rank() == 0:
+            path = os.path.join(self.output_dir(), 'fingerprint.json')
+            write_json(path, fp)
+            logger.info(f'swift-vora fingerprint: written to {path}')
+
+
+class MegatronMemoryGuard(MegatronGuard):
+    """Allocator counters by phase, on CUDA only (reading them does not synchronise the device)."""
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        import torch
+        self.active = torch.cuda.is_available()
+        self.first = switches.read(FIRST_ENV)
+        self.every = switches.read(EVERY_ENV)
+        self.recording = False
+        self.last: Deque[Dict[str, Any]] = collections.deque(maxlen=8)
+        self.path = os.path.join(self.output_dir(), f'memory_phases.rank{rank()}.jsonl')
+        self.record('model_loaded')
+
+    def record(self, phase: str) -> Optional[Dict[str, Any]]:
+        if not self.active:
+            return None
+        row = {'time': now(), 'rank': rank(), 'phase': phase, 'global_step': self.iteration(), **measure()}
+        self.last.append(row)
+        append_jsonl(self.path, row)
+        return row
+
+    def should_record(self, step: int) -> bool:
+        return step < self.first or (self.every > 0 and step % self.every == 0)
+
+    def on_train_begin(self):
+        self.record('train_begin')
+
+    def on_step_begin(self):
+        self.recording = self.should_record(self.iteration())
+        if self.recording:
+            self.record('step_begin')
+
+    def on_step_end(self):
+        if self.recording:
+            self.record('step_end')
+
+    def on_train_end(self):
+        self.record('train_end')
+
+
+def _parallel_ranks() -> Tuple[int, int, int, int]:
+    """(pipeline rank, pipeline size, expert rank, expert size) from megatron-core, (0, 1, 0, 1) outside it."""
+    try:
+        from megatron.core import parallel_state as mpu
+    except ImportError:
+        return 0, 1, 0, 1
+    if not mpu.model_parallel_is_initialized():
+        return 0, 1, 0, 1
+    return (mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size(),
+            mpu.get_expert_model_parallel_rank(), mpu.get_expert_model_parallel_world_size())
+
+
+def qualified_names(chunks: List[List[str]], ranks: Tuple[int, int, int, int]) -> List[str]:
+    """One global name per tensor: names repeat across pipeline stages, model chunks and expert ranks (each has
+    its own `decoder.layers.0`, `experts...weight0`), so those are prefixed when there is more than one."""
+    pp_rank, pp_size, ep_rank, ep_size = ranks
+    out = []
+    for index, names in enumerate(chunks):
+        for name in names:
+            prefix = f'pp{pp_rank}/' if pp_size > 1 else ''
+            prefix += f'chunk{index}/' if len(chunks) > 1 else ''
+            prefix += f'ep{ep_rank}/' if ep_size > 1 and is_expert_tensor(name) else ''
+            out.append(prefix + name)
+    return out
+
+
+def current_lr(trainer) -> float:
+    """The learning rate of the coming step (Megatron's scheduler set it after the previous update)."""
+    reported = getattr(trainer, '_get_reported_learning_rate', None)
+    if callable(reported):
+        lr = reported()
+        if lr is not None:
+            return float(lr)
+    groups = getattr(getattr(trainer, 'optimizer', None), 'param_groups', None) or [{}]
+    return max(float(g.get('lr', 0.0) or 0.0) for g in groups)
+
+
+def scheduler_steps(trainer) -> Optional[int]:
+    """Megatron's scheduler advances only after a successful update (a skipped step leaves it)."""
+    steps = getattr(getattr(trainer, 'opt_param_scheduler', None), 'num_steps', None)
+    return None if steps is None else int(steps)
+
+
+class MegatronLoraUpdateGuard(MegatronGuard):
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        self.check_steps = max(1, switches.read(CHECK_STEPS_ENV))
+        self.tracker: Optional[AdapterTracker] = None
+        self.names: List[str] = []
+        self.counted = 0
+        self.step_lr = 0.0
+        self.step_scheduler: Optional[int] = None
+        self.report: Dict[str, Any] = {}
+        self.done = False
+
+    def on_train_begin(self):
+        chunks = list(self.trainer.unwrapped_models)
+        pairs, frozen, per_chunk = [], [], []
+        for chunk in chunks:
+            names = []
+            for name, param in chunk.named_parameters():
+                if adapter_kind(name) is None:  # lora_A / lora_B (grouped experts: ...lora_A.default.weight0)
+                    continue
+                if not param.requires_grad:
+                    frozen.append(name)
+                    continue
+                pairs.append((name, param))
+                names.append(name)
+            per_chunk.append(names)
+        self.tracker = AdapterTracker(named_parameters=pairs)
+        self.names = qualified_names(per_chunk, _parallel_ranks())
+        self.tracker.snapshot()
+        self.report = {'tensors_here': len(self.tracker), 'check_after_steps': self.check_steps,
+                       'requires_grad_false': frozen, 'start_iteration': self.iteration(), 'steps': []}
+        if frozen:
+            logger.warning(f'swift-vora lora_update: {len(frozen)} LoRA tensor(s) have requires_grad=False and are '
+                           f'not checked: {frozen[:10]}')
+        # every rank takes part in the all-gather at the check, even one without adapter tensors
+        logger.info(f'swift-vora lora_update: {len(self.tracker)} trainable LoRA tensors on this rank; checked after '
+                    f'{self.check_steps} optimizer step(s) that updated.')
+
+    def on_step_begin(self):
+        if not self.done and self.tracker is not None:
+            self.step_lr = current_lr(self.trainer)
+            self.step_scheduler = scheduler_steps(self.trainer)
+
+    def on_step_end(self):
+        if self.done or self.tracker is None:
+            return
+        after = scheduler_steps(self.trainer)
+        applied = self.step_scheduler is None or after is None or after != self.step_scheduler
+        if self.step_lr <= 0 or not applied:
+            self.report['steps'].append({'iteration': self.iteration(), 'lr': self.step_lr, 'applied': applied,
+                                         'counted': False})
+            return
+        self.counted += 1
+        if self.counted < self.check_steps:
+            return
+        self.done = True
+        self.check()
+
+    def check(self) -> Dict[str, Any]:
+        here = dict(zip(self.names, self.tracker.changed_here()))
+        merged: Dict[str, bool] = {}
+        for flags in all_gather_objects(here):  # one collective, at the check step only
+            for name, changed in flags.items():
+                merged[name] = merged.get(name, False) or changed
+        names = sorted(merged)
+        kinds = [adapter_kind(n) for n in names]
+        summary = update_summary(names, kinds, [merged[n] for n in names])
+        self.report.update({'iteration': self.iteration(), 'steps_counted': self.counted, **summary,
+                            'ranks': world_size(),
+                            'criterion': 'float64 sum/L1/L2^2 of each trainable LoRA tensor, changed on any rank'})
+        self._write()
+        message = (f'{summary["updated"]} of {summary["tensors"]} LoRA tensors updated after {self.counted} optimizer '
+                   f'steps ({summary["expert_updated"]} of {summary["expert_tensors"]} on the experts)')
+        stale = summary['not_updated']
+        if stale:
+            raise GuardError(LORA_NAME, f'{message}. Never changed: {", ".join(stale[:20])}'
+                                        f'{f" and {len(stale) - 20} more" if len(stale) > 20 else ""}. A frozen '
+                                        'adapter trains nothing: check the freeze settings, or for MoE experts that no '
+                                        f'token reached raise {CHECK_STEPS_ENV}.')
+        logger.info(f'swift-vora lora_update: {message}.')
+        return self.report
+
+    def on_train_end(self):
+        if self.tracker is not None and not self.done:
+            self.report['note'] = (f'training ended after {self.counted} counted optimizer step(s), fewer than '
+                                   f'{self.check_steps}: not checked')
+            logger.warning(f'swift-vora lora_update: {self.report["note"]}.')
+            self._write()
+
+    def _write(self) -> None:
+        if rank() == 0:
+            write_json(os.path.join(self.output_dir(), 'lora_update.json'), self.report)
+

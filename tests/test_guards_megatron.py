@@ -1,0 +1,249 @@
+"""The guards under `megatron sft`: Megatron-SWIFT callbacks driven the way its trainer drives them
+(swift/megatron/trainers/base.py: on_train_begin, then per step on_step_begin / optimizer step /
+`state.iteration += 1` / on_step_end), on a stand-in trainer with Megatron-style LoRA names (TE grouped experts:
+`...experts.linear_fc1.lora_A.default.weight0`). Megatron itself needs CUDA and Transformer Engine."""
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+import swift  # noqa: F401  (a test dependency: pyproject [test])
+import torch
+
+from swift_vora.guards.common import GuardError
+from swift_vora.guards.megatron import (
+    MegatronFingerprintGuard,
+    MegatronLoraUpdateGuard,
+    MegatronMemoryGuard,
+    qualified_names,
+)
+from swift_vora.guards.registry import MEGATRON_GUARDS
+
+
+class LoraLinear(torch.nn.Module):
+    """`linear_qkv.lora_A.default.weight` / `lora_B.default.weight`, lora_B zero as PEFT and mcore-bridge init it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lora_A = torch.nn.ModuleDict({'default': torch.nn.Linear(8, 2, bias=False)})
+        self.lora_B = torch.nn.ModuleDict({'default': torch.nn.Linear(2, 8, bias=False)})
+        torch.nn.init.zeros_(self.lora_B['default'].weight)
+
+    def forward(self, x):
+        return x + self.lora_B['default'](self.lora_A['default'](x))
+
+
+class GroupedLora(torch.nn.Module):
+    """TEGroupedLinear's per-expert parameters `weight0`, `weight1`."""
+
+    def __init__(self, shape, zero=False):
+        super().__init__()
+        for i in range(2):
+            self.register_parameter(f'weight{i}', torch.nn.Parameter(torch.zeros(shape) if zero
+                                                                     else torch.randn(shape) * 0.1))
+
+
+class ExpertsLora(torch.nn.Module):
+
+    def __init__(self):
+        super().__init__()
+        self.lora_A = torch.nn.ModuleDict({'default': GroupedLora((2, 8))})
+        self.lora_B = torch.nn.ModuleDict({'default': GroupedLora((8, 2), zero=True)})
+
+    def forward(self, x, experts):
+        out = x
+        for i in experts:  # the experts tokens were routed to
+            a, b = getattr(self.lora_A['default'], f'weight{i}'), getattr(self.lora_B['default'], f'weight{i}')
+            out = out + x @ a.t() @ b.t()
+        return out
+
+
+class Layer(torch.nn.Module):
+
+    def __init__(self):
+        super().__init__()
+        self.self_attention = torch.nn.Module()
+        self.self_attention.linear_qkv = LoraLinear()
+        self.mlp = torch.nn.Module()
+        self.mlp.experts = torch.nn.Module()
+        self.mlp.experts.linear_fc1 = ExpertsLora()
+        self.frozen_base = torch.nn.Parameter(torch.ones(8), requires_grad=False)
+
+
+class Chunk(torch.nn.Module):
+    """One model chunk (`trainer.unwrapped_models[0]`): `decoder.layers.0....`"""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.decoder = torch.nn.Module()
+        self.decoder.layers = torch.nn.ModuleList([Layer()])
+
+    def forward(self, x, experts):
+        layer = self.decoder.layers[0]
+        return layer.mlp.experts.linear_fc1(layer.self_attention.linear_qkv(x) * layer.frozen_base, experts)
+
+
+class FakeTrainer:
+    """What the callbacks read from Megatron-SWIFT's trainer, plus a training step that does what train_step does:
+    forward/backward, optimizer step, the scheduler advancing only after an update that was applied."""
+
+    def __init__(self, tmp_path, lrs, experts=(0, 1), skipped=()):
+        self.args = types.SimpleNamespace(output_dir=str(tmp_path), tuner_type='lora')
+        self.state = types.SimpleNamespace(iteration=0)
+        self.unwrapped_models = [Chunk()]
+        params = [p for p in self.unwrapped_models[0].parameters() if p.requires_grad]
+        self.optimizer = torch.optim.SGD(params, lr=lrs[0])
+        self.opt_param_scheduler = types.SimpleNamespace(num_steps=0)
+        self.lrs, self.experts, self.skipped = lrs, experts, skipped
+
+    def _get_reported_learning_rate(self):
+        return self.optimizer.param_groups[0]['lr']
+
+    def run(self, callbacks, steps):
+        for cb in callbacks:
+            cb.on_train_begin()
+        torch.manual_seed(1)
+        x, y = torch.randn(16, 8), torch.randn(16, 8)
+        for _ in range(steps):
+            for group in self.optimizer.param_groups:  # the scheduler set it after the previous update
+                group['lr'] = self.lrs[min(self.state.iteration, len(self.lrs) - 1)]
+            for cb in callbacks:
+                cb.on_step_begin()
+            loss = torch.nn.functional.mse_loss(self.unwrapped_models[0](x, self.experts), y)
+            loss.backward()
+            if self.state.iteration not in self.skipped:  # an overflow step updates nothing
+                self.optimizer.step()
+                self.opt_param_scheduler.num_steps += 16
+            self.optimizer.zero_grad()
+            self.state.iteration += 1
+            for cb in callbacks:
+                cb.on_step_end()
+        for cb in callbacks:
+            cb.on_train_end()
+
+
+ATTENTION = 'decoder.layers.0.self_attention.linear_qkv'
+EXPERTS = 'decoder.layers.0.mlp.experts.linear_fc1'
+
+
+def test_lora_update_all_updated_writes_counts(tmp_path, monkeypatch):
+    monkeypatch.setenv('SWIFT_VORA_LORA_CHECK_STEPS', '2')
+    trainer = FakeTrainer(tmp_path, lrs=[0.0, 0.1])  # warm-up starts at lr 0: that step does not count
+    trainer.run([MegatronLoraUpdateGuard(trainer)], steps=4)
+    report = json.loads((tmp_path / 'lora_update.json').read_text())
+    assert report['tensors'] == 6 and report['updated'] == 6 and report['not_updated'] == []
+    assert report['expert_tensors'] == 4 and report['expert_updated'] == 4
+    assert report['by_kind'] == {'A': {'updated': 3, 'total': 3}, 'B': {'updated': 3, 'total': 3}}
+    assert report['steps_counted'] == 2 and report['iteration'] == 3  # iteration 1 had lr 0
+    assert report['steps'] == [{'iteration': 1, 'lr': 0.0, 'applied': True, 'counted': False}]
+    assert report['requires_grad_false'] == []  # the frozen base weight is not a LoRA tensor
+
+
+def test_lora_update_stops_naming_an_expert_no_token_reached(tmp_path, monkeypatch):
+    monkeypatch.setenv('SWIFT_VORA_LORA_CHECK_STEPS', '2')
+    trainer = FakeTrainer(tmp_path, lrs=[0.1], experts=(0,))
+    guard = MegatronLoraUpdateGuard(trainer)
+    with pytest.raises(GuardError, match='4 of 6 LoRA tensors updated after 2 optimizer steps') as error:
+        trainer.run([guard], steps=3)
+    assert f'{EXPERTS}.lora_A.default.weight1' in str(error.value)
+    assert f'{EXPERTS}.lora_B.default.weight1' in str(error.value)
+    assert f'{EXPERTS}.lora_A.default.weight0' not in str(error.value)
+    assert trainer.state.iteration == 2  # stopped at the check, not at the end
+    report = json.loads((tmp_path / 'lora_update.json').read_text())
+    assert report['expert_tensors'] == 4 and report['expert_updated'] == 2
+    assert sorted(report['not_updated']) == [f'{EXPERTS}.lora_A.default.weight1', f'{EXPERTS}.lora_B.default.weight1']
+
+
+def test_lora_update_does_not_count_a_skipped_step(tmp_path, monkeypatch):
+    monkeypatch.setenv('SWIFT_VORA_LORA_CHECK_STEPS', '2')
+    trainer = FakeTrainer(tmp_path, lrs=[0.1], skipped=(0,))
+    trainer.run([MegatronLoraUpdateGuard(trainer)], steps=3)
+    report = json.loads((tmp_path / 'lora_update.json').read_text())
+    assert report['steps'] == [{'iteration': 1, 'lr': 0.1, 'applied': False, 'counted': False}]
+    assert report['iteration'] == 3 and report['updated'] == 6
+
+
+def test_lora_update_too_few_steps_is_reported_not_passed(tmp_path, monkeypatch):
+    monkeypatch.setenv('SWIFT_VORA_LORA_CHECK_STEPS', '5')
+    trainer = FakeTrainer(tmp_path, lrs=[0.1])
+    trainer.run([MegatronLoraUpdateGuard(trainer)], steps=2)
+    report = json.loads((tmp_path / 'lora_update.json').read_text())
+    assert 'not checked' in report['note'] and 'updated' not in report
+
+
+def test_names_are_qualified_where_ranks_hold_different_tensors():
+    chunks = [[f'{ATTENTION}.lora_A.default.weight', f'{EXPERTS}.lora_A.default.weight0']]
+    assert qualified_names(chunks, (0, 1, 0, 1)) == chunks[0]
+    assert qualified_names(chunks, (1, 2, 3, 4)) == [f'pp1/{ATTENTION}.lora_A.default.weight',
+                                                      f'pp1/ep3/{EXPERTS}.lora_A.default.weight0']
+    assert qualified_names(chunks * 2, (0, 1, 0, 1))[2].startswith('chunk1/')
+
+
+def test_memory_records_phases_only_on_cuda(tmp_path, monkeypatch):
+    monkeypatch.setenv('SWIFT_VORA_MEMORY_FIRST', '2')
+    monkeypatch.setenv('SWIFT_VORA_MEMORY_EVERY', '3')
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    trainer = FakeTrainer(tmp_path, lrs=[0.1])
+    trainer.run([MegatronMemoryGuard(trainer)], steps=4)
+    assert not list(tmp_path.glob('memory_phases*'))  # CPU: nothing
+
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr('swift_vora.guards.megatron.measure', lambda: {'source': 'cuda.max_memory_allocated',
+                                                                       'allocated_gib': 1.0, 'reserved_gib': 2.0})
+    trainer = FakeTrainer(tmp_path, lrs=[0.1])
+    trainer.run([MegatronMemoryGuard(trainer)], steps=7)
+    rows = [json.loads(line) for line in (tmp_path / 'memory_phases.rank0.jsonl').read_text().splitlines()]
+    phases = [(r['phase'], r['global_step']) for r in rows]
+    # steps 0, 1 (the first two), then every third: 3, 6; step_end is after state.iteration += 1
+    assert phases == [('model_loaded', 0), ('train_begin', 0), ('step_begin', 0), ('step_end', 1),
+                      ('step_begin', 1), ('step_end', 2), ('step_begin', 3), ('step_end', 4), ('step_begin', 6),
+                      ('step_end', 7), ('train_end', 7)]
+    assert rows[2]['allocated_gib'] == 1.0 and rows[2]['reserved_gib'] == 2.0
+
+
+def test_fingerprint_written_when_the_trainer_is_built(tmp_path):
+    trainer = FakeTrainer(tmp_path, lrs=[0.1])
+    MegatronFingerprintGuard(trainer)
+    fp = json.loads((tmp_path / 'fingerprint.json').read_text())
+    assert fp['trainer'] == 'FakeTrainer' and fp['tuner_type'] == 'lora'
+    assert 'megatron-core' in fp['packages'] and fp['swift_vora']['plugin']['combined_sha256']
+
+
+def test_plugin_registers_megatron_callbacks_inside_megatron(tmp_path, monkeypatch):
+    from swift_vora import swift_registry
+
+    class MegatronCallback:  # stand-in for swift.megatron.callbacks.base.MegatronCallback
+        def __init__(self, trainer):
+            raise AssertionError('the guards set trainer/args/state themselves')
+
+        def on_event_added_later(self):
+            return 'base no-op'
+
+    callbacks = types.ModuleType('swift.megatron.callbacks')
+    callbacks.megatron_callbacks_map = {'print': object}
+    callbacks.MegatronCallback = MegatronCallback
+    monkeypatch.setitem(sys.modules, 'swift.megatron', types.ModuleType('swift.megatron'))
+    monkeypatch.setitem(sys.modules, 'swift.megatron.callbacks', callbacks)
+    assert swift_registry.register_megatron_callbacks() is True
+    registered = callbacks.megatron_callbacks_map
+    assert set(registered) == {'print'} | {f'vora_{name}' for name in MEGATRON_GUARDS}
+    assert set(MEGATRON_GUARDS) == {'fingerprint', 'memory', 'lora_update'}
+    trainer = FakeTrainer(tmp_path, lrs=[0.1])
+    guard = registered['vora_lora_update'](trainer)  # what the trainer does for --callbacks vora_lora_update
+    assert isinstance(guard, MegatronLoraUpdateGuard) and isinstance(guard, MegatronCallback)
+    assert guard.on_event_added_later() == 'base no-op'
+    trainer.run([guard], steps=3)
+    assert json.loads((tmp_path / 'lora_update.json').read_text())['updated'] == 6
+
+
+def test_plugin_outside_megatron_registers_and_imports_nothing_of_it():
+    code = ('import sys, swift, swift_vora\n'
+            'from swift_vora import swift_registry\n'
+            'assert swift_registry.register_megatron_callbacks() is False\n'
+            'print(sorted(m for m in sys.modules if m.startswith(("swift.megatron", "megatron", "mcore_bridge", '
+            '"transformer_engine"))))\n')
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == '[]'
