@@ -5,7 +5,9 @@ with `HfArgumentParser(MegatronSftArguments)` (the parser `megatron sft` itself 
 without constructing the dataclass (its __post_init__ initialises torch.distributed and loads the model). That
 needs `megatron-core` and `mcore-bridge` importable; mcore-bridge imports transformer_engine at import time, so the
 check runs in a subprocess with a stand-in module for transformer_engine (`python tests/megatron_args.py
---check-args`). Nothing here can run a model.
+--check-args`). Names given to `--callbacks` are looked up in Megatron-SWIFT's `megatron_callbacks_map` after the
+`--custom_register_path` plugins are imported the way ms-swift imports them (`import_external_file`), as the
+trainer looks them up: swift-vora's `vora_*` guards must be registered there. Nothing here can run a model.
 """
 from __future__ import annotations
 
@@ -84,16 +86,33 @@ def parse_in_process(argvs: Sequence[Sequence[str]], kind: str = 'sft') -> List[
         namespace, unknown = parser.parse_known_args(list(argv))
         given = {a[2:].split('=', 1)[0] for a in argv if a.startswith('--')}
         values = {k: v for k, v in vars(namespace).items() if k in given}
-        results.append({'unknown': unknown, 'values': json.loads(json.dumps(values, default=str))})
+        named = list(values.get('callbacks') or [])
+        known = _megatron_callback_names(values.get('custom_register_path') or []) if named else set()
+        results.append({'unknown': unknown, 'unknown_callbacks': [c for c in named if c not in known],
+                        'values': json.loads(json.dumps(values, default=str))})
     return results
+
+
+def _megatron_callback_names(plugins: Sequence[str]) -> set:
+    """The names `megatron_callbacks_map` holds once `plugins` are imported as `--custom_register_path` does (after
+    swift.megatron, which `megatron sft` imports first)."""
+    import swift.megatron  # noqa: F401
+    from swift.megatron.callbacks import megatron_callbacks_map
+    from swift.utils import import_external_file
+    for plugin in plugins:
+        import_external_file(plugin)
+    return set(megatron_callbacks_map)
 
 
 def validate_argv(argvs: Sequence[Sequence[str]], kind: str = 'sft', python: Optional[str] = None,
                   timeout: float = 300) -> List[Dict[str, Any]]:
     """Parse argvs with MegatronSftArguments in a fresh interpreter; raises RuntimeError if the parser cannot be
-    imported (megatron-core / mcore-bridge missing) and ValueError if an argv has arguments it does not know."""
+    imported (megatron-core / mcore-bridge missing) and ValueError if an argv has arguments it does not know or names
+    a callback no plugin registers in megatron_callbacks_map."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `--custom_register_path swift_vora`: cwd
     proc = subprocess.run([python or sys.executable, os.path.abspath(__file__), '--check-args', kind],
-                          input=json.dumps([list(a) for a in argvs]), capture_output=True, text=True, timeout=timeout)
+                          input=json.dumps([list(a) for a in argvs]), capture_output=True, text=True, timeout=timeout,
+                          cwd=repo)
     if proc.returncode != 0:
         raise RuntimeError(f'Megatron-SWIFT argument check failed to run (rc {proc.returncode}):\n'
                            f'{proc.stderr[-3000:]}')
@@ -101,6 +120,9 @@ def validate_argv(argvs: Sequence[Sequence[str]], kind: str = 'sft', python: Opt
     for argv, result in zip(argvs, results):
         if result['unknown']:
             raise ValueError(f'MegatronSftArguments does not know {result["unknown"]} (argv: {" ".join(argv)})')
+        if result.get('unknown_callbacks'):
+            raise ValueError(f'megatron_callbacks_map has no {result["unknown_callbacks"]} after importing the '
+                             f'--custom_register_path plugins (argv: {" ".join(argv)})')
     return results
 
 

@@ -115,3 +115,49 @@ def test_dry_run_prints_the_megatron_command(megatron_parser_available):
     d = json.loads(proc.stdout)
     assert d['plan']['backend'] == 'megatron_ep_lora' and d['launch']['argv'][1] == 'sft'
     assert 'megatron sft' in d['launch']['shell'] and '--expert_model_parallel_size 8' in d['launch']['shell']
+
+
+GUARD_CALLBACKS = ['vora_fingerprint', 'vora_memory', 'vora_lora_update']
+
+
+def callbacks_of(argv):
+    if '--callbacks' not in argv:
+        return []
+    start = argv.index('--callbacks') + 1
+    end = next((i for i in range(start, len(argv)) if argv[i].startswith('--')), len(argv))
+    return argv[start:end]
+
+
+def test_guards_that_run_under_megatron_are_named_in_callbacks():
+    launch = launch_for()
+    assert callbacks_of(launch.argv) == GUARD_CALLBACKS
+    assert any('coverage, supervision' in note and 'do not run under megatron sft' in note for note in launch.notes)
+    # the selection the training process will see: the caller's environment, then the recipe's guards.env
+    assert callbacks_of(launch_for(environ={'SWIFT_VORA_GUARDS': 'none'}).argv) == []
+    assert callbacks_of(launch_for(environ={'SWIFT_VORA_GUARD_MEMORY': '0'}).argv) == ['vora_fingerprint',
+                                                                                      'vora_lora_update']
+    assert callbacks_of(launch_for('guards.env={SWIFT_VORA_GUARDS: "all,-lora_update"}').argv) == [
+        'vora_fingerprint', 'vora_memory']
+    assert callbacks_of(launch_for('guards.env={SWIFT_VORA_GUARDS: coverage}').argv) == []
+
+
+def test_recipe_callbacks_may_name_megatron_guards_only():
+    launch = launch_for('guards.callbacks=[tensorboard, vora_memory]', environ={'SWIFT_VORA_GUARDS': 'none'})
+    assert callbacks_of(launch.argv) == ['tensorboard', 'vora_memory']
+    assert callbacks_of(launch_for('guards.callbacks=[vora_memory]').argv) == GUARD_CALLBACKS  # not twice
+    with pytest.raises(LaunchUsageError, match='vora_coverage cannot run under megatron sft .*the guards that run '
+                                               'there: vora_fingerprint, vora_memory, vora_lora_update'):
+        launch_for('guards.callbacks=[vora_coverage]')
+    with pytest.raises(LaunchUsageError, match='unknown guard'):
+        launch_for(environ={'SWIFT_VORA_GUARDS': 'coverag'})
+
+
+def test_guard_callbacks_resolve_in_megatron_swift(megatron_parser_available):
+    """`--callbacks vora_*` parses, and after the plugin import the names are in megatron_callbacks_map (what the
+    Megatron trainer looks them up in); a guard that does not run under Megatron is reported."""
+    from megatron_args import validate_argv
+    results = validate_argv([launch_for('guards.callbacks=[tensorboard]').argv[2:]])
+    assert results[0]['values']['callbacks'] == [*GUARD_CALLBACKS, 'tensorboard']
+    assert results[0]['unknown_callbacks'] == []
+    with pytest.raises(ValueError, match=r"megatron_callbacks_map has no \['vora_coverage'\]"):
+        validate_argv([['--model', 'x', '--custom_register_path', 'swift_vora', '--callbacks', 'vora_coverage']])

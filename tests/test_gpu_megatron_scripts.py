@@ -49,10 +49,12 @@ def test_one_gpu_override_gives_ep1_with_fused_attention():
     assert flag(argv, '--train_iters') == '8' and flag(argv, '--save_steps') == '8'
 
 
-def test_megatron_refuses_swift_vora_guard_callbacks():
+def test_megatron_callbacks_name_the_guards_that_run_there():
     with pytest.raises(LaunchUsageError, match='vora_coverage.*megatron sft'):
         one_gpu_launch('guards.callbacks=[vora_coverage]')
-    assert flag(one_gpu_launch('guards.callbacks=[tensorboard]').argv, '--callbacks') == 'tensorboard'
+    argv = one_gpu_launch('guards.callbacks=[tensorboard]').argv
+    start = argv.index('--callbacks') + 1
+    assert argv[start:start + 4] == ['vora_fingerprint', 'vora_memory', 'vora_lora_update', 'tensorboard']
 
 
 def test_megatron_callback_names_match_the_installed_ms_swift():
@@ -182,3 +184,25 @@ def test_report_fails_what_a_user_must_not_get(tmp_path, case, expected):
     proc, result = report(tmp_path)
     assert proc.returncode == 1
     assert any(expected in f for f in result['failures']), result['failures']
+
+
+def test_report_reads_the_lora_update_guard(tmp_path):
+    write_run(tmp_path, [11.0, 10.0, 9.0, 8.0, 7.0])
+    guard = {'tensors': 6, 'updated': 6, 'expert_tensors': 4, 'expert_updated': 4, 'not_updated': [],
+             'steps_counted': 2}
+    (tmp_path / 'run/v0/lora_update.json').write_text(json.dumps(guard))
+    proc, result = report(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert result['lora_update']['checked'] is True and result['lora_update']['expert_updated'] == 4
+
+    stale = 'decoder.layers.3.mlp.experts.linear_fc1.lora_A.default.weight7'
+    (tmp_path / 'run/v0/lora_update.json').write_text(json.dumps({**guard, 'updated': 5, 'expert_updated': 3,
+                                                                   'not_updated': [stale]}))
+    proc, result = report(tmp_path)
+    assert proc.returncode == 1
+    assert any(f.startswith('1 of 6 LoRA tensors did not update') and stale in f for f in result['failures'])
+
+    (tmp_path / 'run/v0/lora_update.json').write_text(json.dumps({'tensors_here': 6, 'note': 'not checked'}))
+    proc, result = report(tmp_path)  # the run ended before the check: recorded, not a failure of its own
+    assert proc.returncode == 0, proc.stderr
+    assert result['lora_update']['checked'] is False and result['lora_update']['note'] == 'not checked'

@@ -9,6 +9,9 @@ What a user relies on, checked from the files the run left (nothing is taken fro
   LoRA tensor names of the saved adapter when the checkpoint holds one;
 - checkpoint-N-merged loads in transformers and gives finite logits;
 - the measured peak (`memory(GiB)`: torch.cuda.max_memory_reserved) next to the planner's prediction.
+- when the run wrote `lora_update.json` (swift-vora's `vora_lora_update` guard, next to logging.jsonl): every
+  trainable LoRA tensor changed during training; one that did not is a failure, a check the run did not reach
+  (fewer steps than SWIFT_VORA_LORA_CHECK_STEPS) is recorded as not checked.
 Exit 0 when every check passes, 1 otherwise (the JSON is written either way, with `failures`).
 """
 from __future__ import annotations
@@ -52,6 +55,22 @@ def read_log_field(run_dir: str, field: str) -> List[float]:
                 if isinstance(value, (int, float)):
                     out.append(float(value))
     return out
+
+
+def read_lora_update(run_dir: str) -> Optional[Dict[str, object]]:
+    """The `vora_lora_update` guard's report (None when the run has none: guards off, or an older run)."""
+    path = os.path.join(run_dir, 'lora_update.json')
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        try:
+            report = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f'{path}: not JSON ({e})') from e
+    checked = 'updated' in report and 'tensors' in report
+    return {'checked': checked, 'note': report.get('note'),
+            **{k: report.get(k) for k in ('tensors', 'updated', 'expert_tensors', 'expert_updated', 'steps_counted')},
+            'not_updated': list(report.get('not_updated') or [])}
 
 
 def _tensors(model_dir: str) -> Dict[str, 'object']:
@@ -197,6 +216,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     adapter = adapter_lora_names(a.checkpoint)
     if adapter['router']:
         failures.append(f'{adapter["router"]} LoRA tensors on the router in {a.checkpoint}')
+    lora_update = read_lora_update(run_dir)
+    if lora_update and lora_update['checked'] and (lora_update['not_updated']
+                                                  or lora_update['updated'] != lora_update['tensors']):
+        stale = lora_update['not_updated']
+        failures.append(f'{lora_update["tensors"] - lora_update["updated"]} of {lora_update["tensors"]} LoRA tensors '
+                        f'did not update (lora_update.json): {", ".join(stale[:5])}'
+                        f'{f" and {len(stale) - 5} more" if len(stale) > 5 else ""}')
     load_error = None if a.skip_load else merged_loads(a.merged)
     if load_error:
         failures.append(f'checkpoint-N-merged does not load: {load_error}')
@@ -223,6 +249,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         else None,
         'seconds_per_step': round(step_s, 4) if step_s else None,
         'tokens_per_s': tokens_per_second(a.encode_log, a.global_batch, step_s),
+        'lora_update': lora_update,
         'weights_changed': weights['changed'], 'weights_total': weights['totals'], 'adapter_lora': adapter,
         'failures': failures,
     }
