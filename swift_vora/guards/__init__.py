@@ -13,6 +13,7 @@ registry.py, `SWIFT_VORA_GUARDS=none` turns them off). One module per guard:
 - zero3_load     under ZeRO-3, every checkpoint tensor is compared with the gathered parameter
 - verify_adapter after the final save, `swift-vora verify-adapter` reloads the adapter in a fresh process
 
+Under `megatron sft`, fingerprint, memory and lora_update run as Megatron-SWIFT callbacks (megatron.py).
 See docs/guards.md. Importing this package does not import ms-swift; the guard modules do.
 """
 from .registry import GUARDS, enabled_guards
