@@ -18,7 +18,7 @@ from .. import switches
 from ..guards.common import GuardError, append_jsonl, logger, write_json
 from ..guards.fingerprint import build_fingerprint
 from ..guards.lora_update import CHECK_STEPS_ENV, AdapterTracker, update_summary
-from ..guards.memory import EVERY_ENV, FIRST_ENV, is_oom, measure
+from ..guards.memory import EVERY_ENV, FIRST_ENV, is_oom, is_recorded_step, measure
 from ..guards.supervision import distribution
 from ..guards.verify_adapter import TIMEOUT_ENV as VERIFY_TIMEOUT_ENV
 from ..guards.verify_adapter import verify_and_report
@@ -55,7 +55,7 @@ class RunnerGuards:
 
     # ---- memory by phase -------------------------------------------------------------------------------------
     def recording(self, step: int) -> bool:
-        return step < self.memory_first or (self.memory_every > 0 and step % self.memory_every == 0)
+        return is_recorded_step(step, self.memory_first, self.memory_every)
 
     def record(self, phase: str, **extra) -> Dict[str, Any]:
         row = {'phase': phase, **measure(self.device), **extra}

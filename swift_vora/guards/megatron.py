@@ -31,7 +31,7 @@ from .common import GuardError, all_gather_objects, append_jsonl, logger, now, r
 from .fingerprint import build_fingerprint
 from .lora_update import CHECK_STEPS_ENV, AdapterTracker, adapter_kind, is_expert_tensor, update_summary
 from .lora_update import NAME as LORA_NAME
-from .memory import EVERY_ENV, FIRST_ENV, measure
+from .memory import EVERY_ENV, FIRST_ENV, is_recorded_step, measure
 
 
 class MegatronGuard:
@@ -120,14 +120,11 @@ class MegatronMemoryGuard(MegatronGuard):
         append_jsonl(self.path, row)
         return row
 
-    def should_record(self, step: int) -> bool:
-        return step < self.first or (self.every > 0 and step % self.every == 0)
-
     def on_train_begin(self):
         self.record('train_begin')
 
     def on_step_begin(self):
-        self.recording = self.should_record(self.iteration())
+        self.recording = is_recorded_step(self.iteration(), self.first, self.every)
         if self.recording:
             self.record('step_begin')
 

@@ -51,6 +51,11 @@ def measure(device=None) -> Dict[str, Any]:
     return {'source': 'rss', 'rss_gib': round(_rss_bytes() / GIB, 4), 'peak_rss_gib': round(peak_kib / 1024**2, 4)}
 
 
+def is_recorded_step(step: int, first: int, every: int) -> bool:
+    """Steps with memory rows: the first `first` (SWIFT_VORA_MEMORY_FIRST), then every `every`-th (0: none)."""
+    return step < first or (every > 0 and step % every == 0)
+
+
 def is_oom(error: BaseException) -> bool:
     import torch
     oom_type = getattr(torch, 'OutOfMemoryError', None) or getattr(torch.cuda, 'OutOfMemoryError', None)
@@ -84,7 +89,7 @@ class MemoryGuard(TrainerCallback):
         return row
 
     def _should_record(self, step: int) -> bool:
-        return step < self.first or (self.every > 0 and step % self.every == 0)
+        return is_recorded_step(step, self.first, self.every)
 
     # callbacks -------------------------------------------------------------------------------------------
     def on_init_end(self, args, state, control, **kwargs):
