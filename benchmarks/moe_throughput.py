@@ -20,6 +20,8 @@ shared expert's MLP and the routed experts' fused tensors -- micro-batch 1, the 
   compile is off (the runner's default). `--profile-step N` adds a torch.profiler step past the measured ones.
 - `vora_unsloth_torchgdn`: the same with the vendored fla off (`UNSLOTH_DISABLE_VENDORED_FLA=1`): transformers'
   PyTorch Gated DeltaNet, the kernel plain swift runs here -- the like-with-like comparison (`speedup_clean`).
+- `vora_unsloth_gpu_ckpt`: the same with plain gradient checkpointing (`unsloth.gradient_checkpointing=true`): layer
+  inputs stay on the GPU instead of Unsloth's host offload (more memory, no host round trip).
 - `vora_unsloth_compile`: the same with Unsloth's block compile on (`UNSLOTH_BLOCK_COMPILE=1`, Unsloth's default).
 - `vora_unsloth_fla`: the same with an installed flash-linear-attention on the path (`--fla-path`). fla 0.6 refuses
   its backward on Hopper with Triton < 3.7.1 (wrong results, fla #640); the GPU image has Triton 3.6.
@@ -93,7 +95,8 @@ def build_model(out_dir: str, shape: str, layers: Optional[int], device: str) ->
 
 
 # ---- variants -----------------------------------------------------------------------------------------------------
-def vora_command(args, b: Dict[str, Any], model: str, ann: str, out: str, flagship: bool) -> List[str]:
+def vora_command(args, b: Dict[str, Any], model: str, ann: str, out: str, flagship: bool,
+                 extra: Optional[List[str]] = None) -> List[str]:
     overrides = [f'model.path={model}', 'model.type=qwen3_5_moe', f'data.dataset={ann}',
                  f'data.window={b["clip_s"]:g}', f'data.stride={b["clip_s"]:g}', 'data.min_event=0.5',
                  f'video.fps={b["fps"]:g}', f'video.max_frames={b["max_frames"]}',
@@ -101,7 +104,7 @@ def vora_command(args, b: Dict[str, Any], model: str, ann: str, out: str, flagsh
                  f'train.lora_rank={LORA_RANK}', f'train.lora_alpha={LORA_ALPHA}',
                  f'train.max_steps={max(args.steps, args.profile_step or 0)}',
                  f'train.grad_accum={args.grad_accum}', f'train.save_steps={args.steps}', 'train.logging_steps=1',
-                 f'train.output_dir={out}', f'unsloth.save_merged={"true" if flagship else "false"}']
+                 f'train.output_dir={out}', f'unsloth.save_merged={"true" if flagship else "false"}', *(extra or [])]
     if args.smoke:  # CPU: the runner itself, transformers + PEFT standing in for Unsloth's loader
         overrides += ['train.dtype=float32', 'unsloth.gradient_checkpointing=false']
         return [sys.executable, '-m', 'swift_vora.backends.unsloth_runner', RECIPE, *overrides, '--loader', 'peft']
@@ -140,11 +143,11 @@ def swift_budget_env(b: Dict[str, Any]) -> Dict[str, str]:
 
 
 def run_vora(name: str, args, b, inputs, work: str, flagship: bool, fla: bool,
-             extra_env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+             extra_env: Optional[Dict[str, str]] = None, extra_overrides: Optional[List[str]] = None) -> Dict[str, Any]:
     vdir = os.path.join(work, name)
     shutil.rmtree(vdir, ignore_errors=True)
     out = os.path.join(vdir, 'output')
-    cmd = vora_command(args, b, inputs['model'], inputs['annotations'], out, flagship)
+    cmd = vora_command(args, b, inputs['model'], inputs['annotations'], out, flagship, extra_overrides or [])
     env = {'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True', 'SWIFT_VORA_LOG_FIRST': '1', **(extra_env or {})}
     if not flagship:  # speed runs: the adapter reload (a second model load) is the flagship's
         env['SWIFT_VORA_GUARD_VERIFY_ADAPTER'] = 'off'
@@ -466,6 +469,9 @@ def main(argv=None) -> int:
             elif name == 'vora_unsloth_torchgdn':  # the Gated DeltaNet kernel plain swift runs: the PyTorch reference
                 result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
                                   extra_env={'UNSLOTH_DISABLE_VENDORED_FLA': '1'})
+            elif name == 'vora_unsloth_gpu_ckpt':  # checkpoints kept on the GPU instead of Unsloth's host offload
+                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
+                                  extra_overrides=['unsloth.gradient_checkpointing=true'])
             elif name == 'swift_peft':
                 result = run_swift(name, args, b, inputs, work, 'peft', TARGET_MODULES, TARGET_PARAMETERS)
             elif name == 'swift_peft_attn':

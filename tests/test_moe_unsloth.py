@@ -363,3 +363,21 @@ def test_merge_refuses_an_expert_lora_packed_the_way_peft_misreads(expert_adapte
     config['lora_B_layout'] = 'rank_major'  # what the current unsloth_zoo writes: merged and checked as before
     (copy / 'adapter_config.json').write_text(json.dumps(config))
     assert merge(str(copy), str(tmp_path / 'merged'), base=base)['expert_check']['ok']
+
+
+def test_moe_benchmark_variant_overrides_reach_the_recipe_before_the_runner_flags():
+    """vora_unsloth_gpu_ckpt: its recipe override is one of the overrides `swift-vora train` reads, not an argument
+    after the runner's own flags (where the smoke's runner would refuse it)."""
+    import argparse
+    import importlib.util
+    path = os.path.join(REPO, 'benchmarks', 'moe_throughput.py')
+    spec = importlib.util.spec_from_file_location('moe_throughput', path)
+    moe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(moe)
+    args = argparse.Namespace(steps=2, grad_accum=1, profile_step=None, smoke=True)
+    gpu_ckpt = ['unsloth.gradient_checkpointing=true']
+    cmd = moe.vora_command(args, moe.budget(True), '/m', '/a.jsonl', '/o', False, gpu_ckpt)
+    assert cmd.index('unsloth.gradient_checkpointing=true') < cmd.index('--loader')
+    args.smoke = False
+    cmd = moe.vora_command(args, moe.budget(False), '/m', '/a.jsonl', '/o', False, gpu_ckpt)
+    assert cmd[-1] == 'unsloth.gradient_checkpointing=true' and 'train.max_steps=2' in cmd
