@@ -210,7 +210,7 @@ KERNEL_FAMILIES = [
     ('Gated DeltaNet (fla Triton)', ('chunk_', 'gated_delta', 'recurrent', 'l2norm', 'fused_norm_gate')),
     ('attention', ('flash', 'fmha', 'attention', 'sdpa', 'efficient_attention')),
     ('GEMM (dense, LoRA)', ('gemm', 'sm90_xmma', 'cutlass', 'cublas', 'nvjet', 'matmul')),
-    ('host<->device copies (offloaded checkpoints)', ('memcpy htod', 'memcpy dtoh', 'memcpy')),
+    ('host<->device copies (inputs, offloaded checkpoints)', ('memcpy htod', 'memcpy dtoh', 'memcpy')),
     ('copy / cast / index', ('copy_kernel', 'direct_copy', 'cat_', 'catarray', 'index', 'scatter', 'gather')),
     ('norm', ('norm', )),
     ('other Triton', ('triton', )),

@@ -381,3 +381,24 @@ def test_moe_benchmark_variant_overrides_reach_the_recipe_before_the_runner_flag
     args.smoke = False
     cmd = moe.vora_command(args, moe.budget(False), '/m', '/a.jsonl', '/o', False, gpu_ckpt)
     assert cmd[-1] == 'unsloth.gradient_checkpointing=true' and 'train.max_steps=2' in cmd
+
+
+def test_prefetched_batches_are_pinned_for_a_cuda_device(monkeypatch):
+    """The producer thread pins the batch's CPU tensors (direct, non-blocking copies in the training thread) when a
+    CUDA device will receive them; other values pass through; without CUDA nothing is touched."""
+    import torch
+
+    from swift_vora.backends.prefetch import pin_tensors
+    batch = {'input_ids': torch.ones(1, 4, dtype=torch.long), 'pixel_values_videos': torch.zeros(8, 6),
+             'video_grid_thw': [[1, 2, 2]]}
+    assert pin_tensors(batch) is batch  # no CUDA here: untouched
+    pinned = []
+
+    def fake_pin(self):
+        pinned.append(tuple(self.shape))
+        return self.clone()
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.Tensor, 'pin_memory', fake_pin)
+    out = pin_tensors(batch)
+    assert sorted(pinned) == [(1, 4), (8, 6)]
+    assert out['video_grid_thw'] is batch['video_grid_thw'] and torch.equal(out['input_ids'], batch['input_ids'])

@@ -34,6 +34,21 @@ class Batch:
     names: List[str] = field(default_factory=list)
 
 
+def pin_tensors(inputs: Dict[str, Any]) -> Dict[str, Any]:
+    """The batch's CPU tensors in page-locked memory, on the producer thread, when a CUDA device will receive them.
+
+    A copy from pageable memory goes through a staging buffer at a fraction of the bus speed and blocks the
+    training thread: on the H200 a 64-frame sample's inputs took ~12 ms per sample that way (the step profile's
+    `Memcpy HtoD (Pageable -> Device)`). Pinned here, off the critical path, the training thread's copy is a direct
+    DMA it can issue with `non_blocking=True`; torch's pinned-memory cache keeps each block until its copy is done.
+    """
+    import torch
+    if not torch.cuda.is_available():
+        return inputs
+    return {k: v.pin_memory() if isinstance(v, torch.Tensor) and v.device.type == 'cpu' else v
+            for k, v in inputs.items()}
+
+
 class SampleOrder:
     """An endless shuffled order over `n` rows: a new permutation each epoch, from one seeded generator."""
 

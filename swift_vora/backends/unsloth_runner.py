@@ -223,7 +223,8 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                     batch = prefetch.next()
                     rejected += batch.rejected
                     guards.on_batch(batch.supervised_per_sample, step, batch.names)
-                    inputs = {k: v.to(device) if hasattr(v, 'to') else v for k, v in batch.inputs.items() if k in keys}
+                    inputs = {k: v.to(device, non_blocking=True) if hasattr(v, 'to') else v  # pinned: prefetch.py
+                              for k, v in batch.inputs.items() if k in keys}
                     guards.enter('forward', step, micro)
                     loss = model(**inputs).loss / cfg.grad_accum
                     guards.enter('backward', step, micro)
@@ -339,7 +340,7 @@ def _next_batch(rows, order, template, cfg: UnslothRunConfig):
     """Encode + collate one micro-batch (on the prefetch thread); rejected samples are counted and logged."""
     from swift_vora.template import SampleRejected
 
-    from .prefetch import Batch
+    from .prefetch import Batch, pin_tensors
     t0 = time.perf_counter()
     encoded, names, reasons = [], [], []
     while len(encoded) < cfg.micro_batch:
@@ -355,7 +356,7 @@ def _next_batch(rows, order, template, cfg: UnslothRunConfig):
             if len(reasons) > len(rows):
                 raise SystemExit('every sample was rejected by the template') from e
     supervised = [sum(1 for t in e['labels'] if t != -100) for e in encoded]
-    return Batch(inputs=template.data_collator(encoded), samples=len(encoded),
+    return Batch(inputs=pin_tensors(template.data_collator(encoded)), samples=len(encoded),
                  tokens=sum(len(e['input_ids']) for e in encoded), supervised_per_sample=supervised,
                  rejected=len(reasons), encode_s=time.perf_counter() - t0, rejections=reasons, names=names)
 
