@@ -29,32 +29,24 @@ EXPERT_KEY = '.experts.'
 ATTENTION_KEY = '.self_attn.'
 
 
-def read_losses(run_dir: str) -> List[float]:
-    """Per-step losses from Megatron-SWIFT's logging.jsonl (one record per logged step)."""
+def read_log(run_dir: str) -> List[Dict[str, object]]:
+    """Megatron-SWIFT's logging.jsonl next to the checkpoint: one record per logged step, read once."""
     path = os.path.join(run_dir, 'logging.jsonl')
-    losses = []
+    records = []
     with open(path) as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                records.append(json.loads(line))
             except json.JSONDecodeError as e:
                 raise ValueError(f'{path}:{line_no}: not JSON ({e})') from e
-            if 'loss' in record:
-                losses.append(float(record['loss']))
-    return losses
+    return records
 
 
-def read_log_field(run_dir: str, field: str) -> List[float]:
-    out = []
-    with open(os.path.join(run_dir, 'logging.jsonl')) as f:
-        for line in f:
-            if line.strip():
-                value = json.loads(line).get(field)
-                if isinstance(value, (int, float)):
-                    out.append(float(value))
-    return out
+def log_field(records: List[Dict[str, object]], field: str) -> List[float]:
+    """The numeric values of `field` over the logged steps (records without it are skipped)."""
+    return [float(r[field]) for r in records if isinstance(r.get(field), (int, float))]
 
 
 def read_lora_update(run_dir: str) -> Optional[Dict[str, object]]:
@@ -144,18 +136,16 @@ def merged_loads(merged_dir: str) -> Optional[str]:
         return f'{type(e).__name__}: {e}'
 
 
-def steady_seconds_per_step(run_dir: str, warmup: int = 2) -> Optional[float]:
+def steady_seconds_per_step(records: List[Dict[str, object]], warmup: int = 2) -> Optional[float]:
     """Seconds per optimizer step after `warmup` steps. Megatron-SWIFT logs `train_speed(s/it)` as the running
     mean since the first step (elapsed / iterations), so step k ends at k x mean_k; the first steps carry the
     kernel set-up and must not count."""
     ends = {}
-    with open(os.path.join(run_dir, 'logging.jsonl')) as f:
-        for line in f:
-            record = json.loads(line) if line.strip() else {}
-            speed, iteration = record.get('train_speed(s/it)'), str(record.get('iteration', ''))
-            if isinstance(speed, (int, float)) and '/' in iteration:
-                k = int(iteration.split('/')[0])
-                ends[k] = k * float(speed)
+    for record in records:
+        speed, iteration = record.get('train_speed(s/it)'), str(record.get('iteration', ''))
+        if isinstance(speed, (int, float)) and '/' in iteration:
+            k = int(iteration.split('/')[0])
+            ends[k] = k * float(speed)
     if len(ends) < 2:
         return None
     last = max(ends)
@@ -196,7 +186,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     failures = []
     run_dir = os.path.dirname(os.path.abspath(a.checkpoint))
-    losses = read_losses(run_dir)
+    records = read_log(run_dir)
+    losses = [float(r['loss']) for r in records if 'loss' in r]
     if len(losses) < a.min_steps:
         failures.append(f'{len(losses)} logged steps, need {a.min_steps}')
     if not all(math.isfinite(x) for x in losses):
@@ -229,8 +220,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     with open(a.plan) as f:
         plan = json.load(f)['plan']
-    memory = read_log_field(run_dir, 'memory(GiB)')
-    step_s = steady_seconds_per_step(run_dir)
+    memory = log_field(records, 'memory(GiB)')
+    step_s = steady_seconds_per_step(records)
     steady = (plan.get('phases') or {}).get('steady') or {}
     peak = max(memory) if memory else None
     result = {
