@@ -179,8 +179,8 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     if risk:
         info['linear_attention_warning'] = risk
         log(f'WARNING: {risk}')
-    elif fla_hopper_workaround():
-        info['linear_attention_workaround'] = fla_hopper_workaround()
+    elif workaround := fla_hopper_workaround():
+        info['linear_attention_workaround'] = workaround
     log(f'model loaded ({cfg.loader}): {counts["lora_tensors"]} LoRA tensors, {counts["expert_lora_tensors"]} on '
         f'experts, {counts["trainable_params"]:,} trainable parameters; router frozen; moe backend: '
         f'{info.get("moe_backend")}; Gated DeltaNet kernel: {info["linear_attention_kernel"]}')
