@@ -61,6 +61,15 @@ def update_summary(names: List[str], kinds: List[str], changed: List[bool]) -> D
             'not_updated': [n for n, c in zip(names, changed) if not c]}
 
 
+def never_changed_error(message: str, stale: List[str], remedy: str, frozen=()) -> 'GuardError':
+    """The guard's failure: what was counted, the first 20 tensors that never changed (those with
+    requires_grad=False marked), and where to look."""
+    details = ', '.join(f'{n}{" (requires_grad=False)" if n in frozen else ""}' for n in stale[:20])
+    more = f' and {len(stale) - 20} more' if len(stale) > 20 else ''
+    return GuardError(NAME, f'{message}. Never changed: {details}{more}. A frozen adapter trains nothing: {remedy}, or '
+                            f'for MoE experts that no token reached raise {CHECK_STEPS_ENV}.')
+
+
 def local_data(param):
     """What this rank holds of a parameter: its ZeRO-3 partition when partitioned, else the tensor."""
     ds_tensor = getattr(param, 'ds_tensor', None)
@@ -212,12 +221,8 @@ class LoraUpdateGuard(TrainerCallback):
         message = (f'{n_changed} of {m} adapter tensors updated after {self.check_steps} optimizer steps '
                    f'(lora_A {counts["A"][0]}/{counts["A"][1]}, lora_B {counts["B"][0]}/{counts["B"][1]})')
         if stale:
-            frozen = set(self.report.get('requires_grad_false') or [])
-            details = ', '.join(f'{n}{" (requires_grad=False)" if n in frozen else ""}' for n in stale[:20])
-            raise GuardError(NAME, f'{message}. Never changed: {details}'
-                                   f'{f" and {len(stale) - 20} more" if len(stale) > 20 else ""}. A frozen adapter '
-                                   'trains nothing: check freeze settings / ZeRO-3 leaf modules, or for MoE experts '
-                                   f'that no token reached raise {CHECK_STEPS_ENV}.')
+            raise never_changed_error(message, stale, 'check freeze settings / ZeRO-3 leaf modules',
+                                      frozen=set(self.report.get('requires_grad_false') or []))
         logger.info(f'swift-vora lora_update: {message}.')
 
     def on_train_end(self, args, state, control, **kwargs):

@@ -27,10 +27,16 @@ import os
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from .. import switches
-from .common import GuardError, all_gather_objects, append_jsonl, logger, now, rank, world_size, write_json
+from .common import all_gather_objects, append_jsonl, logger, now, rank, world_size, write_json
 from .fingerprint import build_fingerprint
-from .lora_update import CHECK_STEPS_ENV, AdapterTracker, adapter_kind, is_expert_tensor, update_summary
-from .lora_update import NAME as LORA_NAME
+from .lora_update import (
+    CHECK_STEPS_ENV,
+    AdapterTracker,
+    adapter_kind,
+    is_expert_tensor,
+    never_changed_error,
+    update_summary,
+)
 from .memory import EVERY_ENV, FIRST_ENV, is_recorded_step, measure
 
 
@@ -255,10 +261,7 @@ class MegatronLoraUpdateGuard(MegatronGuard):
                    f'steps ({summary["expert_updated"]} of {summary["expert_tensors"]} on the experts)')
         stale = summary['not_updated']
         if stale:
-            raise GuardError(LORA_NAME, f'{message}. Never changed: {", ".join(stale[:20])}'
-                                        f'{f" and {len(stale) - 20} more" if len(stale) > 20 else ""}. A frozen '
-                                        'adapter trains nothing: check the freeze settings, or for MoE experts that no '
-                                        f'token reached raise {CHECK_STEPS_ENV}.')
+            raise never_changed_error(message, stale, 'check the freeze settings')
         logger.info(f'swift-vora lora_update: {message}.')
         return self.report
 
