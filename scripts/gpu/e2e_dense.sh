@@ -2,7 +2,7 @@
 # The whole dense path on one H200, as a user runs it: recipe -> plan -> ZeRO-3 LoRA training with every guard ->
 # verify-adapter -> merge_for_vllm.sh -> eval of the merged weights on held-out clips.
 #
-#   bash scripts/gpu/e2e_dense.sh [WORK_DIR]        # default /tmp/e2e_dense; after scripts/gpu/setup_env.sh swift
+#   bash scripts/gpu/e2e_dense.sh [WORK_DIR]        # default $TMPDIR/e2e_dense (/tmp); after scripts/gpu/setup_env.sh swift
 #
 # Model: random-weight Qwen3-VL with the 2B shape (swift_vora.tiny_model.build_qwen3_vl(..., '2b')), built offline.
 # Data: synthetic 32 s clips (640x360, a red square marks the moments to keep), 16 for training, 4 held out.
@@ -13,18 +13,12 @@
 # Every step's log goes to $OUT/e2e_dense/ when OUT is set. Exit non-zero on the first failing step.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-WORK="${1:-/tmp/e2e_dense}"
-PY="${PY:-python3}"
-LOGS="${OUT:+$OUT/e2e_dense}"
-LOGS="${LOGS:-$WORK/logs}"
-cd "$ROOT"
-rm -rf "$WORK"
-mkdir -p "$WORK" "$LOGS"
+# shellcheck source=scripts/gpu/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+phase_dirs e2e_dense e2e_dense "${1:-}"
+fresh_work
 # The video budget of this run, for training and for inference alike (SWIFT_VORA_* is what video_ora reads).
 export SWIFT_VORA_FPS=2 SWIFT_VORA_MAX_FRAMES=32 SWIFT_VORA_PAIR_TOKENS=256 SWIFT_VORA_MIN_PAIR_TOKENS=16
-
-step() { echo "== $(date -u +%T) $*"; }
 
 step "1. 2B-shaped random Qwen3-VL and synthetic clips (offline)"
 "$PY" - "$WORK" <<'PYEOF' 2>&1 | tee "$LOGS/1-build.log"

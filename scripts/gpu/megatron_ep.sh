@@ -3,7 +3,7 @@
 # and checks as scripts/gpu/megatron_smoke.sh, with the experts split EP ways. Needs a machine with >= EP GPUs:
 # NCCL refuses two ranks on one GPU, so it refuses to start (exit 4) with fewer, before building anything.
 #
-#   bash scripts/gpu/megatron_ep.sh [WORK_DIR]      # default /tmp/megatron_ep; after setup_env.sh swift +
+#   bash scripts/gpu/megatron_ep.sh [WORK_DIR]      # default $TMPDIR/megatron_ep (/tmp); after setup_env.sh swift +
 #                                                   # setup_megatron.sh (run_all.sh's megatron_ep phase)
 #   EP=2 STEPS=8                                    # expert-parallel size (= GPUs used), optimizer steps
 #   MODEL=DIR_OR_CONFIG_JSON                        # use this model instead of building the random Qwen3-VL-MoE
@@ -13,15 +13,12 @@
 # multicast off: the lent multi-GPU machines do not provide it). Exit: 0 ok, 1 a step or check failed, 4 refused.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-WORK="${1:-/tmp/megatron_ep}"
-PY="${PY:-python3}"
+# shellcheck source=scripts/gpu/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+phase_dirs megatron_ep megatron_ep "${1:-}"
 EP="${EP:-2}"
 STEPS="${STEPS:-8}"
-LOGS="${OUT:+$OUT/megatron_ep}"
-LOGS="${LOGS:-$WORK/logs}"
 NCCL_ENV=(NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1)
-cd "$ROOT"
 
 case "$EP" in ''|*[!0-9]*|0) echo "megatron_ep: EP must be a positive integer, got '$EP'" >&2; exit 2;; esac
 gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
@@ -31,10 +28,8 @@ if [ "$gpus" -lt "$EP" ]; then
   exit 4
 fi
 
-rm -rf "$WORK"
-mkdir -p "$WORK" "$LOGS"
+fresh_work
 export SWIFT_VORA_FPS=2 SWIFT_VORA_MAX_FRAMES=16 SWIFT_VORA_PAIR_TOKENS=256 SWIFT_VORA_MIN_PAIR_TOKENS=16
-step() { echo "== $(date -u +%T) $*"; }
 
 model="${MODEL:-$WORK/model}"
 data="$WORK/train/annotations.jsonl"

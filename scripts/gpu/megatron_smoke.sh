@@ -3,7 +3,7 @@
 # H200 -> plan -> `megatron sft` LoRA (TE grouped LoRA on the experts, LoRA on attention, router frozen) ->
 # checkpoint-N-merged loads in transformers -> scripts/merge_for_vllm.sh verifies it -> results JSON.
 #
-#   [STEPS=8] bash scripts/gpu/megatron_smoke.sh [WORK_DIR]   # default /tmp/megatron_smoke; after setup_env.sh
+#   [STEPS=8] bash scripts/gpu/megatron_smoke.sh [WORK_DIR]   # default $TMPDIR/megatron_smoke (/tmp); after setup_env.sh
 #                                                             # swift and setup_megatron.sh (run_all.sh does both)
 #
 # Model: a random Qwen3-VL-MoE (a type the recipe targets; swift_vora.tiny_model.build_tiny_qwen3_vl(moe=True))
@@ -14,18 +14,12 @@
 # and every step's log in ${OUT:-WORK_DIR}/megatron/ (WORK_DIR/logs without OUT). Exit non-zero on the first failing step or check.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-WORK="${1:-/tmp/megatron_smoke}"
-PY="${PY:-python3}"
-LOGS="${OUT:+$OUT/megatron}"
-LOGS="${LOGS:-$WORK/logs}"
+# shellcheck source=scripts/gpu/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+phase_dirs megatron megatron_smoke "${1:-}"
 STEPS="${STEPS:-8}"
-cd "$ROOT"
-rm -rf "$WORK"
-mkdir -p "$WORK" "$LOGS"
+fresh_work
 export SWIFT_VORA_FPS=2 SWIFT_VORA_MAX_FRAMES=16 SWIFT_VORA_PAIR_TOKENS=256 SWIFT_VORA_MIN_PAIR_TOKENS=16
-
-step() { echo "== $(date -u +%T) $*"; }
 
 step "1. random Qwen3-VL-MoE (16 experts, top-4) and synthetic clips (offline)"
 "$PY" - "$WORK" <<'PYEOF' 2>&1 | tee "$LOGS/1-build.log"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Multi-GPU dense video SFT under DeepSpeed ZeRO-3 with every guard on (issue 8), on all GPUs of this host.
 #
-#   bash scripts/gpu/multi_gpu_zero3.sh [WORK_DIR]      # after scripts/gpu/setup_env.sh swift; default /tmp/mgpu
+#   bash scripts/gpu/multi_gpu_zero3.sh [WORK_DIR]      # after scripts/gpu/setup_env.sh swift; default $TMPDIR/mgpu (/tmp)
 #
 # 1. NCCL sanity: scripts/gpu/nccl_sanity.py on every GPU (known all-reduce answer + bus bandwidth).
 # 2. A random Qwen3-VL with the 2B shape and 5 synthetic clips of 12-40 s cut into 16 s windows: 9 training
@@ -12,16 +12,11 @@
 # Logs into $OUT/multi_gpu_zero3 when OUT is set.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-WORK="${1:-/tmp/mgpu}"
-PY="${PY:-python3}"
-LOGS="${OUT:+$OUT/multi_gpu_zero3}"
-LOGS="${LOGS:-$WORK/logs}"
+# shellcheck source=scripts/gpu/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+phase_dirs multi_gpu_zero3 mgpu "${1:-}"
 N="$(nvidia-smi -L | wc -l)"
-cd "$ROOT"
-rm -rf "$WORK"
-mkdir -p "$WORK" "$LOGS"
-step() { echo "== $(date -u +%T) $*"; }
+fresh_work
 
 step "1. NCCL sanity on $N GPUs"
 "$PY" -m torch.distributed.run --nproc_per_node "$N" scripts/gpu/nccl_sanity.py 2>&1 | tee "$LOGS/1-nccl.log"

@@ -27,22 +27,23 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUT="${OUT:-/tmp/swift_vora_out}"
-LOGS=/tmp/swift_vora_logs
+SCRATCH="${TMPDIR:-/tmp}"  # work dirs, logs and the MoE wheel folders below
+OUT="${OUT:-$SCRATCH/swift_vora_out}"
+LOGS="$SCRATCH/swift_vora_logs"
 
-# Unsloth (+ unsloth_zoo, bitsandbytes) in a folder of their own behind the ms-swift set (/tmp/site-moe: an
-# `--upgrade --target /tmp/site` install replaces /tmp/site/bin and with it the `swift`, `megatron` and `py-spy`
-# commands), flash-linear-attention in another (/tmp/site-fla) so that a variant can run without it (*_fla).
+# Unsloth (+ unsloth_zoo, bitsandbytes) in a folder of their own behind the ms-swift set ($SCRATCH/site-moe: an
+# `--upgrade --target` install into the ms-swift set's folder replaces its bin/ and with it the `swift`, `megatron`
+# and `py-spy` commands), flash-linear-attention in another ($SCRATCH/site-fla) so that a variant can run without it.
 install_moe_wheels() {
   ls .whl/moe/unsloth-*.whl >/dev/null 2>&1 || { echo "moe: no .whl/moe (bash scripts/gpu/fetch_wheels.sh moe)"; return 2; }
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-moe \
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SCRATCH/site-moe" \
     .whl/moe/unsloth-*.whl .whl/moe/unsloth_zoo-*.whl .whl/moe/bitsandbytes-*.whl || return 1
-  case ":$PYTHONPATH:" in *":/tmp/site-moe:"*) ;; *) export PYTHONPATH="$PYTHONPATH:/tmp/site-moe";; esac
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-fla \
+  case ":$PYTHONPATH:" in *":$SCRATCH/site-moe:"*) ;; *) export PYTHONPATH="$PYTHONPATH:$SCRATCH/site-moe";; esac
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SCRATCH/site-fla" \
     .whl/moe/fla_core-*.whl .whl/moe/flash_linear_attention-*.whl || return 1
   # Not on PYTHONPATH by default: fla 0.6 refuses the Gated DeltaNet backward on Hopper with Triton < 3.7.1 (wrong
   # results upstream, fla #640), and the image has Triton 3.6. moe_throughput.py's *_fla variants add it.
-  export SWIFT_VORA_FLA_PATH=/tmp/site-fla
+  export SWIFT_VORA_FLA_PATH="$SCRATCH/site-fla"
   export UNSLOTH_DISABLE_STATISTICS=1
   python3 -c 'import unsloth, unsloth_zoo, fla; print("moe wheels: unsloth", unsloth.__version__, "| unsloth_zoo",
 unsloth_zoo.__version__, "| fla", getattr(fla, "__version__", "?"), fla.__file__)' 2>&1 | grep -v -i warn | tail -3
@@ -68,10 +69,10 @@ main() {
     case "$phase" in
       setup) ;;
       throughput)
-        work=/tmp/swift_vora_bench
+        work="$SCRATCH/swift_vora_bench"
         python3 benchmarks/throughput.py --out "$LOGS/$phase" --work "$work" "$@" || rc=1;;
       learnability)
-        work=/tmp/swift_vora_learn
+        work="$SCRATCH/swift_vora_learn"
         python3 benchmarks/learnability.py --out "$LOGS/$phase" --work "$work" "$@" || rc=1;;
       calibrate)
         mkdir -p "$LOGS/$phase"
@@ -83,20 +84,20 @@ main() {
         python3 -m pytest -m gpu -q -rs --junitxml="$OUT/e2e-junit.xml" tests/ "$@"
         case $? in 0) ;; 5) echo "e2e: no test is marked gpu";; *) rc=1;; esac;;
       e2e_dense)
-        work=/tmp/e2e_dense
+        work="$SCRATCH/e2e_dense"
         OUT="$LOGS/$phase" bash scripts/gpu/e2e_dense.sh "$work" "$@" || rc=1;;
       multi_gpu_zero3)
-        work=/tmp/mgpu
+        work="$SCRATCH/mgpu"
         OUT="$LOGS/$phase" bash scripts/gpu/multi_gpu_zero3.sh "$work" "$@" || rc=1;;
       moe)
         # benchmarks/moe_throughput.py: Unsloth split LoRA vs plain swift PEFT on a Qwen3.5-MoE (carry .whl/moe too)
         install_moe_wheels || { rc=1; continue; }
-        work=/tmp/swift_vora_moe
+        work="$SCRATCH/swift_vora_moe"
         python3 benchmarks/moe_throughput.py --out "$LOGS/$phase" --work "$work" "$@" || rc=1;;
       unsloth)
         if [ -f scripts/gpu/unsloth_smoke.sh ]; then
           mkdir -p "$LOGS/$phase"
-          OUT="$LOGS/$phase" bash scripts/gpu/unsloth_smoke.sh /tmp/unsloth_smoke "$@" || rc=1
+          OUT="$LOGS/$phase" bash scripts/gpu/unsloth_smoke.sh "$SCRATCH/unsloth_smoke" "$@" || rc=1
         else
           echo "unsloth: scripts/gpu/unsloth_smoke.sh is not in this checkout"; rc=2
         fi;;
@@ -106,7 +107,7 @@ main() {
         source "$ROOT/scripts/gpu/setup_megatron.sh" all || { rc=1; continue; }
         command -v megatron >/dev/null || { echo "megatron: no \`megatron\` command on PATH (ms-swift's; see setup_env.sh)"
           rc=1; continue; }
-        work=/tmp/$phase
+        work="$SCRATCH/$phase"
         if [ "$phase" = megatron ]
         then OUT="$LOGS/$phase" bash scripts/gpu/megatron_smoke.sh "$work" "$@" || rc=1
         else OUT="$LOGS/$phase" bash scripts/gpu/megatron_ep.sh "$work" "$@"; r=$?; [ $r = 0 ] || rc=$r
@@ -118,10 +119,10 @@ main() {
     # Results JSON flat into $OUT; the logs into one archive (the 8-file limit).
     find "$LOGS/$phase" -maxdepth 1 -name '*.json' -exec cp {} "$OUT"/ \; 2>/dev/null
     local dirs=()
-    [ -d "$LOGS/$phase" ] && dirs+=("${LOGS#/tmp/}/$phase")
-    [ -n "$work" ] && [ -d "$work" ] && dirs+=("${work#/tmp/}")
+    [ -d "$LOGS/$phase" ] && dirs+=("${LOGS#"$SCRATCH"/}/$phase")
+    [ -n "$work" ] && [ -d "$work" ] && dirs+=("${work#"$SCRATCH"/}")
     if [ ${#dirs[@]} -gt 0 ]; then
-      tar czf "$OUT/logs-$phase.tgz" -C /tmp --exclude='*.mp4' --exclude='*.safetensors' --exclude='*.pt' \
+      tar czf "$OUT/logs-$phase.tgz" -C "$SCRATCH" --exclude='*.mp4' --exclude='*.safetensors' --exclude='*.pt' \
         --exclude='*.bin' --exclude='*.pth' --exclude='checkpoint-*' --exclude='model' --exclude='model-*' \
         --exclude='clips' --exclude='data' "${dirs[@]}" 2>/dev/null || true
     fi
