@@ -41,6 +41,8 @@ def register_all() -> None:
     register_video_ora_dataset()
     register_callbacks()
     register_megatron_callbacks()
+    from . import process_group_exit
+    process_group_exit.register()  # a rank that finishes before rank 0 must not die in gloo's teardown
     from .speed.vit_attention import patch_vision_attention  # one sync and one attention call per ViT layer
     patch_vision_attention()
     _registered = True
