@@ -25,12 +25,15 @@ through `--variants`; each is commented where `variant_specs` defines it):
   checkpointed), `baseline_strong_mb4`, `baseline_strong_liger_mb4` and `baseline_strong_liger_nogc_mb4`
   (`--per_device_train_batch_size 4`).
   ms-swift 4.6's other Qwen3-VL speed switches, `--padding_free` and `--packing`, refuse any `--attn_impl` but
-  flash-attention (SftArguments._check_padding_free) and the GPU machine has no flash-attn wheel, so they are not
-  variants.
+  flash-attention (SftArguments._check_padding_free) and the GPU machine has no flash-attn wheel, so plain swift
+  has no packed variant.
 - swift-vora's levers: `vora_gc_compile` (regional torch.compile, the default path) and its ablations, at any memory
   `vora_compile` (LLM not checkpointed), `vora_gc_compile_mb4` / `vora_compile_mb4` (micro-batch 4), and selective
   activation checkpointing instead of whole-layer checkpointing: `vora_gc_sac` (attention outputs saved) and
-  `vora_gc_sac_matmul` (every matmul output saved), swift_vora/speed/selective_checkpoint.py.
+  `vora_gc_sac_matmul` (every matmul output saved), swift_vora/speed/selective_checkpoint.py; and packed
+  micro-batches (`--padding_free true --attn_impl vora_varlen`, swift_vora/speed/packed_attention.py: the four
+  clips of a micro-batch in one row, attention per clip through torch's varlen flash kernel, no padding):
+  `vora_gc_compile_packed_mb4`, `vora_compile_packed_mb4`.
 A `_mb4` variant keeps the samples per optimizer step: its gradient accumulation is divided by 4 (at least 1).
 
 Headline (`headline_rule` in the JSON): the memory budget is `baseline`'s peak reserved memory. `swift_vora_*` and
@@ -527,9 +530,11 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
     # The same samples per optimizer step at a larger micro-batch: `batch_size` N sets
     # --per_device_train_batch_size N and divides the gradient accumulation by N (sft_command).
     mb = MICRO_BATCH
-    # Not a variant, because it cannot run here: ms-swift 4.6's `--padding_free true` and `--packing true` raise in
+    # Plain swift has no packed variant: ms-swift 4.6's `--padding_free true` and `--packing true` raise in
     # SftArguments._check_padding_free unless --attn_impl is a flash-attention implementation (flash_attn,
-    # flash_attention_2/3/4), and the GPU machine has no flash-attn wheel for its torch; these runs use sdpa.
+    # flash_attention_2/3/4), and the GPU machine has no flash-attn wheel for its torch. swift-vora's `vora_varlen`
+    # attention (swift_vora/speed/packed_attention.py) is the way round it.
+    packed = ('--padding_free', 'true', '--attn_impl', 'vora_varlen')
     return {
         'baseline': {'env': baseline_env, 'plugins': [], 'template': [], 'dataset': 'rows',
                      'flags': ['--gradient_checkpointing', 'true', '--dataloader_num_workers', str(workers_baseline)]},
@@ -580,6 +585,9 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         'vora_gc_compile_mb4': vora(True, env=compile_env, batch_size=mb),
         'vora_compile': vora(False, env=compile_env),
         'vora_compile_mb4': vora(False, env=compile_env, batch_size=mb),
+        # ... the micro-batch packed into one row (no padding; one varlen attention call per layer for its clips)
+        'vora_gc_compile_packed_mb4': vora(True, *packed, env=compile_env, batch_size=mb),
+        'vora_compile_packed_mb4': vora(False, *packed, env=compile_env, batch_size=mb),
         # Selective activation checkpointing (swift_vora/speed/selective_checkpoint.py) instead of whole-layer
         # checkpointing: the attention outputs (or every matmul output too) saved, the pointwise ops recomputed. It
         # leaves compiled layers alone, so these run the layers eager.

@@ -49,6 +49,9 @@ PATCHES = (
     Patch('default_callbacks', 'swift.trainers.mixin:SwiftMixin._get_callbacks', 'ms-swift', 'wraps',
           ('self', 'args'), 'swift_registry.py', 'SWIFT_VORA_GUARDS=none and the levers\' switches off: nothing '
           'is appended', 'tests/test_guards_registry.py'),
+    Patch('sft_padding_free_check', 'swift.arguments.sft_args:SftArguments._check_padding_free', 'ms-swift', 'wraps',
+          ('self', ), 'speed/packed_attention.py', 'SWIFT_VORA_PACKED_ATTENTION=0', 'tests/test_packed_attention.py',
+          uses=('self.attn_impl', 'self.packing')),
     Patch('guard_tap_training_step', 'transformers:Trainer.training_step', 'transformers', 'wraps',
           ('self', 'model', 'inputs', 'num_items_in_batch'), 'guards/common.py', 'SWIFT_VORA_GUARDS=none',
           'tests/test_guards_coverage.py'),

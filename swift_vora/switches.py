@@ -122,6 +122,9 @@ def _table() -> Tuple[Switch, ...]:
                aliases=off_aliases, where='speed/selective_checkpoint.py'),
         Switch(PREFIX + 'VIT_ATTENTION', 'choice', 'batched', 'vision attention: batched (one call per layer, no '
                'sync) | transformers', choices=('batched', 'transformers'), where='speed/vit_attention.py'),
+        Switch(PREFIX + 'PACKED_ATTENTION', 'flag', True, 'register the vora_varlen attention (--attn_impl '
+               'vora_varlen with --padding_free/--packing: packed rows without flash-attn)',
+               where='speed/packed_attention.py'),
         Switch(PREFIX + 'LORA_AUTOCAST_INPUTS', 'flag', True, 'LoRA inputs stay in the autocast dtype',
                where='speed/lora_autocast.py'),
         Switch(PREFIX + 'HOST_OVERHEAD', 'flag', True, 'the four host-overhead fixes of the training loop',

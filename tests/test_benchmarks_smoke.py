@@ -144,8 +144,12 @@ def test_micro_batch_variants_keep_the_samples_per_step():
     assert '--use_liger_kernel' in specs['baseline_strong_liger']['flags']
     assert specs['vora_gc_sac']['env']['SWIFT_VORA_SELECTIVE_CHECKPOINT'] == 'attention'
     assert specs['vora_gc_sac_matmul']['env']['SWIFT_VORA_SELECTIVE_CHECKPOINT'] == 'matmul'
-    assert not any('padding_free' in ' '.join(s['flags']) or 'packing' in ' '.join(s['flags'])
-                   for s in specs.values())  # they need flash-attn (see variant_specs)
+    # plain swift cannot pack without flash-attn (see variant_specs); ours packs through vora_varlen
+    packed = {name for name, s in specs.items() if '--padding_free' in s['flags']}
+    assert packed == {'vora_gc_compile_packed_mb4', 'vora_compile_packed_mb4'}
+    for name in packed:
+        flags = specs[name]['flags']
+        assert flags[flags.index('--attn_impl') + 1] == 'vora_varlen' and specs[name]['plugins'] == ['swift_vora']
 
 
 def test_parallel_gives_each_side_by_side_variant_its_own_gpu(monkeypatch):

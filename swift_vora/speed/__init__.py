@@ -54,6 +54,8 @@ LEVERS = (
           'SelectiveCheckpoint'),
     Lever('vit_attention', 'SWIFT_VORA_VIT_ATTENTION',
           'patch at plugin import: the Qwen3-VL / Qwen3.5 vision attention forward'),
+    Lever('packed_attention', 'SWIFT_VORA_PACKED_ATTENTION',
+          'registered at plugin import: the `vora_varlen` attention (--padding_free / --packing without flash-attn)'),
     Lever('shape_bucket', 'SWIFT_VORA_PAD_MULTIPLE',
           'template, per training encode: pad tokens appended to a multiple of N'),
     Lever('pixel_dtype', 'SWIFT_VORA_PIXEL_DTYPE',

@@ -111,9 +111,10 @@ def is_patched(attention_class) -> bool:
 
 def batched_groups(attn, cu_seqlens):
     """(groups, length) when `attn` can run as one batched call of equal groups through an interface that takes no
-    further arguments (transformers' `sdpa` and `eager` ignore the model-level kwargs such as `num_items_in_batch`
-    that reach every vision block); None otherwise (flash attention's varlen kernel, flex, unequal groups)."""
-    if attn.config._attn_implementation not in ('sdpa', 'eager'):
+    further arguments (transformers' `sdpa` and `eager`, and `vora_varlen` on the non-causal vision tower, ignore
+    the model-level kwargs such as `num_items_in_batch` that reach every vision block); None otherwise (flash
+    attention's varlen kernel, flex, unequal groups)."""
+    if attn.config._attn_implementation not in ('sdpa', 'eager', 'vora_varlen'):  # vora_varlen: sdpa here
         return None
     return equal_groups_sizes(cu_seqlens)
 
