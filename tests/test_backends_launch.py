@@ -267,6 +267,26 @@ def test_compile_is_opt_in_reaches_the_plugin_and_says_where_it_does_not_apply()
     assert rc != 0 and "'train.compile'" in err and 'off, layers' in err
 
 
+def test_packing_runs_sdpa_recipes_as_vora_varlen_and_refuses_an_attention_that_would_mix_samples():
+    recipe = os.path.join(REPO, 'recipes', '3090x3.yaml')
+    rc, d, err = dry_json(recipe, f'model.path={DENSE_2B}')
+    assert rc == 0, err
+    argv = d['launch']['argv']
+    assert argv[argv.index('--attn_impl') + 1] == 'sdpa' and '--padding_free' not in argv
+    for packing, flag in (('micro_batch', '--padding_free'), ('dataset', '--packing')):
+        rc, d, err = dry_json(recipe, f'model.path={DENSE_2B}', f'train.packing={packing}')
+        assert rc == 0, err
+        argv = d['launch']['argv']
+        assert argv[argv.index('--attn_impl') + 1] == 'vora_varlen' and argv[argv.index(flag) + 1] == 'true'
+    rc, d, err = dry_json(recipe, f'model.path={DENSE_2B}', 'train.packing=micro_batch', 'train.attn_impl=flash_attn')
+    assert rc == 0, err
+    assert d['launch']['argv'][d['launch']['argv'].index('--attn_impl') + 1] == 'flash_attn'
+    rc, _, err = dry_json(recipe, f'model.path={DENSE_2B}', 'train.packing=micro_batch', 'train.attn_impl=eager')
+    assert rc != 0 and 'train.packing=micro_batch' in err and "train.attn_impl='eager'" in err
+    rc, _, err = dry_json(recipe, f'model.path={DENSE_2B}', 'swift_args.padding_free=true')
+    assert rc != 0 and 'train.packing' in err
+
+
 def test_a_user_allocator_setting_is_kept():
     rc, d, err = dry_json(os.path.join(REPO, 'recipes', '3090x3.yaml'), f'model.path={DENSE_2B}',
                           env={'PYTORCH_CUDA_ALLOC_CONF': 'max_split_size_mb:128'})

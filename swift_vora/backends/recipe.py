@@ -88,6 +88,11 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     # (docs/benchmarks.md); the first step pays the compile. Not applied under DeepSpeed; measured slower with
     # liger_kernel.
     'train.compile': ((str, ), 'off'),
+    # Pack samples into rows instead of padding them (swift_vora/speed/packed_attention.py): off | micro_batch
+    # (swift sft --padding_free: each micro-batch is one row) | dataset (--packing: rows filled up to max_length
+    # from the whole dataset). Attention stays within each sample; with train.attn_impl sdpa it runs as
+    # `vora_varlen` (torch's varlen flash kernel, no flash-attn package needed).
+    'train.packing': ((str, ), 'off'),
     'train.dataloader_workers': ((int, ), 2),  # decode workers per GPU; each holds decoded frames in RAM
     'train.output_dir': ((str, ), 'output/swift-vora'),
     'train.add_version': ((bool, ), True),  # swift appends v<N>-<time> to output_dir (never overwrites)
@@ -139,6 +144,9 @@ ALIASES: Dict[str, str] = {
     'megatron.global_batch_size': 'megatron.global_batch',
     'megatron.recompute_granularity': 'megatron.recompute',
 }
+# train.attn_impl -> the attention packed rows run with (sdpa cannot see the sample boundaries of a packed row)
+PACKING_ATTENTION = {'sdpa': 'vora_varlen', None: 'vora_varlen', 'vora_varlen': 'vora_varlen',
+                     'flash_attn': 'flash_attn', 'flash_attention_2': 'flash_attention_2'}
 # ms-swift argument name -> the recipe key that sets it (a `swift_args` entry may not set these twice)
 MODELLED_ARGS: Dict[str, str] = {
     **{k.split('.', 1)[1]: k for k in SCHEMA if k.split('.')[0] in ('model', 'data', 'train')
@@ -146,6 +154,7 @@ MODELLED_ARGS: Dict[str, str] = {
                                   'warmup_ratio', 'save_steps', 'logging_steps', 'gradient_checkpointing',
                                   'freeze_vit', 'attn_impl', 'output_dir', 'add_version', 'seed', 'max_length',
                                   'dataset', 'strict')},
+    'padding_free': 'train.packing', 'packing': 'train.packing',
     **{k.split('.', 1)[1]: k for k in ALIASES},
     'quant_method': 'train.quantization', 'quant_bits': 'train.quantization', 'deepspeed': 'train.backend',
     'template': 'the video_ora template (always)', 'custom_register_path': 'the plugin (always)',
@@ -255,6 +264,7 @@ def _check(values: Dict[str, Any], where: str) -> None:
         'train.quantization': ('none', '4bit'),
         'train.dtype': ('bfloat16', 'float16', 'float32'),
         'train.compile': ('off', 'layers'),
+        'train.packing': ('off', 'micro_batch', 'dataset'),
         'deepspeed.offload': (None, 'none', 'cpu'),
         'megatron.recompute': ('full', 'selective', 'none'),
     }
@@ -262,6 +272,10 @@ def _check(values: Dict[str, Any], where: str) -> None:
         if values[key] not in allowed:
             raise RecipeError(f'{where}: key {key!r} must be one of {", ".join(map(str, allowed))}; '
                               f'got {values[key]!r}')
+    if values['train.packing'] != 'off' and values['train.attn_impl'] not in PACKING_ATTENTION:
+        raise RecipeError(f'{where}: train.packing={values["train.packing"]} needs an attention that keeps packed '
+                          f'samples apart; train.attn_impl={values["train.attn_impl"]!r} does not (sdpa packs as '
+                          f'vora_varlen; flash_attn works too)')
     for key, (low, high, low_ok) in RANGES.items():
         value = values[key]
         if value is None or isinstance(value, bool):
