@@ -135,6 +135,31 @@ def test_flash_call_matches_the_kernel_signature_of_each_torch_release(signature
     assert seen['gqa'] == (signature == 'window_size')
 
 
+@pytest.mark.gpu
+def test_cuda_varlen_kernel_matches_sdpa_per_document_forward_and_backward():
+    """On the GPU the packed row goes through torch's varlen flash kernel; its output and gradients must be those of
+    sdpa run per document (bf16 tolerances), with GQA, offsets as ms-swift hands them and the longest document
+    overestimated as the forward does."""
+    if not torch.cuda.is_available():
+        pytest.skip('needs a CUDA GPU (run on the GPU machine: bash scripts/gpu/run_all.sh e2e)')
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    sizes = [700, 300, 1024]
+    q, k, v = (t.to('cuda', torch.bfloat16).requires_grad_() for t in qkv(sum(sizes), heads=8, kv_heads=2, dim=64))
+    module = Attn(groups=4)
+    lens = cu(sizes).cuda()
+    out, _ = pa.varlen_attention_forward(module, q, k, v, None, scaling=0.125, cu_seq_lens_q=lens,
+                                         cu_seq_lens_k=lens, max_length_q=lens.diff().max(),
+                                         max_length_k=lens.diff().max())
+    grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+    parts = zip(*(t.split(sizes, dim=2) for t in (q, k, v)))
+    ref = torch.cat([sdpa_attention_forward(module, a, b, c, None, scaling=0.125, is_causal=True)[0]
+                     for a, b, c in parts], dim=1)
+    ref_grads = torch.autograd.grad(ref.float().square().sum(), (q, k, v))
+    assert (out.float() - ref.float()).abs().max() < 2e-2
+    for got, want in zip(grads, ref_grads):
+        assert (got.float() - want.float()).norm() < 2e-2 * want.float().norm()
+
+
 def test_ms_swift_padding_free_check_accepts_vora_varlen_only():
     from swift.arguments.sft_args import SftArguments
 
