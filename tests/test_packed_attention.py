@@ -218,3 +218,27 @@ def test_packed_training_equals_padded_training(tiny_model_dir, offline_env, tmp
     # row read as a single causal sequence fails (step-1 grad norm 0.8 % off, loss 2.5e-5 off).
     assert packed_loss == pytest.approx(padded_loss, rel=1e-5)
     assert packed_grad == pytest.approx(padded_grad, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_dataset_packing_trains_and_the_adapter_infers_elsewhere(tiny_model_dir, offline_env, tmp_path):
+    """`--packing true` (rows filled from the whole dataset, train.packing=dataset) trains with vora_varlen, and
+    `swift infer` on the checkpoint -- from another directory, the attention name in its args.json -- generates
+    through the same registration (unpacked calls are sdpa)."""
+    from swift_vora.synthetic import make_dataset
+    annotations = make_dataset(str(tmp_path / 'videos'), 2, duration=16.0, seed=5)
+    env = {**offline_env, 'SWIFT_VORA_FPS': '1', 'SWIFT_VORA_MAX_FRAMES': '8', 'SWIFT_VORA_PAIR_TOKENS': '16',
+           'SWIFT_VORA_MIN_PAIR_TOKENS': '4', 'SWIFT_VORA_WINDOW': '8', 'SWIFT_VORA_GUARDS': 'none'}
+    _sft(tiny_model_dir, annotations, tmp_path / 'out', ['--attn_impl', 'vora_varlen', '--packing', 'true',
+                                                         '--max_length', '2048', '--max_steps', '1',
+                                                         '--save_strategy', 'steps', '--save_steps', '1'], env)
+    [checkpoint] = glob.glob(str(tmp_path / 'out' / 'v*' / 'checkpoint-1'))
+    assert json.load(open(os.path.join(checkpoint, 'args.json')))['attn_impl'] == 'vora_varlen'
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    proc = subprocess.run([SWIFT, 'infer', '--adapters', checkpoint, '--val_dataset', str(annotations),
+                           '--infer_backend', 'transformers', '--max_new_tokens', '4', '--result_path',
+                           str(elsewhere / 'pred.jsonl')], cwd=str(elsewhere), env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(open(elsewhere / 'pred.jsonl').readlines()) == 4  # 2 videos x 2 windows of 8 s
