@@ -274,7 +274,7 @@ def test_packing_runs_sdpa_recipes_as_vora_varlen_and_refuses_an_attention_that_
     argv = d['launch']['argv']
     assert argv[argv.index('--attn_impl') + 1] == 'sdpa' and '--padding_free' not in argv
     for packing, flag in (('micro_batch', '--padding_free'), ('dataset', '--packing')):
-        rc, d, err = dry_json(recipe, f'model.path={DENSE_2B}', f'train.packing={packing}')
+        rc, d, err = dry_json(recipe, f'model.path={DENSE_2B}', f'train.packing={packing}', 'data.max_length=20000')
         assert rc == 0, err
         argv = d['launch']['argv']
         assert argv[argv.index('--attn_impl') + 1] == 'vora_varlen' and argv[argv.index(flag) + 1] == 'true'
@@ -285,6 +285,13 @@ def test_packing_runs_sdpa_recipes_as_vora_varlen_and_refuses_an_attention_that_
     assert rc != 0 and 'train.packing=micro_batch' in err and "train.attn_impl='eager'" in err
     rc, _, err = dry_json(recipe, f'model.path={DENSE_2B}', 'swift_args.padding_free=true')
     assert rc != 0 and 'train.packing' in err
+    # dataset packing fills rows up to data.max_length: without it ms-swift would pack up to the whole context
+    rc, _, err = dry_json(recipe, f'model.path={DENSE_2B}', 'train.packing=dataset', 'data.max_length=null')
+    assert rc != 0 and 'data.max_length is not set' in err
+    # ... and the plan is made for the full row
+    rc, d, err = dry_json(recipe, f'model.path={DENSE_2B}', 'train.packing=dataset', 'data.max_length=20000')
+    assert rc == 0, err
+    assert any('each row holds up to 20000 tokens' in a for a in d['plan']['assumptions'])
 
 
 def test_a_user_allocator_setting_is_kept():

@@ -255,3 +255,34 @@ def test_plan_dataclass_roundtrip():
     d = p.to_dict()
     json.dumps(d)
     assert d['model']['kind'] == 'moe' and d['model']['linear_attention_layers'] == 3
+
+
+def test_dataset_packing_is_planned_at_the_full_row():
+    """`--pack-length N` (swift sft --packing, recipe train.packing=dataset): a row holds up to N tokens of several
+    samples, and the plan sizes activations for that row, not for one sample."""
+    hw = profile('3090x3')
+    plain = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware=hw))
+    per_sample = plain.tokens['total_tokens']
+    packed = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware=hw, pack_length=3 * per_sample))
+    ckpt = 'activations: layer checkpoints'
+    assert packed.breakdown[ckpt] == pytest.approx(3 * plain.breakdown[ckpt], rel=0.01)
+    assert packed.gpu_peak_gib > plain.gpu_peak_gib
+    assert any('dataset packing' in a and '3.00 samples' in a for a in packed.assumptions)
+    assert '--packing' in packed.command and '--attn_impl' in packed.command
+    assert packed.command[packed.command.index('--max_length') + 1] == str(3 * per_sample)
+    assert packed.command[packed.command.index('--attn_impl') + 1] == 'vora_varlen'
+    # a row shorter than one sample packs nothing: planned as the sample
+    short = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware=hw, pack_length=per_sample // 2))
+    assert short.breakdown[ckpt] == pytest.approx(plain.breakdown[ckpt])
+
+
+def test_packing_that_cannot_fit_offers_shorter_rows():
+    plan = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware=profile('3090x3'), pack_length=65536))
+    assert plan.verdict == 'does_not_fit'
+    per_sample = plan.tokens['total_tokens']
+    cheapest = next(r for r in plan.reasons if r.startswith('Cheapest alternative'))
+    assert f'packed rows of up to {2 * per_sample} tokens' in cheapest
+    alt = plan.alternatives[0]
+    assert alt['pack_length'] == 2 * per_sample
+    command = plan.alternative['command']
+    assert command[command.index('--max_length') + 1] == str(2 * per_sample) and '--packing' in command

@@ -39,6 +39,7 @@ def plan_request(recipe: Recipe):
         offload=recipe['deepspeed.offload'] or 'none', quant=recipe['train.quantization'], ep=recipe['megatron.ep'],
         tp=recipe['megatron.tp'],
         micro_batch=recipe['train.micro_batch'], fps=float(budget.fps), max_frames=frames,
+        pack_length=recipe['data.max_length'] if recipe['train.packing'] == 'dataset' else None,
         frame_tokens=pair_tokens, clip_seconds=clip, lora_rank=recipe['train.lora_rank'],
         lora_targets=_lora_targets(recipe), nodes=recipe['nodes'],
         gradient_checkpointing=recipe['train.gradient_checkpointing'])
@@ -58,13 +59,15 @@ def recipe_for_request(request: Any, plan: Any) -> Recipe:
         'nodes': int(plan.nodes or 1),
         'model': {'path': request.model[:-len('/config.json')] if request.model.endswith('/config.json')
                   else request.model},
-        'data': {'dataset': PLAN_DATASET_PLACEHOLDER, 'window': float(request.clip_seconds)},
+        'data': {'dataset': PLAN_DATASET_PLACEHOLDER, 'window': float(request.clip_seconds),
+                 **({'max_length': int(request.pack_length)} if request.pack_length else {})},
         'video': {'fps': float(request.fps), 'max_frames': int(request.max_frames),
                   'pair_tokens': int(request.frame_tokens)},
         'train': {'backend': plan.backend, 'tuner': plan.tuner, 'quantization': plan.quant,
                   'lora_rank': int(plan.lora_rank), 'micro_batch': int(plan.micro_batch),
                   'target_modules': 'attention' if plan.lora_targets == 'attention' else 'all-linear',
-                  'gradient_checkpointing': bool(request.gradient_checkpointing)},
+                  'gradient_checkpointing': bool(request.gradient_checkpointing),
+                  **({'packing': 'dataset'} if request.pack_length else {})},
         'deepspeed': {'offload': plan.offload},
         'megatron': {'ep': int(plan.ep), 'tp': int(plan.tp)},
     }

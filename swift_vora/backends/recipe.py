@@ -272,6 +272,11 @@ def _check(values: Dict[str, Any], where: str) -> None:
         if values[key] not in allowed:
             raise RecipeError(f'{where}: key {key!r} must be one of {", ".join(map(str, allowed))}; '
                               f'got {values[key]!r}')
+    if values['train.packing'] == 'dataset' and values['data.max_length'] is None:
+        raise RecipeError(f'{where}: train.packing=dataset fills rows up to data.max_length tokens, and '
+                          f'data.max_length is not set (ms-swift would pack up to the model\'s whole context, hundreds '
+                          f'of thousands of tokens per row); set data.max_length, e.g. two or three times the tokens '
+                          f'per sample that `swift-vora plan` prints')
     if values['train.packing'] != 'off' and values['train.attn_impl'] not in PACKING_ATTENTION:
         raise RecipeError(f'{where}: train.packing={values["train.packing"]} needs an attention that keeps packed '
                           f'samples apart; train.attn_impl={values["train.attn_impl"]!r} does not (sdpa packs as '

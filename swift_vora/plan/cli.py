@@ -59,6 +59,9 @@ def register_commands(subparsers) -> None:
                    help='expert parallel size (Megatron; default: chosen)')
     t.add_argument('--tp', type=positive_int(4096), default=None, help='tensor parallel size (Megatron; default 1)')
     t.add_argument('--micro-batch', type=positive_int(1_000_000), default=1)
+    t.add_argument('--pack-length', type=positive_int(10_000_000), default=None, metavar='TOKENS',
+                   help='dataset packing (swift sft --packing, recipe train.packing=dataset): rows filled with '
+                        'samples up to TOKENS tokens, planned full')
     t.add_argument('--lora-rank', type=positive_int(65536), default=None,
                    help='LoRA rank (default 8, ms-swift\'s default)')
     t.add_argument('--lora-targets', choices=LORA_TARGETS, default='all-linear',
@@ -207,6 +210,7 @@ def request_from_args(args):
     return PlanRequest(
         model=args.model, hardware=args.hardware, tuner=args.tuner, backend=args.backend, offload=args.offload,
         quant=args.quant, ep=args.ep, tp=args.tp, micro_batch=args.micro_batch, seq_len=args.seq_len,
+        pack_length=args.pack_length,
         fps=float(budget.fps), max_frames=frames, frame_tokens=pair_tokens, clip_seconds=window,
         text_tokens=C.DEFAULT_PROMPT_TOKENS + answer, supervised_tokens=answer,
         lora_rank=args.lora_rank if args.lora_rank is not None else C.DEFAULT_LORA_RANK,

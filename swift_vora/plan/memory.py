@@ -42,6 +42,7 @@ class TrainSetup:
     tp: int = 1
     ep: int = 1
     micro_batch: int = 1
+    samples_per_row: float = 1.0  # dataset packing: samples in one packed row (tokens per row / per sample)
     lora_rank: int = C.DEFAULT_LORA_RANK
     lora_targets: str = 'all-linear'
     gradient_checkpointing: bool = True
@@ -276,7 +277,7 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
     gpu: Dict[str, float] = {}
     host: Dict[str, float] = {}
     notes: List[str] = []
-    b = s.micro_batch
+    b = s.micro_batch * s.samples_per_row  # samples per micro-batch: a packed row holds several
     seq = tok.total_tokens * b
     sp = max(1, s.tp) if s.backend == 'megatron_ep_lora' else 1  # sequence parallel splits activations by TP
     local = seq / sp
@@ -443,7 +444,8 @@ def estimate(spec: ModelSpec, tokens: VideoTokens, setup: TrainSetup) -> MemoryE
         f'vision tower: {s.vision_mode}' if spec.vision is not None else 'no vision tower',
         'gradient checkpointing on' if s.gradient_checkpointing else 'gradient checkpointing off',
         f'micro batch {s.micro_batch}, {tokens.total_tokens} tokens per sample',
-    ] + notes
+    ] + ([f'dataset packing: each row holds up to {s.samples_per_row * tokens.total_tokens:.0f} tokens '
+          f'({s.samples_per_row:.2f} samples), planned full'] if s.samples_per_row > 1 else []) + notes
     return MemoryEstimate(setup=s, gpu=gpu, host=host, phases=phases, trainable_params=T, tokens=tokens,
                           model_state_bytes=comp_bytes, assumptions=assumptions,
                           host_by_phase={'load': load_host, 'steady': steady_host})

@@ -77,6 +77,7 @@ class PlanRequest:
     ep: Optional[int] = None  # expert parallel size (Megatron); None = chosen
     tp: Optional[int] = None  # tensor parallel size (Megatron); None = 1
     micro_batch: int = 1
+    pack_length: Optional[int] = None  # dataset packing (swift sft --packing): rows filled up to this many tokens
     seq_len: Optional[int] = None  # tokens per sample; when given, the sample is treated as text only
     fps: float = C.DEFAULT_FPS  # video budget (ignored when seq_len is given)
     max_frames: int = C.DEFAULT_MAX_FRAMES
@@ -100,7 +101,7 @@ class PlanRequest:
         for name in ('micro_batch', 'lora_rank', 'nodes', 'max_frames', 'frame_tokens'):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f'{name} must be >= 1')
-        for name in ('ep', 'tp', 'seq_len'):
+        for name in ('ep', 'tp', 'seq_len', 'pack_length'):
             v = getattr(self, name)
             if v is not None and int(v) < 1:
                 raise ValueError(f'{name} must be >= 1')
@@ -275,9 +276,18 @@ def check_refusal(spec: ModelSpec, world: int, req: PlanRequest, backend: str, e
     return None
 
 
-def _setup(req: PlanRequest, hw: Hardware, backend: str, ep: int, tp: int) -> TrainSetup:
+def samples_per_row(req: PlanRequest, tokens: VideoTokens) -> float:
+    """Samples in one packed row: with dataset packing a row holds up to `pack_length` tokens, so the row is
+    planned at that length (pack_length / tokens per sample samples, at least one); unpacked, one."""
+    if not req.pack_length:
+        return 1.0
+    return max(1.0, req.pack_length / max(1, tokens.total_tokens))
+
+
+def _setup(req: PlanRequest, hw: Hardware, backend: str, ep: int, tp: int, tokens: VideoTokens) -> TrainSetup:
     return TrainSetup(backend=backend, tuner=req.tuner, gpus_per_node=hw.num_gpus, nodes=hw.nodes,
                       offload=req.offload, quant=req.quant, tp=tp, ep=ep, micro_batch=req.micro_batch,
+                      samples_per_row=samples_per_row(req, tokens),
                       lora_rank=req.lora_rank, lora_targets=req.lora_targets,
                       gradient_checkpointing=req.gradient_checkpointing, vision_mode=req.vision_mode,
                       zero3_max_live_params=(C.ZERO3_MAX_LIVE_PARAMS_SMALL_GPU
@@ -342,7 +352,7 @@ def _evaluate(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardwa
     tp = tp if tp is not None else 1
     if check_refusal(spec, hw.world, req, backend, ep, tp):
         return None
-    est = estimate(spec, tokens, _setup(req, hw, backend, ep, tp))
+    est = estimate(spec, tokens, _setup(req, hw, backend, ep, tp, tokens))
     gpu_ok, host_ok = _fits(est, hw)
     return est, gpu_ok and host_ok, ep, tp
 
@@ -350,7 +360,8 @@ def _evaluate(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardwa
 def _alt_dict(req: PlanRequest, hw: Hardware, backend: str, est: MemoryEstimate, ep: int, tp: int,
               label: str) -> Dict[str, Any]:
     return {'label': label, 'backend': backend, 'tuner': req.tuner, 'offload': req.offload, 'quant': req.quant,
-            'micro_batch': req.micro_batch, 'num_gpus': hw.num_gpus, 'nodes': hw.nodes, 'ep': ep, 'tp': tp,
+            'micro_batch': req.micro_batch, 'pack_length': req.pack_length, 'num_gpus': hw.num_gpus,
+            'nodes': hw.nodes, 'ep': ep, 'tp': tp,
             'gpu_mem_gib': hw.gpu_mem_gib, 'gpu_peak_gib': round(est.gpu_peak / C.GiB, 2),
             'host_peak_gib': round(est.host_peak / C.GiB, 2), 'host_limit_gib': hw.host_ram_gib,
             'trainable_params': est.trainable_params}
@@ -370,6 +381,8 @@ def _describe_alt(a: Dict[str, Any], spec: ModelSpec) -> str:
         bits.append(f'EP {a["ep"]}, TP {a["tp"]}')
     if a['micro_batch'] != 1:
         bits.append(f'micro batch {a["micro_batch"]}')
+    if a.get('pack_length'):
+        bits.append(f'packed rows of up to {a["pack_length"]} tokens')
     gpus = f'{a["num_gpus"]} x {a["gpu_mem_gib"]:g} GiB GPU' + ('s' if a['num_gpus'] > 1 else '')
     if a['nodes'] > 1:
         gpus += f' x {a["nodes"]} nodes'
@@ -385,10 +398,11 @@ def find_alternatives(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw
     LoRA, 4-bit for dense LoRA), then more GPUs of the same kind (2, 4, 8 per node with the same host RAM, then 2,
     4, 8 nodes like this one)."""
     found: List[Dict[str, Any]] = []
-    seen = {(req.tuner, current[0], req.offload, req.quant, req.micro_batch, hw.num_gpus, hw.nodes, current[2])}
+    seen = {(req.tuner, current[0], req.offload, req.quant, req.micro_batch, req.pack_length, hw.num_gpus, hw.nodes,
+             current[2])}
 
     def consider(r: PlanRequest, h: Hardware, backend: str, label: str, tp: int = 1) -> bool:
-        key = (r.tuner, backend, r.offload, r.quant, r.micro_batch, h.num_gpus, h.nodes, tp)
+        key = (r.tuner, backend, r.offload, r.quant, r.micro_batch, r.pack_length, h.num_gpus, h.nodes, tp)
         if key in seen:
             return False
         seen.add(key)
@@ -425,6 +439,13 @@ def find_alternatives(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw
     if req.micro_batch > 1:
         r1 = replace(req, micro_batch=1, ep=None, tp=None)
         consider(r1, hw, current[0], 'same hardware, micro batch 1')
+    if req.pack_length and samples_per_row(req, tokens) > 1:  # shorter packed rows, then none
+        for length, label in ((tokens.total_tokens * 2, 'rows of two samples'), (None, 'unpacked')):
+            if length is not None and length >= req.pack_length:
+                continue
+            r1 = replace(req, pack_length=length, micro_batch=1, ep=None, tp=None)
+            if consider(r1, hw, current[0], f'same hardware, dataset packing: {label}'):
+                break
     sweep(hw, 'same hardware')
     bigger = []
     for n in (2, 4, 8):
@@ -494,7 +515,7 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
                     breakdown={}, command=[], **base)
         return plan
 
-    est = estimate(spec, tokens, _setup(req, hw, backend, ep, tp))
+    est = estimate(spec, tokens, _setup(req, hw, backend, ep, tp, tokens))
     gpu_ok, host_ok = _fits(est, hw)
     verdict = 'fits' if gpu_ok and host_ok else 'does_not_fit'
     cap = hw.gpu_mem_gib * C.GiB
@@ -516,7 +537,7 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
         if backend in DEEPSPEED_BACKENDS + ('ddp', ) and req.offload == 'none' and req.tuner != 'lora':
             off_backend = 'deepspeed_zero2' if (spec.is_moe or backend == 'deepspeed_zero2') else 'deepspeed_zero3'
             r_off = replace(req, offload='cpu', backend=off_backend)
-            oe = estimate(spec, tokens, _setup(r_off, hw, off_backend, 1, 1))
+            oe = estimate(spec, tokens, _setup(r_off, hw, off_backend, 1, 1, tokens))
             opt = oe.host.get('offloaded optimizer states (fp32 master + Adam m, v)', 0.0)
             og, oh = _fits(oe, hw)
             stages = 'ZeRO-2' + ('' if spec.is_moe else '/3')
