@@ -127,7 +127,7 @@ def test_flash_call_matches_the_kernel_signature_of_each_torch_release(signature
     sizes = [4, 6]
     q, k, v = qkv(sum(sizes))
     kernel, seen = _kernel(signature)
-    out = pa._flash_documents(q, k, v, cu(sizes), sum(sizes), 0.3, kernel)  # longest overestimated, as on CUDA
+    out = pa._flash_documents(q, k, v, cu(sizes), sum(sizes), 0.3, pa.varlen_kernel(kernel))  # longest: over
     assert torch.allclose(out, reference(q, k, v, sizes, 0.3), atol=1e-5)
     assert seen['causal']
     # GQA: passed as an option where the kernel has it, else the KV heads are repeated before the call
@@ -158,6 +158,37 @@ def test_cuda_varlen_kernel_matches_sdpa_per_document_forward_and_backward():
     assert (out.float() - ref.float()).abs().max() < 2e-2
     for got, want in zip(grads, ref_grads):
         assert (got.float() - want.float()).norm() < 2e-2 * want.float().norm()
+
+
+def test_flash_branch_traces_into_one_graph(monkeypatch):
+    """On the GPU the decoder layers are compiled (train.compile=layers) with this attention inside: its flash
+    branch must not break the graph (no host read, no signature lookup per call). Traced here with the branch
+    forced and a stand-in kernel; fullgraph=True fails on any break."""
+    sizes = [4, 6]
+    q, k, v = qkv(sum(sizes))
+
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                    window_size=(-1, -1), enable_gqa=False):
+        outs, start = [], 0
+        for n in sizes:  # the sizes are the test's, the kernel reads the offsets on the device
+            qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (query, key, value))
+            outs.append(torch.nn.functional.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=tuple(window_size) == (-1, 0), scale=scale, enable_gqa=enable_gqa))
+            start += n
+        return torch.cat([o.transpose(0, 1) for o in outs])
+
+    monkeypatch.setattr(pa, '_KERNEL', pa.varlen_kernel(varlen_attn))
+    monkeypatch.setattr(pa, '_flash_applies', lambda module, query, dropout: True)
+    lens = cu(sizes)
+    module = Attn()
+
+    def layer(q, k, v, lens, longest):
+        return pa.varlen_attention_forward(module, q, k, v, None, scaling=0.3, cu_seq_lens_q=lens,
+                                           cu_seq_lens_k=lens, max_length_q=longest, max_length_k=longest)[0]
+
+    torch._dynamo.reset()
+    out = torch.compile(layer, backend='eager', fullgraph=True)(q, k, v, lens, lens.diff().max())
+    assert torch.allclose(out, reference(q, k, v, sizes, 0.3), atol=1e-5)
 
 
 def test_ms_swift_padding_free_check_accepts_vora_varlen_only():

@@ -21,7 +21,7 @@ Use: `swift sft --custom_register_path swift_vora --attn_impl vora_varlen --padd
 from __future__ import annotations
 
 import inspect
-from typing import List, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from .. import switches
 
@@ -53,32 +53,50 @@ def _is_packed_self_attention(module, query, key, is_causal, kwargs) -> bool:
             and query.shape[2] == key.shape[2])
 
 
-def _varlen_kernel():
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:  # torch < 2.10
-        return None
-    return varlen_attn
+class VarlenKernel(NamedTuple):
+    """torch's varlen flash kernel and how this torch release spells its options (read once, not per call: a
+    signature lookup inside a compiled decoder layer would break its graph)."""
+    call: Callable
+    causal: Dict[str, Any]  # torch 2.10/2.11: is_causal=True; later releases: the window (-1, 0)
+    gqa_option: bool  # later releases take fewer KV heads with enable_gqa=True; earlier ones need them repeated
 
 
-def _flash_documents(query, key, value, cu_seq_lens, longest: int, scaling, kernel):
+def varlen_kernel(call: Optional[Callable] = None) -> Optional[VarlenKernel]:
+    """`call` (default: torch.nn.attention.varlen.varlen_attn) with its options; None where torch has none."""
+    if call is None:
+        try:
+            from torch.nn.attention.varlen import varlen_attn as call
+        except ImportError:  # torch < 2.10
+            return None
+    params = inspect.signature(call).parameters
+    return VarlenKernel(call, {'window_size': (-1, 0)} if 'window_size' in params else {'is_causal': True},
+                        'enable_gqa' in params)
+
+
+_KERNEL: Optional[VarlenKernel] = None  # set by register(), outside any compiled region
+
+
+def _flash_documents(query, key, value, cu_seq_lens, longest: int, scaling, kernel: VarlenKernel):
     """All documents in one call of PyTorch's varlen flash kernel; q/k/v [1, heads, T, dim] -> [1, T, heads, dim].
     The offsets stay on the device and `longest` is a plain int, so nothing here waits for the GPU and a compiled
     decoder layer traces through it (an overestimated `longest` only adds thread blocks that exit at once)."""
     import torch
-    params = inspect.signature(kernel).parameters
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # [T, heads, dim]
-    options = {'scale': scaling}
-    # torch 2.10/2.11 take `is_causal`; later releases express it as the window (-1, 0)
-    options.update({'window_size': (-1, 0)} if 'window_size' in params else {'is_causal': True})
+    options = {'scale': scaling, **kernel.causal}
     if k.shape[1] != q.shape[1]:
-        if 'enable_gqa' in params:
+        if kernel.gqa_option:
             options['enable_gqa'] = True
         else:
             groups = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     cu = cu_seq_lens.to(device=q.device, dtype=torch.int32)
-    return kernel(q, k, v, cu, cu, longest, longest, **options).unsqueeze(0)
+    return kernel.call(q, k, v, cu, cu, longest, longest, **options).unsqueeze(0)
+
+
+def _flash_applies(module, query, dropout) -> bool:
+    """The flash kernel takes CUDA bf16/fp16 without dropout; anything else runs sdpa per document."""
+    import torch
+    return query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and not (dropout and module.training)
 
 
 def varlen_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -91,9 +109,8 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
     if not _is_packed_self_attention(module, query, key, is_causal, kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **rest)
-    kernel = _varlen_kernel()
-    if (kernel is not None and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
-            and not (dropout and module.training)):
+    kernel = _KERNEL
+    if kernel is not None and _flash_applies(module, query, dropout):
         longest = kwargs.get('max_length_q')
         longest = longest if isinstance(longest, int) else query.shape[2]  # ms-swift hands a tensor: no sync
         return _flash_documents(query, key, value, kwargs['cu_seq_lens_q'], longest, scaling, kernel), None
@@ -111,8 +128,10 @@ def register() -> bool:
     """Register `vora_varlen` with transformers (attention and mask function) when the switch is on; idempotent."""
     if not enabled():
         return False
+    global _KERNEL
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    _KERNEL = varlen_kernel()
     AttentionInterface.register(NAME, varlen_attention_forward)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)  # unpacked batches get sdpa's masks
     return True
