@@ -8,12 +8,13 @@ need): every packed row would attend across its clips.
 
 This registers a transformers attention implementation, `vora_varlen` (`AttentionInterface.register`, the public
 hook for custom attention), and lets ms-swift's padding-free check accept it (`sft_padding_free_check` in
-swift_vora/patches.py). A causal call that carries `cu_seq_lens_q` for exactly its tokens attends within each
+swift_vora/patches.py). A causal self-attention call over one row that carries `cu_seq_lens_q` attends within each
 document: on CUDA in bf16/fp16 through PyTorch's own variable-length flash kernel
-(`torch.nn.attention.varlen.varlen_attn`), elsewhere as one causal sdpa call per document. Every other call --
-unpacked batches, the vision tower (non-causal; the model's kwargs, packed lengths included, reach it too) --
-is transformers' sdpa, mask function included. So the arithmetic is sdpa's, per document:
-tests/test_packed_attention.py compares a packed micro-batch's loss with the padded one's.
+(`torch.nn.attention.varlen.varlen_attn`; offsets stay on the device, no sync), elsewhere as one causal sdpa call
+per document (offsets that do not cover the row are an error there). Every other call -- unpacked batches, the
+vision tower (not causal, whatever model-level kwargs reach it) -- is transformers' sdpa, mask function included.
+So the arithmetic is sdpa's, per document: tests/test_packed_attention.py shows a packed run's losses and gradient
+norms equal to the padded run's.
 
 Use: `swift sft --custom_register_path swift_vora --attn_impl vora_varlen --padding_free true` (or
 `--packing true`). `SWIFT_VORA_PACKED_ATTENTION=0` registers nothing and leaves ms-swift's check as it is.
