@@ -33,7 +33,9 @@ through `--variants`; each is commented where `variant_specs` defines it):
   `vora_gc_sac_matmul` (every matmul output saved), swift_vora/speed/selective_checkpoint.py; and packed
   micro-batches (`--padding_free true --attn_impl vora_varlen`, swift_vora/speed/packed_attention.py: the four
   clips of a micro-batch in one row, attention per clip through torch's varlen flash kernel, no padding):
-  `vora_gc_compile_packed_mb4`, `vora_compile_packed_mb4`.
+  `vora_gc_compile_packed_mb4`, `vora_compile_packed_mb4`; CUDA graphs of the compiled layers
+  (`SWIFT_VORA_COMPILE_MODE=reduce-overhead`): `vora_gc_compile_cg`, and inductor's GEMM autotuning without them:
+  `vora_gc_compile_autotune`.
 A `_mb4` variant keeps the samples per optimizer step: its gradient accumulation is divided by 4 (at least 1).
 
 Headline (`headline_rule` in the JSON): the memory budget is `baseline`'s peak reserved memory. `swift_vora_*` and
@@ -585,6 +587,11 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         'vora_gc_compile_mb4': vora(True, env=compile_env, batch_size=mb),
         'vora_compile': vora(False, env=compile_env),
         'vora_compile_mb4': vora(False, env=compile_env, batch_size=mb),
+        # ... with inductor's CUDA graphs (SWIFT_VORA_COMPILE_MODE=reduce-overhead: each compiled layer replayed as one
+        # graph launch, against the host-bound step) or its GEMM autotuning without them
+        'vora_gc_compile_cg': vora(True, env={**compile_env, 'SWIFT_VORA_COMPILE_MODE': 'reduce-overhead'}),
+        'vora_gc_compile_autotune': vora(True, env={**compile_env,
+                                                    'SWIFT_VORA_COMPILE_MODE': 'max-autotune-no-cudagraphs'}),
         # ... the micro-batch packed into one row (no padding; one varlen attention call per layer for its clips)
         'vora_gc_compile_packed_mb4': vora(True, *packed, env=compile_env, batch_size=mb),
         'vora_compile_packed_mb4': vora(False, *packed, env=compile_env, batch_size=mb),

@@ -112,6 +112,10 @@ def _table() -> Tuple[Switch, ...]:
                'train.compile', choices=('off', 'layers'), aliases=off_aliases, where='speed/compile_layers.py'),
         Switch(PREFIX + 'COMPILE_BACKEND', 'text', 'inductor', 'torch.compile backend',
                where='speed/compile_layers.py'),
+        Switch(PREFIX + 'COMPILE_MODE', 'choice', 'default', 'inductor mode of the compiled layers: default | '
+               'reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs',
+               choices=('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs'),
+               where='speed/compile_layers.py'),
         Switch(PREFIX + 'COMPILE_CHECKPOINT', 'choice', 'eager', 'gradient checkpointing around the compiled layer '
                '(eager) or inside its graph (graph)', choices=('graph', 'eager'), where='speed/compile_layers.py'),
         Switch(PREFIX + 'COMPILE_VISION', 'flag', True, 'with compiled layers, compile the vision blocks too',

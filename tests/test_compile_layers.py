@@ -289,3 +289,34 @@ def test_callback_skips_deepspeed_and_off(monkeypatch, model_dir):
     callback.on_train_begin(types.SimpleNamespace(deepspeed=None), None, None, model=model)
     assert callback.compiled == 2
     assert all(layer._compiled_call_impl is not None for layer in compile_layers.decoder_layers(model))
+
+
+def test_compile_mode_reaches_inductor_and_is_ignored_elsewhere(monkeypatch, caplog):
+    """SWIFT_VORA_COMPILE_MODE (reduce-overhead: CUDA graphs) is what torch.compile gets for the decoder layers
+    and the vision blocks with inductor; with another backend torch would hand the mode to it as an unknown
+    argument, so it is dropped, saying so."""
+    import logging
+    assert compile_layers.compile_options('inductor', 'default') == {'backend': 'inductor'}
+    assert compile_layers.compile_options('inductor', 'reduce-overhead') == {'backend': 'inductor',
+                                                                              'mode': 'reduce-overhead'}
+    with caplog.at_level(logging.WARNING, logger='swift'):
+        assert compile_layers.compile_options('aot_eager', 'max-autotune') == {'backend': 'aot_eager'}
+    assert 'applies to the inductor backend only' in caplog.text
+
+    seen = []
+
+    class Layer(torch.nn.Module):
+        def compile(self, **kwargs):
+            seen.append(kwargs)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer(), Layer()])
+
+    monkeypatch.setattr(compile_layers, 'decoder_layers', lambda model: list(model.layers))
+    assert compile_layers.compile_decoder_layers(Model(), backend='inductor', inductor_mode='reduce-overhead') == 2
+    assert seen == [{'backend': 'inductor', 'mode': 'reduce-overhead'}] * 2
+    from swift_vora import switches
+    with pytest.raises(ValueError, match='SWIFT_VORA_COMPILE_MODE'):
+        switches.read('SWIFT_VORA_COMPILE_MODE', {'SWIFT_VORA_COMPILE_MODE': 'fastest'})

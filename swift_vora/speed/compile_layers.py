@@ -39,7 +39,10 @@ it is an inference graph (nothing there needs autograd). docs/benchmarks.md meas
 `SWIFT_VORA_COMPILE=layers` turns it on (recipe key `train.compile: layers`); it is off by default because on a CPU
 or a tiny model the compile costs more than it saves. Not applied under DeepSpeed (ZeRO-3 gathers parameters in
 module hooks, which a compiled region would have to trace; DeepSpeed has its own `engine.compile()`).
-`SWIFT_VORA_COMPILE_BACKEND` picks the torch.compile backend (default inductor; `aot_eager` in the CPU tests).
+`SWIFT_VORA_COMPILE_BACKEND` picks the torch.compile backend (default inductor; `aot_eager` in the CPU tests), and
+`SWIFT_VORA_COMPILE_MODE` inductor's mode: `reduce-overhead` replays each compiled layer as a CUDA graph (one launch
+instead of its kernels: the host-bound step's lever), `max-autotune*` benchmarks GEMM configurations first. A mode
+with another backend is ignored, with a warning (torch would hand it to that backend as an unknown argument).
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ from .. import switches
 
 ENV = 'SWIFT_VORA_COMPILE'
 BACKEND_ENV = 'SWIFT_VORA_COMPILE_BACKEND'
+MODE_ENV = 'SWIFT_VORA_COMPILE_MODE'
 CHECKPOINT_ENV = 'SWIFT_VORA_COMPILE_CHECKPOINT'
 VISION_ENV = 'SWIFT_VORA_COMPILE_VISION'
 MODES = ('off', 'layers')
@@ -144,7 +148,19 @@ def _with_plain_checkpoint(compiled):
     return call
 
 
-def compile_decoder_layers(model, backend: str = 'inductor', checkpoint: str = 'eager', layers=None) -> int:
+def compile_options(backend: str, inductor_mode: str) -> dict:
+    """torch.compile's keyword arguments: the backend, and the mode where inductor takes one."""
+    if inductor_mode == 'default':
+        return {'backend': backend}
+    if backend != 'inductor':
+        logger.warning(f'swift-vora compile: {MODE_ENV}={inductor_mode} applies to the inductor backend only; '
+                       f'ignored with {BACKEND_ENV}={backend}')
+        return {'backend': backend}
+    return {'backend': backend, 'mode': inductor_mode}
+
+
+def compile_decoder_layers(model, backend: str = 'inductor', checkpoint: str = 'eager', layers=None,
+                           inductor_mode: str = 'default') -> int:
     """`layer.compile()` on every decoder layer (in place; `layers`: `decoder_layers(model)` if the caller has not
     found them already); returns how many layers.
 
@@ -153,18 +169,19 @@ def compile_decoder_layers(model, backend: str = 'inductor', checkpoint: str = '
     switched off for them and `checkpointed_forward` becomes their forward."""
     import types
     layers = decoder_layers(model) if layers is None else layers
+    options = compile_options(backend, inductor_mode)
     for layer in layers:
         inside = checkpoint == 'graph' and getattr(layer, 'gradient_checkpointing', False)
         if inside:
             layer.gradient_checkpointing = False
             layer.forward = types.MethodType(checkpointed_forward, layer)
-        layer.compile(backend=backend)
+        layer.compile(**options)
         if inside:
             layer._compiled_call_impl = _with_plain_checkpoint(layer._compiled_call_impl)
     return len(layers)
 
 
-def compile_vision_blocks(blocks, backend: str = 'inductor') -> int:
+def compile_vision_blocks(blocks, backend: str = 'inductor', inductor_mode: str = 'default') -> int:
     """Compile the vision blocks: one compiled function for a block's whole work (norms, qkv, rotary embedding, the
     batched attention, projection, MLP, residuals) shared by all blocks, called with the frame-group sizes as ints
     that `vit_attention.split_sizes` reads once per vision forward. The model-level kwargs that transformers hands
@@ -180,7 +197,7 @@ def compile_vision_blocks(blocks, backend: str = 'inductor') -> int:
     if not blocks:
         return 0
     compiled = torch.compile(vit_attention.make_equal_groups_block(type(blocks[0]), type(blocks[0].attn)),
-                             backend=backend)
+                             **compile_options(backend, inductor_mode))
 
     def forward(self, hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kwargs):
         hooked = self.attn._forward_hooks or self.attn._forward_pre_hooks  # output_attentions recording
@@ -220,14 +237,16 @@ class CompileDecoderLayers(TrainerCallback):
                            'would be traced into the compiled layers); training runs uncompiled')
             return
         backend = switches.read(BACKEND_ENV)
+        inductor_mode = switches.read(MODE_ENV)
         place = checkpoint_place()
         layers = decoder_layers(model)
         checkpointed = sum(bool(getattr(layer, 'gradient_checkpointing', False)) for layer in layers)
-        self.compiled = compile_decoder_layers(model, backend=backend, checkpoint=place, layers=layers)
+        self.compiled = compile_decoder_layers(model, backend=backend, checkpoint=place, layers=layers,
+                                               inductor_mode=inductor_mode)
         if compile_vision():
             found = _repeated_blocks(model, 'VisionBlock')
             blocks = vision_blocks(model, found)
-            self.compiled_vision = compile_vision_blocks(blocks, backend=backend)
+            self.compiled_vision = compile_vision_blocks(blocks, backend=backend, inductor_mode=inductor_mode)
             if found and not blocks:
                 logger.info('swift-vora compile: vision blocks left uncompiled (transformers\' vision attention, '
                             'SWIFT_VORA_VIT_ATTENTION=transformers or a model swift-vora does not patch)')
@@ -241,7 +260,7 @@ class CompileDecoderLayers(TrainerCallback):
             if checkpointed else '')
         vision = f', {self.compiled_vision} vision blocks' if self.compiled_vision else ''
         logger.info(f'swift-vora compile: {self.compiled} decoder layers{vision} compiled with torch.compile '
-                    f'(backend={backend}){where}; the first steps include the compile time')
+                    f'(backend={backend}, mode={inductor_mode}){where}; the first steps include the compile time')
 
     def on_step_end(self, args, state, control, **kwargs):
         if (self.compiled or self.compiled_vision) and state.global_step == 1:
