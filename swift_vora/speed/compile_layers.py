@@ -237,7 +237,7 @@ class CompileDecoderLayers(TrainerCallback):
                            'would be traced into the compiled layers); training runs uncompiled')
             return
         backend = switches.read(BACKEND_ENV)
-        inductor_mode = switches.read(MODE_ENV)
+        inductor_mode = compile_options(backend, switches.read(MODE_ENV)).get('mode', 'default')  # warns once
         place = checkpoint_place()
         layers = decoder_layers(model)
         checkpointed = sum(bool(getattr(layer, 'gradient_checkpointing', False)) for layer in layers)
