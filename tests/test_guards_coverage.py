@@ -178,6 +178,44 @@ def test_two_ranks_three_samples_pad_and_record(guards_ddp_run):
     assert 'swift-vora coverage: epoch 0: 3 of 3 samples trained' in run['log']
 
 
+def test_packed_rows_are_tagged_per_sample():
+    """A packed row is a list of encoded samples: each carries its own index through the collator, and ms-swift's
+    collator never sees the tag."""
+    import torch
+
+    from swift_vora.guards.common import META_KEY, SAMPLE_KEY, MetaCollator, PackedMembers, is_packing_dataset
+    members = PackedMembers([{'input_ids': [i, i + 1], 'chat_template_kwargs': {'sample_id': f's{i}'}}
+                             for i in range(3)])
+    seen_by_swift = []
+
+    def collate(rows):
+        seen_by_swift.extend(m for row in rows for m in row)
+        return {'input_ids': torch.tensor([[1, 2, 3, 4, 5, 6]])}
+
+    batch = MetaCollator(collate)([[members[0], members[2]], [members[1]]])
+    assert batch[META_KEY]['indices'] == [0, 2, 1] and batch[META_KEY]['sample_ids'] == ['s0', 's2', 's1']
+    assert all(SAMPLE_KEY not in m for m in seen_by_swift)
+    assert is_packing_dataset(types.SimpleNamespace(packed_idx=[[0, 2], [1]], dataset=members))
+    assert not is_packing_dataset(types.SimpleNamespace(dataset=members))
+
+
+@pytest.mark.slow
+def test_two_ranks_packed_rows_pad_and_count_every_sample(tiny_model_dir, guard_sft, tmp_path):
+    """`--packing true` on 2 processes: 5 samples of ~46 tokens packed two per row (max_length 100) make 3 rows;
+    ms-swift's sampler would never train the third row's sample(s). The guard pads whole rows (the dataset's
+    `packed_idx`) and counts coverage per sample, not per row: all 5 trained."""
+    rows = guard_sft.text_rows(tmp_path / 'rows.jsonl', 5)
+    run = guard_sft(tiny_model_dir, rows, tmp_path / 'out', nproc=2,
+                    extra=('--packing', 'true', '--attn_impl', 'vora_varlen', '--max_length', '100'))
+    assert run['rc'] == 0, run['log'][-4000:]
+    assert 'swift-vora coverage: 5 samples in 3 packed rows, 2 ranks' in run['log']
+    plan = json.load(open(os.path.join(run['run_dir'], 'coverage_plan.json')))
+    assert len(plan['would_never_train']) == 1 and len(plan['padded']) == 1 and plan['samples_per_rank'] == [2, 2]
+    summary = [json.loads(x) for x in open(os.path.join(run['run_dir'], 'coverage_summary.jsonl'))]
+    assert summary[-1]['samples'] == 5 and summary[-1]['never_seen'] == [] and summary[-1]['tracked']
+    assert 'swift-vora coverage: epoch 0: 5 of 5 samples trained' in run['log']
+
+
 class _Log:
     """Records what the coverage guard logs, by level."""
 

@@ -151,6 +151,37 @@ class IndexedRows:
         return self.base[source]
 
 
+class PackedMembers:
+    """The encoded samples a `PackingDataset` packs into rows (ms-swift's `--packing`): sample `i` carries its index,
+    so the collator can say which samples each packed row held."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, idx):
+        if isinstance(idx, str):  # column access (`lengths`)
+            return self.base[idx]
+        row = dict(self.base[idx])
+        row[SAMPLE_KEY] = [idx, _sample_id(row, idx)]
+        return row
+
+    def __getattr__(self, name):
+        if name == 'base':
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    def source_row(self, source: int) -> Dict[str, Any]:
+        return self.base[source]
+
+
+def is_packing_dataset(dataset) -> bool:
+    """ms-swift's `PackingDataset`: rows of several encoded samples (`packed_idx`), drawn by the sampler as one."""
+    return isinstance(getattr(dataset, 'packed_idx', None), list) and hasattr(dataset, 'dataset')
+
+
 class TaggedEncode:
     """Wraps `template.encode`: the encoded sample remembers which source row it came from."""
 
@@ -178,8 +209,10 @@ class MetaCollator:
         tags = []
         if isinstance(samples, list):
             for sample in samples:
-                if isinstance(sample, dict):
-                    tags.append(sample.pop(SAMPLE_KEY, None))
+                # a packed row (`--packing`) is a list of samples
+                for member in (sample if isinstance(sample, list) else [sample]):
+                    if isinstance(member, dict):
+                        tags.append(member.pop(SAMPLE_KEY, None))
         batch = self.collator(samples, *args, **kwargs)
         if tags and any(t is not None for t in tags) and isinstance(batch, dict):
             batch[META_KEY] = batch_meta(batch, tags)
@@ -226,6 +259,7 @@ class BatchTap:
         self.micro_step = 0
         self.current_meta: Optional[Dict[str, Any]] = None
         self.indexed: Optional[IndexedRows] = None
+        self.packed: Optional[Any] = None  # the PackingDataset (`--packing`): rows of several samples
         self.lazy_dataset = None
         self.tracking_note: Optional[str] = None
         self._install()
@@ -241,6 +275,10 @@ class BatchTap:
                 dataset.encode_func = TaggedEncode(dataset.encode_func)
             self.indexed = dataset.dataset
             self.lazy_dataset = dataset
+        elif is_packing_dataset(dataset):
+            if not isinstance(dataset.dataset, PackedMembers):
+                dataset.dataset = PackedMembers(dataset.dataset)
+            self.packed = dataset
         else:
             self.tracking_note = (f'train dataset is {type(dataset).__name__} (packing/streaming?): sample ids are '
                                   'not tracked per batch')

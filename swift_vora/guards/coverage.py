@@ -24,6 +24,9 @@ will draw (`len(sampler)`). That sampler floors the dataset to a multiple of the
   tail dropping). When training stops first (`max_steps`, a callback's `should_training_stop`, ...) -- which
   `control.should_training_stop` alone cannot tell, since a budget that ends with the epoch sets it too -- the
   unseen samples were just not reached: logged at INFO with the reason, `epoch_complete: false`.
+- With `--packing` the sampler draws packed rows of several samples (ms-swift's `PackingDataset`): the replay and the
+  tail handling work on rows (`pad` repeats whole rows, by reordering the dataset's `packed_idx`), while what is
+  seen and never seen is still counted per sample, each row's samples tagged where the row is built.
 """
 from __future__ import annotations
 
@@ -194,12 +197,13 @@ class CoverageGuard(TrainerCallback):
         if isinstance(getattr(args, 'deepspeed', None), dict) and 'tensor_parallel' in args.deepspeed:
             tp = int(args.deepspeed['tensor_parallel'].get('autotp_size', 1) or 1)
         world = max(1, world_size() // tp)
-        self.n_source = len(dataset)
+        n_rows = len(dataset)  # what the sampler draws: samples, or packed rows of several (`--packing`)
+        self.n_source = len(tap.packed.dataset) if tap.packed is not None else n_rows
         group_by_length = bool(getattr(args, 'group_by_length', False))
         lengths = dataset['lengths'] if group_by_length else None
         from .. import switches
         tail, replicate = switches.read(TAIL_ENV), switches.read(REPLICATE_ENV)
-        plan = plan_coverage(self.n_source, world, trainer._train_batch_size, tail=tail, replicate=replicate,
+        plan = plan_coverage(n_rows, world, trainer._train_batch_size, tail=tail, replicate=replicate,
                              seed=args.data_seed, drop_last=bool(args.dataloader_drop_last),
                              shuffle=bool(getattr(args, 'train_dataloader_shuffle', True)),
                              group_by_length=group_by_length, lengths=lengths)
@@ -209,7 +213,7 @@ class CoverageGuard(TrainerCallback):
                        {k: v for k, v in plan.items() if k != 'order'})
         if plan['error']:
             raise GuardError(NAME, plan['error'])
-        ids = self._ids
+        ids = self._row_ids
         if plan['replicated']:
             logger.warning(f'swift-vora coverage: {REPLICATE_ENV}=1: replicated {self.n_source} sample(s) to '
                            f'{len(plan["order"]) - len(plan["padded"])} so that all {world} ranks get a batch '
@@ -223,27 +227,44 @@ class CoverageGuard(TrainerCallback):
             logger.warning(f'swift-vora coverage: {len(plan["dropped"])} of {self.n_source} samples will NEVER be '
                            f'trained (ms-swift floors the dataset to a multiple of the world size {world}; '
                            f'{TAIL_ENV}=drop): {ids(plan["dropped"])}.')
-        if plan['order'] is not None:
+        if plan['order'] is not None and tap.packed is not None:  # pad / replicate whole packed rows
+            packed_idx, packed_length = list(tap.packed.packed_idx), list(tap.packed.packed_length)
+            tap.packed.packed_idx = [packed_idx[i] for i in plan['order']]
+            tap.packed.packed_length = [packed_length[i] for i in plan['order']]
+        elif plan['order'] is not None:
             if tap.indexed is None:
                 raise GuardError(NAME, f'cannot pad/replicate a {type(dataset).__name__}: {tap.tracking_note}. '
                                        f'Set {TAIL_ENV}=drop or use a dataset size that is a multiple of {world}.')
             tap.indexed.order = list(plan['order'])
-        logger.info(f'swift-vora coverage: {self.n_source} samples, {world} ranks, batch size '
-                    f'{trainer._train_batch_size}: batches per rank {plan["batches_per_rank"]}, samples per rank '
+        rows = f' in {n_rows} packed rows' if tap.packed is not None else ''
+        logger.info(f'swift-vora coverage: {self.n_source} samples{rows}, {world} ranks, batch size '
+                    f'{trainer._train_batch_size}: batches per rank {plan["batches_per_rank"]}, '
+                    f'{"packed rows" if tap.packed is not None else "samples"} per rank '
                     f'{plan["samples_per_rank"]}; repeated {len(plan["padded"])}, never trained '
                     f'{len(plan["dropped"])}.')
         if tap.tracking_note:
             logger.warning(f'swift-vora coverage: {tap.tracking_note}.')
 
+    def _row_ids(self, indices: Sequence[int], limit: int = 20) -> str:
+        """Sampler units named: samples, or with `--packing` the packed rows and the samples each holds."""
+        tap = getattr(self.trainer, '_swift_vora_tap', None)
+        if tap is None or tap.packed is None:
+            return self._ids(indices, limit)
+        rows = [f'row {i} (samples {tap.packed.packed_idx[i]})' for i in list(indices)[:limit]]
+        more = f' and {len(indices) - limit} more' if len(indices) > limit else ''
+        return ', '.join(rows) + more
+
     def _ids(self, indices: Sequence[int], limit: int = 20) -> str:
         tap = getattr(self.trainer, '_swift_vora_tap', None)
         names = []
+        source = None if tap is None else (tap.indexed if tap.indexed is not None else
+                                           tap.packed.dataset if tap.packed is not None else None)
         for i in list(indices)[:limit]:
             name = i
-            if tap is not None and tap.indexed is not None:
+            if source is not None:
                 try:
                     from .common import _sample_id
-                    name = _sample_id(tap.indexed.source_row(i), i)
+                    name = _sample_id(source.source_row(i), i)
                 except Exception:  # noqa: BLE001 -- naming is best effort; the index is still given
                     pass
             names.append(f'{i} ({name})' if name != i else str(i))
