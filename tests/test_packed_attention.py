@@ -87,11 +87,17 @@ def test_offsets_that_do_not_cover_the_row_are_an_error():
         pa.varlen_attention_forward(Attn(), q, k, v, None, cu_seq_lens_q=cu([3, 5]))
 
 
-def test_document_sizes_are_read_once_per_tensor():
+def test_document_sizes_are_read_once_per_forward():
+    """Every decoder layer gets the same offsets tensor: its lengths are read from the device once, then cached."""
+    from swift_vora.speed.vit_attention import _CACHE_ATTR
+    q, k, v = qkv(5)
     lens = cu([2, 3])
-    assert pa.document_sizes(lens) == [2, 3]
-    setattr(lens, pa._CACHE_ATTR, [9])  # later layers get the cached list, no second device read
-    assert pa.document_sizes(lens) == [9]
+    first, _ = pa.varlen_attention_forward(Attn(), q, k, v, None, scaling=0.3, cu_seq_lens_q=lens)
+    assert getattr(lens, _CACHE_ATTR) == [2, 3]
+    setattr(lens, _CACHE_ATTR, [5])  # a later layer would read the cache, not the tensor
+    again, _ = pa.varlen_attention_forward(Attn(), q, k, v, None, scaling=0.3, cu_seq_lens_q=lens)
+    assert torch.allclose(again, reference(q, k, v, [5], 0.3), atol=1e-5)
+    assert torch.allclose(first, reference(q, k, v, [2, 3], 0.3), atol=1e-5)
 
 
 def _kernel(signature):

@@ -22,28 +22,18 @@ Use: `swift sft --custom_register_path swift_vora --attn_impl vora_varlen --padd
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional
 
 from .. import switches
+from .vit_attention import split_sizes
 
 ENV = 'SWIFT_VORA_PACKED_ATTENTION'
 NAME = 'vora_varlen'
 PACKED_KEYS = ('cu_seq_lens_q', 'cu_seq_lens_k', 'max_length_q', 'max_length_k')
-_CACHE_ATTR = '_swift_vora_document_sizes'
 
 
 def enabled(environ=None) -> bool:
     return bool(switches.read(ENV, environ))
-
-
-def document_sizes(cu_seq_lens) -> List[int]:
-    """Document lengths of a packed row, read from the device once per `cu_seq_lens` tensor: every decoder layer
-    receives the same tensor object, so one sync per forward, not one per layer."""
-    sizes = getattr(cu_seq_lens, _CACHE_ATTR, None)
-    if sizes is None:
-        sizes = (cu_seq_lens[1:] - cu_seq_lens[:-1]).tolist()
-        setattr(cu_seq_lens, _CACHE_ATTR, sizes)
-    return sizes
 
 
 def _is_packed_self_attention(module, query, key, is_causal, kwargs) -> bool:
@@ -115,7 +105,7 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
         longest = kwargs.get('max_length_q')
         longest = longest if isinstance(longest, int) else query.shape[2]  # ms-swift hands a tensor: no sync
         return _flash_documents(query, key, value, kwargs['cu_seq_lens_q'], longest, scaling, kernel), None
-    sizes = document_sizes(kwargs['cu_seq_lens_q'])
+    sizes = split_sizes(kwargs['cu_seq_lens_q'])  # read once per forward (the vision attention's cached read)
     if sum(sizes) != query.shape[2]:
         raise ValueError(f'vora_varlen: the packed row\'s cu_seq_lens_q covers {sum(sizes)} tokens, the attention '
                          f'call has {query.shape[2]}')
