@@ -217,9 +217,9 @@ def test_registered_with_transformers():
     assert pa.NAME in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
 
 
-def _sft(model_dir, annotations, out, extra, env):
+def _sft(model_dir, annotations, out, extra, env, model_type='qwen3_vl'):
     argv = [SWIFT, 'sft', '--custom_register_path', 'swift_vora', '--model', str(model_dir), '--model_type',
-            'qwen3_vl', '--template', 'video_ora', '--dataset', str(annotations), '--tuner_type', 'lora',
+            model_type, '--template', 'video_ora', '--dataset', str(annotations), '--tuner_type', 'lora',
             '--target_modules', 'all-linear', '--max_steps', '2', '--per_device_train_batch_size', '2',
             '--gradient_accumulation_steps', '1', '--output_dir', str(out), '--check_model', 'false',
             '--fp16', 'false', '--bf16', 'false', '--torch_dtype', 'float32', '--dataloader_num_workers', '0',
@@ -234,19 +234,22 @@ def _sft(model_dir, annotations, out, extra, env):
 
 
 @pytest.mark.slow
-def test_packed_training_equals_padded_training(tiny_model_dir, offline_env, tmp_path):
+@pytest.mark.parametrize('model', ['dense', 'moe'])
+def test_packed_training_equals_padded_training(model, tiny_model_dir, tiny_moe_model_dir, offline_env, tmp_path):
     """Two `swift sft` runs on the same video windows, two samples per micro-batch: padded with sdpa, and packed
     into one row (`--padding_free true --attn_impl vora_varlen`). Same losses, step after step: the packed row
-    attends within each clip, the vision tower runs as before, and the supervision is the same."""
+    attends within each clip, the vision tower runs as before, and the supervision is the same (Qwen3-VL and
+    Qwen3-VL-MoE: the experts route per token, so packing leaves them as they were)."""
+    model_dir, model_type = (tiny_model_dir, 'qwen3_vl') if model == 'dense' else (tiny_moe_model_dir, 'qwen3_vl_moe')
     from swift_vora.synthetic import make_dataset
     annotations = make_dataset(str(tmp_path / 'videos'), 2, duration=16.0, seed=5)
     env = {**offline_env, 'SWIFT_VORA_FPS': '1', 'SWIFT_VORA_MAX_FRAMES': '8', 'SWIFT_VORA_PAIR_TOKENS': '16',
            'SWIFT_VORA_MIN_PAIR_TOKENS': '4', 'SWIFT_VORA_WINDOW': '8', 'SWIFT_VORA_GUARDS': 'none',
            'SWIFT_VORA_ENCODE_LOG': str(tmp_path / 'encode.jsonl')}
-    padded_loss, padded_grad, _ = _sft(tiny_model_dir, annotations, tmp_path / 'padded', ['--attn_impl', 'sdpa'],
-                                       env)
-    packed_loss, packed_grad, log = _sft(tiny_model_dir, annotations, tmp_path / 'packed',
-                       ['--attn_impl', 'vora_varlen', '--padding_free', 'true'], env)
+    padded_loss, padded_grad, _ = _sft(model_dir, annotations, tmp_path / 'padded', ['--attn_impl', 'sdpa'], env,
+                                       model_type)
+    packed_loss, packed_grad, log = _sft(model_dir, annotations, tmp_path / 'packed',
+                                         ['--attn_impl', 'vora_varlen', '--padding_free', 'true'], env, model_type)
     assert "attn_impl: vora_varlen" in log
     lengths = {r['total_tokens'] for r in map(json.loads, open(tmp_path / 'encode.jsonl')) if r['mode'] == 'train'}
     assert len(lengths) > 1, 'the windows must differ in length, or padding is not exercised'
