@@ -402,3 +402,30 @@ def test_prefetched_batches_are_pinned_for_a_cuda_device(monkeypatch):
     out = pin_tensors(batch)
     assert sorted(pinned) == [(1, 4), (8, 6)]
     assert out['video_grid_thw'] is batch['video_grid_thw'] and torch.equal(out['input_ids'], batch['input_ids'])
+
+
+def test_runner_lora_check_names_the_adapters_that_never_changed(tmp_path, monkeypatch):
+    """The Unsloth runner's lora_update check fails as the swift sft and Megatron guards do: what was counted, the
+    tensors that never changed by name, and where to look; lora_update.json is written first."""
+    import torch
+
+    from swift_vora.backends.runner_guards import RunnerGuards
+    from swift_vora.guards.common import GuardError
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.ModuleDict({'lora_A': torch.nn.Linear(4, 2, bias=False),
+                                             'lora_B': torch.nn.Linear(2, 4, bias=False)})
+
+    monkeypatch.setenv('SWIFT_VORA_LORA_CHECK_STEPS', '1')
+    model = Tiny()
+    guards = RunnerGuards(model, str(tmp_path))
+    guards.tracker.snapshot()
+    with torch.no_grad():
+        model.proj['lora_B'].weight.add_(1.0)  # lora_B moved, lora_A did not
+    with pytest.raises(GuardError, match=r'1 of 2 adapter tensors updated after 1 steps .*Never changed: '
+                                         r'proj\.lora_A\.weight\. A frozen adapter trains nothing'):
+        guards.after_step(1, lr=1e-4)
+    report = json.load(open(tmp_path / 'lora_update.json'))
+    assert report['not_updated'] == ['proj.lora_A.weight'] and report['by_kind']['B'] == {'updated': 1, 'total': 1}

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 from .. import switches
 from ..guards.common import GuardError, append_jsonl, logger, write_json
 from ..guards.fingerprint import build_fingerprint
-from ..guards.lora_update import CHECK_STEPS_ENV, AdapterTracker, update_summary
+from ..guards.lora_update import CHECK_STEPS_ENV, AdapterTracker, never_changed_error, update_summary
 from ..guards.memory import EVERY_ENV, FIRST_ENV, is_oom, is_recorded_step, measure
 from ..guards.supervision import distribution
 from ..guards.verify_adapter import TIMEOUT_ENV as VERIFY_TIMEOUT_ENV
@@ -98,14 +98,12 @@ class RunnerGuards:
         report = {'steps_counted': self.counted_steps, 'step': step,
                   **update_summary(names, self.tracker.kinds, changed),
                   'source': 'float64 checksums of every LoRA tensor before training and after the counted steps'}
-        stuck = report['not_updated']
         write_json(os.path.join(self.output_dir, 'lora_update.json'), report)
-        logger.info(f'swift-vora lora_update: {report["updated"]} of {report["tensors"]} adapter tensors updated '
-                    f'after {self.counted_steps} steps ({report["expert_updated"]} of {report["expert_tensors"]} on '
-                    'the experts).')
-        if stuck:
-            raise GuardError('lora_update', f'{len(stuck)} of {len(names)} LoRA tensors did not change after '
-                                            f'{self.counted_steps} optimizer steps: {stuck[:8]}')
+        message = (f'{report["updated"]} of {report["tensors"]} adapter tensors updated after {self.counted_steps} '
+                   f'steps ({report["expert_updated"]} of {report["expert_tensors"]} on the experts)')
+        logger.info(f'swift-vora lora_update: {message}.')
+        if report['not_updated']:
+            raise never_changed_error(message, report['not_updated'], 'check the freeze settings')
         return report
 
     # ---- end -------------------------------------------------------------------------------------------------

@@ -48,14 +48,25 @@ def is_expert_tensor(name: str) -> bool:
     return '.experts.' in name or name.endswith('.experts') or '.experts_' in name
 
 
+def count_by_kind(kinds: List[str], changed: List[bool]) -> Dict[str, Tuple[int, int]]:
+    """(changed, total) of the lora_A and of the lora_B tensors."""
+    out = {}
+    for kind in ('A', 'B'):
+        idx = [i for i, k in enumerate(kinds) if k == kind]
+        out[kind] = (sum(1 for i in idx if changed[i]), len(idx))
+    return out
+
+
+def not_checked_note(counted: int, check_steps: int) -> str:
+    """`lora_update.json`'s note when training ends before the check."""
+    return f'training ended after {counted} counted optimizer step(s), fewer than {check_steps}: not checked'
+
+
 def update_summary(names: List[str], kinds: List[str], changed: List[bool]) -> Dict[str, Any]:
     """The `lora_update.json` counts every backend reports: all adapter tensors, the expert ones apart, by kind,
     and the names that did not change."""
     expert = [i for i, n in enumerate(names) if is_expert_tensor(n)]
-    by_kind = {}
-    for kind in ('A', 'B'):
-        idx = [i for i, k in enumerate(kinds) if k == kind]
-        by_kind[kind] = {'updated': sum(1 for i in idx if changed[i]), 'total': len(idx)}
+    by_kind = {k: {'updated': u, 'total': t} for k, (u, t) in count_by_kind(kinds, changed).items()}
     return {'tensors': len(names), 'updated': sum(changed), 'expert_tensors': len(expert),
             'expert_updated': sum(1 for i in expert if changed[i]), 'by_kind': by_kind,
             'not_updated': [n for n, c in zip(names, changed) if not c]}
@@ -138,11 +149,7 @@ class AdapterTracker:
         return [bool(f) for f in self._changed_flags().cpu().tolist()]
 
     def counts(self, changed: List[bool]) -> Dict[str, Tuple[int, int]]:
-        out = {}
-        for kind in ('A', 'B'):
-            idx = [i for i, k in enumerate(self.kinds) if k == kind]
-            out[kind] = (sum(1 for i in idx if changed[i]), len(idx))
-        return out
+        return count_by_kind(self.kinds, changed)
 
 
 def step_was_applied(trainer) -> bool:
@@ -227,8 +234,7 @@ class LoraUpdateGuard(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.tracker is not None and len(self.tracker) and not self.done:
-            self.report['note'] = (f'training ended after {self.effective_steps} counted optimizer step(s), fewer than '
-                                   f'{self.check_steps}: not checked')
+            self.report['note'] = not_checked_note(self.effective_steps, self.check_steps)
             logger.warning(f'swift-vora lora_update: {self.report["note"]}.')
             self._write()
 

@@ -35,6 +35,7 @@ from .lora_update import (
     adapter_kind,
     is_expert_tensor,
     never_changed_error,
+    not_checked_note,
     update_summary,
 )
 from .memory import EVERY_ENV, FIRST_ENV, is_recorded_step, measure
@@ -267,8 +268,7 @@ class MegatronLoraUpdateGuard(MegatronGuard):
 
     def on_train_end(self):
         if self.tracker is not None and not self.done:
-            self.report['note'] = (f'training ended after {self.counted} counted optimizer step(s), fewer than '
-                                   f'{self.check_steps}: not checked')
+            self.report['note'] = not_checked_note(self.counted, self.check_steps)
             logger.warning(f'swift-vora lora_update: {self.report["note"]}.')
             self._write()
 
