@@ -48,22 +48,22 @@ MEGATRON_CALLBACKS = ('print', 'default_flow', 'swanlab', 'wandb', 'tensorboard'
 GUARD_PREFIX = 'vora_'  # swift_vora/swift_registry.py PREFIX
 
 
-def megatron_guard_callbacks(environ: Mapping[str, str]) -> List[str]:
-    """`vora_<name>` of the enabled guards that run under Megatron, for the environment of the training process."""
+def _enabled_guards(environ: Mapping[str, str]) -> List[str]:
+    """The guards the training process's environment enables (a bad SWIFT_VORA_GUARDS value is a usage error)."""
     try:
-        enabled = enabled_guards(dict(environ))
+        return enabled_guards(dict(environ))
     except ValueError as e:
         raise LaunchUsageError(str(e)) from e
-    return [GUARD_PREFIX + name for name in enabled if name in MEGATRON_GUARDS]
+
+
+def megatron_guard_callbacks(environ: Mapping[str, str]) -> List[str]:
+    """`vora_<name>` of the enabled guards that run under Megatron, for the environment of the training process."""
+    return [GUARD_PREFIX + name for name in _enabled_guards(environ) if name in MEGATRON_GUARDS]
 
 
 def guards_not_run(environ: Mapping[str, str]) -> List[str]:
     """Enabled guards that hook swift's SFT trainers only and so do not run under `megatron sft`."""
-    try:
-        enabled = enabled_guards(dict(environ))
-    except ValueError as e:
-        raise LaunchUsageError(str(e)) from e
-    return [name for name in enabled if name not in MEGATRON_GUARDS]
+    return [name for name in _enabled_guards(environ) if name not in MEGATRON_GUARDS]
 
 
 def _num_experts(model_path: str) -> int:
