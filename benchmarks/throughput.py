@@ -1143,8 +1143,8 @@ def apply_headline(payload: Dict[str, Any]) -> Dict[str, Any]:
     base = variants.get('baseline') or {}
     budget = base.get('peak_reserved_gib')
     # Without a measured budget (a CPU smoke, or no `baseline` run) every variant is within it.
-    name = _fastest(variants, 'vora', budget) if budget is not None else _fastest(variants, 'vora')
-    strongest = _fastest(variants, 'baseline', budget) if budget is not None else _fastest(variants, 'baseline')
+    name = _fastest(variants, 'vora', budget)  # budget None (no measured baseline peak): any memory
+    strongest = _fastest(variants, 'baseline', budget)
     fastest = _fastest(variants, 'vora')
     head = variants.get(name) or {}
     plain = variants.get(strongest) or {}
