@@ -171,9 +171,10 @@ def _table() -> Tuple[Switch, ...]:
         Switch(PREFIX + 'TE_PARTS', 'path', None, 'scripts/gpu/setup_megatron.sh: folder holding .te0-.te2 '
                '(default the repository root)', None, where='scripts/gpu/setup_megatron.sh'),
         Switch(PREFIX + 'TE_WORK', 'path', None, 'scripts/gpu/setup_megatron.sh: where the Transformer Engine wheel is '
-               'reassembled (default /tmp/swift_vora_te)', None, where='scripts/gpu/setup_megatron.sh'),
+               'reassembled (default $TMPDIR/swift_vora_te, /tmp without TMPDIR)', None,
+               where='scripts/gpu/setup_megatron.sh'),
         Switch(PREFIX + 'MEGATRON_SITE', 'path', None, 'scripts/gpu/setup_megatron.sh: install target (default '
-               '/tmp/site-megatron)', None, where='scripts/gpu/setup_megatron.sh'),
+               '$TMPDIR/site-megatron, /tmp without TMPDIR)', None, where='scripts/gpu/setup_megatron.sh'),
     )
 
 

@@ -175,7 +175,7 @@ def test_zero_overrides_merge_but_cannot_change_the_stage():
 
 
 @pytest.mark.parametrize('mem, offload', [(11.76, 'none'), (11.76, 'cpu'), (139.8, 'none')])
-def test_transformers_integration_fills_every_auto(mem, offload):
+def test_transformers_integration_fills_every_auto(mem, offload, tmp_path):
     """The HF Trainer's DeepSpeed integration resolves all "auto" values of our JSON (what swift sft uses)."""
     from types import SimpleNamespace
 
@@ -183,7 +183,7 @@ def test_transformers_integration_fills_every_auto(mem, offload):
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
     config = zero_config(3, offload, mem)
     ds = HfTrainerDeepSpeedConfig(json.loads(json.dumps(config)))
-    args = TrainingArguments(output_dir='/tmp/unused', per_device_train_batch_size=1, gradient_accumulation_steps=4,
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=1, gradient_accumulation_steps=4,
                              report_to=[], use_cpu=True)
     ds.trainer_config_process(args)
     model = SimpleNamespace(config=SimpleNamespace(hidden_size=2048, hidden_sizes=None))

@@ -102,7 +102,7 @@ main() {
           echo "unsloth: scripts/gpu/unsloth_smoke.sh is not in this checkout"; rc=2
         fi;;
       megatron|megatron_ep)
-        # TE + megatron-core + mcore-bridge + peft 0.20 into /tmp/site-megatron, in front of PYTHONPATH (once)
+        # TE + megatron-core + mcore-bridge + peft 0.20 into $TMPDIR/site-megatron (/tmp), in front of PYTHONPATH (once)
         # shellcheck source=/dev/null
         source "$ROOT/scripts/gpu/setup_megatron.sh" all || { rc=1; continue; }
         command -v megatron >/dev/null || { echo "megatron: no \`megatron\` command on PATH (ms-swift's; see setup_env.sh)"

@@ -8,7 +8,7 @@
 #
 # Run from anywhere; paths are taken from this file's location (the repository root is two folders up).
 # What it does:
-#   1. pip-installs .whl/<set>/*.whl into a --target folder (/tmp/site for `swift`, /tmp/site-unsloth for
+#   1. pip-installs .whl/<set>/*.whl into a --target folder ($TMPDIR/site for `swift`, $TMPDIR/site-unsloth for
 #      `unsloth`: their trl/datasets pins differ and must never share a folder). Done once; a marker with
 #      the wheel list skips it on the next `source`.
 #   2. Makes swift-vora importable and the `--custom_register_path swift_vora` hook active:
@@ -33,8 +33,8 @@ _sv_main() {
   local wheels="${SWIFT_VORA_WHEELS:-$root/.whl/$set}"
   local site
   case "$set" in
-    swift) site="${SWIFT_VORA_SITE:-/tmp/site}";;
-    unsloth) site="${SWIFT_VORA_SITE:-/tmp/site-unsloth}";;
+    swift) site="${SWIFT_VORA_SITE:-${TMPDIR:-/tmp}/site}";;
+    unsloth) site="${SWIFT_VORA_SITE:-${TMPDIR:-/tmp}/site-unsloth}";;
     *) echo "setup_env: unknown wheel set '$set' (swift|unsloth)" >&2; return 2;;
   esac
   if ! ls "$wheels"/*.whl >/dev/null 2>&1; then
@@ -60,10 +60,10 @@ _sv_main() {
   export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 MODELSCOPE_OFFLINE=1 USE_HF=1
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   export FORCE_QWENVL_VIDEO_READER=decord PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-  export HF_DATASETS_CACHE="${HF_DATASETS_CACHE:-/tmp/swift_vora_hf_datasets}"
-  export MODELSCOPE_CACHE="${MODELSCOPE_CACHE:-/tmp/swift_vora_modelscope}"
+  export HF_DATASETS_CACHE="${HF_DATASETS_CACHE:-${TMPDIR:-/tmp}/swift_vora_hf_datasets}"
+  export MODELSCOPE_CACHE="${MODELSCOPE_CACHE:-${TMPDIR:-/tmp}/swift_vora_modelscope}"
   if [ "$set" = unsloth ]; then
-    export UNSLOTH_DISABLE_STATISTICS=1 UNSLOTH_COMPILE_LOCATION="${UNSLOTH_COMPILE_LOCATION:-/tmp/unsloth_compiled_cache}"
+    export UNSLOTH_DISABLE_STATISTICS=1 UNSLOTH_COMPILE_LOCATION="${UNSLOTH_COMPILE_LOCATION:-${TMPDIR:-/tmp}/unsloth_compiled_cache}"
   fi
 
   # 2. swift-vora itself + the plugin-path hook
@@ -73,10 +73,10 @@ _sv_main() {
   [ -d "$build" ] || build="$root/.whl/swift/build"
   if ls "$build"/hatchling-*.whl >/dev/null 2>&1 && \
      (cd "$root" && "$py" -m pip install -q --no-index --find-links "$build" --no-deps -e . \
-        >/tmp/swift_vora_editable.log 2>&1); then
+        >"${TMPDIR:-/tmp}/swift_vora_editable.log" 2>&1); then
     how="editable install (pip install -e . with hatchling from .whl/swift/build)"
   else
-    [ -s /tmp/swift_vora_editable.log ] && tail -3 /tmp/swift_vora_editable.log >&2
+    [ -s "${TMPDIR:-/tmp}/swift_vora_editable.log" ] && tail -3 "${TMPDIR:-/tmp}/swift_vora_editable.log" >&2
     if cp "$root/_swift_vora_hook.py" "$root/swift_vora_plugin_path.pth" "$purelib/" 2>/dev/null; then
       how="PYTHONPATH + hook copied into $purelib"
     else

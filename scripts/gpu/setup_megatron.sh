@@ -16,8 +16,8 @@
 #
 # Overrides (tests): SWIFT_VORA_PYTHON (interpreter), SWIFT_VORA_MEGATRON_WHEELS (default .whl/megatron),
 # SWIFT_VORA_TE_PARTS (folder holding .te0-.te2, default the repository root), SWIFT_VORA_TE_WORK (where the
-# wheel is reassembled, default /tmp/swift_vora_te), SWIFT_VORA_MEGATRON_SITE (default /tmp/site-megatron; put in
-# front of PYTHONPATH so that peft 0.20 wins over the image's 0.21).
+# wheel is reassembled, default $TMPDIR/swift_vora_te, /tmp without TMPDIR), SWIFT_VORA_MEGATRON_SITE (default
+# $TMPDIR/site-megatron; put in front of PYTHONPATH so that peft 0.20 wins over the image's 0.21).
 
 _svm_sha() { sha256sum "$1" | cut -d' ' -f1; }
 
@@ -90,8 +90,8 @@ _svm_main() {
   local py="${SWIFT_VORA_PYTHON:-python3}"
   local wheels="${SWIFT_VORA_MEGATRON_WHEELS:-$root/.whl/megatron}"
   local parts_root="${SWIFT_VORA_TE_PARTS:-$root}"
-  local work="${SWIFT_VORA_TE_WORK:-/tmp/swift_vora_te}"
-  local site="${SWIFT_VORA_MEGATRON_SITE:-/tmp/site-megatron}"
+  local work="${SWIFT_VORA_TE_WORK:-${TMPDIR:-/tmp}/swift_vora_te}"
+  local site="${SWIFT_VORA_MEGATRON_SITE:-${TMPDIR:-/tmp}/site-megatron}"
 
   local core
   core="$(_svm_assemble "$wheels" "$parts_root" "$work")" || return 1
