@@ -88,6 +88,7 @@ SCRIPT = textwrap.dedent('''
     with open(os.path.join(out, f'rank{rank}.json'), 'w') as f:
         json.dump(results, f, indent=1)
     dist.barrier()
+    dist.destroy_process_group()  # a gloo rank exiting with its group alive can abort (pytorch/pytorch#190489)
 ''')
 
 
