@@ -51,6 +51,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import step_timeline  # noqa: E402  (the kernel families of a profiled step)
 import throughput as tp  # noqa: E402  (shared helpers: env, logged processes, clips, swift instrumentation)
 
 REPO = tp.REPO
@@ -204,20 +205,6 @@ def find_py_spy() -> Optional[str]:
     return None
 
 
-# GPU time of a profiled step by kernel family (first match wins, on the lowercased kernel name).
-KERNEL_FAMILIES = [
-    ('grouped GEMM (experts)', ('grouped_mm', 'group_gemm', 'grouped_gemm', 'groupedgemm', 'moe_')),
-    ('Gated DeltaNet (fla Triton)', ('chunk_', 'gated_delta', 'recurrent', 'l2norm', 'fused_norm_gate')),
-    ('attention', ('flash', 'fmha', 'attention', 'sdpa', 'efficient_attention')),
-    ('GEMM (dense, LoRA)', ('gemm', 'sm90_xmma', 'cutlass', 'cublas', 'nvjet', 'matmul')),
-    ('host<->device copies (inputs, offloaded checkpoints)', ('memcpy htod', 'memcpy dtoh', 'memcpy')),
-    ('copy / cast / index', ('copy_kernel', 'direct_copy', 'cat_', 'catarray', 'index', 'scatter', 'gather')),
-    ('norm', ('norm', )),
-    ('other Triton', ('triton', )),
-    ('elementwise / reduce (torch)', ('at::native', 'elementwise', 'reduce')),
-]
-
-
 def profile_summary(path: str) -> Optional[Dict[str, Any]]:
     """torch_profile.json (the runner's profiled step) -> wall, device busy share and GPU time per family."""
     if not os.path.isfile(path):
@@ -228,8 +215,7 @@ def profile_summary(path: str) -> Optional[Dict[str, Any]]:
     for event in data['events']:
         if not event['kernel'] or event['device_us'] <= 0:
             continue
-        low = event['name'].lower()
-        family = next((fam for fam, keys in KERNEL_FAMILIES if any(k in low for k in keys)), 'other')
+        family = step_timeline.kernel_family(event['name'])
         by_family[family] = by_family.get(family, 0.0) + event['device_us']
     total = sum(by_family.values()) or 1.0
     return {'step': data['step'], 'wall_s': data['wall_s'], 'device_kernel_s': data['device_kernel_s'],

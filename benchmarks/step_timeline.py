@@ -26,6 +26,28 @@ REGION_PREFIX = 'vora/'
 SITE_PACKAGES = ('transformers/', 'swift/', 'peft/', 'swift_vora/', 'accelerate/', 'torch/utils/checkpoint',
                  'torch/optim/', 'torch/nn/utils/', 'benchmarks/')
 
+# GPU time of a profiled step by kernel family, for the dense and the MoE benchmarks alike: the first family with a
+# key in the lowercased CUDA kernel name wins, so the specific families come before the generic ones.
+KERNEL_FAMILIES = [
+    ('communication (NCCL)', ('nccl', )),
+    ('grouped GEMM (experts)', ('grouped_mm', 'group_gemm', 'grouped_gemm', 'groupedgemm', 'moe_')),
+    ('Gated DeltaNet (fla Triton)', ('chunk_', 'gated_delta', 'recurrent', 'l2norm', 'fused_norm_gate')),
+    ('attention', ('flash', 'fmha', 'attention', 'sdpa', 'efficient_attention')),
+    ('GEMM (dense, LoRA)', ('gemm', 'sm90_xmma', 'cutlass', 'ampere_', 'sm80_', 'cublas', 'nvjet', 'matmul')),
+    ('host<->device copies (inputs, offloaded checkpoints)', ('memcpy', )),
+    ('copy / cast / index', ('copy_kernel', 'direct_copy', 'cat_', 'catarray', 'index', 'scatter', 'gather')),
+    ('dropout', ('dropout', )),
+    ('norm', ('norm', )),
+    ('Triton (Liger, compiled, other)', ('triton', 'liger')),
+    ('elementwise / reduce (torch)', ('at::native', 'elementwise', 'reduce')),
+]
+
+
+def kernel_family(kernel_name: str) -> str:
+    """The KERNEL_FAMILIES name of a CUDA kernel, 'other' when none matches."""
+    low = kernel_name.lower()
+    return next((family for family, keys in KERNEL_FAMILIES if any(k in low for k in keys)), 'other')
+
 
 def _merged(intervals: List[Tuple[float, float]]) -> List[Tuple[float, float]]:
     out: List[List[float]] = []

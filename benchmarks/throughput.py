@@ -434,18 +434,6 @@ def _install_instrumentation() -> None:
     callbacks_map[CALLBACK_NAME] = BenchCallback
 
 
-# Kernel families for the GPU-time breakdown of a profiled step (first match wins; names of CUDA kernels).
-KERNEL_CLASSES = [
-    ('attention', ('flash', 'fmha', 'attention', 'sdpa', 'efficient_attention')),
-    ('matmul (GEMM)', ('gemm', 'sm90_xmma', 'cutlass', 'ampere_', 'sm80_', 'cublas', 'nvjet', 'matmul')),
-    ('copy / cast', ('copy_kernel', 'direct_copy', 'cat_', 'catarray', 'index')),
-    ('dropout', ('dropout', )),
-    ('norm', ('norm', )),
-    ('elementwise / reduce (torch)', ('at::native', )),
-    ('triton (liger / compiled)', ('triton', 'liger')),
-]
-
-
 def _write_torch_profile(prof, out_dir: str) -> None:
     """torch_profile.txt (top ops by device time) and torch_profile.json (GPU time by kernel family)."""
     import step_timeline  # next to this file (on sys.path in the instrumented trainer)
@@ -460,8 +448,7 @@ def _write_torch_profile(prof, out_dir: str) -> None:
             continue
         if e.key.startswith(step_timeline.REGION_PREFIX):  # phase marks: spans over kernels, not kernels
             continue
-        low = e.key.lower()
-        cls = next((c for c, keys in KERNEL_CLASSES if any(k in low for k in keys)), 'other')
+        cls = step_timeline.kernel_family(e.key)
         by_class[cls] = by_class.get(cls, 0.0) + t
         kernels.append((t, e.key[:120], cls, e.count))
     total = sum(by_class.values()) or 1.0

@@ -105,3 +105,23 @@ def test_regions_mark_the_trainer_phases_in_a_profile():
     assert sorted(set(names)) == ['vora/backward', 'vora/language_model', 'vora/training_step', 'vora/vision_tower']
     assert names.count('vora/training_step') == 1
     assert x.grad.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_kernel_families_name_the_kernels_the_h200_profiles_showed():
+    """One table for the dense and the MoE benchmarks; the specific families win over the generic ones."""
+    named = {
+        'void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn>': 'GEMM (dense, LoRA)',
+        'nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT': 'GEMM (dense, LoRA)',
+        'void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits>': 'attention',
+        'fmha_cutlassF_bf16_aligned_64x64_rf_sm80': 'attention',
+        'chunk_gated_delta_rule_fwd_kernel_h_blockdim64': 'Gated DeltaNet (fla Triton)',
+        'void at::cuda::detail::_grouped_mm_kernel<cutlass::bfloat16_t>': 'grouped GEMM (experts)',
+        'Memcpy HtoD (Pageable -> Device)': 'host<->device copies (inputs, offloaded checkpoints)',
+        'triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0': 'Triton (Liger, compiled, other)',
+        'void at::native::vectorized_elementwise_kernel<4, FillFunctor<float>>': 'elementwise / reduce (torch)',
+        'void at::native::(anonymous namespace)::fused_dropout_kernel_vec<float>': 'dropout',
+        'ncclDevKernel_AllReduce_Sum_f32_RING_LL': 'communication (NCCL)',
+        'some_custom_kernel': 'other',
+    }
+    for kernel, family in named.items():
+        assert step_timeline.kernel_family(kernel) == family, kernel
