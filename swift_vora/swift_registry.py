@@ -6,7 +6,8 @@ an ms-swift `TrainerCallback` registered in `swift.callbacks.callbacks_map` as `
 `--callbacks vora_coverage ...` works like any ms-swift callback. To make them default without a flag, one narrow
 patch wraps `SwiftMixin._get_callbacks` (the method that turns `args.callbacks` into callback objects,
 swift/trainers/mixin.py): it appends the enabled guards, then the enabled levers' callbacks, that the command line
-did not already name. Switches are read when the trainer is built. It applies to ms-swift's SFT-style trainers
+did not already name, and `process_group_exit.TrainEnd` (gloo ranks that finished leave together).
+Switches are read when the trainer is built. It applies to ms-swift's SFT-style trainers
 (`swift.trainers`), not to the RLHF or Megatron trainers.
 
 Under `megatron sft` (the plugin is imported by `--custom_register_path` after `swift.megatron`), the guards of
@@ -62,7 +63,7 @@ def register_callbacks() -> None:
     from swift.callbacks import callbacks_map
     from swift.trainers.mixin import SwiftMixin
 
-    from . import speed
+    from . import process_group_exit, speed
     from .guards.registry import GUARDS, enabled_guards, guard_class
 
     for name in GUARDS:
@@ -85,6 +86,7 @@ def register_callbacks() -> None:
         for lever in levers:  # not guards, but trainer-level like them
             if lever.enabled() and PREFIX + lever.name not in named:
                 callbacks.append(speed.callback_class(lever)(args, self))
+        callbacks.append(process_group_exit.train_end_callback())  # gloo ranks that finished leave together
         return callbacks
 
     _get_callbacks._swift_vora_guards = True

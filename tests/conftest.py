@@ -103,6 +103,7 @@ def guard_sft():
                  '--save_steps', '100', '--logging_steps', '1', '--report_to', 'none', '--split_dataset_ratio', '0',
                  *extra]
         full_env = {**os.environ, **OFFLINE_ENV, **(env or {})}
+        full_env.setdefault('PYTHONFAULTHANDLER', '1')  # a rank that dies in C++ prints every thread's Python stack
         if nproc > 1:
             argv += ['--ddp_backend', 'gloo']
             full_env['NPROC_PER_NODE'] = str(nproc)
