@@ -141,3 +141,17 @@ def test_cpu_tiny_trains_through_swift_vora_train(cpu_tiny_run):
     assert fingerprint['recipe']['path'] == recipe
     assert fingerprint['recipe']['sha256'] == hashlib.sha256(open(recipe, 'rb').read()).hexdigest()
     assert f'train.output_dir={out}' in fingerprint['recipe']['overrides']
+
+
+def test_a_bare_off_is_the_choice_off_not_yaml_false(tmp_path):
+    """YAML 1.1 (PyYAML's safe_load) reads `packing: off` and the override `train.packing=off` as false; the recipe
+    takes the user's word ('off'), for the keys whose choices include it."""
+    path = tmp_path / 'r.yaml'
+    source = open(os.path.join(REPO, 'recipes', 'cpu-tiny.yaml')).read()
+    path.write_text(source.replace('train:\n', 'train:\n  packing: off\n  compile: off\n', 1))
+    recipe = load_recipe(str(path))
+    assert recipe['train.packing'] == 'off' and recipe['train.compile'] == 'off'
+    assert load_recipe(str(path), ['train.packing=off'])['train.packing'] == 'off'
+    from swift_vora.backends.recipe import RecipeError
+    with pytest.raises(RecipeError, match='train.packing'):  # `on` is true to YAML and no choice here
+        load_recipe(str(path), ['train.packing=on'])

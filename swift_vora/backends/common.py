@@ -105,6 +105,8 @@ class PlanView:
     gpu_peak_gib: Optional[float]
     host_peak_gib: Optional[float]
     gpu_mem_gib: Optional[float] = None  # capacity of one GPU (DeepSpeed picks its small-GPU config from it)
+    num_layers: int = 0  # decoder layers (the plan's model summary; 0 when unknown)
+    linear_attention_layers: int = 0  # of them, linear attention (Qwen3.5's Gated DeltaNet)
 
     @property
     def world(self) -> int:
@@ -144,7 +146,19 @@ def plan_view(plan: Any, recipe: Recipe) -> PlanView:
         gpu_peak_gib=_get(plan, 'gpu_peak_gib'),
         host_peak_gib=_get(plan, 'host_peak_gib'),
         gpu_mem_gib=_get(plan, 'gpu_capacity_gib') or _get(hardware, 'gpu_mem_gib') or recipe['gpu_mem_gib'],
+        num_layers=int(_get(model, 'num_layers') or 0) or len(_layer_types(recipe['model.path'])),
+        linear_attention_layers=int(_get(model, 'linear_attention_layers') or 0)
+        or _layer_types(recipe['model.path']).count('linear_attention'),
     )
+
+
+def _layer_types(model_path: str) -> List[str]:
+    """config.json's `layer_types` (its text_config's for a VLM); [] when it has none."""
+    cfg = read_config(model_path)
+    for c in (cfg.get('text_config') or {}, cfg):
+        if isinstance(c, dict) and isinstance(c.get('layer_types'), list):
+            return [str(t) for t in c['layer_types']]
+    return []
 
 
 def read_config(model_path: str) -> Dict[str, Any]:

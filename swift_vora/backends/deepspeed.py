@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from ..plan import constants as C
 from ..plan.memory import DEEPSPEED_BACKENDS
@@ -35,7 +35,8 @@ from .common import (
     lora_args,
     swift_common_args,
 )
-from .recipe import PACKING_ATTENTION, Recipe
+from .packing import swift_sft_packing_args
+from .recipe import Recipe
 
 SMALL_GPU_GIB = C.ZERO3_SMALL_GPU_GIB  # at or below: the field-tested 12 GB configuration
 
@@ -137,18 +138,6 @@ def launch_dir(recipe: Recipe) -> str:
     return os.path.join(recipe['train.output_dir'], 'swift-vora-launch')
 
 
-PACKING_FLAGS = {'micro_batch': '--padding_free', 'dataset': '--packing'}
-
-
-def packing_args(recipe: Recipe) -> List[str]:
-    """`--attn_impl` and the packing switch: packed rows need an attention that reads the document boundaries,
-    so train.packing turns sdpa into `vora_varlen` (flash-attn's names pass as they are)."""
-    attn, packing = recipe['train.attn_impl'], recipe['train.packing']
-    if packing == 'off':
-        return ['--attn_impl', attn] if attn else []
-    return ['--attn_impl', PACKING_ATTENTION[attn], PACKING_FLAGS[packing], 'true']
-
-
 def build_swift_sft_launch(view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
     env = common_env(recipe, view, environ)
     argv = [console_script('swift'), 'sft', *swift_common_args(recipe, view), *lora_args(recipe)]
@@ -168,7 +157,7 @@ def build_swift_sft_launch(view: PlanView, recipe: Recipe, environ: Optional[Map
              bool_arg(recipe['train.freeze_vit'])]
     if recipe['train.max_steps'] is not None:
         argv += ['--max_steps', str(recipe['train.max_steps'])]
-    argv += packing_args(recipe)
+    argv += swift_sft_packing_args(recipe, view)
     if recipe['train.liger_kernel']:
         argv += ['--use_liger_kernel', 'true']
     files: Dict[str, str] = {}

@@ -41,6 +41,7 @@ from .common import (
     read_config,
     swift_common_args,
 )
+from .packing import megatron_packing_args
 from .recipe import Recipe
 
 # swift/megatron/callbacks/mapping.py (ms-swift 4.6.0); a test compares it with the installed mapping.
@@ -123,6 +124,7 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
              '--bf16', 'true', '--attention_backend', recipe['megatron.attention_backend'],
              '--lr', f'{recipe["train.lr"]:g}', '--min_lr', f'{recipe["train.lr"] / 10:g}',
              '--lr_warmup_fraction', f'{recipe["train.warmup_ratio"]:g}']
+    argv += megatron_packing_args(recipe)  # Megatron-SWIFT is padding-free unless told: each value spelt out
     if recipe['train.max_steps'] is not None:
         argv += ['--train_iters', str(recipe['train.max_steps'])]
     else:

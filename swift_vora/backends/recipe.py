@@ -234,6 +234,11 @@ def _suggest(key: str) -> str:
     return f' (did you mean {close[0]!r}?)' if close else ''
 
 
+# String keys with an 'off' choice: PyYAML's safe_load (YAML 1.1) turns `packing: off` and `train.packing=off`
+# into False before the recipe sees them.
+OFF_KEYS = ('train.compile', 'train.packing')
+
+
 def _check(values: Dict[str, Any], where: str) -> None:
     for key, (types, default) in SCHEMA.items():
         value = values.get(key, REQUIRED)
@@ -253,6 +258,8 @@ def _check(values: Dict[str, Any], where: str) -> None:
                 value = values[key] = float(value)
             except ValueError:
                 pass
+        if value is False and key in OFF_KEYS:  # YAML 1.1 reads a bare `off` as false: the user wrote 'off'
+            value = values[key] = 'off'
         if isinstance(value, bool) and bool not in types:
             raise RecipeError(f'{where}: key {key!r} must be {_type_names(types)}, got {_show(value)}')
         if not isinstance(value, types):

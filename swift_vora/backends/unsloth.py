@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 from .common import Launch, LaunchUsageError, PlanView, common_env, config_is_moe, model_is_moe, read_config
+from .packing import refuse_unsloth_packing
 from .recipe import Recipe
 
 # Language-model projections that get LoRA. MLP leaf names reach the experts: Unsloth (and PEFT with
@@ -195,6 +196,7 @@ def run_config(view: PlanView, recipe: Recipe) -> UnslothRunConfig:
         raise LaunchUsageError(f'unsloth_split_lora runs on one GPU; the plan has {view.world}')
     if recipe['train.tuner'] != 'lora':
         raise LaunchUsageError('unsloth_split_lora trains LoRA only (train.tuner=lora)')
+    refuse_unsloth_packing(recipe)
     cfg = read_config(recipe['model.path'])
     targets = lora_targets(cfg, recipe['train.target_modules'])
     datasets = recipe['data.dataset']
