@@ -7,8 +7,8 @@ an ms-swift `TrainerCallback` registered in `swift.callbacks.callbacks_map` as `
 patch wraps `SwiftMixin._get_callbacks` (the method that turns `args.callbacks` into callback objects,
 swift/trainers/mixin.py): it appends the enabled guards, then the enabled levers' callbacks, that the command line
 did not already name, and `process_group_exit.TrainEnd` (gloo ranks that finished leave together).
-Switches are read when the trainer is built. It applies to ms-swift's SFT-style trainers
-(`swift.trainers`), not to the RLHF or Megatron trainers.
+Switches are read when the trainer is built. The guards and levers apply to ms-swift's SFT-style trainers
+(`swift.trainers`), not to the RLHF or Megatron trainers; `TrainEnd` to every trainer that builds callbacks here.
 
 Under `megatron sft` (the plugin is imported by `--custom_register_path` after `swift.megatron`), the guards of
 `guards.registry.MEGATRON_GUARDS` are also registered in Megatron-SWIFT's `megatron_callbacks_map` as `vora_<name>`;
@@ -78,6 +78,7 @@ def register_callbacks() -> None:
     def _get_callbacks(self, args):
         callbacks = original(self, args)
         if not _applies_to(self):
+            callbacks.append(process_group_exit.train_end_callback())  # gloo ranks that finished leave together
             return callbacks
         named = set(getattr(args, 'callbacks', None) or [])
         for name in enabled_guards():

@@ -73,3 +73,18 @@ def test_train_end_callback_marks_the_process_finished(monkeypatch):
     monkeypatch.setattr(process_group_exit, '_finished', False)
     process_group_exit.train_end_callback().on_train_end(None, None, None)
     assert process_group_exit._finished
+
+
+def test_every_trainer_gets_the_train_end_mark_rlhf_included(monkeypatch):
+    """The guards hook SFT trainers only, but any gloo run that finishes must leave together."""
+    import types
+
+    import swift_vora
+    swift_vora.register()
+    from swift.trainers.mixin import SwiftMixin
+    monkeypatch.setenv('SWIFT_VORA_GUARDS', 'none')
+    rlhf = type('DPOTrainer', (), {'__module__': 'swift.rlhf_trainers.dpo_trainer'})()
+    sft = type('Seq2SeqTrainer', (), {'__module__': 'swift.trainers.seq2seq_trainer'})()
+    args = types.SimpleNamespace(callbacks=[])
+    assert [type(cb).__name__ for cb in SwiftMixin._get_callbacks(rlhf, args)] == ['TrainEnd']
+    assert [type(cb).__name__ for cb in SwiftMixin._get_callbacks(sft, args)][-1] == 'TrainEnd'
