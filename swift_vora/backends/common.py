@@ -146,19 +146,25 @@ def plan_view(plan: Any, recipe: Recipe) -> PlanView:
         gpu_peak_gib=_get(plan, 'gpu_peak_gib'),
         host_peak_gib=_get(plan, 'host_peak_gib'),
         gpu_mem_gib=_get(plan, 'gpu_capacity_gib') or _get(hardware, 'gpu_mem_gib') or recipe['gpu_mem_gib'],
-        num_layers=int(_get(model, 'num_layers') or 0) or len(_layer_types(recipe['model.path'])),
-        linear_attention_layers=int(_get(model, 'linear_attention_layers') or 0)
-        or _layer_types(recipe['model.path']).count('linear_attention'),
+        **_layer_counts(model, recipe['model.path']),
     )
 
 
-def _layer_types(model_path: str) -> List[str]:
-    """config.json's `layer_types` (its text_config's for a VLM); [] when it has none."""
+def _layer_counts(model: Mapping[str, Any], model_path: str) -> Dict[str, int]:
+    """PlanView's `num_layers` and `linear_attention_layers`: the plan's model summary, else config.json counted by
+    the planner's model_spec (layer_types or full_attention_interval), so a hybrid model is never taken for
+    attention-only because the plan lacks a field; zeros when the config cannot be counted."""
+    layers, linear = _get(model, 'num_layers'), _get(model, 'linear_attention_layers')
+    if layers is not None and linear is not None:
+        return {'num_layers': int(layers), 'linear_attention_layers': int(linear)}
+    from ..plan.model_spec import UnsupportedModel, model_spec
     cfg = read_config(model_path)
-    for c in (cfg.get('text_config') or {}, cfg):
-        if isinstance(c, dict) and isinstance(c.get('layer_types'), list):
-            return [str(t) for t in c['layer_types']]
-    return []
+    try:
+        spec = model_spec(cfg) if cfg else None
+    except UnsupportedModel:
+        spec = None
+    return {'num_layers': spec.num_layers if spec else 0,
+            'linear_attention_layers': spec.num_linear_attention_layers if spec else 0}
 
 
 def read_config(model_path: str) -> Dict[str, Any]:
