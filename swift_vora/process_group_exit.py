@@ -55,10 +55,9 @@ def _gloo_group():
     return dist
 
 
-def leave_together(timeout: timedelta = EXIT_BARRIER_TIMEOUT) -> bool:
-    """Wait until every rank of the gloo group reaches this point; True when they all did."""
-    dist = _gloo_group()
-    if dist is None or dist.get_world_size() < 2:
+def _leave_together(dist, timeout: timedelta = EXIT_BARRIER_TIMEOUT) -> bool:
+    """Wait until every rank of the gloo group (`dist`, from _gloo_group) reaches this point; True when they did."""
+    if dist.get_world_size() < 2:
         return False
     try:
         dist.monitored_barrier(timeout=timeout)
@@ -74,7 +73,7 @@ def destroy_gloo_group() -> bool:
     if dist is None:
         return False
     if _finished:
-        leave_together()
+        _leave_together(dist)
     dist.destroy_process_group()
     return True
 

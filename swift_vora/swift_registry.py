@@ -77,17 +77,13 @@ def register_callbacks() -> None:
 
     def _get_callbacks(self, args):
         callbacks = original(self, args)
-        if not _applies_to(self):
-            callbacks.append(process_group_exit.train_end_callback())  # gloo ranks that finished leave together
-            return callbacks
-        named = set(getattr(args, 'callbacks', None) or [])
-        for name in enabled_guards():
-            if PREFIX + name not in named:
-                callbacks.append(callbacks_map[PREFIX + name](args, self))
-        for lever in levers:  # not guards, but trainer-level like them
-            if lever.enabled() and PREFIX + lever.name not in named:
-                callbacks.append(speed.callback_class(lever)(args, self))
-        callbacks.append(process_group_exit.train_end_callback())  # gloo ranks that finished leave together
+        if _applies_to(self):
+            named = set(getattr(args, 'callbacks', None) or [])
+            callbacks += [callbacks_map[PREFIX + name](args, self) for name in enabled_guards()
+                          if PREFIX + name not in named]
+            callbacks += [speed.callback_class(lever)(args, self) for lever in levers  # trainer-level like guards
+                          if lever.enabled() and PREFIX + lever.name not in named]
+        callbacks.append(process_group_exit.train_end_callback())  # every trainer: gloo ranks leave together
         return callbacks
 
     _get_callbacks._swift_vora_guards = True

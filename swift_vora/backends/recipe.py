@@ -234,9 +234,21 @@ def _suggest(key: str) -> str:
     return f' (did you mean {close[0]!r}?)' if close else ''
 
 
-# String keys with an 'off' choice: PyYAML's safe_load (YAML 1.1) turns `packing: off` and `train.packing=off`
-# into False before the recipe sees them.
-OFF_KEYS = ('train.compile', 'train.packing')
+# Keys with a fixed set of values.
+CHOICES = {
+    'train.backend': ('auto', 'ddp', 'deepspeed_zero2', 'deepspeed_zero3', 'megatron_ep_lora',
+                      'unsloth_split_lora'),
+    'train.tuner': ('lora', 'full', 'selective'),
+    'train.quantization': ('none', '4bit'),
+    'train.dtype': ('bfloat16', 'float16', 'float32'),
+    'train.compile': ('off', 'layers'),
+    'train.packing': ('off', 'micro_batch', 'dataset'),
+    'deepspeed.offload': (None, 'none', 'cpu'),
+    'megatron.recompute': ('full', 'selective', 'none'),
+}
+# Keys with an 'off' choice: PyYAML's safe_load (YAML 1.1) turns `packing: off` and `train.packing=off` into False
+# before the recipe sees them.
+OFF_KEYS = tuple(key for key, allowed in CHOICES.items() if 'off' in allowed)
 
 
 def _check(values: Dict[str, Any], where: str) -> None:
@@ -264,18 +276,7 @@ def _check(values: Dict[str, Any], where: str) -> None:
             raise RecipeError(f'{where}: key {key!r} must be {_type_names(types)}, got {_show(value)}')
         if not isinstance(value, types):
             raise RecipeError(f'{where}: key {key!r} must be {_type_names(types)}, got {_show(value)}')
-    choices = {
-        'train.backend': ('auto', 'ddp', 'deepspeed_zero2', 'deepspeed_zero3', 'megatron_ep_lora',
-                          'unsloth_split_lora'),
-        'train.tuner': ('lora', 'full', 'selective'),
-        'train.quantization': ('none', '4bit'),
-        'train.dtype': ('bfloat16', 'float16', 'float32'),
-        'train.compile': ('off', 'layers'),
-        'train.packing': ('off', 'micro_batch', 'dataset'),
-        'deepspeed.offload': (None, 'none', 'cpu'),
-        'megatron.recompute': ('full', 'selective', 'none'),
-    }
-    for key, allowed in choices.items():
+    for key, allowed in CHOICES.items():
         if values[key] not in allowed:
             raise RecipeError(f'{where}: key {key!r} must be one of {", ".join(map(str, allowed))}; '
                               f'got {values[key]!r}')
