@@ -38,6 +38,10 @@ CR = ['--vision-mode', 'checkpointed_requires_grad']  # the harness makes the Vi
 # calibrate_memory.py's VIDEO_24K: 32 s, 2 fps, 64 frames, 768 tokens per frame pair
 VIDEO_24K = ['--clip-seconds', '32', '--fps', '2', '--max-frames', '64', '--frame-tokens', '768']
 
+# The throughput benchmark's sample (64 frames x 180 tokens, 16 answer tokens) on the ddp backend, compiled layers
+COMPILED_2B = [*H200, '--backend', 'ddp', '--tuner', 'lora', '--frame-tokens', '180', '--clip-seconds', '32',
+               '--answer-tokens', '16', '--compile', 'layers']
+
 ROWS: List[Dict[str, Any]] = [
     {'id': 1, 'what': 'Qwen3-VL-2B, LoRA r8 all-linear, GC, ViT inputs require grad, 6,656 tok (harness)',
      'source': ('calibration-h200-2026-11-29.json', 'qwen3_vl_2b-lora8-video6k'), 'scope': 'training',
@@ -92,6 +96,28 @@ ROWS: List[Dict[str, Any]] = [
      'plan': ['--gpus', '2', '--gpu-mem-gib', '140.4', '--host-ram-gib', '251.8', '--fps', '2', '--max-frames', '32',
               '--backend', 'deepspeed_zero3', '--tuner', 'lora', '--lora-rank', '16', '--frame-tokens', '180',
               '--clip-seconds', '16', '--answer-tokens', '11']},
+    # --- the compiled decoder layers (train.compile=layers, expandable segments), seventh GPU session (2026-12-01):
+    # rows 13-17 are what ACT_COMPILED_SAVED_FRACTION, ACT_BACKWARD_FACTOR_COMPILED and
+    # ALLOCATOR_FRAGMENTATION_EXPANDABLE were fitted to (in sample) ---
+    {'id': 13, 'what': '2B LoRA via swift-vora, GC, layers + vision blocks compiled (throughput vora_gc_compile, '
+                       'run 14a), 6,528 tok',
+     'source': ('throughput-r14a-2026-12-01.json', 'vora_gc_compile'), 'scope': 'training',
+     'plan': [*COMPILED_2B]},
+    {'id': 14, 'what': '2B LoRA via swift-vora, no GC, compiled (throughput vora_compile, run 14c), 6,528 tok',
+     'source': ('throughput-r14c-2026-12-01.json', 'vora_compile'), 'scope': 'training',
+     'plan': [*COMPILED_2B, '--no-gradient-checkpointing']},
+    {'id': 15, 'what': '2B LoRA via swift-vora, no GC, compiled, micro-batch 4 (throughput vora_compile_mb4, run 14d), '
+                       '4 x 6,528 tok',
+     'source': ('throughput-r14d-2026-12-01.json', 'vora_compile_mb4'), 'scope': 'training',
+     'plan': [*COMPILED_2B, '--no-gradient-checkpointing', '--micro-batch', '4']},
+    {'id': 16, 'what': '2B LoRA via swift-vora, GC, compiled, micro-batch 4 packed into one row (throughput '
+                       'vora_gc_compile_packed_mb4, run 14b), 4 x 6,528 tok',
+     'source': ('throughput-r14b-2026-12-01.json', 'vora_gc_compile_packed_mb4'), 'scope': 'training',
+     'plan': [*COMPILED_2B, '--micro-batch', '4']},
+    {'id': 17, 'what': '2B LoRA via swift-vora, no GC, compiled, micro-batch 4 packed into one row (throughput '
+                       'vora_compile_packed_mb4, run 14b), 4 x 6,528 tok',
+     'source': ('throughput-r14b-2026-12-01.json', 'vora_compile_packed_mb4'), 'scope': 'training',
+     'plan': [*COMPILED_2B, '--no-gradient-checkpointing', '--micro-batch', '4']},
 ]
 # Row 6 of the first calibration (throughput `vora_gc`) is the same planner input as row 5 and measured the same
 # peak; it is listed in docs/memory-model.md but not counted as a distinct configuration.

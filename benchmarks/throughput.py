@@ -86,6 +86,7 @@ from typing import Any, Dict, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO_BATCH = 4  # the *_mb4 variants' --per_device_train_batch_size
+MICRO_BATCH_LARGE = 6  # the *_mb6 variants'
 PEAK_BF16_FLOPS = 790e12  # measured 8192^3 bf16 matmul on the lent H200 (KINDS.md)
 BENCH_DIR_ENV = 'SWIFT_VORA_BENCH_DIR'
 CALLBACK_NAME = 'vora_bench'
@@ -574,17 +575,24 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         'vora_gc_compile_mb4': vora(True, env=compile_env, batch_size=mb),
         'vora_compile': vora(False, env=compile_env),
         'vora_compile_mb4': vora(False, env=compile_env, batch_size=mb),
+        # ... at micro-batch 6 (run 14: micro-batch 4 peaked at 79 GiB, the planner puts 6 at ~118 GiB reserved; plain
+        # swift's micro-batch 4 already needs 101 GiB, so 6 is a size only the compiled layers reach on one H200)
+        'vora_compile_mb6': vora(False, env=compile_env, batch_size=MICRO_BATCH_LARGE),
         # ... with inductor's CUDA graphs (SWIFT_VORA_COMPILE_MODE=reduce-overhead: each compiled layer replayed as one
         # graph launch, against the host-bound step) or its GEMM autotuning without them
         'vora_gc_compile_cg': vora(True, env={**compile_env, 'SWIFT_VORA_COMPILE_MODE': 'reduce-overhead'}),
         'vora_gc_compile_autotune': vora(True, env={**compile_env,
                                                     'SWIFT_VORA_COMPILE_MODE': 'max-autotune-no-cudagraphs'}),
-        # ... the micro-batch packed into one row (no padding; one varlen attention call per layer for its clips)
+        # ... the micro-batch packed into one row (no padding; one varlen attention call per layer for its clips).
+        # Run 14: slower than the padded micro-batch on these equal-length clips (5.01 against 5.70 samples/s without
+        # checkpointing), with the same losses: there is no padding to save, and the row costs per-layer q/k/v copies
+        # (and KV heads repeated for torch 2.11's kernel, which has no enable_gqa)
         'vora_gc_compile_packed_mb4': vora(True, *packed, env=compile_env, batch_size=mb),
         'vora_compile_packed_mb4': vora(False, *packed, env=compile_env, batch_size=mb),
         # Selective activation checkpointing (swift_vora/speed/selective_checkpoint.py) instead of whole-layer
         # checkpointing: the attention outputs (or every matmul output too) saved, the pointwise ops recomputed. It
-        # leaves compiled layers alone, so these run the layers eager.
+        # leaves compiled layers alone, so these run the layers eager. Run 14: 1.35 samples/s at 6.98 GiB, against
+        # 3.76 at 6.31 for the compiled, whole-layer checkpointed default.
         'vora_gc_sac': vora(True, env={'SWIFT_VORA_SELECTIVE_CHECKPOINT': 'attention',
                                        'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}),
         'vora_gc_sac_matmul': vora(True, env={'SWIFT_VORA_SELECTIVE_CHECKPOINT': 'matmul',

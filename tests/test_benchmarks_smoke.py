@@ -128,13 +128,15 @@ def test_headline_without_a_plain_variant_within_budget_or_without_ours():
 
 
 def test_micro_batch_variants_keep_the_samples_per_step():
-    from throughput import MICRO_BATCH, micro_steps, samples_per_step, variant_specs
+    from throughput import MICRO_BATCH, MICRO_BATCH_LARGE, micro_steps, samples_per_step, variant_specs
     assert micro_steps(4, 4) == 1 and samples_per_step(4, 4) == 4  # the GPU run: 4 samples per step either way
     assert micro_steps(1, 4) == 1 and samples_per_step(1, 4) == 4  # the smoke: one micro-batch of 4
     assert micro_steps(8, 1) == 8
     specs = variant_specs(False, 4, 12)
     for name, spec in specs.items():
-        assert spec.get('batch_size', 1) == (MICRO_BATCH if name.endswith('_mb4') else 1), name
+        expected = MICRO_BATCH if name.endswith('_mb4') else MICRO_BATCH_LARGE if name.endswith('_mb6') else 1
+        assert spec.get('batch_size', 1) == expected, name
+    assert micro_steps(4, MICRO_BATCH_LARGE) == 1  # micro-batch 6: one micro-batch of 6 samples per step
     strong = specs['baseline_strong']
     assert strong['plugins'] == [] and strong['dataset'] == 'rows'  # plain swift: no plugin, no swift-vora data
     for flag in ('--vit_gradient_checkpointing', '--dataloader_persistent_workers'):

@@ -104,3 +104,38 @@ def test_every_constant_is_documented():
         if re.match(r'^[A-Z][A-Z0-9_]* = ', line):
             documented = '#' in line or (i > 0 and src[i - 1].lstrip().startswith('#'))
             assert documented, f'constants.py:{i + 1} has no comment: {line}'
+
+
+def test_compiled_layers_save_fewer_activations_and_fragment_less():
+    """train.compile=layers: the compiled layers keep ACT_COMPILED_SAVED_FRACTION of the eager activations, their
+    checkpointed backward holds ACT_BACKWARD_FACTOR_COMPILED x one layer, and the allocator (expandable segments)
+    fragments little -- so a compiled plan is smaller, checkpointed or not, and says why."""
+    for gc in (True, False):
+        eager = est(DENSE, backend='ddp', tuner='lora', gradient_checkpointing=gc, micro_batch=4)
+        compiled = est(DENSE, backend='ddp', tuner='lora', gradient_checkpointing=gc, micro_batch=4,
+                       compiled_layers=True)
+        assert compiled.gpu_peak < eager.gpu_peak
+        assert any('compiled' in n for n in compiled.assumptions)
+        assert not any('compiled' in n for n in eager.assumptions)
+        frag = 'allocator fragmentation (reserved - allocated)'
+        assert compiled.gpu[frag] < 0.5 * eager.gpu[frag]
+    no_gc = est(DENSE, backend='ddp', tuner='lora', gradient_checkpointing=False)
+    no_gc_compiled = est(DENSE, backend='ddp', tuner='lora', gradient_checkpointing=False, compiled_layers=True)
+    key = 'activations: all layers (no checkpointing)'
+    assert no_gc_compiled.gpu[key] == pytest.approx(C.ACT_COMPILED_SAVED_FRACTION * no_gc.gpu[key])
+    text = text_only_tokens(TOK.total_tokens)  # (with video, the compiled layer's working set can fall below the
+    # vision block's, which then names the row)
+    gc_eager = est(DENSE, backend='ddp', tuner='lora', micro_batch=4, tokens=text)
+    gc_compiled = est(DENSE, backend='ddp', tuner='lora', micro_batch=4, compiled_layers=True, tokens=text)
+    ws = 'activations: working set of one layer (recompute + backward)'
+    assert gc_compiled.gpu[ws] == pytest.approx(gc_eager.gpu[ws] * C.ACT_COMPILED_SAVED_FRACTION
+                                                * C.ACT_BACKWARD_FACTOR_COMPILED / C.ACT_BACKWARD_FACTOR)
+    # the layer checkpoints themselves are the same hidden states, compiled or not
+    assert gc_compiled.gpu['activations: layer checkpoints'] == gc_eager.gpu['activations: layer checkpoints']
+
+
+def test_compile_modes_agree_with_the_recipe_and_the_lever():
+    from swift_vora.backends.recipe import CHOICES
+    from swift_vora.plan.memory import COMPILE_MODES
+    from swift_vora.speed import compile_layers
+    assert COMPILE_MODES == compile_layers.MODES == tuple(CHOICES['train.compile'])

@@ -286,3 +286,29 @@ def test_packing_that_cannot_fit_offers_shorter_rows():
     assert alt['pack_length'] == 2 * per_sample
     command = plan.alternative['command']
     assert command[command.index('--max_length') + 1] == str(2 * per_sample) and '--packing' in command
+
+
+def test_compiled_layers_are_planned_where_they_are_applied(capsys):
+    """`--compile layers` (recipe train.compile) shrinks the plan on the ddp backend, where swift-vora compiles the
+    layers; under DeepSpeed they run uncompiled, so the plan does not change. A recipe's train.compile reaches the
+    planner, and the plan's command carries it."""
+    from swift_vora.backends.planning import plan_request
+    from swift_vora.backends.recipe import recipe_from_dict
+    argv = ['--model', cfg('qwen3_vl_2b'), '--hardware', 'h200x1', '--no-gradient-checkpointing']
+    peaks = {}
+    for backend in ('ddp', 'deepspeed_zero3'):
+        for compiled in ('off', 'layers'):
+            rc, out = run_json(capsys, *argv, '--backend', backend, '--compile', compiled)
+            assert rc == 0
+            peaks[backend, compiled] = out['gpu_peak_gib']
+            if backend == 'ddp' and compiled == 'layers':
+                assert 'SWIFT_VORA_COMPILE=layers' in out['command']
+                assert any('compiled' in a for a in out['assumptions'])
+    assert peaks['ddp', 'layers'] < 0.9 * peaks['ddp', 'off']
+    assert peaks['deepspeed_zero3', 'layers'] == peaks['deepspeed_zero3', 'off']
+    recipe = recipe_from_dict({'model': {'path': cfg('qwen3_vl_2b')}, 'data': {'dataset': 'a.jsonl'},
+                               'hardware': 'h200x1', 'train': {'backend': 'ddp', 'compile': 'layers'}},
+                              where='<test>')
+    assert plan_request(recipe).compile == 'layers'
+    rc = main(['plan', *argv, '--compile', 'everything'])
+    assert rc == 2

@@ -42,7 +42,7 @@ def plan_request(recipe: Recipe):
         pack_length=recipe['data.max_length'] if recipe['train.packing'] == 'dataset' else None,
         frame_tokens=pair_tokens, clip_seconds=clip, lora_rank=recipe['train.lora_rank'],
         lora_targets=_lora_targets(recipe), nodes=recipe['nodes'],
-        gradient_checkpointing=recipe['train.gradient_checkpointing'])
+        gradient_checkpointing=recipe['train.gradient_checkpointing'], compile=recipe['train.compile'])
 
 
 def plan_recipe(recipe: Recipe):
@@ -66,7 +66,7 @@ def recipe_for_request(request: Any, plan: Any) -> Recipe:
         'train': {'backend': plan.backend, 'tuner': plan.tuner, 'quantization': plan.quant,
                   'lora_rank': int(plan.lora_rank), 'micro_batch': int(plan.micro_batch),
                   'target_modules': 'attention' if plan.lora_targets == 'attention' else 'all-linear',
-                  'gradient_checkpointing': bool(request.gradient_checkpointing),
+                  'gradient_checkpointing': bool(request.gradient_checkpointing), 'compile': request.compile,
                   **({'packing': 'dataset'} if request.pack_length else {})},
         'deepspeed': {'offload': plan.offload},
         'megatron': {'ep': int(plan.ep), 'tp': int(plan.tp)},

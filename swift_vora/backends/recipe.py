@@ -91,7 +91,9 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     # Pack samples into rows instead of padding them (swift_vora/speed/packed_attention.py): off | micro_batch
     # (swift sft --padding_free: each micro-batch is one row) | dataset (--packing: rows filled up to max_length
     # from the whole dataset). Attention stays within each sample; with train.attn_impl sdpa it runs as
-    # `vora_varlen` (torch's varlen flash kernel, no flash-attn package needed).
+    # `vora_varlen` (torch's varlen flash kernel, no flash-attn package needed). It pays where sample lengths differ:
+    # on equal-length clips the H200 ran a packed micro-batch of 4 slower than the padded one (docs/benchmarks.md,
+    # runs 14b-c), so it stays off by default.
     'train.packing': ((str, ), 'off'),
     'train.dataloader_workers': ((int, ), 2),  # decode workers per GPU; each holds decoded frames in RAM
     'train.output_dir': ((str, ), 'output/swift-vora'),

@@ -19,7 +19,7 @@ EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
 def register_commands(subparsers) -> None:
     from .hardware import PROFILES
-    from .memory import BACKENDS, VISION_MODES
+    from .memory import BACKENDS, COMPILE_MODES, VISION_MODES
     from .model_spec import LORA_TARGETS, TUNERS
 
     d = subparsers.add_parser('doctor', help='what this machine has: GPUs, container memory limit, RAM, CPUs, '
@@ -67,6 +67,9 @@ def register_commands(subparsers) -> None:
     t.add_argument('--lora-targets', choices=LORA_TARGETS, default='all-linear',
                    help='all-linear includes the routed experts (one rank-r pair per expert)')
     t.add_argument('--no-gradient-checkpointing', action='store_true')
+    t.add_argument('--compile', choices=COMPILE_MODES, default='off',
+                   help='layers = the decoder layers under torch.compile (recipe train.compile; applied by the ddp '
+                        'backend only, planned with its measured activation memory)')
     t.add_argument('--vision-mode', choices=VISION_MODES, default=None,
                    help='frozen vision tower: no_grad (default; measured with ms-swift 4.6 + transformers 5.17) or '
                         'checkpointed_requires_grad')
@@ -215,7 +218,7 @@ def request_from_args(args):
         text_tokens=C.DEFAULT_PROMPT_TOKENS + answer, supervised_tokens=answer,
         lora_rank=args.lora_rank if args.lora_rank is not None else C.DEFAULT_LORA_RANK,
         lora_targets=args.lora_targets, nodes=args.nodes,
-        gradient_checkpointing=not args.no_gradient_checkpointing,
+        gradient_checkpointing=not args.no_gradient_checkpointing, compile=args.compile,
         vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT)
 
 

@@ -86,6 +86,15 @@ PEFT_EXPERT_LORA_TRANSIENT_BYTES = 2  # per parameter of the largest fused exper
 ACT_BACKWARD_FACTOR = 2.0
 # With gradient checkpointing the layer input (bf16 hidden state) is all that is kept per layer.
 ACT_CHECKPOINT_BYTES_PER_HIDDEN = 2
+# Decoder layers compiled by torch.compile (recipe train.compile=layers, swift_vora/speed/compile_layers.py; swift
+# sft backends without DeepSpeed only): inductor fuses the pointwise ops (norms, rotary, SwiGLU, LoRA dropout) and
+# its partitioner saves fewer, fused tensors for backward, and the compiled backward frees as it goes. Fitted on
+# the H200 runs of 2026-12-01 (benchmarks/results/throughput-r14*-2026-12-01.json, 2B shape, 6.5k tokens per
+# sample; docs/memory-model.md rows 13-17): allocated peaks without checkpointing at micro-batch 1 and 4 give the
+# saved fraction (0.85 and 0.85 of the eager accounting above), the checkpointed runs at micro-batch 1 and 4 the
+# backward factor (saved activations + their gradients, ~1.4x instead of 2x). [fit]
+ACT_COMPILED_SAVED_FRACTION = 0.85  # of the eager per-layer accounting above [fit]
+ACT_BACKWARD_FACTOR_COMPILED = 1.4  # instead of ACT_BACKWARD_FACTOR for a compiled layer [fit]
 
 # Vision tower (Qwen3-VL ViT blocks: LayerNorm, qkv, proj, GELU MLP), bf16 per patch [fit]
 VIT_ACT_BYTES_PER_HIDDEN = 16  # norm in/out x2, qkv(3h)->counted below, attn out, proj out, residuals
@@ -124,6 +133,9 @@ NCCL_BUFFERS_GIB = 0.5  # NCCL communicator buffers per GPU when world size > 1 
 # buckets, optimizer temporaries); long-lived weights/states allocated once fragment little. [fit]
 ALLOCATOR_FRAGMENTATION = 0.10  # fraction of the dynamic allocations (5-15 % is typical)
 ALLOCATOR_FRAGMENTATION_STATIC = 0.01  # fraction of the static allocations (weights, optimizer states)
+# With PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set by every compiled run swift-vora launches) segments
+# grow in place: reserved - allocated measured 0.09-0.5 GiB on 6-100 GiB peaks (the r14 runs above). [fit]
+ALLOCATOR_FRAGMENTATION_EXPANDABLE = 0.01
 ADAM_STEP_TEMP_FRACTION = 0.5  # torch foreach AdamW: _foreach_sqrt(exp_avg_sq) copies one of the two moments [fit]
 MOE_DISPATCH_COPIES = 3  # permuted tokens, expert outputs, un-permuted combine buffers (x k x hidden, bf16) [fit]
 FIT_MARGIN = 0.0  # extra headroom required on top of the predicted peak, fraction of capacity

@@ -28,6 +28,8 @@ from .video_budget import VideoTokens, frame_pair_tokens, smart_nframes, text_on
 BACKENDS = ('ddp', 'deepspeed_zero2', 'deepspeed_zero3', 'megatron_ep_lora', 'unsloth_split_lora')
 DEEPSPEED_BACKENDS = ('deepspeed_zero2', 'deepspeed_zero3')
 VISION_MODES = ('checkpointed_requires_grad', 'no_grad')
+# recipe train.compile / SWIFT_VORA_COMPILE (swift_vora/speed/compile_layers.py MODES; a test keeps them equal)
+COMPILE_MODES = ('off', 'layers')
 PHASES = ('load', 'first_step', 'steady')
 
 
@@ -46,6 +48,9 @@ class TrainSetup:
     lora_rank: int = C.DEFAULT_LORA_RANK
     lora_targets: str = 'all-linear'
     gradient_checkpointing: bool = True
+    # the decoder layers compiled (train.compile=layers; applied by swift sft without DeepSpeed, with the CUDA
+    # allocator's expandable segments): fewer saved activations, little fragmentation
+    compiled_layers: bool = False
     vision_mode: str = C.VISION_MODE_DEFAULT
     logits_positions: str = 'auto'  # 'auto' (the backend's default) | 'supervised' | 'all'
     dataloader_workers: int = C.HOST_DATALOADER_WORKERS
@@ -283,10 +288,14 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
     local = seq / sp
     h = spec.hidden_size
     L = spec.num_layers
-    per_layer = [_layer_activation_bytes(spec, s, local, i) for i in range(L)]
+    saved = C.ACT_COMPILED_SAVED_FRACTION if s.compiled_layers else 1.0
+    backward = C.ACT_BACKWARD_FACTOR_COMPILED if s.compiled_layers else C.ACT_BACKWARD_FACTOR
+    per_layer = [saved * _layer_activation_bytes(spec, s, local, i) for i in range(L)]
+    if s.compiled_layers:
+        notes.append('decoder layers compiled (torch.compile): fused kernels save fewer activations')
     if s.gradient_checkpointing:
         ckpt = L * C.ACT_CHECKPOINT_BYTES_PER_HIDDEN * h * local
-        ws = C.ACT_BACKWARD_FACTOR * max(per_layer)
+        ws = backward * max(per_layer)
         if s.backend == 'unsloth_split_lora':
             host['offloaded layer checkpoints (Unsloth, pinned)'] = ckpt * C.UNSLOTH_OFFLOAD_PINNED_FACTOR
             gpu['activations: in-flight layer inputs (offloaded checkpointing)'] = (
@@ -297,7 +306,7 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
         llm_ws = ws
     else:
         gpu['activations: all layers (no checkpointing)'] = sum(per_layer)
-        llm_ws = C.ACT_BACKWARD_FACTOR * max(per_layer) - max(per_layer)
+        llm_ws = backward * max(per_layer) - max(per_layer)
         notes.append('gradient checkpointing off: every layer keeps its activations')
 
     # vision tower ---------------------------------------------------------------------------------------------
@@ -381,7 +390,8 @@ def estimate(spec: ModelSpec, tokens: VideoTokens, setup: TrainSetup) -> MemoryE
 
     def total(w, o, g, a):
         """(total on the device, fragmentation, allocated) of one moment."""
-        frag = (g + a) * C.ALLOCATOR_FRAGMENTATION + (w + o) * C.ALLOCATOR_FRAGMENTATION_STATIC
+        dynamic_frag = C.ALLOCATOR_FRAGMENTATION_EXPANDABLE if s.compiled_layers else C.ALLOCATOR_FRAGMENTATION
+        frag = (g + a) * dynamic_frag + (w + o) * C.ALLOCATOR_FRAGMENTATION_STATIC
         alloc = w + o + g + a
         return alloc + frag + ctx + nccl, frag, alloc
 

@@ -24,7 +24,7 @@ from . import constants as C
 from .command import CommandRefused, build_command
 from .hardware import Hardware
 from .hardware import resolve as resolve_hardware
-from .memory import BACKENDS, DEEPSPEED_BACKENDS, VISION_MODES, MemoryEstimate, TrainSetup, estimate
+from .memory import BACKENDS, COMPILE_MODES, DEEPSPEED_BACKENDS, VISION_MODES, MemoryEstimate, TrainSetup, estimate
 from .model_spec import LORA_TARGETS, TUNERS, ModelSpec, load_model_spec
 from .video_budget import VideoTokens, text_only_tokens, video_tokens
 
@@ -89,12 +89,14 @@ class PlanRequest:
     lora_targets: str = 'all-linear'  # all-linear | all-linear-except-experts | attention
     nodes: int = 1
     gradient_checkpointing: bool = True
+    compile: str = 'off'  # off | layers (recipe train.compile: the decoder layers under torch.compile)
     vision_mode: str = C.VISION_MODE_DEFAULT  # no_grad (measured default) | checkpointed_requires_grad
 
     def validate(self) -> None:
         checks = [('tuner', self.tuner, TUNERS), ('backend', self.backend, BACKEND_CHOICES),
                   ('offload', self.offload, OFFLOADS), ('quant', self.quant, QUANTS),
-                  ('lora_targets', self.lora_targets, LORA_TARGETS), ('vision_mode', self.vision_mode, VISION_MODES)]
+                  ('lora_targets', self.lora_targets, LORA_TARGETS), ('vision_mode', self.vision_mode, VISION_MODES),
+                  ('compile', self.compile, COMPILE_MODES)]
         for name, val, allowed in checks:
             if val not in allowed:
                 raise ValueError(f'{name} must be one of {", ".join(allowed)} (got {val!r})')
@@ -290,6 +292,8 @@ def _setup(req: PlanRequest, hw: Hardware, backend: str, ep: int, tp: int, token
                       samples_per_row=samples_per_row(req, tokens),
                       lora_rank=req.lora_rank, lora_targets=req.lora_targets,
                       gradient_checkpointing=req.gradient_checkpointing, vision_mode=req.vision_mode,
+                      # swift-vora compiles the layers under swift sft without DeepSpeed only (compile_layers.py)
+                      compiled_layers=req.compile == 'layers' and backend == 'ddp',
                       zero3_max_live_params=(C.ZERO3_MAX_LIVE_PARAMS_SMALL_GPU
                                              if hw.gpu_mem_gib <= C.ZERO3_SMALL_GPU_GIB else C.ZERO3_MAX_LIVE_PARAMS))
 
