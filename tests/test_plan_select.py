@@ -312,3 +312,21 @@ def test_compiled_layers_are_planned_where_they_are_applied(capsys):
     assert plan_request(recipe).compile == 'layers'
     rc = main(['plan', *argv, '--compile', 'everything'])
     assert rc == 2
+
+
+def test_memory_to_spare_offers_training_without_checkpointing():
+    """A compiled, checkpointed ddp plan on a big GPU names what no checkpointing would cost (at its micro-batch and
+    at 4) when that fits; on a 24 GB card, where it does not, it says nothing; nor does an uncompiled plan (no
+    measurement behind the claim)."""
+    request = PlanRequest(model=cfg('qwen3_vl_2b'), hardware='h200x1', backend='ddp', compile='layers')
+    plan = make_plan(request)
+    spare = [r for r in plan.reasons if r.startswith('Memory to spare')]
+    assert len(spare) == 1 and 'micro-batch 1:' in spare[0] and 'micro-batch 4:' in spare[0]
+    no_gc = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware='h200x1', backend='ddp', compile='layers',
+                                  gradient_checkpointing=False, micro_batch=4))
+    assert f'micro-batch 4: {no_gc.gpu_peak_gib:.1f} GiB' in spare[0]
+    for other in (PlanRequest(model=cfg('qwen3_vl_2b'), hardware='3090x3', backend='ddp', compile='layers'),
+                  PlanRequest(model=cfg('qwen3_vl_2b'), hardware='h200x1', backend='ddp'),
+                  PlanRequest(model=cfg('qwen3_vl_2b'), hardware='h200x1', backend='ddp', compile='layers',
+                              gradient_checkpointing=False)):
+        assert not any(r.startswith('Memory to spare') for r in make_plan(other).reasons)
