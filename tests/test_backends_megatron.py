@@ -91,7 +91,8 @@ def test_generated_argv_parses_with_megatron_swift_arguments(megatron_parser_ava
     from megatron_args import validate_argv
     argvs = [launch_for().argv[2:], launch_for('megatron.tp=2', 'megatron.recompute=selective').argv[2:],
              launch_for('model.type=qwen3_vl_moe', model=MOE_30B_VL).argv[2:],
-             launch_for('train.packing=off').argv[2:], launch_for('train.packing=dataset').argv[2:]]
+             launch_for('model.type=qwen3_vl_moe', 'train.packing=micro_batch', model=MOE_30B_VL).argv[2:],
+             launch_for('model.type=qwen3_vl_moe', 'train.packing=dataset', model=MOE_30B_VL).argv[2:]]
     results = validate_argv(argvs)
     values = results[0]['values']
     assert values['expert_model_parallel_size'] == 8 and values['tuner_type'] == 'lora'
@@ -104,8 +105,9 @@ def test_generated_argv_parses_with_megatron_swift_arguments(megatron_parser_ava
     assert results[1]['values']['sequence_parallel'] is True
     assert results[1]['values']['recompute_granularity'] == 'selective'
     assert results[2]['values']['model_type'] == 'qwen3_vl_moe'
-    # train.packing spelt out: Megatron-SWIFT is padding-free unless told (the recipe says micro_batch)
-    assert values['padding_free'] is True and results[3]['values']['padding_free'] is False
+    # train.packing spelt out: Megatron-SWIFT is padding-free unless told (the recipe says off: padded rows, as
+    # ms-swift's Qwen3.5-MoE example; an attention-only MoE packs anywhere)
+    assert values['padding_free'] is False and results[3]['values']['padding_free'] is True
     assert results[4]['values']['packing'] is True
     # the check is real: a flag Megatron-SWIFT does not have is reported
     with pytest.raises(ValueError, match='no_such_flag'):

@@ -47,6 +47,28 @@ def test_gated_deltanet_model_packs_only_with_flash_linear_attention(monkeypatch
     assert '--padding_free' not in argv and '--packing' not in argv
 
 
+@pytest.mark.parametrize('value', ['micro_batch', 'dataset'])
+def test_megatron_packs_a_gated_deltanet_moe_only_with_flash_linear_attention(monkeypatch, value):
+    """mcore-bridge's Gated DeltaNet asserts at the first packed step without fla: the Megatron launch refuses first
+    (the h200x8 recipe's Qwen3.5-MoE: 30 of its 40 layers), and packs where fla is installed."""
+    overrides = (f'model.path={os.path.join(CONFIGS, "qwen3_5_moe_35b_a3b.json")}', f'train.packing={value}',
+                 'data.max_length=20000')
+    monkeypatch.setattr(packing, 'linear_attention_kernels_installed', lambda: False)
+    with pytest.raises(LaunchRefused) as refused:
+        _launch('h200x8.yaml', *overrides)
+    [reason] = [r for r in refused.value.reasons if r.startswith('train.packing')]
+    assert '30 of the model\'s 40 decoder layers' in reason and "mcore-bridge's Gated DeltaNet" in reason
+    assert 'train.packing=off' in reason
+    monkeypatch.setattr(packing, 'linear_attention_kernels_installed', lambda: True)
+    argv = _launch('h200x8.yaml', *overrides).argv
+    flag = {'micro_batch': '--padding_free', 'dataset': '--packing'}[value]
+    assert _flag(argv, flag) == 'true'
+    # the recipe as shipped trains padded rows, fla or not
+    monkeypatch.setattr(packing, 'linear_attention_kernels_installed', lambda: False)
+    argv = _launch('h200x8.yaml', overrides[0]).argv
+    assert _flag(argv, '--padding_free') == 'false' and '--packing' not in argv
+
+
 def test_attention_only_model_packs_without_flash_linear_attention(monkeypatch):
     monkeypatch.setattr(packing, 'linear_attention_kernels_installed', lambda: False)
     argv = _launch('3090x3.yaml', f'model.path={QWEN3_VL_2B}', 'train.packing=micro_batch').argv

@@ -124,7 +124,7 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
              '--bf16', 'true', '--attention_backend', recipe['megatron.attention_backend'],
              '--lr', f'{recipe["train.lr"]:g}', '--min_lr', f'{recipe["train.lr"] / 10:g}',
              '--lr_warmup_fraction', f'{recipe["train.warmup_ratio"]:g}']
-    argv += megatron_packing_args(recipe)  # Megatron-SWIFT is padding-free unless told: each value spelt out
+    argv += megatron_packing_args(recipe, view)  # Megatron-SWIFT is padding-free unless told: each value spelt out
     if recipe['train.max_steps'] is not None:
         argv += ['--train_iters', str(recipe['train.max_steps'])]
     else:
