@@ -26,6 +26,8 @@ import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Tuple
 
+from .. import switches
+
 REQUIRED = object()
 ANY_DICT = 'dict'  # free-form mapping (entries not checked)
 
@@ -243,7 +245,7 @@ CHOICES = {
     'train.tuner': ('lora', 'full', 'selective'),
     'train.quantization': ('none', '4bit'),
     'train.dtype': ('bfloat16', 'float16', 'float32'),
-    'train.compile': ('off', 'layers'),
+    'train.compile': switches.switch('SWIFT_VORA_COMPILE').choices,
     'train.packing': ('off', 'micro_batch', 'dataset'),
     'deepspeed.offload': (None, 'none', 'cpu'),
     'megatron.recompute': ('full', 'selective', 'none'),

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List
 
+from .. import switches
 from . import constants as C
 from .model_spec import ModelSpec
 from .video_budget import VideoTokens, frame_pair_tokens, smart_nframes, text_only_tokens, video_tokens  # noqa: F401
@@ -28,8 +29,8 @@ from .video_budget import VideoTokens, frame_pair_tokens, smart_nframes, text_on
 BACKENDS = ('ddp', 'deepspeed_zero2', 'deepspeed_zero3', 'megatron_ep_lora', 'unsloth_split_lora')
 DEEPSPEED_BACKENDS = ('deepspeed_zero2', 'deepspeed_zero3')
 VISION_MODES = ('checkpointed_requires_grad', 'no_grad')
-# recipe train.compile / SWIFT_VORA_COMPILE (swift_vora/speed/compile_layers.py MODES; a test keeps them equal)
-COMPILE_MODES = ('off', 'layers')
+# recipe train.compile: the values of its switch, SWIFT_VORA_COMPILE (swift_vora/speed/compile_layers.py)
+COMPILE_MODES = switches.switch('SWIFT_VORA_COMPILE').choices
 PHASES = ('load', 'first_step', 'steady')
 
 

@@ -58,7 +58,7 @@ BACKEND_ENV = 'SWIFT_VORA_COMPILE_BACKEND'
 MODE_ENV = 'SWIFT_VORA_COMPILE_MODE'
 CHECKPOINT_ENV = 'SWIFT_VORA_COMPILE_CHECKPOINT'
 VISION_ENV = 'SWIFT_VORA_COMPILE_VISION'
-MODES = ('off', 'layers')
+MODES = switches.switch(ENV).choices  # off | layers, from the switch table
 CHECKPOINT_PLACES = ('graph', 'eager')
 logger = logging.getLogger('swift')
 
