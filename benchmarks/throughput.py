@@ -575,6 +575,9 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         'vora_gc_compile_mb4': vora(True, env=compile_env, batch_size=mb),
         'vora_compile': vora(False, env=compile_env),
         'vora_compile_mb4': vora(False, env=compile_env, batch_size=mb),
+        # ... with transformers' Conv3d patch embedding (run 15: cuDNN's generic kernel, 20 ms of a 6-sample step)
+        # instead of the GEMM swift_vora/speed/patch_embed.py makes of it: the lever's share, side by side
+        'vora_compile_mb4_conv': vora(False, env={**compile_env, 'SWIFT_VORA_PATCH_EMBED': 'conv'}, batch_size=mb),
         # ... at micro-batch 6 (run 14: micro-batch 4 peaked at 79 GiB, the planner puts 6 at ~118 GiB reserved; plain
         # swift's micro-batch 4 already needs 101 GiB, so 6 is a size only the compiled layers reach on one H200)
         'vora_compile_mb6': vora(False, env=compile_env, batch_size=MICRO_BATCH_LARGE),

@@ -67,6 +67,21 @@ PATCHES = (
           ('qwen3_vl_moe', 'qwen3_vl_moe.modeling_qwen3_vl_moe', 'Qwen3VLMoeVisionAttention'),
           ('qwen3_5', 'qwen3_5.modeling_qwen3_5', 'Qwen3_5VisionAttention'),
           ('qwen3_5_moe', 'qwen3_5_moe.modeling_qwen3_5_moe', 'Qwen3_5MoeVisionAttention'))),
+    *(Patch(f'patch_embed_{short}', f'transformers.models.{module}:{cls}.forward', 'transformers', 'wraps',
+            ('self', 'hidden_states'), 'speed/patch_embed.py', 'SWIFT_VORA_PATCH_EMBED=conv',
+            'tests/test_patch_embed.py', uses=('self.proj(', ))
+      for short, module, cls in (
+          ('qwen2_vl', 'qwen2_vl.modeling_qwen2_vl', 'PatchEmbed'),
+          ('qwen2_5_vl', 'qwen2_5_vl.modeling_qwen2_5_vl', 'Qwen2_5_VisionPatchEmbed'),
+          ('qwen3_vl', 'qwen3_vl.modeling_qwen3_vl', 'Qwen3VLVisionPatchEmbed'),
+          ('qwen3_vl_moe', 'qwen3_vl_moe.modeling_qwen3_vl_moe', 'Qwen3VLMoeVisionPatchEmbed'),
+          ('qwen3_5', 'qwen3_5.modeling_qwen3_5', 'Qwen3_5VisionPatchEmbed'),
+          ('qwen3_5_moe', 'qwen3_5_moe.modeling_qwen3_5_moe', 'Qwen3_5MoeVisionPatchEmbed'))),
+    # per eligible instance (a stride == kernel Conv3d in a patch embedding above); other inputs still reach
+    # _conv_forward, what the original forward calls
+    Patch('patch_embed_conv_forward', 'torch.nn:Conv3d.forward', 'torch', 'replaces', ('self', 'input'),
+          'speed/patch_embed.py', 'SWIFT_VORA_PATCH_EMBED=conv', 'tests/test_patch_embed.py',
+          {'2.14.1': '91cbbd182f3c8657'}, uses=('self._conv_forward(input, self.weight, self.bias)', )),
     Patch('compiled_vision_block', 'transformers.models.qwen3_vl.modeling_qwen3_vl:Qwen3VLVisionBlock.forward',
           'transformers', 'replaces', ('self', 'hidden_states', 'cu_seqlens', 'position_embeddings', 'kwargs'),
           'speed/compile_layers.py', 'SWIFT_VORA_COMPILE_VISION=0 (or SWIFT_VORA_COMPILE=off, the default)',

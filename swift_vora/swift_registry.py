@@ -46,6 +46,8 @@ def register_all() -> None:
     process_group_exit.register()  # a rank that finishes before rank 0 must not die in gloo's teardown
     from .speed.vit_attention import patch_vision_attention  # one sync and one attention call per ViT layer
     patch_vision_attention()
+    from .speed.patch_embed import patch_patch_embeddings  # cuDNN's Conv3d kernel for one patch per row is slow
+    patch_patch_embeddings()
     from .speed import packed_attention  # --attn_impl vora_varlen: --padding_free/--packing without flash-attn
     packed_attention.register()
     packed_attention.accept_in_padding_free_check()

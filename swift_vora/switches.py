@@ -126,6 +126,9 @@ def _table() -> Tuple[Switch, ...]:
                aliases=off_aliases, where='speed/selective_checkpoint.py'),
         Switch(PREFIX + 'VIT_ATTENTION', 'choice', 'batched', 'vision attention: batched (one call per layer, no '
                'sync) | transformers', choices=('batched', 'transformers'), where='speed/vit_attention.py'),
+        Switch(PREFIX + 'PATCH_EMBED', 'choice', 'gemm', 'vision patch embedding: gemm (the stride == kernel Conv3d '
+               'as one matrix product) | conv (torch\'s Conv3d)', choices=('gemm', 'conv'),
+               where='speed/patch_embed.py'),
         Switch(PREFIX + 'PACKED_ATTENTION', 'flag', True, 'register the vora_varlen attention (--attn_impl '
                'vora_varlen with --padding_free/--packing: packed rows without flash-attn)',
                where='speed/packed_attention.py'),

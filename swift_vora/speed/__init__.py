@@ -54,6 +54,8 @@ LEVERS = (
           'SelectiveCheckpoint'),
     Lever('vit_attention', 'SWIFT_VORA_VIT_ATTENTION',
           'patch at plugin import: the Qwen3-VL / Qwen3.5 vision attention forward'),
+    Lever('patch_embed', 'SWIFT_VORA_PATCH_EMBED',
+          'patch at plugin import: the Qwen-VL vision patch embedding\'s Conv3d computed as one GEMM'),
     Lever('packed_attention', 'SWIFT_VORA_PACKED_ATTENTION',
           'registered at plugin import: the `vora_varlen` attention (--padding_free / --packing without flash-attn)'),
     Lever('shape_bucket', 'SWIFT_VORA_PAD_MULTIPLE',

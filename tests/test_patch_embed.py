@@ -1,0 +1,139 @@
+"""The vision patch embedding as one GEMM gives transformers' Conv3d results (swift_vora/speed/patch_embed.py)."""
+import copy
+import pickle
+
+import pytest
+import torch
+from torch import nn
+from transformers.models.qwen3_vl import modeling_qwen3_vl as M
+from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+
+from swift_vora.speed import patch_embed
+
+
+@pytest.fixture
+def patched(monkeypatch):
+    """The wrapped Qwen3-VL patch embedding; transformers' forward restored after the test."""
+    cls = M.Qwen3VLVisionPatchEmbed
+    current = cls.forward
+    monkeypatch.delenv(patch_embed.ENV, raising=False)
+    assert 'Qwen3VLVisionPatchEmbed' in patch_embed.patch_patch_embeddings()
+    yield cls
+    cls.forward = current
+
+
+def vision_config(**kw):
+    return Qwen3VLVisionConfig(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=32,
+                               patch_size=16, temporal_patch_size=2, spatial_merge_size=2,
+                               deepstack_visual_indexes=[0], num_position_embeddings=64, **kw)
+
+
+def embed_pair(dtype=torch.float32):
+    torch.manual_seed(0)
+    ref = M.Qwen3VLVisionPatchEmbed(vision_config()).to(dtype)
+    return ref, copy.deepcopy(ref)
+
+
+@pytest.mark.parametrize('dtype, tol', [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_same_outputs_and_gradients_as_the_conv(patched, dtype, tol):
+    ref, ours = embed_pair(dtype)
+    conv_forward = patched.forward._swift_vora_original
+    pixels = torch.randn(40, 3 * 2 * 16 * 16, dtype=dtype)
+    x_ref, x_ours = pixels.clone().requires_grad_(), pixels.clone().requires_grad_()
+    expected = conv_forward(ref, x_ref)
+    got = ours(x_ours)
+    assert isinstance(ours.proj, nn.Conv3d) and type(ours.proj) is patch_embed.gemm_conv_class()  # same tree
+    assert type(ref.proj) is nn.Conv3d
+    torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+    grad = torch.randn_like(expected)
+    expected.backward(grad)
+    got.backward(grad)
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=tol, atol=tol)
+    torch.testing.assert_close(ours.proj.weight.grad, ref.proj.weight.grad, rtol=tol, atol=tol * 10)
+    torch.testing.assert_close(ours.proj.bias.grad, ref.proj.bias.grad, rtol=tol, atol=tol * 10)
+
+
+def test_whole_vision_tower_unchanged_and_weights_keep_their_names(patched):
+    config = vision_config()
+    config._attn_implementation = 'sdpa'
+    torch.manual_seed(0)
+    model = M.Qwen3VLVisionModel._from_config(config).eval()
+    grid = torch.tensor([[4, 4, 6]])
+    pixels = torch.randn(4 * 4 * 6, 3 * 2 * 16 * 16)
+    names = list(model.state_dict())
+    with torch.no_grad():
+        got = model(pixels, grid_thw=grid).pooler_output
+        patched.forward = patched.forward._swift_vora_original  # transformers' Conv3d path, same weights
+        model.patch_embed.proj.__class__ = nn.Conv3d
+        expected = model(pixels, grid_thw=grid).pooler_output
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert list(model.state_dict()) == names and 'patch_embed.proj.weight' in names
+
+
+def test_a_patched_model_copies_and_pickles(patched):
+    _, ours = embed_pair()
+    pixels = torch.randn(8, 3 * 2 * 16 * 16)
+    out = ours(pixels)
+    for clone in (copy.deepcopy(ours), pickle.loads(pickle.dumps(ours))):
+        torch.testing.assert_close(clone(pixels), out)
+        assert type(clone.proj) is patch_embed.gemm_conv_class()
+
+
+@pytest.mark.parametrize('conv', [
+    nn.Conv3d(3, 8, kernel_size=(2, 4, 4), stride=(1, 4, 4)),  # overlapping in time
+    nn.Conv3d(3, 8, kernel_size=(2, 4, 4), stride=(2, 4, 4), padding=(0, 1, 1)),
+    nn.Conv3d(3, 8, kernel_size=(2, 4, 4), stride=(2, 4, 4), dilation=(1, 2, 2)),
+    nn.Conv3d(4, 8, kernel_size=(2, 4, 4), stride=(2, 4, 4), groups=2),
+], ids=['stride', 'padding', 'dilation', 'groups'])
+def test_other_convolutions_keep_torch(conv):
+    assert not patch_embed.is_patch_conv(conv)
+    assert not patch_embed.use_gemm(conv)
+    assert type(conv) is nn.Conv3d
+
+
+def test_a_lora_wrapped_conv_is_left_to_peft(patched):
+    from peft import LoraConfig, get_peft_model
+    _, embed = embed_pair()
+    model = get_peft_model(embed, LoraConfig(r=2, lora_alpha=2, target_modules=['proj']))
+    pixels = torch.randn(8, 3 * 2 * 16 * 16)
+    out = model(pixels)  # the wrapper's forward runs and finds PEFT's layer, not a plain Conv3d
+    proj = model.base_model.model.proj
+    assert not patch_embed.use_gemm(proj) and type(proj.base_layer) is nn.Conv3d
+    assert out.shape == (8, 64)
+
+
+def test_inputs_larger_than_one_patch_still_convolve():
+    torch.manual_seed(0)
+    conv = nn.Conv3d(3, 8, kernel_size=(2, 4, 4), stride=(2, 4, 4))
+    x = torch.randn(2, 3, 4, 8, 8)  # 2 x 2 x 2 patches per input
+    expected = conv(x)
+    assert patch_embed.use_gemm(conv)
+    torch.testing.assert_close(conv(x), expected)
+    one = torch.randn(5, 3, 2, 4, 4)
+    torch.testing.assert_close(conv(one), conv._conv_forward(one, conv.weight, conv.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_switch_off_keeps_transformers_forward(monkeypatch):
+    cls = M.Qwen3VLVisionPatchEmbed
+    before = cls.forward
+    monkeypatch.setenv(patch_embed.ENV, 'conv')
+    assert patch_embed.patch_patch_embeddings() == []
+    assert cls.forward is before
+    monkeypatch.setenv(patch_embed.ENV, 'linear')
+    with pytest.raises(ValueError, match=patch_embed.ENV):
+        patch_embed.enabled()
+
+
+def test_every_listed_class_is_wrapped_once(monkeypatch):
+    import importlib
+    monkeypatch.delenv(patch_embed.ENV, raising=False)
+    classes = [getattr(importlib.import_module(m), c) for m, c in patch_embed.CLASSES]
+    before = {cls: cls.forward for cls in classes}
+    try:
+        assert patch_embed.patch_patch_embeddings() == [c for _, c in patch_embed.CLASSES]
+        wrapped = {cls: cls.forward for cls in classes}
+        patch_embed.patch_patch_embeddings()  # again: no second wrapper
+        assert all(cls.forward is wrapped[cls] and patch_embed.is_patched(cls) for cls in classes)
+    finally:
+        for cls, forward in before.items():
+            cls.forward = forward
