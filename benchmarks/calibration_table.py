@@ -118,6 +118,11 @@ ROWS: List[Dict[str, Any]] = [
                        'vora_compile_packed_mb4, run 14b), 4 x 6,528 tok',
      'source': ('throughput-r14b-2026-12-01.json', 'vora_compile_packed_mb4'), 'scope': 'training',
      'plan': [*COMPILED_2B, '--no-gradient-checkpointing', '--micro-batch', '4']},
+    # --- out of sample: measured after the constants above were fitted (tenth GPU session, 2026-12-01) ---
+    {'id': 18, 'what': '2B LoRA via swift-vora, no GC, compiled, micro-batch 6 (throughput vora_compile_mb6, run 15), '
+                       '6 x 6,528 tok',
+     'source': ('throughput-r15-2026-12-01.json', 'vora_compile_mb6'), 'scope': 'training',
+     'plan': [*COMPILED_2B, '--no-gradient-checkpointing', '--micro-batch', '6']},
 ]
 # Row 6 of the first calibration (throughput `vora_gc`) is the same planner input as row 5 and measured the same
 # peak; it is listed in docs/memory-model.md but not counted as a distinct configuration.

@@ -23,6 +23,8 @@ VIT_ATTENTION_PARAMS = ('self', 'hidden_states', 'cu_seqlens', 'position_embeddi
 VIT_ATTENTION_SOURCE = {'5.19.0': '2afc2f9fa3ebd677'}  # the four classes share one forward's source
 DEEPSTACK_PARAMS = ('self', 'hidden_states', 'visual_pos_masks', 'visual_embeds')
 DEEPSTACK_SOURCE = {'5.19.0': '07178743d3d5ebc3'}
+# torch's two-line Conv3d.forward, the same in the local wheel and the H200 image (printed there in run 16)
+CONV3D_FORWARD_SOURCE = {version: '91cbbd182f3c8657' for version in ('2.14.1', '2.11.0', '2.11.0+cu130')}
 
 
 class Patch(NamedTuple):
@@ -81,7 +83,7 @@ PATCHES = (
     # _conv_forward, what the original forward calls
     Patch('patch_embed_conv_forward', 'torch.nn:Conv3d.forward', 'torch', 'replaces', ('self', 'input'),
           'speed/patch_embed.py', 'SWIFT_VORA_PATCH_EMBED=conv', 'tests/test_patch_embed.py',
-          {'2.14.1': '91cbbd182f3c8657'}, uses=('self._conv_forward(input, self.weight, self.bias)', )),
+          CONV3D_FORWARD_SOURCE, uses=('self._conv_forward(input, self.weight, self.bias)', )),
     Patch('compiled_vision_block', 'transformers.models.qwen3_vl.modeling_qwen3_vl:Qwen3VLVisionBlock.forward',
           'transformers', 'replaces', ('self', 'hidden_states', 'cu_seqlens', 'position_embeddings', 'kwargs'),
           'speed/compile_layers.py', 'SWIFT_VORA_COMPILE_VISION=0 (or SWIFT_VORA_COMPILE=off, the default)',

@@ -5,6 +5,7 @@ the scripts themselves work end to end before device time is spent on them.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -134,7 +135,9 @@ def test_micro_batch_variants_keep_the_samples_per_step():
     assert micro_steps(8, 1) == 8
     specs = variant_specs(False, 4, 12)
     for name, spec in specs.items():
-        expected = MICRO_BATCH if name.endswith('_mb4') else MICRO_BATCH_LARGE if name.endswith('_mb6') else 1
+        size = re.search(r'_mb(\d+)', name)  # the name says the micro-batch: ..._mb4, ..._mb4_conv, ..._mb6
+        expected = int(size.group(1)) if size else 1
+        assert expected in (1, MICRO_BATCH, MICRO_BATCH_LARGE), name
         assert spec.get('batch_size', 1) == expected, name
     assert micro_steps(4, MICRO_BATCH_LARGE) == 1  # micro-batch 6: one micro-batch of 6 samples per step
     strong = specs['baseline_strong']
