@@ -1,6 +1,11 @@
 """The vision patch embedding as one GEMM gives transformers' Conv3d results (swift_vora/speed/patch_embed.py)."""
 import copy
+import json
+import os
 import pickle
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -9,6 +14,8 @@ from transformers.models.qwen3_vl import modeling_qwen3_vl as M
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 
 from swift_vora.speed import patch_embed
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -137,3 +144,66 @@ def test_every_listed_class_is_wrapped_once(monkeypatch):
     finally:
         for cls, forward in before.items():
             cls.forward = forward
+
+
+ZERO3_SCRIPT = textwrap.dedent('''
+    import json, sys
+    import deepspeed
+    import torch
+    from torch import nn
+    from transformers.models.qwen3_vl import modeling_qwen3_vl as M
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+
+    from swift_vora.speed import patch_embed
+
+    deepspeed.init_distributed(dist_backend='gloo')
+    patch_embed.patch_patch_embeddings()
+    config = {'train_micro_batch_size_per_gpu': 1, 'gradient_accumulation_steps': 1, 'steps_per_print': 10**9,
+              'zero_optimization': {'stage': 3, 'stage3_param_persistence_threshold': 0}}
+
+
+    class Tower(nn.Module):  # the patch embedding inside a model, as ZeRO-3 sees it in a vision tower
+        def __init__(self):
+            super().__init__()
+            self.patch_embed = M.Qwen3VLVisionPatchEmbed(Qwen3VLVisionConfig(hidden_size=64, patch_size=16,
+                                                                             temporal_patch_size=2))
+            self.head = nn.Linear(64, 1)
+
+        def forward(self, pixels):
+            return self.head(self.patch_embed(pixels)).sum()
+
+
+    torch.manual_seed(0)
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        tower = Tower()
+    engine, _, _, _ = deepspeed.initialize(model=tower, config=config,
+                                           optimizer=torch.optim.AdamW(tower.parameters(), lr=0.1))
+    proj = tower.patch_embed.proj
+    pixels = torch.randn(12, 3 * 2 * 16 * 16)
+    loss = engine(pixels)  # the hooks gather proj's weight for its forward
+    engine.backward(loss)
+    with deepspeed.zero.GatheredParameters(list(tower.parameters())):
+        w, b = proj.weight.detach().clone(), proj.bias.detach().clone()
+        expected = tower.head(nn.functional.conv3d(pixels.view(-1, 3, 2, 16, 16), w, b).view(-1, 64)).sum()
+    json.dump({'class': type(proj).__name__, 'partitioned': proj.weight.numel() == 0, 'loss': float(loss),
+               'expected': float(expected)}, open(sys.argv[1], 'w'))
+''')
+
+
+@pytest.mark.slow
+def test_zero3_gathers_the_weight_for_the_gemm(tmp_path):
+    """Under DeepSpeed ZeRO-3 the Conv3d's weight is a 0-element partition until its module hook gathers it; the
+    GEMM forward is reached through that hook (one CPU process, gloo)."""
+    import deepspeed  # noqa: F401  (a test dependency: pyproject [test])
+    script, out = tmp_path / 'zero3_patch_embed.py', tmp_path / 'result.json'
+    script.write_text(ZERO3_SCRIPT)
+    env = {**os.environ, 'DS_ACCELERATOR': 'cpu', 'OMP_NUM_THREADS': '1', 'PYTHONPATH': REPO, 'RANK': '0',
+           'LOCAL_RANK': '0', 'WORLD_SIZE': '1', 'MASTER_ADDR': '127.0.0.1',
+           'MASTER_PORT': str(29500 + os.getpid() % 200)}
+    env.pop(patch_embed.ENV, None)
+    proc = subprocess.run([sys.executable, str(script), str(out)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    res = json.load(open(out))
+    assert res['class'] == 'PatchGemmConv3d' and res['partitioned']
+    assert res['loss'] == pytest.approx(res['expected'], rel=1e-5, abs=1e-5)
