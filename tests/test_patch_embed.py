@@ -207,3 +207,25 @@ def test_zero3_gathers_the_weight_for_the_gemm(tmp_path):
     res = json.load(open(out))
     assert res['class'] == 'PatchGemmConv3d' and res['partitioned']
     assert res['loss'] == pytest.approx(res['expected'], rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('dtype, tol', [(torch.bfloat16, 2e-2), (torch.float32, 5e-3)])  # cuDNN may use TF32
+def test_cuda_gemm_matches_cudnn_conv_at_the_2b_shape(dtype, tol):
+    """On the GPU, against the cuDNN convolution it replaces: the Qwen3-VL-2B patch embedding (1,536 values per
+    patch -> 1,024) over one 64-frame clip's 23,040 patches, outputs and the gradients a trainable ViT would get."""
+    if not torch.cuda.is_available():
+        pytest.skip('needs a CUDA GPU (run on the GPU machine: bash scripts/gpu/run_all.sh e2e -k patch_embed)')
+    torch.manual_seed(0)
+    conv = nn.Conv3d(3, 1024, kernel_size=(2, 16, 16), stride=(2, 16, 16)).to('cuda', dtype)
+    gemm = copy.deepcopy(conv)
+    assert patch_embed.use_gemm(gemm)
+    x = torch.randn(23040, 3, 2, 16, 16, device='cuda', dtype=dtype)
+    outs, grads = [], []
+    for module in (conv, gemm):
+        out = module(x)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.float().square().mean(), (module.weight, module.bias)))
+    torch.testing.assert_close(outs[1], outs[0], rtol=tol, atol=tol)
+    for ours, theirs in zip(grads[1], grads[0]):
+        torch.testing.assert_close(ours, theirs, rtol=tol * 5, atol=tol * 5)
