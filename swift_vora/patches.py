@@ -17,7 +17,7 @@ Importing this module imports nothing else.
 """
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Tuple
+from typing import Dict, List, NamedTuple, Tuple
 
 VIT_ATTENTION_PARAMS = ('self', 'hidden_states', 'cu_seqlens', 'position_embeddings', 'max_seqlen', 'kwargs')
 VIT_ATTENTION_SOURCE = {'5.19.0': '2afc2f9fa3ebd677'}  # the four classes share one forward's source
@@ -117,3 +117,15 @@ PATCHES = (
           ('self', 'uri', 'ctx', 'width', 'height', 'num_threads', 'fault_tol'), 'speed/video_decode.py',
           'SWIFT_VORA_DECODE_THREADS=0', 'tests/test_video_decode.py'),
 )
+
+
+def forward_targets(prefix: str) -> List[Tuple[str, str]]:
+    """(module, class) of every inventoried `Class.forward` patch named `prefix*`, in inventory order: the lever
+    modules install their patches on these, so the inventory checked by tests/test_patched_upstream.py is the one
+    list of what they touch."""
+    found = []
+    for patch in PATCHES:
+        module, qualname = patch.target.split(':')
+        if patch.name.startswith(prefix) and qualname.endswith('.forward'):
+            found.append((module, qualname[:-len('.forward')]))
+    return found

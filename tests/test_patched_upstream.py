@@ -82,3 +82,15 @@ def test_inventory_is_complete_and_usable():
         assert (patch.kind == 'replaces') == bool(patch.sources), patch.name
     doc = (ROOT / 'docs' / 'upstream-patches.md').read_text()
     assert all(f'`{p.name}`' in doc for p in PATCHES)
+
+
+def test_lever_modules_patch_the_classes_the_inventory_lists():
+    # the inventory is the one list: vit_attention and patch_embed install on the targets it names
+    from swift_vora.patches import forward_targets
+    from swift_vora.speed import patch_embed, vit_attention
+    assert [c for _, c in vit_attention.CLASSES] == ['Qwen3VLVisionAttention', 'Qwen3VLMoeVisionAttention',
+                                                     'Qwen3_5VisionAttention', 'Qwen3_5MoeVisionAttention']
+    assert [c for _, c in patch_embed.CLASSES] == ['PatchEmbed', 'Qwen2_5_VisionPatchEmbed', 'Qwen3VLVisionPatchEmbed',
+                                                   'Qwen3VLMoeVisionPatchEmbed', 'Qwen3_5VisionPatchEmbed',
+                                                   'Qwen3_5MoeVisionPatchEmbed']
+    assert forward_targets('patch_embed_') == [*patch_embed.CLASSES, ('torch.nn', 'Conv3d')]  # + the per-instance one

@@ -13,7 +13,7 @@ one measured. Importing this package imports neither torch nor ms-swift (the mod
 from __future__ import annotations
 
 import importlib
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 
 class Lever(NamedTuple):
@@ -76,3 +76,21 @@ def callback_levers():
 
 def callback_class(lever: Lever) -> Callable:
     return getattr(lever.module, lever.callback)
+
+
+def replace_forwards(targets: Sequence[Tuple[str, str]], make_forward: Callable, is_patched: Callable) -> List[str]:
+    """Give every importable class of `targets` ((module, class) pairs) the forward `make_forward(cls)` unless
+    `is_patched(cls)` (idempotent); returns the names of the classes that have it. A transformers without one of the
+    models is skipped."""
+    names = []
+    for module_name, class_name in targets:
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name, None)
+        except ImportError:
+            continue
+        if cls is None:
+            continue
+        if not is_patched(cls):
+            cls.forward = make_forward(cls)
+        names.append(class_name)
+    return names

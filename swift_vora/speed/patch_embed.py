@@ -18,21 +18,14 @@ path altogether.
 """
 from __future__ import annotations
 
-import importlib
 from typing import List
 
-from .. import switches
+from .. import patches, switches
 
 ENV = 'SWIFT_VORA_PATCH_EMBED'
-# (module, class) of the patch embeddings whose forward calls `self.proj` (a stride == kernel Conv3d).
-CLASSES = [
-    ('transformers.models.qwen2_vl.modeling_qwen2_vl', 'PatchEmbed'),
-    ('transformers.models.qwen2_5_vl.modeling_qwen2_5_vl', 'Qwen2_5_VisionPatchEmbed'),
-    ('transformers.models.qwen3_vl.modeling_qwen3_vl', 'Qwen3VLVisionPatchEmbed'),
-    ('transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe', 'Qwen3VLMoeVisionPatchEmbed'),
-    ('transformers.models.qwen3_5.modeling_qwen3_5', 'Qwen3_5VisionPatchEmbed'),
-    ('transformers.models.qwen3_5_moe.modeling_qwen3_5_moe', 'Qwen3_5MoeVisionPatchEmbed'),
-]
+# (module, class) of the patch embeddings whose forward calls `self.proj` (a stride == kernel Conv3d): Qwen2-VL,
+# Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE, as swift_vora/patches.py inventories them.
+CLASSES = patches.forward_targets('patch_embed_qwen')
 _ORIGINAL = '_swift_vora_original'
 
 
@@ -111,16 +104,5 @@ def patch_patch_embeddings() -> List[str]:
     """Wrap the forward of every importable class of CLASSES (idempotent); returns the wrapped class names."""
     if not enabled():
         return []
-    patched = []
-    for module_name, class_name in CLASSES:
-        try:
-            mod = importlib.import_module(module_name)
-        except ImportError:  # an older transformers without this model
-            continue
-        cls = getattr(mod, class_name, None)
-        if cls is None:
-            continue
-        if not is_patched(cls):
-            cls.forward = _make_forward(cls.forward)
-        patched.append(class_name)
-    return patched
+    from . import replace_forwards
+    return replace_forwards(CLASSES, lambda cls: _make_forward(cls.forward), is_patched)

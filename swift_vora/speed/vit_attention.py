@@ -18,20 +18,15 @@ keeps transformers' forward.
 """
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import List
 
-from .. import switches
+from .. import patches, switches
 
 ENV = 'SWIFT_VORA_VIT_ATTENTION'
-# (module, class) of every vision attention with the per-chunk split; identical code in transformers 5.17.
-CLASSES = [
-    ('transformers.models.qwen3_vl.modeling_qwen3_vl', 'Qwen3VLVisionAttention'),
-    ('transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe', 'Qwen3VLMoeVisionAttention'),
-    ('transformers.models.qwen3_5.modeling_qwen3_5', 'Qwen3_5VisionAttention'),
-    ('transformers.models.qwen3_5_moe.modeling_qwen3_5_moe', 'Qwen3_5MoeVisionAttention'),
-]
+# (module, class) of every vision attention with the per-chunk split (identical code in transformers 5.17: Qwen3-VL,
+# Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE), as swift_vora/patches.py inventories them.
+CLASSES = patches.forward_targets('vit_attention_')
 _CACHE_ATTR = '_swift_vora_split_sizes'
 
 
@@ -140,16 +135,5 @@ def patch_vision_attention() -> List[str]:
     """Install the forward on every importable class of CLASSES (idempotent); returns the patched class names."""
     if not enabled():
         return []
-    patched = []
-    for module_name, class_name in CLASSES:
-        try:
-            mod = importlib.import_module(module_name)
-        except ImportError:  # an older transformers without this model
-            continue
-        cls = getattr(mod, class_name, None)
-        if cls is None:
-            continue
-        if not is_patched(cls):
-            cls.forward = _make_forward(cls.forward, sys.modules[cls.__module__])
-        patched.append(class_name)
-    return patched
+    from . import replace_forwards
+    return replace_forwards(CLASSES, lambda cls: _make_forward(cls.forward, sys.modules[cls.__module__]), is_patched)
