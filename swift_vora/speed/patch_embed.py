@@ -66,7 +66,6 @@ def gemm_conv_class():
 
         PatchGemmConv3d.__module__, PatchGemmConv3d.__qualname__ = __name__, 'PatchGemmConv3d'
         _gemm_class = PatchGemmConv3d
-        globals()['PatchGemmConv3d'] = PatchGemmConv3d  # where pickle looks it up
     return _gemm_class
 
 
@@ -81,7 +80,7 @@ def use_gemm(conv) -> bool:
     return True
 
 
-def __getattr__(name):  # unpickling a patched model imports this module and asks for the class
+def __getattr__(name):  # pickle (dumping, and loading in a fresh process) looks the class up here
     if name == 'PatchGemmConv3d':
         return gemm_conv_class()
     raise AttributeError(name)
