@@ -473,11 +473,6 @@ def _config_source(spec: ModelSpec, model: str) -> Dict[str, Any]:
             'description': 'a config dict given in code'}
 
 
-# Samples/s of the compiled 2B LoRA on one H200 relative to checkpointed micro-batch 1 (docs/benchmarks.md, runs
-# 14a and 14c: 3.76 -> 4.76 without checkpointing, 5.70 at micro-batch 4)
-SPEEDUP_WITHOUT_CHECKPOINTING = {1: 1.27, 4: 1.52}
-
-
 def memory_to_spare(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware,
                     backend: str) -> Optional[str]:
     """A sentence when a checkpointed, compiled ddp plan leaves so much GPU memory that training without
@@ -493,10 +488,10 @@ def memory_to_spare(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: 
             options.append((mb, est.gpu_peak))
     if not options:
         return None
-    said = '; '.join(f'micro-batch {mb}: {_gib(peak)}' + (f' ({SPEEDUP_WITHOUT_CHECKPOINTING[mb]}x the samples/s '
+    said = '; '.join(f'micro-batch {mb}: {_gib(peak)}' + (f' ({C.SPEEDUP_WITHOUT_CHECKPOINTING[mb]}x the samples/s '
                                                               'of checkpointed micro-batch 1, measured for a 2B '
                                                               'model at 6.5k tokens on an H200)'
-                                                              if mb in SPEEDUP_WITHOUT_CHECKPOINTING else '')
+                                                              if mb in C.SPEEDUP_WITHOUT_CHECKPOINTING else '')
                      for mb, peak in options)
     return (f'Memory to spare: without gradient checkpointing (train.gradient_checkpointing=false, '
             f'--no-gradient-checkpointing) the plan still fits -- {said}. A larger micro-batch changes the samples '
