@@ -32,6 +32,21 @@ shared expert's MLP and the routed experts' fused tensors -- micro-batch 1, the 
 - `swift_peft_attn`: the same with attention targets only (what plain swift reaches without --target_parameters).
 - `swift_unsloth`: plain `swift sft --tuner_backend unsloth` with the `swift_peft` targets, if it runs.
 
+- `vora_unsloth_offload`: the same with Unsloth's offloaded checkpointing forced (`unsloth.gradient_checkpointing=
+  unsloth`: layer inputs in pinned host RAM), what the planner picks only when the GPU has no room.
+- `vora_unsloth_mb2`, `vora_unsloth_mb4`: micro-batch 2 / 4 (`train.micro_batch`): more tokens per expert GEMM and
+  per Python launch; the step then holds that many samples.
+
+Full depth (`--layers 40`, the whole 35B-A3B: ~65 GiB of bf16 weights) needs a checkpoint folder with room for it:
+scripts/gpu/moe_full.sh builds it in a RAM-backed tmpfs on the GPU machine (its disk is smaller than the model).
+`--flagship` there skips the merged export when the checkpoint's filesystem has no room for a second copy (and says
+so in the result).
+
+Every variant runs `--steps` optimizer steps (default 12); the first `--warmup-steps` (default 2) are not measured.
+Per variant: `median_step_s` and `mean_step_s` over the measured steps, `tokens_per_s` = tokens per step / the median
+step (the headline; `tokens_per_s_mean` beside it), `first_step_s` (process start of the loop to the end of step 1:
+compile + autotune; the runner also says whether its kernel caches were warm), peak reserved memory.
+
 Measured per variant (throughput.py's instrumentation in swift's process; the runner's own train_log.jsonl):
 samples/s and tokens/s after the warm-up steps, peak reserved GiB, the share of time the loop waited for data,
 and MFU over ACTIVE parameters: F = 4*N_act*T + 6*N_lora_act*T + 6*L_full*T^2*d_attn + 2*N_vit*P + 4*h*V*S
@@ -45,6 +60,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -65,6 +81,9 @@ TARGET_MODULES = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'in_proj_qkv', 'in_pro
 ATTENTION_TARGETS = TARGET_MODULES[:7]
 TARGET_PARAMETERS = ['mlp.experts.gate_up_proj', 'mlp.experts.down_proj']
 GOAL = {'speedup': 2.0, 'memory_ratio': 0.65, 'plan_error': 0.10}
+# Full depth (issue #30): >= 12,000 tokens/s for swift-vora at 64 frames, MFU (active) >= 0.25, plan within 10 %
+GOAL_FULL = {'tokens_per_s': 12000, 'mfu': 0.25, 'plan_error': 0.10}
+MICRO_BATCH_VARIANTS = {'vora_unsloth_mb2': 2, 'vora_unsloth_mb4': 4}
 
 
 def budget(smoke: bool) -> Dict[str, Any]:
@@ -97,7 +116,7 @@ def build_model(out_dir: str, shape: str, layers: Optional[int], device: str) ->
 
 # ---- variants -----------------------------------------------------------------------------------------------------
 def vora_command(args, b: Dict[str, Any], model: str, ann: str, out: str, flagship: bool,
-                 extra: Optional[List[str]] = None) -> List[str]:
+                 extra: Optional[List[str]] = None, merge: bool = True) -> List[str]:
     overrides = [f'model.path={model}', 'model.type=qwen3_5_moe', f'data.dataset={ann}',
                  f'data.window={b["clip_s"]:g}', f'data.stride={b["clip_s"]:g}', 'data.min_event=0.5',
                  f'video.fps={b["fps"]:g}', f'video.max_frames={b["max_frames"]}',
@@ -105,7 +124,8 @@ def vora_command(args, b: Dict[str, Any], model: str, ann: str, out: str, flagsh
                  f'train.lora_rank={LORA_RANK}', f'train.lora_alpha={LORA_ALPHA}',
                  f'train.max_steps={max(args.steps, args.profile_step or 0)}',
                  f'train.grad_accum={args.grad_accum}', f'train.save_steps={args.steps}', 'train.logging_steps=1',
-                 f'train.output_dir={out}', f'unsloth.save_merged={"true" if flagship else "false"}', *(extra or [])]
+                 f'train.output_dir={out}', f'unsloth.save_merged={"true" if flagship and merge else "false"}',
+                 *(extra or [])]
     if args.smoke:  # CPU: the runner itself, transformers + PEFT standing in for Unsloth's loader
         overrides += ['train.dtype=float32', 'unsloth.gradient_checkpointing=false']
         return [sys.executable, '-m', 'swift_vora.backends.unsloth_runner', RECIPE, *overrides, '--loader', 'peft']
@@ -148,7 +168,9 @@ def run_vora(name: str, args, b, inputs, work: str, flagship: bool, fla: bool,
     vdir = os.path.join(work, name)
     shutil.rmtree(vdir, ignore_errors=True)
     out = os.path.join(vdir, 'output')
-    cmd = vora_command(args, b, inputs['model'], inputs['annotations'], out, flagship, extra_overrides or [])
+    room = merge_room(inputs['model'], work) if flagship else None
+    cmd = vora_command(args, b, inputs['model'], inputs['annotations'], out, flagship, extra_overrides or [],
+                       merge=bool(room and room['fits']))
     env = {'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True', 'SWIFT_VORA_LOG_FIRST': '1', **(extra_env or {})}
     if not flagship:  # speed runs: the adapter reload (a second model load) is the flagship's
         env['SWIFT_VORA_GUARD_VERIFY_ADAPTER'] = 'off'
@@ -162,24 +184,52 @@ def run_vora(name: str, args, b, inputs, work: str, flagship: bool, fla: bool,
     log_path = os.path.join(vdir, 'train.log')
     t0 = time.time()
     proc = tp.run_logged(cmd, log_path, full_env, timeout=args.variant_timeout)
-    if args.spy_after:
-        spy_when_slow(proc, args.spy_after, os.path.join(vdir, 'py-spy-dump.txt'))
+    if args.spy_after:  # where the first step spends its time when it is slow (compile? autotune? the model?)
+        spy_when_slow(proc, args.spy_after, os.path.join(vdir, 'py-spy-dump.txt'), log_path, FIRST_STEP_MARK,
+                      FIRST_STEP_DONE)
     tp.wait_logged(proc, f'swift-vora train ({name})', log_path)
     result = summarize_runner(name, out, args, tp.cmdline(cmd, env), time.time() - t0)
     if args.profile_step:
         result['profile'] = profile_summary(os.path.join(out, 'torch_profile.json'))
     if flagship:
-        result['flagship'] = flagship_checks(out, inputs['model'], vdir)
+        result['flagship'] = flagship_checks(out, inputs['model'], vdir, room)
     return result
 
 
-def spy_when_slow(proc, after: float, path: str) -> None:
-    """If the variant still runs `after` seconds in, write py-spy's stack dump of its processes (where it waits)."""
+def merge_room(model: str, work: str) -> Dict[str, Any]:
+    """Whether a merged 16-bit copy of the model (the runner's export, then merge_for_vllm.sh's) has room: the
+    runner writes its copy under `work`, merge_for_vllm.sh another next to it. At full depth (65 GiB) the GPU
+    machine has room for neither: the base checkpoint fills a tmpfs, the disk is smaller than one copy."""
+    need = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if f.endswith('.safetensors'))
+    free = shutil.disk_usage(work).free
+    return {'needs_gib': round(2 * need * 1.05 / 2**30, 1), 'free_gib': round(free / 2**30, 1),
+            'fits': free >= 2 * need * 1.05, 'where': work}
+
+
+FIRST_STEP_MARK = 'first step: Triton compiles'  # the runner's line as its first step starts (on a GPU)
+FIRST_STEP_DONE = 'first step took'  # ... and as it ends
+
+
+def spy_when_slow(proc, after: float, path: str, log_path: Optional[str] = None, start_mark: Optional[str] = None,
+                  done_mark: Optional[str] = None) -> None:
+    """If the variant is still in its first step `after` seconds after it began (the log shows `start_mark` and not
+    yet `done_mark`; without marks: `after` seconds after the start), write py-spy's stack dump of its processes."""
+    def log_has(mark: str) -> bool:
+        with open(log_path, errors='replace') as f:
+            return mark in f.read()
+
+    if start_mark and log_path:
+        while not log_has(start_mark):
+            if proc.poll() is not None:
+                return
+            time.sleep(2)
     deadline = time.time() + after
     while time.time() < deadline:
         if proc.poll() is not None:
             return
         time.sleep(2)
+    if done_mark and log_path and log_has(done_mark):
+        return
     spy = find_py_spy()
     if not spy:
         with open(path, 'w') as f:
@@ -240,6 +290,9 @@ def run_swift(name: str, args, b, inputs, work: str, tuner_backend: str, targets
     proc = tp.run_logged(cmd, log_path, tp.base_env(env), timeout=args.variant_timeout)
     tp.wait_logged(proc, f'swift sft ({name})', log_path)
     result = tp.summarize_variant(name, vdir, args, tp.cmdline(cmd, env), time.time() - t0, None)
+    result['samples_per_s_mean'] = result.pop('samples_per_s', None)
+    result['tokens_per_s_mean'] = result.pop('tokens_per_s', None)
+    result.update(swift_step_stats(vdir, args, tp.real_tokens(result)))
     result['lora'] = swift_lora_counts(log_path)
     return result
 
@@ -270,10 +323,22 @@ def summarize_runner(name: str, out: str, args, command: str, wall: float) -> Di
     encode = tp.read_jsonl(os.path.join(out, 'encode_log.jsonl'))
     result_path = os.path.join(out, 'unsloth_run_result.json')
     run = json.load(open(result_path)) if os.path.isfile(result_path) else {}
-    return {
+    ends = [r['seconds'] for r in steps]
+
+    def per_step(key: str) -> List[float]:  # the measured steps' own amounts (the log's are running totals)
+        totals = [r[key] for r in steps]
+        return [b - a for a, b in zip([0] + totals, totals)][args.warmup_steps:]
+
+    stats = step_stats(per_step('seconds'), per_step('tokens'), per_step('samples'))
+    first_step = run.get('first_step') or {}
+    return {**stats,
+        'first_step_s': first_step.get('first_step_s', round(ends[0], 2)),
+        'first_step': first_step or None,
+        'startup_s': run.get('startup_s'), 'load_s': run.get('load_s'),
+        'micro_batch': steps[0]['samples'] // max(1, args.grad_accum),
+        'samples_per_s_mean': round(samples / seconds, 4) if seconds > 0 else None,
+        'tokens_per_s_mean': round(tokens / seconds, 1) if seconds > 0 else None,
         'variant': name, 'command': command, 'samples_measured': samples, 'seconds_measured': round(seconds, 3),
-        'samples_per_s': round(samples / seconds, 4) if seconds > 0 else None,
-        'tokens_per_s': round(tokens / seconds, 1) if seconds > 0 else None,
         'warmup_steps': args.warmup_steps, 'steps': len(steps), 'grad_accum': args.grad_accum,
         'data_wait_s_measured': round(last['data_wait_s'] - base['data_wait_s'], 3),
         'data_wait_fraction': round((last['data_wait_s'] - base['data_wait_s']) / seconds, 4) if seconds else None,
@@ -290,6 +355,36 @@ def summarize_runner(name: str, out: str, args, command: str, wall: float) -> Di
     }
 
 
+def step_stats(seconds: List[float], tokens: List[float], samples: List[float]) -> Dict[str, Any]:
+    """The measured steps' times, their median and mean, and the headline rates on the median step: one slow step
+    (a 5 s step among 1 s ones was seen on the H200) moves the mean, not the median."""
+    if not seconds:
+        return {}
+    median = statistics.median(seconds)
+    per_step_tokens, per_step_samples = statistics.mean(tokens), statistics.mean(samples)
+    return {'step_s': [round(x, 3) for x in seconds], 'median_step_s': round(median, 3),
+            'mean_step_s': round(statistics.mean(seconds), 3), 'min_step_s': round(min(seconds), 3),
+            'max_step_s': round(max(seconds), 3), 'samples_per_step': per_step_samples,
+            'tokens_per_s': round(per_step_tokens / median, 1) if median > 0 else None,
+            'samples_per_s': round(per_step_samples / median, 4) if median > 0 else None}
+
+
+def swift_step_stats(vdir: str, args, tokens_per_sample: Optional[float]) -> Dict[str, Any]:
+    """step_stats for a plain `swift sft` variant, from throughput.py's progress.jsonl (CUDA-synchronised step ends)."""
+    progress = tp.read_jsonl(os.path.join(vdir, 'progress.jsonl'))
+    begin = next((r for r in progress if r.get('event') == 'begin'), None)
+    steps = [r for r in progress if r.get('event') == 'step'][:args.steps]
+    if not begin or not steps:
+        return {}
+    ends = [r['t'] for r in steps]
+    seconds = [b - a for a, b in zip([begin['t']] + ends, ends)]
+    samples = [b['samples'] - a['samples'] for a, b in zip([{'samples': 0}] + steps, steps)]
+    stats = step_stats(seconds[args.warmup_steps:], [n * (tokens_per_sample or 0) for n in samples][
+        args.warmup_steps:], samples[args.warmup_steps:])
+    stats['first_step_s'] = round(seconds[0], 2)
+    return stats
+
+
 def read_plan(out: str) -> Optional[Dict[str, Any]]:
     """The planner's prediction `swift-vora train` recorded before launching (swift-vora-launch/launch.json)."""
     path = os.path.join(out, 'swift-vora-launch', 'launch.json')
@@ -302,9 +397,10 @@ def read_plan(out: str) -> Optional[Dict[str, Any]]:
             'gpu_reserved_gib': steady.get('gpu_reserved_gib'), 'gpu_allocated_gib': steady.get('gpu_allocated_gib')}
 
 
-def flagship_checks(out: str, model: str, vdir: str) -> Dict[str, Any]:
-    """The guards' report files, then scripts/merge_for_vllm.sh on the saved adapter (with its expert check)."""
-    report: Dict[str, Any] = {}
+def flagship_checks(out: str, model: str, vdir: str, room: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The guards' report files, then scripts/merge_for_vllm.sh on the saved adapter (with its expert check) when
+    `room` (merge_room) says a merged copy fits."""
+    report: Dict[str, Any] = {'merge_room': room}
     for name in ('lora_update.json', 'verify_adapter.json', 'supervision.rank0.json', 'fingerprint.json'):
         path = os.path.join(out, name)
         report[name] = os.path.isfile(path)
@@ -315,6 +411,10 @@ def flagship_checks(out: str, model: str, vdir: str) -> Dict[str, Any]:
     report['verify_adapter'] = {k: v.get(k) for k in ('ok', 'matched', 'tensors', 'exit_code')}
     ckpts = sorted((d for d in os.listdir(out) if d.startswith('checkpoint-') and not d.endswith('-merged')),
                    key=lambda d: int(d.split('-')[1]))
+    if room is not None and not room['fits']:
+        report['merge_skipped'] = (f'a merged 16-bit copy needs {room["needs_gib"]} GiB (the runner\'s export and '
+                                   f'merge_for_vllm.sh\'s) and {room["where"]} has {room["free_gib"]} GiB free')
+        return report
     merged = os.path.join(vdir, 'merged')
     proc = subprocess.run(['bash', os.path.join(REPO, 'scripts', 'merge_for_vllm.sh'), os.path.join(out, ckpts[-1]),
                            merged, '--base', model], capture_output=True, text=True, env=tp.base_env())
@@ -386,8 +486,8 @@ def main(argv=None) -> int:
     parser.add_argument('--variants', default='vora_unsloth,swift_peft,swift_unsloth')
     parser.add_argument('--flagship', action='store_true',
                         help='vora_unsloth with every guard, the merged export and its check')
-    parser.add_argument('--steps', type=int, default=None, help='optimizer steps per variant (default 6; smoke 2)')
-    parser.add_argument('--grad-accum', type=int, default=None, help='default 4 (smoke 1)')
+    parser.add_argument('--steps', type=int, default=None, help='optimizer steps per variant (default 12; smoke 2)')
+    parser.add_argument('--grad-accum', type=int, default=None, help='micro-batches per step (default 1)')
     parser.add_argument('--warmup-steps', type=int, default=None, help='default 2 (smoke 1)')
     parser.add_argument('--workers', type=int, default=None, help='swift DataLoader workers (default 8; smoke 0)')
     parser.add_argument('--clips', type=int, default=None)
@@ -404,8 +504,8 @@ def main(argv=None) -> int:
     smoke = args.smoke
     args.shape = args.shape or ('tiny' if smoke else '35b-a3b')
     args.layers = args.layers if args.layers is not None else (8 if args.shape == '35b-a3b' else None)
-    args.steps = args.steps or (2 if smoke else 6)
-    args.grad_accum = args.grad_accum or (1 if smoke else 4)
+    args.steps = args.steps or (2 if smoke else 12)
+    args.grad_accum = args.grad_accum or 1
     args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (1 if smoke else 2)
     args.workers = args.workers if args.workers is not None else (0 if smoke else 8)
     # summarize_variant (throughput.py) reads these
@@ -458,6 +558,12 @@ def main(argv=None) -> int:
             elif name == 'vora_unsloth_gpu_ckpt':  # checkpoints kept on the GPU instead of Unsloth's host offload
                 result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
                                   extra_overrides=['unsloth.gradient_checkpointing=true'])
+            elif name == 'vora_unsloth_offload':  # Unsloth's offloaded checkpointing forced (the planner's fallback)
+                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
+                                  extra_overrides=['unsloth.gradient_checkpointing=unsloth'])
+            elif name in MICRO_BATCH_VARIANTS:  # more samples (tokens per expert GEMM) per micro-batch
+                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
+                                  extra_overrides=[f'train.micro_batch={MICRO_BATCH_VARIANTS[name]}'])
             elif name == 'swift_peft':
                 result = run_swift(name, args, b, inputs, work, 'peft', TARGET_MODULES, TARGET_PARAMETERS)
             elif name == 'swift_peft_attn':
@@ -470,11 +576,26 @@ def main(argv=None) -> int:
             result = {'failed': str(error)[-3000:]}
         payload['variants'][name] = result
         print(f'== {name}: ' + json.dumps({k: result.get(k) for k in (
-            'samples_per_s', 'tokens_per_s', 'peak_reserved_gib', 'data_wait_fraction', 'failed')}), flush=True)
+            'samples_per_s', 'tokens_per_s', 'median_step_s', 'mean_step_s', 'first_step_s', 'peak_reserved_gib',
+            'data_wait_fraction', 'failed')}), flush=True)
+        write_partial(payload, config, counts, args.out or work, args.name)
     headline(payload, config, counts)
     path = tp.write_results(payload, args.results_dir if not smoke else work, args.name, args.out)
     print(f'results: {path}')
     return 0
+
+
+def write_partial(payload: Dict[str, Any], config: Dict[str, Any], counts: Dict[str, int], out: str,
+                  name: str) -> None:
+    """The results so far, after every variant (`NAME-partial.json`, overwritten): a call cut short by the device's
+    time limit still returns what ran. The final file is written once, at the end, by write_results."""
+    snapshot = json.loads(json.dumps(payload))
+    headline(snapshot, config, counts)
+    snapshot['partial'] = True
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f'{name}-partial.json'), 'w') as f:
+        json.dump(snapshot, f, indent=2)
+        f.write('\n')
 
 
 def headline(payload: Dict[str, Any], config: Dict[str, Any], counts: Dict[str, int]) -> None:
@@ -500,7 +621,9 @@ def headline(payload: Dict[str, Any], config: Dict[str, Any], counts: Dict[str, 
     payload['baseline_variant'] = max(plain, key=lambda n: plain[n]['tokens_per_s']) if plain else None
     if ours.get('tokens_per_s') and payload['baseline_variant']:
         base = plain[payload['baseline_variant']]
-        payload['speedup'] = round(ours['tokens_per_s'] / base['tokens_per_s'], 3)
+        payload['speedup'] = round(ours['tokens_per_s'] / base['tokens_per_s'], 3)  # median steps
+        if ours.get('tokens_per_s_mean') and base.get('tokens_per_s_mean'):
+            payload['speedup_mean'] = round(ours['tokens_per_s_mean'] / base['tokens_per_s_mean'], 3)
         if ours.get('peak_reserved_gib') and base.get('peak_reserved_gib'):
             payload['memory_ratio'] = round(ours['peak_reserved_gib'] / base['peak_reserved_gib'], 3)
     # Like with like: ours on transformers' PyTorch Gated DeltaNet, the kernel plain swift runs here (fla 0.6
@@ -514,6 +637,11 @@ def headline(payload: Dict[str, Any], config: Dict[str, Any], counts: Dict[str, 
         weights = counts['total'] * 2 / 2**30
         payload['weights_gib'] = round(weights, 2)
         payload['memory_ratio_floor'] = round(weights / plain[payload['baseline_variant']]['peak_reserved_gib'], 3)
+        # What each path adds on top of the frozen weights both hold, ours over plain's
+        if ours.get('peak_reserved_gib'):
+            above = plain[payload['baseline_variant']]['peak_reserved_gib'] - weights
+            payload['memory_above_weights_ratio'] = round((ours['peak_reserved_gib'] - weights) / above, 3) \
+                if above > 0 else None
     # The planner's torch-reserved prediction against torch's measured reserved peak (docs/memory-model.md's
     # convention: its headline gpu_peak_gib adds the ~0.75 GiB CUDA context torch does not count).
     planned = ours.get('planned') or {}
@@ -521,6 +649,14 @@ def headline(payload: Dict[str, Any], config: Dict[str, Any], counts: Dict[str, 
         payload['planned_peak_gib'] = planned['gpu_peak_gib']
         payload['planned_reserved_gib'] = planned['gpu_reserved_gib']
         payload['plan_error'] = round(ours['peak_reserved_gib'] / planned['gpu_reserved_gib'] - 1, 3)
+    if payload['model'].get('layers') == len(payload['model'].get('layer_types') or []) and \
+            payload['model']['layers'] >= 40:  # the full 35B-A3B: issue #30's goals
+        payload['goal_full_depth'] = GOAL_FULL
+        payload['goal_full_depth_met'] = {
+            'tokens_per_s': (ours.get('tokens_per_s') or 0) >= GOAL_FULL['tokens_per_s'],
+            'mfu': (ours.get('mfu') or 0) >= GOAL_FULL['mfu'],
+            'plan_error': payload.get('plan_error') is not None and abs(payload['plan_error']) <= GOAL_FULL[
+                'plan_error']}
     payload['goal'] = GOAL
     payload['goal_met'] = {
         'speedup': payload.get('speedup') is not None and payload['speedup'] >= GOAL['speedup'],

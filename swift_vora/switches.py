@@ -152,6 +152,9 @@ def _table() -> Tuple[Switch, ...]:
                where='plan/probe.py'),
         Switch(PREFIX + 'TRACEBACK', 'flag', False, 'print the traceback of an unexpected error in a swift-vora '
                'command (otherwise one line and exit 1)', None, where='cli.py'),
+        Switch(PREFIX + 'CACHE_DIR', 'path', None, 'Unsloth runner: the folder under which Triton, inductor and '
+               'Unsloth keep compiled kernels and autotuning results between launches (unset: $XDG_CACHE_HOME/'
+               'swift_vora, else ~/.cache/swift_vora)', where='backends/kernel_cache.py'),
         # --- benchmark and GPU-script tools (not read by the plugin) --------------------------------------------
         Switch(PREFIX + 'BENCH_DIR', 'path', None, 'benchmarks/throughput.py: where its probes write', None,
                where='benchmarks/throughput.py'),

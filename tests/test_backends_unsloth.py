@@ -51,7 +51,7 @@ def test_unsloth_call_arguments_are_16bit_language_only():
                          target_modules=['q_proj', 'gate_proj'])
     kw = from_pretrained_kwargs(c)
     assert kw['load_in_4bit'] is False and kw['load_in_8bit'] is False and kw['full_finetuning'] is False
-    assert kw['use_gradient_checkpointing'] == 'unsloth'
+    assert kw['use_gradient_checkpointing'] is True  # checkpoints on the GPU unless the plan says otherwise
     pk = peft_kwargs(c)
     assert pk['finetune_vision_layers'] is False and pk['finetune_mlp_modules'] is True
     assert pk['target_modules'] == ['q_proj', 'gate_proj'] and pk['lora_dropout'] == 0.0
@@ -66,11 +66,44 @@ def test_launch_is_one_process_with_offline_unsloth_env():
     assert launch.argv[1:3] == ['-m', 'swift_vora.backends.unsloth_runner']
     assert 'NPROC_PER_NODE' not in launch.env and launch.env['UNSLOTH_DISABLE_STATISTICS'] == '1'
     assert launch.env['HF_HUB_OFFLINE'] == '1'
-    assert launch.env['UNSLOTH_COMPILE_LOCATION'].startswith(os.path.abspath(recipe['train.output_dir']))
+    # the kernel caches are placed by the runner at run time (kernel_cache.py): no folder of this machine printed
+    assert not {'UNSLOTH_COMPILE_LOCATION', 'TRITON_CACHE_DIR', 'TORCHINDUCTOR_CACHE_DIR'} & set(launch.env)
     (path, text), = launch.files.items()
     run = UnslothRunConfig.from_json(text)
     assert launch.argv[3] == path and run.loader == 'unsloth' and run.is_moe and run.save_merged
     assert run.target_parameters == EXPERT_PARAMETERS and run.grad_accum == 16
+    # the full 35B-A3B on one H200 has room for its layer checkpoints: they stay on the GPU (the faster path)
+    assert plan.checkpoints == 'gpu' and run.gradient_checkpointing is True
+    assert any('Layer checkpoints stay on the GPU' in r for r in plan.reasons)
+
+
+def test_checkpoints_offload_to_host_only_when_the_gpu_has_no_room():
+    def plan(*overrides):
+        return plan_recipe(load_recipe(H200X1, [f'model.path={os.path.join(CONFIGS, "qwen3_5_moe_35b_a3b.json")}',
+                                                'hardware=null', 'gpus=1', *overrides]))
+
+    on_gpu = plan('gpu_mem_gib=139.8', 'unsloth.gradient_checkpointing=true')
+    on_host = plan('gpu_mem_gib=139.8', 'unsloth.gradient_checkpointing=unsloth')
+    assert on_gpu.checkpoints == 'gpu' and on_host.checkpoints == 'host'
+    assert on_host.gpu_peak_gib < on_gpu.gpu_peak_gib and on_host.host_peak_gib > on_gpu.host_peak_gib
+    assert plan('gpu_mem_gib=139.8').checkpoints == 'gpu'  # room: auto keeps them on the GPU
+    # a GPU between the two peaks: only the offloaded plan fits, and auto takes it
+    between = f'gpu_mem_gib={(on_gpu.gpu_peak_gib + on_host.gpu_peak_gib) / 2:.2f}'
+    tight = load_recipe(H200X1, [f'model.path={os.path.join(CONFIGS, "qwen3_5_moe_35b_a3b.json")}', 'hardware=null',
+                                 'gpus=1', between])
+    chosen = plan_recipe(tight)
+    assert chosen.verdict == 'fits' and chosen.checkpoints == 'host'
+    assert any('offloaded to pinned host RAM' in r and 'on the GPU they would need' in r for r in chosen.reasons)
+    run = UnslothRunConfig.from_json(next(iter(build_launch(chosen, tight, environ={}).files.values())))
+    assert run.gradient_checkpointing == 'unsloth'
+    assert plan(between, 'unsloth.gradient_checkpointing=true').verdict == 'does_not_fit'
+
+
+def test_unsloth_gradient_checkpointing_values_are_checked():
+    model = f'model.path={os.path.join(CONFIGS, "qwen3_5_moe_35b_a3b.json")}'
+    recipe = load_recipe(H200X1, [model, 'unsloth.gradient_checkpointing=sometimes'])
+    with pytest.raises(LaunchUsageError, match='unsloth.gradient_checkpointing'):
+        build_launch(plan_recipe(recipe), recipe, environ={})
 
 
 def test_unsloth_is_one_gpu_only():

@@ -91,3 +91,35 @@ def test_training_runs_it_after_the_final_save(guards_ddp_run):
     report = json.load(open(os.path.join(guards_ddp_run['run_dir'], 'verify_adapter.json')))
     assert report['exit_code'] == 0 and report['ok'] and report['matched'] == report['tensors'] == 28
     assert 'swift-vora verify_adapter: 28 of 28 saved adapter tensors match after reload' in guards_ddp_run['log']
+
+
+def _meminfo(tmp_path, available_gib):
+    path = tmp_path / 'meminfo'
+    path.write_text(f'MemTotal: {128 * 2**20} kB\nMemAvailable: {int(available_gib * 2**20)} kB\n')
+    return str(path)
+
+
+def test_reload_goes_to_the_gpu_only_when_the_host_has_no_room(tmp_path, monkeypatch, capsys):
+    """A 35B MoE whose checkpoint sits in a RAM-backed tmpfs leaves no room for a second copy in host RAM: the
+    reload then takes the GPU (freed by the trainer) instead of being killed by the OOM killer."""
+    import torch
+
+    from swift_vora.guards import verify_adapter as va
+    base = tmp_path / 'base'
+    base.mkdir()
+    for i in range(2):
+        with open(base / f'model-0000{i}.safetensors', 'wb') as f:
+            f.truncate(3 * 2**30)  # sparse: 6 GiB of "weights", no disk used
+    assert va.checkpoint_bytes(str(base)) == 6 * 2**30
+    monkeypatch.setenv('SWIFT_VORA_CGROUP_ROOT', str(tmp_path / 'no-cgroup'))
+    monkeypatch.setenv('SWIFT_VORA_MEMINFO', _meminfo(tmp_path, 60))
+    assert va.load_device(str(base)) is None  # room in host RAM: transformers' default
+    monkeypatch.setenv('SWIFT_VORA_MEMINFO', _meminfo(tmp_path, 5))
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'mem_get_info', lambda *a: (100 * 2**30, 140 * 2**30))
+    assert va.load_device(str(base)) == 'cuda'
+    assert 'reloading on the GPU' in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, 'mem_get_info', lambda *a: (4 * 2**30, 140 * 2**30))
+    assert va.load_device(str(base)) is None
+    assert 'may run out of memory' in capsys.readouterr().err
+    assert va.load_device('Qwen/some-hub-id') is None  # not a local folder: nothing to measure

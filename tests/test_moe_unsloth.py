@@ -260,8 +260,8 @@ def test_moe_benchmark_smoke_runs_both_paths_and_the_flagship_checks(tmp_path):
 # ---- what the launch sets for Unsloth ------------------------------------------------------------------------------
 def test_unsloth_block_compile_is_off_unless_the_user_sets_it():
     from swift_vora.backends.unsloth import unsloth_env
-    assert unsloth_env('/o', environ={})['UNSLOTH_BLOCK_COMPILE'] == '0'
-    assert 'UNSLOTH_BLOCK_COMPILE' not in unsloth_env('/o', environ={'UNSLOTH_BLOCK_COMPILE': '1'})
+    assert unsloth_env(environ={})['UNSLOTH_BLOCK_COMPILE'] == '0'
+    assert 'UNSLOTH_BLOCK_COMPILE' not in unsloth_env(environ={'UNSLOTH_BLOCK_COMPILE': '1'})
 
 
 def test_fla_kernel_on_hopper_with_an_affected_triton_is_reported(monkeypatch):

@@ -14,6 +14,9 @@
 #   multi_gpu_zero3  scripts/gpu/multi_gpu_zero3.sh: NCCL sanity + ZeRO-3 LoRA on every GPU of the host, all guards
 #   moe           benchmarks/moe_throughput.py: Unsloth split LoRA vs plain swift PEFT, Qwen3.5-MoE 35B-A3B shape with
 #                 N layers (needs carry [".whl/swift", ".whl/moe"]: ~56 MiB with the repo)
+#   moe_full      the same at full depth: all 40 layers of the 35B-A3B (~65 GiB), built in a RAM-backed tmpfs
+#                 ($TMPDIR/model_tmpfs, 72 GiB) because the disk is smaller; longer than one call: run it through
+#                 scripts/gpu/background.sh (start, then wait from back-to-back calls)
 #   unsloth       scripts/gpu/unsloth_smoke.sh (needs carry [".whl/swift", ".whl/unsloth"]: ~59 MiB with the repo)
 #   megatron      scripts/gpu/megatron_smoke.sh: Megatron-SWIFT EP=1 LoRA on one GPU, random Qwen3-VL-MoE, checks +
 #                 megatron-h200-<date>.json. Needs scripts/gpu/setup_megatron.sh's inputs: .te0, .te1, .te2 carried
@@ -47,6 +50,18 @@ install_moe_wheels() {
   export UNSLOTH_DISABLE_STATISTICS=1
   python3 -c 'import unsloth, unsloth_zoo, fla; print("moe wheels: unsloth", unsloth.__version__, "| unsloth_zoo",
 unsloth_zoo.__version__, "| fla", getattr(fla, "__version__", "?"), fla.__file__)' 2>&1 | grep -v -i warn | tail -3
+}
+
+# A tmpfs for the full-depth MoE checkpoint: 72 GiB of RAM at most, only what is written is used.
+MODEL_TMPFS="$SCRATCH/model_tmpfs"
+MODEL_TMPFS_GIB=72
+mount_model_tmpfs() {
+  if ! mountpoint -q "$MODEL_TMPFS"; then
+    mkdir -p "$MODEL_TMPFS" && mount -t tmpfs -o "size=${MODEL_TMPFS_GIB}g" tmpfs "$MODEL_TMPFS" || {
+      echo "moe_full: cannot mount a ${MODEL_TMPFS_GIB} GiB tmpfs at $MODEL_TMPFS (root needed)"; return 1; }
+  fi
+  df -h "$MODEL_TMPFS" | tail -1
+  free -g | head -2
 }
 
 main() {
@@ -94,6 +109,14 @@ main() {
         install_moe_wheels || { rc=1; continue; }
         work="$SCRATCH/swift_vora_moe"
         python3 benchmarks/moe_throughput.py --out "$LOGS/$phase" --work "$work" "$@" || rc=1;;
+      moe_full)
+        # The whole 35B-A3B (40 layers, ~65 GiB in bf16) does not fit the machine's 64 GiB disk: its checkpoint is
+        # built in a RAM-backed tmpfs (128 GiB of RAM; root) and loaded from there by every variant, as from a disk.
+        install_moe_wheels || { rc=1; continue; }
+        mount_model_tmpfs || { rc=1; continue; }
+        work="$SCRATCH/swift_vora_moe_full"
+        python3 benchmarks/moe_throughput.py --out "$OUT" --work "$work" --model-dir "$MODEL_TMPFS/model" \
+          --layers 40 --name moe-h200-full "$@" || rc=1;;
       unsloth)
         if [ -f scripts/gpu/unsloth_smoke.sh ]; then
           mkdir -p "$LOGS/$phase"
@@ -112,8 +135,8 @@ main() {
         then OUT="$LOGS/$phase" bash scripts/gpu/megatron_smoke.sh "$work" "$@" || rc=1
         else OUT="$LOGS/$phase" bash scripts/gpu/megatron_ep.sh "$work" "$@"; r=$?; [ $r = 0 ] || rc=$r
         fi;;
-      *) echo "unknown phase '$phase' (setup|throughput|learnability|calibrate|e2e|e2e_dense|multi_gpu_zero3|moe|unsloth|"\
-"megatron|megatron_ep)"; rc=2;;
+      *) echo "unknown phase '$phase' (setup|throughput|learnability|calibrate|e2e|e2e_dense|multi_gpu_zero3|moe|"\
+"moe_full|unsloth|megatron|megatron_ep)"; rc=2;;
     esac
     echo "== phase $phase done in $((SECONDS - t1)) s (rc so far $rc)"
     # Results JSON flat into $OUT; the logs into one archive (the 8-file limit).

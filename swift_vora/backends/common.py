@@ -107,6 +107,7 @@ class PlanView:
     gpu_mem_gib: Optional[float] = None  # capacity of one GPU (DeepSpeed picks its small-GPU config from it)
     num_layers: int = 0  # decoder layers (the plan's model summary; 0 when unknown)
     linear_attention_layers: int = 0  # of them, linear attention (Qwen3.5's Gated DeltaNet)
+    checkpoints: Optional[str] = None  # unsloth_split_lora: 'gpu' | 'host' (the plan's choice for checkpoints=auto)
 
     @property
     def world(self) -> int:
@@ -146,6 +147,7 @@ def plan_view(plan: Any, recipe: Recipe) -> PlanView:
         gpu_peak_gib=_get(plan, 'gpu_peak_gib'),
         host_peak_gib=_get(plan, 'host_peak_gib'),
         gpu_mem_gib=_get(plan, 'gpu_capacity_gib') or _get(hardware, 'gpu_mem_gib') or recipe['gpu_mem_gib'],
+        checkpoints=_get(plan, 'checkpoints'),
         **_layer_counts(model, recipe['model.path']),
     )
 

@@ -42,7 +42,14 @@ def plan_request(recipe: Recipe):
         pack_length=recipe['data.max_length'] if recipe['train.packing'] == 'dataset' else None,
         frame_tokens=pair_tokens, clip_seconds=clip, lora_rank=recipe['train.lora_rank'],
         lora_targets=_lora_targets(recipe), nodes=recipe['nodes'],
-        gradient_checkpointing=recipe['train.gradient_checkpointing'], compile=recipe['train.compile'])
+        gradient_checkpointing=recipe['train.gradient_checkpointing'], checkpoints=unsloth_checkpoints(recipe),
+        compile=recipe['train.compile'])
+
+
+def unsloth_checkpoints(recipe: Recipe) -> str:
+    """The planner's `checkpoints` for the recipe's unsloth.gradient_checkpointing (auto | true | unsloth | false):
+    'auto', 'gpu' or 'host'. false (no checkpointing) is planned as 'gpu', the nearest the memory model has."""
+    return {'auto': 'auto', 'unsloth': 'host'}.get(recipe['unsloth.gradient_checkpointing'], 'gpu')
 
 
 def plan_recipe(recipe: Recipe):

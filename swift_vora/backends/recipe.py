@@ -116,7 +116,9 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'megatron.attention_backend': ((str, ), 'fused'),  # TE cuDNN attention; flash needs flash-attn (none: torch 2.11)
     'megatron.merge_lora': ((bool, ), True),  # save checkpoint-N-merged (HF safetensors, LoRA merged)
     # --- Unsloth (MoE on one GPU; python -m swift_vora.backends.unsloth_runner) -----------------------------
-    'unsloth.gradient_checkpointing': ((str, bool), 'unsloth'),  # 'unsloth' offloads layer inputs to host
+    # auto: layer checkpoints on the GPU when the plan fits so, else offloaded | true: on the GPU | 'unsloth': offloaded
+    # to pinned host RAM | false: no checkpointing
+    'unsloth.gradient_checkpointing': ((str, bool), 'auto'),
     'unsloth.save_merged': ((bool, ), False),  # also write merged 16-bit weights (save_pretrained_merged)
     # --- guards, environment, escape hatch ----------------------------------------------------------------
     'guards.callbacks': ((list, ), []),  # names registered in swift's callbacks_map, passed as --callbacks

@@ -77,7 +77,7 @@ class UnslothRunConfig:
     max_steps: Optional[int] = None
     micro_batch: int = 1
     grad_accum: int = 16
-    gradient_checkpointing: Any = 'unsloth'
+    gradient_checkpointing: Any = True  # True: checkpoints on the GPU | 'unsloth': offloaded to host RAM | False
     dtype: str = 'bfloat16'
     seed: int = 42
     logging_steps: int = 5
@@ -210,9 +210,24 @@ def run_config(view: PlanView, recipe: Recipe) -> UnslothRunConfig:
         target_parameters=targets['target_parameters'], lr=recipe['train.lr'],
         warmup_ratio=recipe['train.warmup_ratio'], epochs=recipe['train.epochs'], max_steps=recipe['train.max_steps'],
         micro_batch=view.micro_batch, grad_accum=grad_accum,
-        gradient_checkpointing=recipe['unsloth.gradient_checkpointing'], dtype=recipe['train.dtype'],
+        gradient_checkpointing=unsloth_gradient_checkpointing(view, recipe), dtype=recipe['train.dtype'],
         seed=recipe['train.seed'], logging_steps=recipe['train.logging_steps'], save_steps=recipe['train.save_steps'],
         save_merged=recipe['unsloth.save_merged'], is_moe=model_is_moe(recipe['model.path']))
+
+
+CHECKPOINTING_VALUES = ('auto', True, 'unsloth', False)
+
+
+def unsloth_gradient_checkpointing(view: PlanView, recipe: Recipe) -> Any:
+    """FastModel's `use_gradient_checkpointing` from the recipe's unsloth.gradient_checkpointing: `auto` takes the
+    plan's choice (checkpoints on the GPU -> True, offloaded to host RAM -> 'unsloth'); the others pass through."""
+    value = recipe['unsloth.gradient_checkpointing']
+    if not any(value is v or (isinstance(v, str) and value == v) for v in CHECKPOINTING_VALUES):
+        raise LaunchUsageError(f'{recipe.path}: unsloth.gradient_checkpointing is {value!r}; one of auto, true '
+                               '(checkpoints on the GPU), unsloth (offloaded to host RAM), false')
+    if value != 'auto':
+        return value
+    return 'unsloth' if view.checkpoints == 'host' else True
 
 
 # Unsloth compiles each decoder block as one torch.compile region by default. On a Qwen3.5-MoE video sample
@@ -221,14 +236,14 @@ def run_config(view: PlanView, recipe: Recipe) -> UnslothRunConfig:
 BLOCK_COMPILE_ENV = 'UNSLOTH_BLOCK_COMPILE'
 
 
-def unsloth_env(output_dir: str, environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    """Offline, no usage statistics, compiled cache inside the run, no tokenizer threads fighting workers, and
-    Unsloth's per-block compile off unless `environ` (default: this process's) sets UNSLOTH_BLOCK_COMPILE."""
+def unsloth_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """Offline, no usage statistics, no tokenizer threads fighting workers, and Unsloth's per-block compile off
+    unless `environ` (default: this process's) sets UNSLOTH_BLOCK_COMPILE. The kernel caches are the runner's to
+    place, at run time (kernel_cache.py), so that a printed command names no folder of the machine that planned it."""
     environ = os.environ if environ is None else environ
     env = {
         'HF_HUB_OFFLINE': '1',
         'UNSLOTH_DISABLE_STATISTICS': '1',
-        'UNSLOTH_COMPILE_LOCATION': os.path.join(os.path.abspath(output_dir), 'unsloth_compiled_cache'),
         'TOKENIZERS_PARALLELISM': 'false',
         'UNSLOTH_RETURN_LOGITS': '0',
     }
@@ -241,7 +256,7 @@ def build_unsloth_launch(view: PlanView, recipe: Recipe, environ: Optional[Mappi
     from .deepspeed import launch_dir
     cfg = run_config(view, recipe)
     env = common_env(recipe, view, environ)
-    env.update(unsloth_env(cfg.output_dir, os.environ if environ is None else environ))
+    env.update(unsloth_env(os.environ if environ is None else environ))
     path = os.path.join(launch_dir(recipe), RUN_CONFIG_NAME)
     if recipe['extra_args']:
         raise LaunchUsageError(f'{recipe.path}: extra_args are flags of swift/megatron; the Unsloth runner takes '

@@ -18,6 +18,7 @@ process (no DataLoader workers: nothing forks next to CUDA and Unsloth's compile
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -26,6 +27,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
+from . import kernel_cache
 from .unsloth import (
     MARKER_FILE,
     UnslothRunConfig,
@@ -34,6 +36,8 @@ from .unsloth import (
     peft_kwargs,
     unsloth_env,
 )
+
+PROCESS_START = time.time()
 
 
 def log(msg: str) -> None:
@@ -45,10 +49,14 @@ def _config_from_recipe(path: str, overrides: List[str], loader: Optional[str]) 
     from .recipe import load_recipe
     from .unsloth import run_config
     recipe = load_recipe(path, overrides)
+    checkpoints = None
+    if recipe['unsloth.gradient_checkpointing'] == 'auto':  # the planner decides, as for `swift-vora train`
+        from .planning import plan_recipe
+        checkpoints = plan_recipe(recipe).checkpoints
     view = PlanView(backend='unsloth_split_lora', verdict='fits', reasons=[], num_gpus=1, nodes=1, ep=1, tp=1,
                     offload='none', micro_batch=recipe['train.micro_batch'], is_moe=True,
                     model_type=recipe['model.type'] or config_model_type(recipe['model.path']), gpu_peak_gib=None,
-                    host_peak_gib=None)
+                    host_peak_gib=None, checkpoints=checkpoints)
     for key, value in common_env(recipe, view).items():
         os.environ.setdefault(key, value)
     cfg = run_config(view, recipe)
@@ -152,7 +160,7 @@ def _forward_keys(model) -> Optional[set]:
 
 def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     os.makedirs(cfg.output_dir, exist_ok=True)
-    for key, value in unsloth_env(cfg.output_dir).items():
+    for key, value in {**unsloth_env(), **kernel_cache.cache_env()}.items():  # before Triton / Unsloth import
         os.environ.setdefault(key, value)
     if cfg.loader == 'unsloth':
         import unsloth  # noqa: F401  (first: before transformers and ms-swift)
@@ -168,7 +176,9 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     guards_on = set(enabled_guards())
 
+    t_load = time.time()
     model, info = load_model(cfg)
+    info['load_s'] = round(time.time() - t_load, 1)
     counts = assert_router_frozen(model)
     check_not_quantized(model)
     if cfg.is_moe and counts['expert_lora_tensors'] == 0:
@@ -209,9 +219,12 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     model.train()
     sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
     profiler = StepProfiler(cfg.output_dir)
+    caches_before = kernel_cache.snapshot()
+    triton_activity = kernel_cache.TritonActivity.install()
     if device.type == 'cuda':  # otherwise the first step looks like a hang
-        log('first step: Triton compiles and autotunes its kernels (Gated DeltaNet, grouped GEMMs): minutes on a fresh '
-            'machine, seconds once ~/.triton/cache holds them')
+        log('first step: Triton compiles and autotunes its kernels (Gated DeltaNet, grouped GEMMs): minutes with a '
+            f'cold cache, seconds with a warm one ({kernel_cache.cache_root()})')
+    info['startup_s'] = round(time.time() - PROCESS_START, 1)
     start = time.time()
     step, samples, tokens, rejected, last, ckpt = 0, 0, 0, 0, {}, None
     try:
@@ -242,6 +255,12 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                 sync()  # step times are GPU times, not launch times
             if not math.isfinite(loss_sum):
                 raise FloatingPointError(f'step {step}: loss is {loss_sum} (not finite)')
+            if step == 1:
+                info['first_step'] = kernel_cache.first_step_report(time.time() - start, caches_before,
+                                                                    kernel_cache.snapshot())
+                info['first_step']['triton'] = triton_activity.summary()
+                triton_activity.remove()
+                log(kernel_cache.describe(info['first_step']) + triton_activity.describe())
             if 'lora_update' in guards_on:
                 guards.after_step(step, lr)
             last = {'step': step, 'loss': round(loss_sum, 6), 'lr': lr, 'samples': samples, 'tokens': tokens,
@@ -267,9 +286,15 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
             f'{info["max_memory_reserved_gib"]} GiB reserved')
     info['last'] = last
     if 'verify_adapter' in guards_on and ckpt:
-        del model, optimizer, params  # the fresh process loads the base model again
+        # The fresh process loads the base model again (on the GPU when the host has no room for it: a 35B MoE whose
+        # checkpoint sits in a tmpfs): every reference to this one goes first -- the template holds it too.
+        template.model = None
+        del model, optimizer, params, inputs, loss
+        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+            log(f'released the trained model for the adapter reload: {torch.cuda.mem_get_info()[0] / 2**30:.1f} GiB '
+                'of GPU memory free')
         info['verify_adapter'] = guards.verify(ckpt, cfg.model_path)
     return info
 

@@ -56,8 +56,56 @@ def load_base_and_adapter(ckpt: str, base: str):
     if cls is None:
         cls = transformers.AutoModelForImageTextToText if hasattr(config, 'vision_config') else \
             transformers.AutoModelForCausalLM
-    model = cls.from_pretrained(base, dtype='auto')
+    device = load_device(base)
+    model = cls.from_pretrained(base, dtype='auto', **({'device_map': device} if device else {}))
     return PeftModel.from_pretrained(model, ckpt, is_trainable=False)
+
+
+# Loading a checkpoint into host RAM holds its weights once more than the files (transformers copies them into the
+# model's own tensors); ask for this much headroom before choosing a device.
+LOAD_HEADROOM = 1.15
+
+
+def checkpoint_bytes(base: str) -> int:
+    """Bytes of the base model's weight files (0 when it is not a local folder: a hub id loads where it loads)."""
+    if not os.path.isdir(base):
+        return 0
+    return sum(os.path.getsize(p) for p in glob.glob(os.path.join(base, '*.safetensors')))
+
+
+def host_bytes_available() -> Optional[int]:
+    """Host memory this process can still take: the kernel's MemAvailable, lowered to what the container's cgroup
+    limit leaves (a model in a RAM-backed tmpfs is already counted as used)."""
+    from ..plan.probe import probe_meminfo, probe_memory
+    available = probe_meminfo().get('mem_available_bytes')
+    cgroup = probe_memory()
+    if cgroup.get('limit_bytes') and cgroup.get('usage_bytes') is not None:
+        left = cgroup['limit_bytes'] - cgroup['usage_bytes']
+        available = left if available is None else min(available, left)
+    return available
+
+
+def load_device(base: str) -> Optional[str]:
+    """Where the reload puts the base model: host RAM (None, transformers' default) when it has room, else the GPU
+    when its free memory does (a 35B MoE whose checkpoint sits in a tmpfs leaves no room for a second copy in RAM),
+    else host RAM anyway -- the load then fails with the reason below in its log."""
+    size = checkpoint_bytes(base)
+    if not size:
+        return None
+    host = host_bytes_available()
+    if host is None or size * LOAD_HEADROOM <= host:
+        return None
+    try:
+        import torch
+        if torch.cuda.is_available() and size * LOAD_HEADROOM <= torch.cuda.mem_get_info()[0]:
+            print(f'verify-adapter: {base} holds {size / 2**30:.1f} GiB of weights and the host has '
+                  f'{host / 2**30:.1f} GiB available: reloading on the GPU', file=sys.stderr)
+            return 'cuda'
+    except (ImportError, RuntimeError):
+        pass
+    print(f'verify-adapter: {base} holds {size / 2**30:.1f} GiB of weights; the host has {host / 2**30:.1f} GiB '
+          f'available and no GPU has room: the reload may run out of memory', file=sys.stderr)
+    return None
 
 
 def verify_adapter(ckpt: str, base: Optional[str] = None) -> Dict[str, Any]:

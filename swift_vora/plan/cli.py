@@ -21,6 +21,7 @@ def register_commands(subparsers) -> None:
     from .hardware import PROFILES
     from .memory import BACKENDS, COMPILE_MODES, VISION_MODES
     from .model_spec import LORA_TARGETS, TUNERS
+    from .select import CHECKPOINTS
 
     d = subparsers.add_parser('doctor', help='what this machine has: GPUs, container memory limit, RAM, CPUs, '
                               'package versions',
@@ -67,6 +68,9 @@ def register_commands(subparsers) -> None:
     t.add_argument('--lora-targets', choices=LORA_TARGETS, default='all-linear',
                    help='all-linear includes the routed experts (one rank-r pair per expert)')
     t.add_argument('--no-gradient-checkpointing', action='store_true')
+    t.add_argument('--checkpoints', choices=CHECKPOINTS, default='auto',
+                   help='unsloth_split_lora: layer checkpoints on the gpu, offloaded to host RAM, or auto (the GPU '
+                        'when the plan fits so; default)')
     t.add_argument('--compile', choices=COMPILE_MODES, default='off',
                    help='layers = the decoder layers under torch.compile (recipe train.compile; applied by the ddp '
                         'backend only, planned with its measured activation memory)')
@@ -218,7 +222,7 @@ def request_from_args(args):
         text_tokens=C.DEFAULT_PROMPT_TOKENS + answer, supervised_tokens=answer,
         lora_rank=args.lora_rank if args.lora_rank is not None else C.DEFAULT_LORA_RANK,
         lora_targets=args.lora_targets, nodes=args.nodes,
-        gradient_checkpointing=not args.no_gradient_checkpointing, compile=args.compile,
+        gradient_checkpointing=not args.no_gradient_checkpointing, compile=args.compile, checkpoints=args.checkpoints,
         vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT)
 
 

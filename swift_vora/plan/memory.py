@@ -9,8 +9,9 @@ Backends (names shared with select.py and the CLI):
                       zero3_offload) also keeps the bf16 parameters in host RAM.
   megatron_ep_lora    Megatron-SWIFT (mcore-bridge): dense parts split by TP, routed experts by EP (expert TP 1,
                       swift's default), distributed optimizer over data-parallel ranks, full recompute.
-  unsloth_split_lora  Unsloth on one GPU: bf16 base, split MoE LoRA ((X@A)@B per expert), offloaded gradient
-                      checkpointing (every layer input in pinned host RAM).
+  unsloth_split_lora  Unsloth on one GPU: bf16 base, split MoE LoRA ((X@A)@B per expert), gradient checkpoints on
+                      the GPU, or (checkpoint_offload) Unsloth's offloaded checkpointing: every layer input in pinned
+                      host RAM.
 
 Phases: `load` (weights placed, nothing else), `first_step` (the larger of forward/backward without optimizer
 states and the first optimizer.step, which allocates them), `steady` (states live through forward/backward).
@@ -49,6 +50,8 @@ class TrainSetup:
     lora_rank: int = C.DEFAULT_LORA_RANK
     lora_targets: str = 'all-linear'
     gradient_checkpointing: bool = True
+    # unsloth_split_lora: layer checkpoints in pinned host RAM (Unsloth's offloaded checkpointing) instead of on the GPU
+    checkpoint_offload: bool = False
     # the decoder layers compiled (train.compile=layers; applied by swift sft without DeepSpeed, with the CUDA
     # allocator's expandable segments): fewer saved activations, little fragmentation
     compiled_layers: bool = False
@@ -297,7 +300,7 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
     if s.gradient_checkpointing:
         ckpt = L * C.ACT_CHECKPOINT_BYTES_PER_HIDDEN * h * local
         ws = backward * max(per_layer)
-        if s.backend == 'unsloth_split_lora':
+        if s.backend == 'unsloth_split_lora' and s.checkpoint_offload:
             host['offloaded layer checkpoints (Unsloth, pinned)'] = ckpt * C.UNSLOTH_OFFLOAD_PINNED_FACTOR
             gpu['activations: in-flight layer inputs (offloaded checkpointing)'] = (
                 C.UNSLOTH_GPU_INFLIGHT_LAYERS * C.ACT_CHECKPOINT_BYTES_PER_HIDDEN * h * local)

@@ -31,6 +31,7 @@ from .video_budget import VideoTokens, text_only_tokens, video_tokens
 BACKEND_CHOICES = ('auto', ) + BACKENDS
 OFFLOADS = ('none', 'cpu')
 QUANTS = ('none', '4bit')
+CHECKPOINTS = ('auto', 'gpu', 'host')
 VERDICTS = ('fits', 'does_not_fit', 'refused')
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_REFUSED = 0, 3, 4
 
@@ -89,6 +90,8 @@ class PlanRequest:
     lora_targets: str = 'all-linear'  # all-linear | all-linear-except-experts | attention
     nodes: int = 1
     gradient_checkpointing: bool = True
+    # unsloth_split_lora's layer checkpoints: auto (on the GPU when the plan fits so, else host RAM) | gpu | host
+    checkpoints: str = 'auto'
     compile: str = 'off'  # off | layers (recipe train.compile: the decoder layers under torch.compile)
     vision_mode: str = C.VISION_MODE_DEFAULT  # no_grad (measured default) | checkpointed_requires_grad
 
@@ -96,7 +99,7 @@ class PlanRequest:
         checks = [('tuner', self.tuner, TUNERS), ('backend', self.backend, BACKEND_CHOICES),
                   ('offload', self.offload, OFFLOADS), ('quant', self.quant, QUANTS),
                   ('lora_targets', self.lora_targets, LORA_TARGETS), ('vision_mode', self.vision_mode, VISION_MODES),
-                  ('compile', self.compile, COMPILE_MODES)]
+                  ('compile', self.compile, COMPILE_MODES), ('checkpoints', self.checkpoints, CHECKPOINTS)]
         for name, val, allowed in checks:
             if val not in allowed:
                 raise ValueError(f'{name} must be one of {", ".join(allowed)} (got {val!r})')
@@ -145,6 +148,7 @@ class Plan:
     alternatives: List[Dict[str, Any]] = field(default_factory=list)
     assumptions: List[str] = field(default_factory=list)
     config_source: Dict[str, Any] = field(default_factory=dict)  # where config.json came from (model_source)
+    checkpoints: Optional[str] = None  # unsloth_split_lora: where the layer checkpoints live, 'gpu' | 'host'
     predicted: bool = True  # every number here is a prediction (constants.py), not a measurement
 
     @property
@@ -292,10 +296,45 @@ def _setup(req: PlanRequest, hw: Hardware, backend: str, ep: int, tp: int, token
                       samples_per_row=samples_per_row(req, tokens),
                       lora_rank=req.lora_rank, lora_targets=req.lora_targets,
                       gradient_checkpointing=req.gradient_checkpointing, vision_mode=req.vision_mode,
+                      checkpoint_offload=req.checkpoints == 'host',
                       # swift-vora compiles the layers under swift sft without DeepSpeed only (compile_layers.py)
                       compiled_layers=req.compile == 'layers' and backend == 'ddp',
                       zero3_max_live_params=(C.ZERO3_MAX_LIVE_PARAMS_SMALL_GPU
                                              if hw.gpu_mem_gib <= C.ZERO3_SMALL_GPU_GIB else C.ZERO3_MAX_LIVE_PARAMS))
+
+
+def _estimate(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: str, ep: int,
+              tp: int) -> Tuple[MemoryEstimate, PlanRequest]:
+    """The estimate and the request it was made for, with `checkpoints=auto` decided: Unsloth keeps its layer
+    checkpoints on the GPU when that fits (the faster path, measured: docs/benchmarks.md) and offloads them to
+    pinned host RAM only when the GPU-resident plan does not fit and the offloaded one does."""
+    if backend != 'unsloth_split_lora' or req.checkpoints != 'auto' or not req.gradient_checkpointing:
+        return estimate(spec, tokens, _setup(req, hw, backend, ep, tp, tokens)), req
+    on_gpu = replace(req, checkpoints='gpu')
+    est = estimate(spec, tokens, _setup(on_gpu, hw, backend, ep, tp, tokens))
+    if all(_fits(est, hw)):
+        return est, on_gpu
+    on_host = replace(req, checkpoints='host')
+    est_host = estimate(spec, tokens, _setup(on_host, hw, backend, ep, tp, tokens))
+    return (est_host, on_host) if all(_fits(est_host, hw)) else (est, on_gpu)
+
+
+def _checkpoint_sentence(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, asked: str, hw: Hardware,
+                         backend: str, est: MemoryEstimate) -> Optional[str]:
+    """Where Unsloth keeps the layer checkpoints and why (the other choice's peak for comparison)."""
+    if backend != 'unsloth_split_lora' or not req.gradient_checkpointing:
+        return None
+    other = replace(req, checkpoints='host' if req.checkpoints == 'gpu' else 'gpu')
+    alt = estimate(spec, tokens, _setup(other, hw, backend, 1, 1, tokens))
+    if req.checkpoints == 'gpu':
+        why = 'the plan has room for them' if asked == 'auto' else 'as requested'
+        return (f'Layer checkpoints stay on the GPU ({why}): Unsloth\'s offload to pinned host RAM would lower the GPU '
+                f'peak to {_gib(alt.gpu_peak)} and cost speed (on the GPU {C.UNSLOTH_GPU_CHECKPOINT_SPEEDUP}x faster, '
+                f'measured on an H200 at the 35B-A3B shape); unsloth.gradient_checkpointing=unsloth forces it.')
+    why = (f'on the GPU they would need {_gib(alt.gpu_peak)}, more than fits' if asked == 'auto' else
+           'as requested')
+    return (f'Layer checkpoints offloaded to pinned host RAM (Unsloth\'s offloaded checkpointing; {why}): '
+            f'{_gib(est.host.get("offloaded layer checkpoints (Unsloth, pinned)", 0.0))} of host memory.')
 
 
 def _fits(est: MemoryEstimate, hw: Hardware) -> Tuple[bool, bool]:
@@ -356,7 +395,7 @@ def _evaluate(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardwa
     tp = tp if tp is not None else 1
     if check_refusal(spec, hw.world, req, backend, ep, tp):
         return None
-    est = estimate(spec, tokens, _setup(req, hw, backend, ep, tp, tokens))
+    est, _ = _estimate(spec, tokens, req, hw, backend, ep, tp)
     gpu_ok, host_ok = _fits(est, hw)
     return est, gpu_ok and host_ok, ep, tp
 
@@ -544,7 +583,8 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
                     breakdown={}, command=[], **base)
         return plan
 
-    est = estimate(spec, tokens, _setup(req, hw, backend, ep, tp, tokens))
+    asked_checkpoints = req.checkpoints
+    est, req = _estimate(spec, tokens, req, hw, backend, ep, tp)
     gpu_ok, host_ok = _fits(est, hw)
     verdict = 'fits' if gpu_ok and host_ok else 'does_not_fit'
     cap = hw.gpu_mem_gib * C.GiB
@@ -585,6 +625,9 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
         reasons.append(f'Too big in host RAM: {big[1]} ({_gib(big[0])}) — the container limit is enforced by the '
                        f'OOM killer (SIGKILL, exit 137).')
 
+    checkpoint_note = _checkpoint_sentence(spec, tokens, req, asked_checkpoints, hw, backend, est)
+    if checkpoint_note:
+        reasons.append(checkpoint_note)
     if verdict == 'fits':
         spare = memory_to_spare(spec, tokens, req, hw, backend)
         if spare:
@@ -625,7 +668,9 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
                 host_peak_gib=round(est.host_peak / C.GiB, 2), reasons=reasons, breakdown=est.gpu_gib(),
                 command=[], host_breakdown=est.host_gib(), phases=est.phases_gib(),
                 trainable_params=est.trainable_params, alternative=alternative, alternatives=alternatives,
-                assumptions=list(est.assumptions) + list(spec.notes) + list(hw.notes), **base)
+                assumptions=list(est.assumptions) + list(spec.notes) + list(hw.notes),
+                checkpoints=(('host' if req.checkpoints == 'host' else 'gpu') if backend == 'unsloth_split_lora'
+                             and req.gradient_checkpointing else None), **base)
     try:
         plan.command = build_command(req, plan)
     except CommandRefused as exc:  # `train` would refuse this launch: the plan must not say "fits" without it
