@@ -38,6 +38,10 @@ CR = ['--vision-mode', 'checkpointed_requires_grad']  # the harness makes the Vi
 # calibrate_memory.py's VIDEO_24K: 32 s, 2 fps, 64 frames, 768 tokens per frame pair
 VIDEO_24K = ['--clip-seconds', '32', '--fps', '2', '--max-frames', '64', '--frame-tokens', '768']
 
+# The MoE benchmark's full-depth sample (64 frames x 220 tokens per frame pair as its clips encode, 16 answer tokens)
+UNSLOTH_FULL = [*H200, '--backend', 'unsloth_split_lora', '--tuner', 'lora', '--lora-rank', '16', '--frame-tokens',
+                '220', '--clip-seconds', '32', '--answer-tokens', '16']
+
 # The throughput benchmark's sample (64 frames x 180 tokens, 16 answer tokens) on the ddp backend, compiled layers
 COMPILED_2B = [*H200, '--backend', 'ddp', '--tuner', 'lora', '--frame-tokens', '180', '--clip-seconds', '32',
                '--answer-tokens', '16', '--compile', 'layers']
@@ -123,6 +127,16 @@ ROWS: List[Dict[str, Any]] = [
                        '6 x 6,528 tok',
      'source': ('throughput-r15-2026-12-01.json', 'vora_compile_mb6'), 'scope': 'training',
      'plan': [*COMPILED_2B, '--no-gradient-checkpointing', '--micro-batch', '6']},
+    # --- out of sample: the whole 40-layer 35B-A3B on Unsloth (#30, 2026-12-02); no constant changed for them ---
+    *({'id': 18 + i, 'what': f'Qwen3.5-35B-A3B, all 40 layers, Unsloth split LoRA r16, {what} (moe_throughput '
+                             f'{variant}), {mb} x 7,788 tok',
+       'source': ('moe-h200-full-2026-12-02.json', variant), 'scope': 'training', 'model': MOE,
+       'plan': [*UNSLOTH_FULL, '--micro-batch', str(mb), '--checkpoints', where]}
+      for i, (variant, mb, where, what) in enumerate((
+          ('vora_unsloth', 1, 'gpu', 'checkpoints on the GPU'),
+          ('vora_unsloth_mb2', 2, 'gpu', 'checkpoints on the GPU, micro-batch 2'),
+          ('vora_unsloth_mb4', 4, 'gpu', 'checkpoints on the GPU, micro-batch 4'),
+          ('vora_unsloth_offload', 1, 'host', 'offloaded checkpoints')), start=1)),
 ]
 # Row 6 of the first calibration (throughput `vora_gc`) is the same planner input as row 5 and measured the same
 # peak; it is listed in docs/memory-model.md but not counted as a distinct configuration.
@@ -146,7 +160,7 @@ def measured(source) -> Dict[str, float]:
     fname, key = source
     with open(os.path.join(RESULTS, fname)) as f:
         data = json.load(f)
-    if data.get('benchmark') == 'throughput':
+    if data.get('benchmark') in ('throughput', 'moe_throughput'):
         v = data['variants'][key]
         return {'allocated': v['peak_allocated_gib'], 'reserved': v['peak_reserved_gib']}
     if 'results' in data:  # calibration harness: per-phase peaks, training phases only

@@ -71,7 +71,7 @@ def test_launch_is_one_process_with_offline_unsloth_env():
     (path, text), = launch.files.items()
     run = UnslothRunConfig.from_json(text)
     assert launch.argv[3] == path and run.loader == 'unsloth' and run.is_moe and run.save_merged
-    assert run.target_parameters == EXPERT_PARAMETERS and run.grad_accum == 16
+    assert run.target_parameters == EXPERT_PARAMETERS and run.micro_batch * run.grad_accum == 16
     # the full 35B-A3B on one H200 has room for its layer checkpoints: they stay on the GPU (the faster path)
     assert plan.checkpoints == 'gpu' and run.gradient_checkpointing is True
     assert any('Layer checkpoints stay on the GPU' in r for r in plan.reasons)

@@ -87,3 +87,10 @@ def test_triton_activity_counts_through_tritons_own_listeners():
         assert knobs.compilation.listener is None and knobs.autotuning.listener is not None
     finally:
         knobs.autotuning.listener = None
+
+
+def test_the_report_names_the_folders_a_user_moved(tmp_path):
+    env = {'SWIFT_VORA_CACHE_DIR': str(tmp_path), 'TORCHINDUCTOR_CACHE_DIR': '/elsewhere/inductor'}
+    report = kc.first_step_report(3.0, kc.snapshot(env), kc.snapshot(env), env)
+    line = kc.describe(report, env)
+    assert 'inductor /elsewhere/inductor' in line and f'triton {tmp_path}/triton' in line

@@ -429,3 +429,25 @@ def test_runner_lora_check_names_the_adapters_that_never_changed(tmp_path, monke
         guards.after_step(1, lr=1e-4)
     report = json.load(open(tmp_path / 'lora_update.json'))
     assert report['not_updated'] == ['proj.lora_A.weight'] and report['by_kind']['B'] == {'updated': 1, 'total': 1}
+
+
+def test_moe_calls_derives_the_spread_and_speedups_from_the_result_files(tmp_path):
+    """benchmarks/moe_calls.py: per-call median tokens/s, the spread across calls, the speed-up of each call's fastest
+    swift-vora variant over its plain swift -- computed from the files, a call without plain swift gets none."""
+    sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
+    import moe_calls
+
+    def call(name, variants, partial=False):
+        (tmp_path / name).write_text(json.dumps({'date': 'd', 'partial': partial, 'model': {'layers': 40},
+                                                  'variants': variants}))
+
+    call('moe-h200-full-a.json', {'swift_peft': {'tokens_per_s': 1000.0}, 'vora_unsloth': {'tokens_per_s': 5000.0},
+                                  'vora_unsloth_mb4': {'tokens_per_s': 9000.0}, 'vora_x': {'failed': 'oom'}})
+    call('moe-h200-full-b-partial.json', {'vora_unsloth_mb4': {'tokens_per_s': 9900.0}}, partial=True)
+    s = moe_calls.summarize(moe_calls.load('moe-h200-full*.json', str(tmp_path)))
+    assert [c['file'] for c in s['calls']] == ['moe-h200-full-a.json', 'moe-h200-full-b-partial.json']
+    assert s['variants']['vora_unsloth_mb4']['spread'] == 0.1 and s['variants']['swift_peft']['spread'] is None
+    assert 'vora_x' not in s['variants']
+    assert s['speedup_per_call'] == [{'file': 'moe-h200-full-a.json', 'ours': 'vora_unsloth_mb4',
+                                      'speedup_median': 9.0}]
+    assert '| vora_unsloth_mb4 | 9,000 | 9,900 | 10.0 % |' in moe_calls.render(s)

@@ -88,15 +88,20 @@ def first_step_report(seconds: float, before: Mapping[str, int], after: Mapping[
     }
 
 
-def describe(report: Mapping[str, Any]) -> str:
+def describe(report: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> str:
     written = report['cache_entries_written']
     if report['warm']:
         state = 'warm cache: nothing compiled or autotuned'
     else:
         parts = [f'{n} {CACHE_FOLDERS[var]}' for var, n in written.items() if n]
         state = 'cold cache: wrote ' + ', '.join(parts) + ' entries (the next launch reuses them)'
-    root = os.path.commonpath(list(report['cache_dirs'].values())) if report['cache_dirs'] else '?'
-    return f'first step took {report["first_step_s"]:.1f} s ({state}; caches under {root})'
+    dirs = report['cache_dirs']
+    root = cache_root(environ)
+    if all(os.path.dirname(d) == root for d in dirs.values()):
+        where = f'caches under {root}'
+    else:  # some set by the user elsewhere
+        where = 'caches: ' + ', '.join(f'{CACHE_FOLDERS[var]} {d}' for var, d in dirs.items())
+    return f'first step took {report["first_step_s"]:.1f} s ({state}; {where})'
 
 
 class TritonActivity:

@@ -1,0 +1,86 @@
+"""The MoE benchmark's calls side by side: every result file of `benchmarks/moe_throughput.py` for one model depth,
+each variant's median tokens/s per call, its spread across calls, and the speed-up over plain swift per call.
+
+    python benchmarks/moe_calls.py                       # full depth: benchmarks/results/moe-h200-full*.json
+    python benchmarks/moe_calls.py --glob 'moe-h200-2026-*.json' --json
+
+Reads the files exactly as the benchmark wrote them (a `*-partial.json` is a call cut short: the variants it finished);
+every figure printed here is derived from them by this script, none by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+from typing import Any, Dict, List
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')
+
+
+def load(pattern: str, results: str = RESULTS) -> List[Dict[str, Any]]:
+    calls = []
+    for path in sorted(glob.glob(os.path.join(results, pattern))):
+        with open(path) as f:
+            data = json.load(f)
+        calls.append({'file': os.path.basename(path), 'date': data.get('date'), 'partial': bool(data.get('partial')),
+                      'layers': (data.get('model') or {}).get('layers'), 'variants': data.get('variants') or {}})
+    return calls
+
+
+def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
+    names = sorted({n for c in calls for n, v in c['variants'].items() if v.get('tokens_per_s')})
+    per_variant = {}
+    for name in names:
+        runs = [{'file': c['file'], 'tokens_per_s': c['variants'][name]['tokens_per_s'],
+                 'median_step_s': c['variants'][name].get('median_step_s'),
+                 'mean_step_s': c['variants'][name].get('mean_step_s'),
+                 'first_step_s': c['variants'][name].get('first_step_s')}
+                for c in calls if (c['variants'].get(name) or {}).get('tokens_per_s')]
+        rates = [r['tokens_per_s'] for r in runs]
+        per_variant[name] = {'calls': runs, 'min': min(rates), 'max': max(rates),  # spread: None with one call
+                             'spread': round(max(rates) / min(rates) - 1, 4) if len(rates) > 1 else None}
+    speedups = []
+    for c in calls:
+        plain = (c['variants'].get('swift_peft') or {}).get('tokens_per_s')
+        ours = {n: v['tokens_per_s'] for n, v in c['variants'].items()
+                if n.startswith('vora_') and v.get('tokens_per_s')}
+        if plain and ours:
+            best = max(ours, key=ours.get)
+            speedups.append({'file': c['file'], 'ours': best, 'speedup_median': round(ours[best] / plain, 3)})
+    return {'calls': [{k: c[k] for k in ('file', 'date', 'partial', 'layers')} for c in calls],
+            'variants': per_variant, 'speedup_per_call': speedups}
+
+
+def render(s: Dict[str, Any]) -> str:
+    lines = ['| variant | ' + ' | '.join(c['file'] for c in s['calls']) + ' | spread |',
+             '|---|' + '---|' * (len(s['calls']) + 1)]
+    for name, v in s['variants'].items():
+        by_file = {r['file']: r for r in v['calls']}
+        cells = [f'{by_file[c["file"]]["tokens_per_s"]:,.0f}' if c['file'] in by_file else '--' for c in s['calls']]
+        spread = f'{100 * v["spread"]:.1f} %' if v['spread'] is not None else 'one call'
+        lines.append(f'| {name} | ' + ' | '.join(cells) + f' | {spread} |')
+    lines.append('')
+    lines.append('tokens/s on the median step of each call ("--": not run, or cut short, in that call).')
+    for sp in s['speedup_per_call']:
+        lines.append(f'{sp["file"]}: {sp["ours"]} / swift_peft = {sp["speedup_median"]}x (median steps)')
+    return '\n'.join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--glob', default='moe-h200-full*.json', help='result files under benchmarks/results/')
+    ap.add_argument('--json', action='store_true')
+    args = ap.parse_args(argv)
+    calls = load(args.glob)
+    if not calls:
+        print(f'no result files match {args.glob} in {RESULTS}', file=sys.stderr)
+        return 1
+    s = summarize(calls)
+    print(json.dumps(s, indent=1) if args.json else render(s))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
