@@ -43,6 +43,7 @@ def build_swift_rows(path: str, strict: bool = False, video_root: Optional[str] 
     from .data.annotations import load_annotations
     from .data.rows import sample_to_row
     from .data.windowing import make_windows
+    from .trained_budget import note_answer
 
     window_config = window_config or window_config_from_env()
     budget = budget or VideoBudget.from_env()
@@ -53,6 +54,7 @@ def build_swift_rows(path: str, strict: bool = False, video_root: Optional[str] 
         for sample in make_windows(annotation, window_config):
             slivers += sample.dropped_slivers
             row = sample_to_row(sample)
+            note_answer(sample.answer)  # the longest answer sets the checkpoint's default max_new_tokens
             row.pop('vora', None)
             row['chat_template_kwargs'] = {**row['chat_template_kwargs'], **budget.to_dict()}
             rows.append(row)
