@@ -19,6 +19,7 @@ import sys
 import traceback
 from typing import List, Optional
 
+from . import switches
 from .errors import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError, UsageError
 
 __all__ = ['EXIT_OK', 'EXIT_INVALID', 'EXIT_USAGE', 'EXIT_DOES_NOT_FIT', 'EXIT_REFUSED', 'build_parser', 'main']
@@ -98,20 +99,28 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f'{command}: interrupted', file=sys.stderr)
         return 130
     except Exception as exc:  # a bug: say so plainly, never pretend it was the user's input
-        if os.environ.get(TRACEBACK_ENV):
+        if _wants_traceback():
             traceback.print_exc()
         message = (f'internal error: {type(exc).__name__}: {exc} (this is a bug in swift-vora; please report it '
                    f'with the command line; {TRACEBACK_ENV}=1 prints the traceback)')
         return _fail(command, message, EXIT_INVALID, want_json)
 
 
+def _wants_traceback() -> bool:
+    """`SWIFT_VORA_TRACEBACK`, read as the flag it is (`0` keeps the one line); a value it cannot read is said."""
+    try:
+        return switches.read(TRACEBACK_ENV)
+    except switches.SwitchError as exc:
+        print(f'swift-vora: {exc}', file=sys.stderr)
+        return False
+
+
 def _check_switch_names() -> None:
     """A `SWIFT_VORA_*` name that is not a switch is a usage error (a misspelt switch would otherwise be ignored
     here and refused later by the plugin inside `swift sft`), with the closest switch's name."""
-    from .switches import SwitchError, check_names
     try:
-        check_names()
-    except SwitchError as exc:
+        switches.check_names()
+    except switches.SwitchError as exc:
         raise UsageError(f'{exc}; `swift-vora switches` lists them') from None
 
 

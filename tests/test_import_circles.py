@@ -155,7 +155,6 @@ OPENING = [
     ['swift_vora.backends', 'swift_vora.backends.common', 'swift_vora.backends.deepspeed', 'swift_vora.backends.launch',
      'swift_vora.backends.megatron', 'swift_vora.backends.packing', 'swift_vora.backends.planning',
      'swift_vora.backends.unsloth', 'swift_vora.plan', 'swift_vora.plan.command', 'swift_vora.plan.select'],
-    ['swift_vora.budget', 'swift_vora.guards', 'swift_vora.guards.registry', 'swift_vora.switches'],
     ['swift_vora.answer_parser', 'swift_vora.intervals'],
     ['swift_vora.data.annotations', 'swift_vora.data.qvhighlights'],
     ['swift_vora.plan.model_source', 'swift_vora.plan.model_spec'],

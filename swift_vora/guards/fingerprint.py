@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional
 
 from swift.callbacks import TrainerCallback
 
+from .. import switches
 from ..plan.probe import package_versions  # the one metadata lookup, shared with `swift-vora doctor`
 from .common import logger, now, output_dir, rank, world_size, write_json
 
@@ -100,7 +101,7 @@ def behaviour_env(environ=None) -> Dict[str, str]:
 
 def recipe_overrides(environ=None) -> Optional[List[str]]:
     """The `key=value` overrides `swift-vora train` applied over the recipe file (JSON list in the env)."""
-    text = (os.environ if environ is None else environ).get(OVERRIDES_ENV)
+    text = switches.read(OVERRIDES_ENV, environ)
     if not text:
         return None
     try:
@@ -113,7 +114,6 @@ def recipe_overrides(environ=None) -> Optional[List[str]]:
 def build_fingerprint(extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     import swift_vora
     package_dir = os.path.dirname(os.path.abspath(swift_vora.__file__))
-    from .. import switches
     recipe = switches.read(RECIPE_ENV)
     fingerprint: Dict[str, Any] = {
         'created': now(),

@@ -167,6 +167,7 @@ def sample_budget(args, environ=None):
     """(VideoBudget, window seconds) for `plan`: flags, else SWIFT_VORA_* environment, else the template's defaults."""
     import os
 
+    from .. import switches
     from ..budget import ENV_PREFIX, VideoBudget
     from ..data.windowing import WindowConfig
     environ = os.environ if environ is None else environ
@@ -181,15 +182,11 @@ def sample_budget(args, environ=None):
         raise ValueError(f'the video budget in the environment is not valid ({given}): {e}') from e
     budget = budget.updated({k: v for k, v in flags.items() if v is not None})
     window = args.window
-    if window is None and environ.get(ENV_PREFIX + 'WINDOW') not in (None, ''):
-        raw = environ[ENV_PREFIX + 'WINDOW']
-        try:
-            window = None if raw.lower() in ('none', '0') else float(raw)
-        except ValueError as e:
-            raise ValueError(f'{ENV_PREFIX}WINDOW={raw!r} is not a number of seconds') from e
+    if window is None and switches.given(ENV_PREFIX + 'WINDOW', environ):
+        window = switches.read(ENV_PREFIX + 'WINDOW', environ)
         if window is None:
-            raise ValueError(f'{ENV_PREFIX}WINDOW={raw} trains whole videos: give the clip length to plan with '
-                             f'--window')
+            raise ValueError(f'{ENV_PREFIX}WINDOW={environ[ENV_PREFIX + "WINDOW"]} trains whole videos: give the '
+                             f'clip length to plan with --window')
     if window is None:
         window = WindowConfig().window
     return budget, float(window)
