@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from swift_vora.backends.common import LaunchRefused, LaunchUsageError
+from swift_vora.backends import LaunchRefused, LaunchUsageError
 from swift_vora.backends.deepspeed import ZERO3_SMALL_GPU, ZERO3_SWIFT, zero_config
 from swift_vora.backends.launch import build_launch, deepspeed_stage
 from swift_vora.backends.planning import plan_recipe

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from swift_vora.backends.common import LaunchUsageError
+from swift_vora.backends import LaunchUsageError
 from swift_vora.backends.launch import build_launch
 from swift_vora.backends.megatron import megatron_sft_args, parallel_sizes
 from swift_vora.backends.planning import plan_recipe

@@ -4,8 +4,7 @@ import os
 
 import pytest
 
-from swift_vora.backends import packing
-from swift_vora.backends.common import LaunchRefused, LaunchUsageError
+from swift_vora.backends import LaunchRefused, LaunchUsageError, packing
 from swift_vora.backends.launch import build_launch
 from swift_vora.backends.planning import plan_recipe
 from swift_vora.backends.recipe import load_recipe

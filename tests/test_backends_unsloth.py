@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from swift_vora.backends.common import LaunchUsageError, read_config
+from swift_vora.backends import LaunchUsageError
+from swift_vora.backends.common import read_config
 from swift_vora.backends.launch import build_launch
 from swift_vora.backends.planning import plan_recipe
 from swift_vora.backends.recipe import load_recipe

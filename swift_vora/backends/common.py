@@ -1,22 +1,23 @@
-"""What every backend's launcher shares: the `Launch` it returns, the errors, the plan as a launcher reads it
-(`PlanView`), config.json reading, the environment and the ms-swift arguments common to all backends.
+"""What every backend's launcher shares: the plan as a launcher reads it (`PlanView`), config.json reading, the
+environment and the ms-swift arguments common to all backends.
 
-The dispatcher (`build_launch`, swift_vora/backends/launch.py) picks a backend module (deepspeed.py, megatron.py,
-unsloth.py); each of them builds its `Launch` from the pieces here, so this module imports none of them.
+The dispatcher (`build_launch`, swift_vora/backends/launch.py) picks a launcher (deepspeed.py, megatron.py,
+unsloth.py; the interface is base.py); each of them builds its `Launch` from the pieces here, so this module imports
+none of them.
 """
 from __future__ import annotations
 
 import json
 import os
-import shlex
-import subprocess
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional
 
 from .. import switches
 from ..budget import VideoBudget
 from ..offline import OFFLINE_ENV
+from ..plan.backend import DEEPSPEED, Backend
+from .base import Launch, LaunchUsageError
 from .recipe import Recipe
 
 # Environment the launcher derives from the recipe; `env` / `guards.env` may not set them (SWIFT_VORA_* switches
@@ -24,66 +25,6 @@ from .recipe import Recipe
 RESERVED_ENV_PREFIXES = ('SWIFT_VORA_', 'NPROC_PER_NODE', 'NNODES')
 RENDEZVOUS = ('NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT')
 DEFAULT_MASTER_PORT = '29500'
-
-
-class LaunchRefused(Exception):
-    """The launch would run an unsupported combination (exit 4)."""
-
-    def __init__(self, reasons: Sequence[str]):
-        super().__init__('; '.join(reasons))
-        self.reasons = list(reasons)
-
-
-class LaunchUsageError(ValueError):
-    """The recipe asks for something the launcher cannot express (exit 2)."""
-
-
-@dataclass
-class Launch:
-    argv: List[str]  # executable first; run without a shell
-    env: Dict[str, str] = field(default_factory=dict)  # added to the caller's environment
-    files: Dict[str, str] = field(default_factory=dict)  # path -> text, written before the launch
-    backend: str = ''
-    notes: List[str] = field(default_factory=list)  # what the user should know (printed by --dry-run)
-
-    def shell(self) -> str:
-        """The launch as one copy-pasteable shell command (env assignments first)."""
-        env = ' '.join(f'{k}={_quote_env(v)}' for k, v in sorted(self.env.items()))
-        parts, line = [], []
-        for a in self.argv:
-            if a.startswith('--') and line:
-                parts.append(' '.join(line))
-                line = []
-            line.append(shlex.quote(a))
-        parts.append(' '.join(line))
-        body = ' \\\n    '.join(parts)
-        return f'{env} \\\n  {body}' if env else body
-
-    def write_files(self) -> None:
-        from ..outputs import write_text_atomic  # never over a device or a symlink; no half-written config
-        for path, text in self.files.items():
-            write_text_atomic(path, text, what='launch file')
-
-    def run(self, environ: Optional[Mapping[str, str]] = None, stdout: Optional[int] = None) -> int:
-        """Write the files and run the argv (list, no shell); return the child's exit code. `stdout`: a file
-        descriptor for the child's stdout (`train --json` sends it to stderr, keeping its JSON alone)."""
-        self.write_files()
-        env = dict(os.environ if environ is None else environ)
-        env.update(self.env)
-        try:
-            return subprocess.run(self.argv, env=env, check=False, stdout=stdout).returncode
-        except FileNotFoundError as e:
-            print(f'swift-vora train: cannot start {self.argv[0]!r}: {e}', file=sys.stderr)
-            return 127
-        except KeyboardInterrupt:
-            return 130
-
-
-def _quote_env(value: str) -> str:
-    # A rendezvous value not known when printing stays a shell expansion that fails loudly when unset.
-    if value.startswith('${') and value.endswith('}') and ':?' in value:
-        return f'"{value}"'
-    return shlex.quote(value)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -222,8 +163,8 @@ def common_env(recipe: Recipe, view: PlanView, environ: Optional[Mapping[str, st
     env['SWIFT_VORA_ENCODE_LOG'] = os.path.join(recipe['train.output_dir'], 'encode_log.jsonl')
     if os.path.isfile(recipe.path):  # hashed into fingerprint.json (a plan's stand-in recipe has no file)
         env['SWIFT_VORA_RECIPE'] = os.path.abspath(recipe.path)
-    if recipe.overrides:  # recorded next to the recipe's hash in fingerprint.json (guards/fingerprint.py)
-        env['SWIFT_VORA_RECIPE_OVERRIDES'] = json.dumps(list(recipe.overrides))
+        if recipe.overrides:  # recorded next to the recipe's hash in fingerprint.json (guards/fingerprint.py)
+            env['SWIFT_VORA_RECIPE_OVERRIDES'] = json.dumps(list(recipe.overrides))
     for source in ('guards.env', 'env'):
         for key, value in recipe[source].items():
             if key.startswith(switches.PREFIX):  # a switch of the table's `env` column, with a value it accepts
@@ -243,7 +184,7 @@ def rendezvous_env(view: PlanView, environ: Mapping[str, str], single_process: b
     if single_process:
         return {}
     env: Dict[str, str] = {}
-    distributed = view.world > 1 or view.backend in ('deepspeed_zero2', 'deepspeed_zero3', 'megatron_ep_lora')
+    distributed = view.world > 1 or view.backend in (*DEEPSPEED, Backend.MEGATRON_EP_LORA)
     if distributed:
         env['NPROC_PER_NODE'] = str(view.num_gpus)
     if view.nodes > 1:
@@ -292,6 +233,15 @@ def lora_args(recipe: Recipe) -> List[str]:
     return ['--tuner_type', 'lora', '--target_modules', *targets, '--lora_rank', str(recipe['train.lora_rank']),
             '--lora_alpha', format_number(recipe['train.lora_alpha']), '--lora_dropout',
             format_number(recipe['train.lora_dropout'])]
+
+
+def engine_argument_parser(arguments):
+    """ms-swift's own parser over an engine's arguments dataclass (SftArguments, MegatronSftArguments): an
+    HfArgumentParser, as swift.utils.parse_args builds it (imports ms-swift)."""
+    from swift.utils.utils import _patch_get_type_hints
+    from transformers import HfArgumentParser
+    with _patch_get_type_hints():
+        return HfArgumentParser([arguments])
 
 
 def format_number(x: Any) -> str:

@@ -30,13 +30,14 @@ import os
 from typing import Dict, List, Mapping, Optional
 
 from ..guards.registry import GUARDS, MEGATRON_GUARDS, enabled_guards
+from ..plan.backend import Backend
+from .base import Launch, Launcher, LaunchUsageError
 from .common import (
-    Launch,
-    LaunchUsageError,
     PlanView,
     bool_arg,
     common_env,
     console_script,
+    engine_argument_parser,
     lora_args,
     read_config,
     swift_common_args,
@@ -164,3 +165,16 @@ def build_megatron_launch(view: PlanView, recipe: Recipe, environ: Optional[Mapp
         notes.append(f'guards {", ".join(skipped)} hook swift sft trainers only and do not run under megatron sft '
                      f'(run there: {", ".join(MEGATRON_GUARDS)})')
     return Launch(argv=argv, env=env, notes=notes)
+
+
+class MegatronSft(Launcher):
+    """Expert-parallel MoE LoRA on several GPUs: `megatron sft` (Megatron-SWIFT through mcore-bridge)."""
+    backends = (Backend.MEGATRON_EP_LORA, )
+    engine = 'megatron sft'
+
+    def build(self, view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
+        return build_megatron_launch(view, recipe, environ)
+
+    def argument_parser(self):
+        from swift.megatron.arguments import MegatronSftArguments
+        return engine_argument_parser(MegatronSftArguments)

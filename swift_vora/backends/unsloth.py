@@ -32,7 +32,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-from .common import Launch, LaunchUsageError, PlanView, common_env, config_is_moe, model_is_moe, read_config
+from ..plan.backend import Backend
+from .base import Launch, Launcher, LaunchUsageError
+from .common import PlanView, common_env, config_is_moe, model_is_moe, read_config
 from .packing import refuse_unsloth_packing
 from .recipe import Recipe
 
@@ -252,3 +254,11 @@ def build_unsloth_launch(view: PlanView, recipe: Recipe, environ: Optional[Mappi
         notes.append('guards.callbacks are swift Trainer callbacks; the Unsloth runner does not run them '
                      '(its own checks: router frozen, experts trained, no 4-bit)')
     return Launch(argv=argv, env=env, files={path: cfg.to_json()}, notes=notes)
+
+
+class UnslothRunner(Launcher):
+    """MoE LoRA on one GPU: Unsloth's split LoRA through `python -m swift_vora.backends.unsloth_runner`."""
+    backends = (Backend.UNSLOTH_SPLIT_LORA, )
+
+    def build(self, view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
+        return build_unsloth_launch(view, recipe, environ)

@@ -21,14 +21,14 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import constants as C
-from .command import CommandRefused, build_command
+from .backend import AUTO, Backend
 from .hardware import Hardware
 from .hardware import resolve as resolve_hardware
 from .memory import BACKENDS, COMPILE_MODES, DEEPSPEED_BACKENDS, VISION_MODES, MemoryEstimate, TrainSetup, estimate
 from .model_spec import LORA_TARGETS, TUNERS, ModelSpec, load_model_spec
 from .video_budget import VideoTokens, text_only_tokens, video_tokens
 
-BACKEND_CHOICES = ('auto', ) + BACKENDS
+BACKEND_CHOICES = (AUTO, ) + BACKENDS
 OFFLOADS = ('none', 'cpu')
 QUANTS = ('none', '4bit')
 VERDICTS = ('fits', 'does_not_fit', 'refused')
@@ -71,7 +71,7 @@ class PlanRequest:
     model: str  # model directory or config.json; only config.json is read
     hardware: Union[str, Hardware, None] = None  # profile name (3060x4, 3090x3, h200x1, h200x8), 'local', Hardware
     tuner: str = 'lora'  # lora | full | selective (attention + shared experts)
-    backend: str = 'auto'  # auto | ddp | deepspeed_zero2 | deepspeed_zero3 | megatron_ep_lora | unsloth_split_lora
+    backend: str = AUTO  # auto, or the name of a Backend (ddp, deepspeed_zero3, megatron_ep_lora, ...)
     offload: str = 'none'  # none | cpu (DeepSpeed offload_optimizer / offload_param)
     quant: str = 'none'  # none | 4bit (QLoRA: bitsandbytes NF4 base)
     ep: Optional[int] = None  # expert parallel size (Megatron); None = chosen
@@ -114,7 +114,7 @@ class PlanRequest:
 @dataclass
 class Plan:
     """A planning decision. The first seven fields are the JSON keys of docs/contract.md."""
-    backend: str
+    backend: Backend
     verdict: str  # fits | does_not_fit | refused
     gpu_peak_gib: Optional[float]  # per GPU, the largest phase (None when refused)
     host_peak_gib: Optional[float]  # per node
@@ -194,22 +194,22 @@ def resolve_tokens(req: PlanRequest, spec: ModelSpec) -> Tuple[VideoTokens, List
     return tok, notes
 
 
-def auto_backend(spec: ModelSpec, world: int, tuner: str) -> Tuple[str, str]:
+def auto_backend(spec: ModelSpec, world: int, tuner: str) -> Tuple[Backend, str]:
     """(backend, why) for backend=auto."""
     if not spec.is_moe:
-        return 'deepspeed_zero3', 'dense model -> DeepSpeed ZeRO-3 (the dense default, from 1 to N GPUs)'
+        return Backend.DEEPSPEED_ZERO3, 'dense model -> DeepSpeed ZeRO-3 (the dense default, from 1 to N GPUs)'
     if world <= 1:
         if tuner == 'lora':
-            return 'unsloth_split_lora', 'MoE model on one GPU -> Unsloth split LoRA'
-        return 'deepspeed_zero2', (f'MoE model, {tuner} training on one GPU -> DeepSpeed ZeRO-2 (ZeRO-3 is refused '
-                                   f'for MoE; Unsloth split LoRA trains adapters only)')
+            return Backend.UNSLOTH_SPLIT_LORA, 'MoE model on one GPU -> Unsloth split LoRA'
+        return Backend.DEEPSPEED_ZERO2, (f'MoE model, {tuner} training on one GPU -> DeepSpeed ZeRO-2 (ZeRO-3 is '
+                                         f'refused for MoE; Unsloth split LoRA trains adapters only)')
     if spec.model_type in MEGATRON_SUPPORTED_MODEL_TYPES and tuner == 'lora':
-        return 'megatron_ep_lora', f'MoE model on {world} GPUs -> Megatron expert-parallel (mcore-bridge)'
+        return Backend.MEGATRON_EP_LORA, f'MoE model on {world} GPUs -> Megatron expert-parallel (mcore-bridge)'
     if tuner != 'lora':  # the Megatron launcher trains LoRA only
-        return 'deepspeed_zero2', (f'MoE model, {tuner} training on {world} GPUs -> DeepSpeed ZeRO-2 (megatron_ep_lora '
-                                   'trains LoRA only; ZeRO-3 is refused for MoE)')
-    return 'deepspeed_zero2', (f'MoE model on {world} GPUs, but mcore-bridge does not support {spec.model_type} '
-                               f'-> DeepSpeed ZeRO-2 (ZeRO-3 is refused for MoE)')
+        return Backend.DEEPSPEED_ZERO2, (f'MoE model, {tuner} training on {world} GPUs -> DeepSpeed ZeRO-2 '
+                                         '(megatron_ep_lora trains LoRA only; ZeRO-3 is refused for MoE)')
+    return Backend.DEEPSPEED_ZERO2, (f'MoE model on {world} GPUs, but mcore-bridge does not support '
+                                     f'{spec.model_type} -> DeepSpeed ZeRO-2 (ZeRO-3 is refused for MoE)')
 
 
 def choose_ep(spec: ModelSpec, world: int) -> int:
@@ -227,7 +227,7 @@ def _moe_alternative(spec: ModelSpec, world: int) -> str:
     return 'unsloth_split_lora (bf16 split LoRA on one GPU)'
 
 
-def check_refusal(spec: ModelSpec, world: int, req: PlanRequest, backend: str, ep: int,
+def check_refusal(spec: ModelSpec, world: int, req: PlanRequest, backend: Backend, ep: int,
                   tp: int) -> Optional[Tuple[str, str, str]]:
     """(rule id, reason, alternative) if the combination is refused, else None."""
     moe = spec.is_moe
@@ -238,34 +238,34 @@ def check_refusal(spec: ModelSpec, world: int, req: PlanRequest, backend: str, e
     if req.quant == '4bit' and req.tuner != 'lora':
         return ('quant-needs-lora', f'4-bit weights cannot be trained: QLoRA is LoRA on a frozen 4-bit base, not '
                 f'{req.tuner} training', '--tuner lora --quant 4bit, or --quant none')
-    if req.quant == '4bit' and backend == 'megatron_ep_lora':
+    if req.quant == '4bit' and backend == Backend.MEGATRON_EP_LORA:
         return ('quant-megatron', 'Megatron-SWIFT has no bitsandbytes 4-bit path', 'deepspeed_zero3 with --quant 4bit')
-    if backend == 'deepspeed_zero3' and moe:
+    if backend == Backend.DEEPSPEED_ZERO3 and moe:
         return ('zero3-moe', f'{spec.model_type} is a MoE model ({spec.num_experts} routed experts): ZeRO-3 gathers '
                 'every fused expert block on every rank; DeepSpeed\'s own MoE layer refuses ZeRO-3, and swift\'s '
                 'leaf-module workaround runs but slowly — maintainers point MoE users to Megatron',
                 _moe_alternative(spec, world) + ('' if world > 1 else '; or deepspeed_zero2 for full training'))
-    if backend == 'unsloth_split_lora' and world > 1:
-        alt = _moe_alternative(spec, world) if moe else 'deepspeed_zero3'
+    if backend == Backend.UNSLOTH_SPLIT_LORA and world > 1:
+        alt = _moe_alternative(spec, world) if moe else Backend.DEEPSPEED_ZERO3
         return ('unsloth-multi-gpu', f'Unsloth trains on one GPU; this plan has {world} GPUs', alt)
-    if backend == 'unsloth_split_lora' and req.tuner != 'lora':
+    if backend == Backend.UNSLOTH_SPLIT_LORA and req.tuner != 'lora':
         return ('unsloth-lora-only', f'unsloth_split_lora trains LoRA adapters only, not {req.tuner} training',
                 '--tuner lora, or deepspeed_zero2' + ('' if moe else ' / deepspeed_zero3'))
-    if backend == 'megatron_ep_lora' and req.tuner != 'lora':  # what the Megatron launcher accepts
+    if backend == Backend.MEGATRON_EP_LORA and req.tuner != 'lora':  # what the Megatron launcher accepts
         return ('megatron-lora-only', f'megatron_ep_lora trains LoRA adapters only, not {req.tuner} training',
                 '--tuner lora, or deepspeed_zero2' + ('' if moe else ' / deepspeed_zero3'))
-    if backend == 'megatron_ep_lora' and spec.model_type not in MEGATRON_SUPPORTED_MODEL_TYPES:
-        alt = ('unsloth_split_lora (one GPU) or deepspeed_zero2' if moe else 'deepspeed_zero3')
+    if backend == Backend.MEGATRON_EP_LORA and spec.model_type not in MEGATRON_SUPPORTED_MODEL_TYPES:
+        alt = ('unsloth_split_lora (one GPU) or deepspeed_zero2' if moe else Backend.DEEPSPEED_ZERO3)
         return ('megatron-model-type', f'mcore-bridge does not support model_type {spec.model_type!r} (supported '
                 f'list: select.MEGATRON_SUPPORTED_MODEL_TYPES, from modelscope/mcore-bridge)', alt)
     if req.offload == 'cpu' and backend not in DEEPSPEED_BACKENDS:
         return ('offload-deepspeed-only', f'CPU offload here means DeepSpeed offload_optimizer/offload_param; '
                 f'{backend} has no such option in this planner',
                 'deepspeed_zero2 --offload cpu' + ('' if moe else ' or deepspeed_zero3 --offload cpu'))
-    if (req.ep not in (None, 1) or req.tp not in (None, 1)) and backend != 'megatron_ep_lora':
+    if (req.ep not in (None, 1) or req.tp not in (None, 1)) and backend != Backend.MEGATRON_EP_LORA:
         return ('parallel-megatron-only', f'--ep/--tp set Megatron parallelism; backend {backend} does not use them',
                 '--backend megatron_ep_lora, or drop --ep/--tp')
-    if backend == 'megatron_ep_lora':
+    if backend == Backend.MEGATRON_EP_LORA:
         if ep > 1 and not moe:
             return ('ep-needs-moe', f'{spec.model_type} is dense: there are no experts to split',
                     '--ep 1 (or omit it)')
@@ -286,14 +286,14 @@ def samples_per_row(req: PlanRequest, tokens: VideoTokens) -> float:
     return max(1.0, req.pack_length / max(1, tokens.total_tokens))
 
 
-def _setup(req: PlanRequest, hw: Hardware, backend: str, ep: int, tp: int, tokens: VideoTokens) -> TrainSetup:
+def _setup(req: PlanRequest, hw: Hardware, backend: Backend, ep: int, tp: int, tokens: VideoTokens) -> TrainSetup:
     return TrainSetup(backend=backend, tuner=req.tuner, gpus_per_node=hw.num_gpus, nodes=hw.nodes,
                       offload=req.offload, quant=req.quant, tp=tp, ep=ep, micro_batch=req.micro_batch,
                       samples_per_row=samples_per_row(req, tokens),
                       lora_rank=req.lora_rank, lora_targets=req.lora_targets,
                       gradient_checkpointing=req.gradient_checkpointing, vision_mode=req.vision_mode,
                       # swift-vora compiles the layers under swift sft without DeepSpeed only (compile_layers.py)
-                      compiled_layers=req.compile == 'layers' and backend == 'ddp',
+                      compiled_layers=req.compile == 'layers' and backend == Backend.DDP,
                       zero3_max_live_params=(C.ZERO3_MAX_LIVE_PARAMS_SMALL_GPU
                                              if hw.gpu_mem_gib <= C.ZERO3_SMALL_GPU_GIB else C.ZERO3_MAX_LIVE_PARAMS))
 
@@ -304,7 +304,7 @@ def _fits(est: MemoryEstimate, hw: Hardware) -> Tuple[bool, bool]:
     return gpu_ok, host_ok
 
 
-def _model_state_sentence(spec: ModelSpec, est: MemoryEstimate, backend: str, world: int) -> str:
+def _model_state_sentence(spec: ModelSpec, est: MemoryEstimate, backend: Backend, world: int) -> str:
     """Model states per GPU split into weights / grads / fp32 master / Adam (the seed-case sentence)."""
     g = est.gpu
     weights = sum(v for k, v in g.items() if k.startswith('weights') or k.startswith('LoRA adapters'))
@@ -336,23 +336,23 @@ def _too_big(spec: ModelSpec, est: MemoryEstimate) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-def _candidate_backends(spec: ModelSpec, world: int, tuner: str) -> List[str]:
+def _candidate_backends(spec: ModelSpec, world: int, tuner: str) -> List[Backend]:
     if not spec.is_moe:
-        return ['deepspeed_zero3', 'deepspeed_zero2', 'ddp']
+        return [Backend.DEEPSPEED_ZERO3, Backend.DEEPSPEED_ZERO2, Backend.DDP]
     out = []
     if world == 1 and tuner == 'lora':
-        out.append('unsloth_split_lora')
+        out.append(Backend.UNSLOTH_SPLIT_LORA)
     if world > 1 and tuner == 'lora' and spec.model_type in MEGATRON_SUPPORTED_MODEL_TYPES:
-        out.append('megatron_ep_lora')
-    return out + ['deepspeed_zero2', 'ddp']
+        out.append(Backend.MEGATRON_EP_LORA)
+    return out + [Backend.DEEPSPEED_ZERO2, Backend.DDP]
 
 
 _TUNER_LADDER = {'full': ['full', 'selective', 'lora'], 'selective': ['selective', 'lora'], 'lora': ['lora']}
 
 
-def _evaluate(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: str,
+def _evaluate(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend,
               ep: Optional[int] = None, tp: Optional[int] = None):
-    ep = ep if ep is not None else (choose_ep(spec, hw.world) if backend == 'megatron_ep_lora' else 1)
+    ep = ep if ep is not None else (choose_ep(spec, hw.world) if backend == Backend.MEGATRON_EP_LORA else 1)
     tp = tp if tp is not None else 1
     if check_refusal(spec, hw.world, req, backend, ep, tp):
         return None
@@ -361,7 +361,7 @@ def _evaluate(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardwa
     return est, gpu_ok and host_ok, ep, tp
 
 
-def _alt_dict(req: PlanRequest, hw: Hardware, backend: str, est: MemoryEstimate, ep: int, tp: int,
+def _alt_dict(req: PlanRequest, hw: Hardware, backend: Backend, est: MemoryEstimate, ep: int, tp: int,
               label: str) -> Dict[str, Any]:
     return {'label': label, 'backend': backend, 'tuner': req.tuner, 'offload': req.offload, 'quant': req.quant,
             'micro_batch': req.micro_batch, 'pack_length': req.pack_length, 'num_gpus': hw.num_gpus,
@@ -381,7 +381,7 @@ def _describe_alt(a: Dict[str, Any], spec: ModelSpec) -> str:
         bits.append('CPU offload')
     if a['quant'] == '4bit':
         bits.append('4-bit base (QLoRA)')
-    if a['backend'] == 'megatron_ep_lora':
+    if a['backend'] == Backend.MEGATRON_EP_LORA:
         bits.append(f'EP {a["ep"]}, TP {a["tp"]}')
     if a['micro_batch'] != 1:
         bits.append(f'micro batch {a["micro_batch"]}')
@@ -405,7 +405,7 @@ def find_alternatives(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw
     seen = {(req.tuner, current[0], req.offload, req.quant, req.micro_batch, req.pack_length, hw.num_gpus, hw.nodes,
              current[2])}
 
-    def consider(r: PlanRequest, h: Hardware, backend: str, label: str, tp: int = 1) -> bool:
+    def consider(r: PlanRequest, h: Hardware, backend: Backend, label: str, tp: int = 1) -> bool:
         key = (r.tuner, backend, r.offload, r.quant, r.micro_batch, r.pack_length, h.num_gpus, h.nodes, tp)
         if key in seen:
             return False
@@ -434,7 +434,7 @@ def find_alternatives(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw
                             continue
                         r = replace(req, tuner=tuner, offload=off, quant=quant, backend=backend, ep=None, tp=None)
                         tps = [1]
-                        if backend == 'megatron_ep_lora':  # tensor parallel also splits the vocab-parallel logits
+                        if backend == Backend.MEGATRON_EP_LORA:  # tensor parallel also splits the vocab-parallel logits
                             tps = [t for t in (1, 2, 4, 8) if h.world % t == 0 and spec.num_heads % t == 0
                                    and spec.num_kv_heads % t == 0]
                         for tp in tps:
@@ -474,10 +474,10 @@ def _config_source(spec: ModelSpec, model: str) -> Dict[str, Any]:
 
 
 def memory_to_spare(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware,
-                    backend: str) -> Optional[str]:
+                    backend: Backend) -> Optional[str]:
     """A sentence when a checkpointed, compiled ddp plan leaves so much GPU memory that training without
     checkpointing (at this micro-batch, or 4) fits too: the recompute is what such a step spends its time on."""
-    if not (backend == 'ddp' and req.compile == 'layers' and req.gradient_checkpointing):
+    if not (backend == Backend.DDP and req.compile == 'layers' and req.gradient_checkpointing):
         return None
     cap = hw.gpu_mem_gib * C.GiB * C.TIGHT_FRACTION
     options = []
@@ -501,27 +501,19 @@ def memory_to_spare(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: 
 # ---------------------------------------------------------------------------------------------------------------
 def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: Optional[Hardware] = None,
               search_alternatives: bool = True) -> Plan:
-    """Decide backend and verdict for `request`. Reads config.json only (unless `spec` is given)."""
+    """Decide backend and verdict for `request`. Reads config.json only (unless `spec` is given).
+
+    The plan says what to run, not how: its `command` (and each alternative's) is left empty here and filled from
+    the launch the backend builds for it (swift_vora/cli/compose.py)."""
     req = request
     req.validate()
     spec = spec or load_model_spec(req.model)
-    if hardware is None:
-        hw = req.hardware if isinstance(req.hardware, Hardware) else resolve_hardware(req.hardware, nodes=req.nodes)
-    else:
-        hw = hardware
-    if hw.nodes != req.nodes and req.nodes != 1:
-        hw = replace(hw, nodes=req.nodes)
+    hw = _hardware(req, hardware)
     world = hw.world
     tokens, token_notes = resolve_tokens(req, spec)
-
-    if req.backend == 'auto':
-        backend, why = auto_backend(spec, world, req.tuner)
-        why = f'backend auto -> {backend}: {why}.'
-    else:
-        backend, why = req.backend, f'backend {req.backend} (as requested).'
+    backend, why = _backend(req, spec, world)
     tp = req.tp or 1
-    ep = req.ep if req.ep is not None else (choose_ep(spec, world) if backend == 'megatron_ep_lora' else 1)
-
+    ep = req.ep if req.ep is not None else (choose_ep(spec, world) if backend == Backend.MEGATRON_EP_LORA else 1)
     base = dict(num_gpus=hw.num_gpus, nodes=hw.nodes, tuner=req.tuner, offload=req.offload, quant=req.quant, ep=ep,
                 tp=tp, micro_batch=req.micro_batch, lora_rank=req.lora_rank, lora_targets=req.lora_targets,
                 tokens=tokens.to_dict(), model=spec.summary(), hardware=hw.to_dict(),
@@ -532,103 +524,122 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
     if refusal:
         rule, reason, alt = refusal
         reasons = [f'Refused by rule {rule} ({REFUSAL_RULES[rule]}): {reason}.', f'Alternative: {alt}.']
-        plan = Plan(backend=backend, verdict='refused', gpu_peak_gib=None, host_peak_gib=None, reasons=reasons,
-                    breakdown={}, command=[], rule=rule, **base)
-        plan.alternative = {'suggestion': alt}
-        return plan
-
+        return Plan(backend=backend, verdict='refused', gpu_peak_gib=None, host_peak_gib=None, reasons=reasons,
+                    breakdown={}, command=[], rule=rule, alternative={'suggestion': alt}, **base)
     if world < 1:
         reasons = [why, f'No GPU on {hw.name} ({"; ".join(hw.notes) or "0 GPUs"}): pass --hardware NAME or '
                    f'--gpus N --gpu-mem-gib G.']
-        plan = Plan(backend=backend, verdict='does_not_fit', gpu_peak_gib=None, host_peak_gib=None, reasons=reasons,
+        return Plan(backend=backend, verdict='does_not_fit', gpu_peak_gib=None, host_peak_gib=None, reasons=reasons,
                     breakdown={}, command=[], **base)
-        return plan
 
     est = estimate(spec, tokens, _setup(req, hw, backend, ep, tp, tokens))
     gpu_ok, host_ok = _fits(est, hw)
     verdict = 'fits' if gpu_ok and host_ok else 'does_not_fit'
+    reasons = [why, *_fit_reasons(spec, tokens, req, hw, backend, est)]
+    alternatives: List[Dict[str, Any]] = []
+    if verdict == 'does_not_fit' and search_alternatives:
+        found = find_alternatives(spec, tokens, req, hw, (backend, ep, tp))
+        for f in found:
+            f.pop('request')
+        reasons += _alternative_reasons(found, req, spec)
+        alternatives = found[:6]
+    return Plan(backend=backend, verdict=verdict, gpu_peak_gib=round(est.gpu_peak / C.GiB, 2),
+                host_peak_gib=round(est.host_peak / C.GiB, 2), reasons=reasons + token_notes,
+                breakdown=est.gpu_gib(), command=[], host_breakdown=est.host_gib(), phases=est.phases_gib(),
+                trainable_params=est.trainable_params, alternative=alternatives[0] if alternatives else None,
+                alternatives=alternatives, assumptions=list(est.assumptions) + list(spec.notes) + list(hw.notes),
+                **base)
+
+
+def alternative_plan(plan: Plan, alternative: Dict[str, Any]) -> Plan:
+    """One of `plan.alternatives` as a plan of its own (it fits), for the launch that would train it."""
+    a = alternative
+    return Plan(backend=Backend(a['backend']), verdict='fits', gpu_peak_gib=a['gpu_peak_gib'],
+                host_peak_gib=a['host_peak_gib'], reasons=[], breakdown={}, command=[], num_gpus=a['num_gpus'],
+                nodes=a['nodes'], tuner=a['tuner'], offload=a['offload'], quant=a['quant'], ep=a['ep'], tp=a['tp'],
+                micro_batch=a['micro_batch'], lora_rank=plan.lora_rank, tokens=plan.tokens, model=plan.model,
+                gpu_capacity_gib=a['gpu_mem_gib'])
+
+
+def _hardware(req: PlanRequest, hardware: Optional[Hardware]) -> Hardware:
+    if hardware is None:
+        hw = req.hardware if isinstance(req.hardware, Hardware) else resolve_hardware(req.hardware, nodes=req.nodes)
+    else:
+        hw = hardware
+    if hw.nodes != req.nodes and req.nodes != 1:
+        hw = replace(hw, nodes=req.nodes)
+    return hw
+
+
+def _backend(req: PlanRequest, spec: ModelSpec, world: int) -> Tuple[Backend, str]:
+    """(backend, the first reason: why this one)."""
+    if req.backend == AUTO:
+        backend, why = auto_backend(spec, world, req.tuner)
+        return backend, f'backend auto -> {backend}: {why}.'
+    return Backend(req.backend), f'backend {req.backend} (as requested).'
+
+
+def _fit_reasons(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend,
+                 est: MemoryEstimate) -> List[str]:
+    """The peaks against the hardware, and what is too big or what is to spare."""
+    gpu_ok, host_ok = _fits(est, hw)
     cap = hw.gpu_mem_gib * C.GiB
     host_lim = hw.host_ram_gib * C.GiB if hw.host_ram_gib is not None else None
-    reasons = [why]
     peak_phase = max(est.phases, key=lambda p: est.phases[p]['gpu'])
-    reasons.append(f'Per-GPU peak {_gib(est.gpu_peak)} ({peak_phase.replace("_", " ")}) of {_gib(cap)} '
-                   f'{"fits" if gpu_ok else "does NOT fit"}; host peak {_gib(est.host_peak)}'
-                   + (f' of {_gib(host_lim)} ({hw.host_ram_source or "limit"}) '
-                      f'{"fits" if host_ok else "does NOT fit"}.' if host_lim is not None else
-                      ' (host RAM limit unknown).'))
+    reasons = [f'Per-GPU peak {_gib(est.gpu_peak)} ({peak_phase.replace("_", " ")}) of {_gib(cap)} '
+               f'{"fits" if gpu_ok else "does NOT fit"}; host peak {_gib(est.host_peak)}'
+               + (f' of {_gib(host_lim)} ({hw.host_ram_source or "limit"}) '
+                  f'{"fits" if host_ok else "does NOT fit"}.' if host_lim is not None else
+                  ' (host RAM limit unknown).')]
     if gpu_ok and est.gpu_peak > C.TIGHT_FRACTION * cap:
         reasons.append(f'Tight: the predicted peak is {est.gpu_peak / cap:.0%} of the GPU; the constants are not yet '
                        f'calibrated, keep a margin (smaller video budget or micro batch).')
     if not gpu_ok:
-        reasons.append(_model_state_sentence(spec, est, backend, world))
+        reasons.append(_model_state_sentence(spec, est, backend, hw.world))
         reasons.append(_too_big(spec, est))
-        # what offloading would need (DeepSpeed), against the host limit
-        if backend in DEEPSPEED_BACKENDS + ('ddp', ) and req.offload == 'none' and req.tuner != 'lora':
-            off_backend = 'deepspeed_zero2' if (spec.is_moe or backend == 'deepspeed_zero2') else 'deepspeed_zero3'
-            r_off = replace(req, offload='cpu', backend=off_backend)
-            oe = estimate(spec, tokens, _setup(r_off, hw, off_backend, 1, 1, tokens))
-            opt = oe.host.get('offloaded optimizer states (fp32 master + Adam m, v)', 0.0)
-            og, oh = _fits(oe, hw)
-            stages = 'ZeRO-2' + ('' if spec.is_moe else '/3')
-            s = (f'{stages} with CPU offload moves the fp32 master + Adam states to host RAM: they alone need '
-                 f'{_both(opt)}; the predicted host peak is {_both(oe.host_peak)} with the fp32 gradient partition'
-                 f'{" and offloaded parameters" if off_backend == "deepspeed_zero3" else ""} and pinned buffers')
-            if host_lim is not None:
-                s += (f', against the {_both(host_lim)} container/host limit'
-                      + (' — over the limit: the OOM killer would end the job with SIGKILL (exit 137), no Python '
-                         'error' if not oh else ' — that fits in host RAM'))
-            if spec.is_moe:
-                s += ' (ZeRO-3 offload needs at least as much and is refused for MoE models anyway)'
-            reasons.append(s + '.')
+        if backend in DEEPSPEED_BACKENDS + (Backend.DDP, ) and req.offload == 'none' and req.tuner != 'lora':
+            reasons.append(_offload_sentence(spec, tokens, req, hw, backend))
     elif not host_ok:
         big = sorted(((v, k) for k, v in est.host.items()), reverse=True)[0]
         reasons.append(f'Too big in host RAM: {big[1]} ({_gib(big[0])}) — the container limit is enforced by the '
                        f'OOM killer (SIGKILL, exit 137).')
-
-    if verdict == 'fits':
+    else:
         spare = memory_to_spare(spec, tokens, req, hw, backend)
         if spare:
             reasons.append(spare)
+    return reasons
 
-    alternative = None
-    alternatives: List[Dict[str, Any]] = []
-    if verdict == 'does_not_fit' and search_alternatives:
-        found = find_alternatives(spec, tokens, req, hw, (backend, ep, tp))
-        if found:
-            cheapest = found[0]
-            reasons.append('Cheapest alternative that fits: ' + _describe_alt(cheapest, spec) + '.')
-            if cheapest['tuner'] != req.tuner:
-                keep = next((f for f in found if f['tuner'] == req.tuner), None)
-                if keep:
-                    reasons.append(f'Keeping {req.tuner} training: ' + _describe_alt(keep, spec) + '.')
-            for f in found[:6]:
-                r = f.pop('request')
-                sub = Plan(backend=f['backend'], verdict='fits', gpu_peak_gib=f['gpu_peak_gib'],
-                           host_peak_gib=f['host_peak_gib'], reasons=[], breakdown={}, command=[],
-                           num_gpus=f['num_gpus'], nodes=f['nodes'], tuner=f['tuner'], offload=f['offload'],
-                           quant=f['quant'], ep=f['ep'], tp=f['tp'], micro_batch=f['micro_batch'],
-                           lora_rank=r.lora_rank, tokens=tokens.to_dict(), model=spec.summary())
-                try:
-                    f['command'] = build_command(replace(r, hardware=None), sub)
-                except CommandRefused:  # listed for its numbers; no command `train` would run as is
-                    f['command'] = []
-                alternatives.append(f)
-            for f in found[6:]:
-                f.pop('request', None)
-            alternative = alternatives[0]
-        else:
-            reasons.append('No alternative with up to 8 GPUs per node or 8 such nodes fits: reduce the video budget '
-                           '(--max-frames, --frame-tokens) or use bigger GPUs.')
 
-    reasons += token_notes
-    plan = Plan(backend=backend, verdict=verdict, gpu_peak_gib=round(est.gpu_peak / C.GiB, 2),
-                host_peak_gib=round(est.host_peak / C.GiB, 2), reasons=reasons, breakdown=est.gpu_gib(),
-                command=[], host_breakdown=est.host_gib(), phases=est.phases_gib(),
-                trainable_params=est.trainable_params, alternative=alternative, alternatives=alternatives,
-                assumptions=list(est.assumptions) + list(spec.notes) + list(hw.notes), **base)
-    try:
-        plan.command = build_command(req, plan)
-    except CommandRefused as exc:  # `train` would refuse this launch: the plan must not say "fits" without it
-        plan.verdict, plan.command = 'refused', []
-        plan.reasons = list(plan.reasons) + list(exc.reasons)
-    return plan
+def _offload_sentence(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend) -> str:
+    """What offloading to host RAM would need (DeepSpeed), against the host limit."""
+    off_backend = (Backend.DEEPSPEED_ZERO2 if (spec.is_moe or backend == Backend.DEEPSPEED_ZERO2)
+                   else Backend.DEEPSPEED_ZERO3)
+    r_off = replace(req, offload='cpu', backend=off_backend)
+    oe = estimate(spec, tokens, _setup(r_off, hw, off_backend, 1, 1, tokens))
+    opt = oe.host.get('offloaded optimizer states (fp32 master + Adam m, v)', 0.0)
+    _, oh = _fits(oe, hw)
+    host_lim = hw.host_ram_gib * C.GiB if hw.host_ram_gib is not None else None
+    stages = 'ZeRO-2' + ('' if spec.is_moe else '/3')
+    s = (f'{stages} with CPU offload moves the fp32 master + Adam states to host RAM: they alone need '
+         f'{_both(opt)}; the predicted host peak is {_both(oe.host_peak)} with the fp32 gradient partition'
+         f'{" and offloaded parameters" if off_backend == Backend.DEEPSPEED_ZERO3 else ""} and pinned buffers')
+    if host_lim is not None:
+        s += (f', against the {_both(host_lim)} container/host limit'
+              + (' — over the limit: the OOM killer would end the job with SIGKILL (exit 137), no Python '
+                 'error' if not oh else ' — that fits in host RAM'))
+    if spec.is_moe:
+        s += ' (ZeRO-3 offload needs at least as much and is refused for MoE models anyway)'
+    return s + '.'
+
+
+def _alternative_reasons(found: List[Dict[str, Any]], req: PlanRequest, spec: ModelSpec) -> List[str]:
+    if not found:
+        return ['No alternative with up to 8 GPUs per node or 8 such nodes fits: reduce the video budget '
+                '(--max-frames, --frame-tokens) or use bigger GPUs.']
+    cheapest = found[0]
+    reasons = ['Cheapest alternative that fits: ' + _describe_alt(cheapest, spec) + '.']
+    if cheapest['tuner'] != req.tuner:
+        keep = next((f for f in found if f['tuner'] == req.tuner), None)
+        if keep:
+            reasons.append(f'Keeping {req.tuner} training: ' + _describe_alt(keep, spec) + '.')
+    return reasons

@@ -19,16 +19,17 @@ import sys
 import traceback
 from typing import List, Optional
 
-from . import switches
-from .errors import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError, UsageError
+from .. import switches
+from ..errors import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError, UsageError
 
 __all__ = ['EXIT_OK', 'EXIT_INVALID', 'EXIT_USAGE', 'EXIT_DOES_NOT_FIT', 'EXIT_REFUSED', 'build_parser', 'main']
 
 # Each module defines `register_commands(subparsers)`; every parser it adds sets `handler=fn(args) -> int`.
 COMMAND_MODULES = [
-    'swift_vora.plan.cli',  # doctor, plan
+    'swift_vora.cli.doctor',  # doctor
+    'swift_vora.cli.plan',  # plan
     'swift_vora.data.cli',  # data check | build | convert
-    'swift_vora.backends.cli',  # train
+    'swift_vora.cli.train',  # train
     'swift_vora.recipe_catalog',  # recipes ls | show | cp
     'swift_vora.eval.cli',  # eval, parse
     'swift_vora.guards.cli',  # verify-adapter
@@ -72,7 +73,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 parser.error(f'unrecognized arguments: {" ".join(rest)}')
         command = _command_name(args)
         if args.version:
-            from . import __version__
+            from .. import __version__
             print(__version__)
             return EXIT_OK
         if args.command != 'switches':  # `swift-vora switches` is where such a name is looked into
@@ -137,7 +138,7 @@ def _fail(command: str, message: str, code: int, want_json: bool) -> int:
     try:
         print(f'{command}: {message}', file=sys.stderr)
         if want_json:
-            from .json_output import print_json
+            from ..json_output import print_json
             print_json({'error': message, 'exit_code': code})
         sys.stdout.flush()
     except BrokenPipeError:
