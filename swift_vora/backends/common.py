@@ -1,5 +1,5 @@
-"""What every backend's launcher shares: the plan as a launcher reads it (`PlanView`), config.json reading, the
-environment and the ms-swift arguments common to all backends.
+"""What every backend's launcher shares: the plan as a launcher reads it (`PlanView`, with the model as the planner
+described it), the environment and the ms-swift arguments common to all backends.
 
 The dispatcher (`build_launch`, swift_vora/backends/launch.py) picks a launcher (deepspeed.py, megatron.py,
 unsloth.py; the interface is base.py); each of them builds its `Launch` from the pieces here, so this module imports
@@ -17,6 +17,8 @@ from .. import switches
 from ..budget import VideoBudget
 from ..offline import OFFLINE_ENV
 from ..plan.backend import DEEPSPEED, Backend
+from ..plan.model_spec import ModelSpec, UnsupportedModel, load_model_spec
+from ..plan.select import Plan
 from .base import Launch, LaunchUsageError
 from .recipe import Recipe
 
@@ -28,10 +30,11 @@ DEFAULT_MASTER_PORT = '29500'
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The plan, whatever shape it comes in (the planner's Plan dataclass or its JSON dict, docs/contract.md)
+# The plan as a launcher reads it
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass
 class PlanView:
+    """What a launcher takes from a plan: the planner's decisions and the one description of the model."""
     backend: str
     verdict: str
     reasons: List[str]
@@ -42,104 +45,47 @@ class PlanView:
     offload: str
     micro_batch: int
     is_moe: bool
-    model_type: str
+    model_type: str  # ms-swift's --model_type: the recipe's model.type, else config.json's
     gpu_peak_gib: Optional[float]
     host_peak_gib: Optional[float]
     gpu_mem_gib: Optional[float] = None  # capacity of one GPU (DeepSpeed picks its small-GPU config from it)
-    num_layers: int = 0  # decoder layers (the plan's model summary; 0 when unknown)
+    num_layers: int = 0  # decoder layers (0 when unknown)
     linear_attention_layers: int = 0  # of them, linear attention (Qwen3.5's Gated DeltaNet)
+    model: Optional[ModelSpec] = None  # config.json as the planner read it (None: a launch without a plan)
 
     @property
     def world(self) -> int:
         return self.num_gpus * self.nodes
 
+    @classmethod
+    def of(cls, plan: Plan, recipe: Recipe) -> 'PlanView':
+        """The launcher's view of `plan` (the planner's `Plan`) for `recipe`, whose model.type, when it names one,
+        must be the model's."""
+        model = plan.spec if plan.spec is not None else load_model_spec(recipe['model.path'])
+        declared = recipe['model.type']
+        if declared and not declared.startswith(model.model_type):  # qwen3_vl_emb etc. share qwen3_vl's config type
+            raise LaunchUsageError(f'{recipe.path}: model.type is {declared!r} but {recipe["model.path"]} is a '
+                                   f'{model.model_type!r} model; set model.type={model.model_type} (or '
+                                   f'model.type=null to take it from config.json)')
+        return cls(backend=plan.backend, verdict=plan.verdict, reasons=list(plan.reasons),
+                   num_gpus=int(plan.num_gpus or 1), nodes=int(plan.nodes), ep=int(plan.ep), tp=int(plan.tp),
+                   offload=plan.offload, micro_batch=int(plan.micro_batch), is_moe=model.is_moe,
+                   model_type=declared or model.model_type, gpu_peak_gib=plan.gpu_peak_gib,
+                   host_peak_gib=plan.host_peak_gib, gpu_mem_gib=plan.gpu_capacity_gib, num_layers=model.num_layers,
+                   linear_attention_layers=model.num_linear_attention_layers, model=model)
 
-def _get(plan: Any, key: str, default: Any = None) -> Any:
-    if isinstance(plan, Mapping):
-        return plan.get(key, default)
-    return getattr(plan, key, default)
-
-
-def plan_view(plan: Any, recipe: Recipe) -> PlanView:
-    """Read the fields a launch needs; a field the plan lacks falls back to the recipe (documented there)."""
-    model = _get(plan, 'model') or {}
-    hardware = _get(plan, 'hardware') or {}
-    num_gpus = _get(plan, 'num_gpus') or _get(hardware, 'num_gpus') or recipe['gpus'] or 1
-    nodes = _get(plan, 'nodes') or _get(hardware, 'nodes') or recipe['nodes']
-    declared, found = recipe['model.type'], config_model_type(recipe['model.path'])
-    if declared and found and not declared.startswith(found):  # qwen3_vl_emb etc. share qwen3_vl's config type
-        raise LaunchUsageError(f'{recipe.path}: model.type is {declared!r} but {recipe["model.path"]} is a {found!r} '
-                               f'model; set model.type={found} (or model.type=null to take it from config.json)')
-    # the plan's model summary, else config.json: a MoE is never taken for dense because the plan lacks a field
-    is_moe = _get(model, 'kind') == 'moe' or bool(_get(model, 'is_moe')) or model_is_moe(recipe['model.path'])
-    return PlanView(
-        backend=_get(plan, 'backend') or '',
-        verdict=_get(plan, 'verdict') or 'fits',
-        reasons=list(_get(plan, 'reasons') or []),
-        num_gpus=int(num_gpus),
-        nodes=int(nodes),
-        ep=int(_get(plan, 'ep') or recipe['megatron.ep'] or 1),
-        tp=int(_get(plan, 'tp') or recipe['megatron.tp'] or 1),
-        offload=str(_get(plan, 'offload') or recipe['deepspeed.offload'] or 'none'),
-        micro_batch=int(_get(plan, 'micro_batch') or recipe['train.micro_batch']),
-        is_moe=is_moe,
-        model_type=declared or _get(model, 'model_type') or found,
-        gpu_peak_gib=_get(plan, 'gpu_peak_gib'),
-        host_peak_gib=_get(plan, 'host_peak_gib'),
-        gpu_mem_gib=_get(plan, 'gpu_capacity_gib') or _get(hardware, 'gpu_mem_gib') or recipe['gpu_mem_gib'],
-        **_layer_counts(model, recipe['model.path']),
-    )
-
-
-def _layer_counts(model: Mapping[str, Any], model_path: str) -> Dict[str, int]:
-    """PlanView's `num_layers` and `linear_attention_layers`: the plan's model summary, else config.json counted by
-    the planner's model_spec (layer_types or full_attention_interval), so a hybrid model is never taken for
-    attention-only because the plan lacks a field; zeros when the config cannot be counted."""
-    layers, linear = _get(model, 'num_layers'), _get(model, 'linear_attention_layers')
-    if layers is not None and linear is not None:
-        return {'num_layers': int(layers), 'linear_attention_layers': int(linear)}
-    from ..plan.model_spec import UnsupportedModel, model_spec
-    cfg = read_config(model_path)
-    try:
-        spec = model_spec(cfg) if cfg else None
-    except UnsupportedModel:
-        spec = None
-    return {'num_layers': spec.num_layers if spec else 0,
-            'linear_attention_layers': spec.num_linear_attention_layers if spec else 0}
-
-
-def read_config(model_path: str) -> Dict[str, Any]:
-    """The model's config.json as the planner found it (a local copy, the HF / ModelScope cache, or the config
-    shipped with swift-vora); {} when there is none or it cannot be read."""
-    from ..plan.model_source import resolve_config
-    from ..plan.model_spec import ConfigError
-    try:
-        cfg, _ = resolve_config(model_path)
-    except (OSError, ConfigError):
-        return {}
-    return cfg
+    def described_model(self, model_path: str) -> ModelSpec:
+        """The model this view was planned for; a view made without a plan (the Unsloth runner's) reads it with the
+        planner's own reader (a local config.json, the HF / ModelScope cache, or a config shipped with swift-vora)."""
+        return self.model if self.model is not None else load_model_spec(model_path)
 
 
 def config_model_type(model_path: str) -> str:
-    return str(read_config(model_path).get('model_type') or '')
-
-
-def model_is_moe(model_path: str) -> bool:
-    """MoE from config.json alone (no weights)."""
-    return config_is_moe(read_config(model_path))
-
-
-def config_is_moe(cfg: Mapping[str, Any]) -> bool:
-    """Routed experts in the config or its text_config (a `*_moe` model type, or more than one expert)."""
-    for c in (cfg, cfg.get('text_config') or {}):
-        if not isinstance(c, dict):
-            continue
-        if str(c.get('model_type', '')).endswith('_moe'):
-            return True
-        for key in ('num_experts', 'n_routed_experts', 'num_local_experts'):
-            if (c.get(key) or 0) > 1:
-                return True
-    return False
+    """config.json's model_type ('' when the model cannot be described)."""
+    try:
+        return load_model_spec(model_path).model_type
+    except (OSError, UnsupportedModel):
+        return ''
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -22,11 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from ..plan.backend import Backend
+from ..plan.select import Plan
 from .base import Launch, Launcher, LaunchRefused, LaunchUsageError
-from .common import bool_arg, format_number, plan_view
+from .common import PlanView, bool_arg, format_number
 from .deepspeed import SwiftSft
 from .megatron import MegatronSft
 from .recipe import Recipe
@@ -184,10 +185,10 @@ def add_engine_args(launch: Launch, recipe: Recipe, launcher: Launcher) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-def build_launch(plan: Any, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
+def build_launch(plan: Plan, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
     """The process that trains `recipe` as `plan` decided. Raises LaunchRefused (exit 4) for refused or
     unsupported combinations and LaunchUsageError (exit 2) for recipes the launcher cannot express."""
-    view = plan_view(plan, recipe)
+    view = PlanView.of(plan, recipe)
     if view.verdict == 'refused':
         raise LaunchRefused(view.reasons or ['the planner refused this combination'])
     launcher = launcher_for(view.backend)

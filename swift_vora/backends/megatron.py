@@ -39,7 +39,6 @@ from .common import (
     console_script,
     engine_argument_parser,
     lora_args,
-    read_config,
     swift_common_args,
 )
 from .packing import megatron_packing_args
@@ -68,15 +67,6 @@ def guards_not_run(environ: Mapping[str, str]) -> List[str]:
     return [name for name in _enabled_guards(environ) if name not in MEGATRON_GUARDS]
 
 
-def _num_experts(model_path: str) -> int:
-    cfg = read_config(model_path)
-    for c in (cfg.get('text_config') or {}, cfg):
-        for key in ('num_experts', 'n_routed_experts', 'num_local_experts'):
-            if c.get(key):
-                return int(c[key])
-    return 0
-
-
 def parallel_sizes(view: PlanView, recipe: Recipe) -> Dict[str, int]:
     ep = int(recipe['megatron.ep'] or view.ep or view.world)
     tp = int(recipe['megatron.tp'] or view.tp or 1)
@@ -87,7 +77,7 @@ def parallel_sizes(view: PlanView, recipe: Recipe) -> Dict[str, int]:
     if (world // pp) % ep:
         raise LaunchUsageError(f'megatron: expert parallel size {ep} must divide the {world // pp} GPUs of a pipeline '
                                'stage')
-    experts = _num_experts(recipe['model.path'])
+    experts = view.described_model(recipe['model.path']).num_experts
     if experts and experts % ep:
         raise LaunchUsageError(f'megatron: {experts} experts cannot be split over expert parallel size {ep}')
     return {'ep': ep, 'tp': tp, 'pp': pp}

@@ -120,7 +120,7 @@ class Plan:
     host_peak_gib: Optional[float]  # per node
     reasons: List[str]
     breakdown: Dict[str, float]  # per-GPU items at the peak, GiB
-    command: List[str]  # argv `train` would run ([] when refused)
+    command: List[str]  # argv `train` would run: the launch's, filled by swift_vora/cli/compose.py ([] when refused)
     host_breakdown: Dict[str, float] = field(default_factory=dict)  # per-node host items, GiB
     phases: Dict[str, Dict[str, float]] = field(default_factory=dict)  # load / first_step / steady -> gpu/host GiB
     gpu_capacity_gib: Optional[float] = None
@@ -146,13 +146,18 @@ class Plan:
     assumptions: List[str] = field(default_factory=list)
     config_source: Dict[str, Any] = field(default_factory=dict)  # where config.json came from (model_source)
     predicted: bool = True  # every number here is a prediction (constants.py), not a measurement
+    # The model as the planner read it, for the launch: config.json is read once (not in the JSON: `model` is its
+    # summary there)
+    spec: Optional[ModelSpec] = field(default=None, repr=False, compare=False)
 
     @property
     def exit_code(self) -> int:
         return {'fits': EXIT_FITS, 'does_not_fit': EXIT_DOES_NOT_FIT, 'refused': EXIT_REFUSED}[self.verdict]
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        out = asdict(replace(self, spec=None))
+        del out['spec']
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -518,7 +523,7 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
                 tp=tp, micro_batch=req.micro_batch, lora_rank=req.lora_rank, lora_targets=req.lora_targets,
                 tokens=tokens.to_dict(), model=spec.summary(), hardware=hw.to_dict(),
                 gpu_capacity_gib=hw.gpu_mem_gib, host_limit_gib=hw.host_ram_gib,
-                host_limit_source=hw.host_ram_source, config_source=_config_source(spec, req.model))
+                host_limit_source=hw.host_ram_source, config_source=_config_source(spec, req.model), spec=spec)
 
     refusal = check_refusal(spec, world, req, backend, ep, tp)
     if refusal:
@@ -558,7 +563,7 @@ def alternative_plan(plan: Plan, alternative: Dict[str, Any]) -> Plan:
                 host_peak_gib=a['host_peak_gib'], reasons=[], breakdown={}, command=[], num_gpus=a['num_gpus'],
                 nodes=a['nodes'], tuner=a['tuner'], offload=a['offload'], quant=a['quant'], ep=a['ep'], tp=a['tp'],
                 micro_batch=a['micro_batch'], lora_rank=plan.lora_rank, tokens=plan.tokens, model=plan.model,
-                gpu_capacity_gib=a['gpu_mem_gib'])
+                gpu_capacity_gib=a['gpu_mem_gib'], spec=plan.spec)
 
 
 def _hardware(req: PlanRequest, hardware: Optional[Hardware]) -> Hardware:
