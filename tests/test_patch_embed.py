@@ -13,6 +13,7 @@ from torch import nn
 from transformers.models.qwen3_vl import modeling_qwen3_vl as M
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 
+from swift_vora import patches
 from swift_vora.speed import patch_embed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,7 +45,7 @@ def embed_pair(dtype=torch.float32):
 @pytest.mark.parametrize('dtype, tol', [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_same_outputs_and_gradients_as_the_conv(patched, dtype, tol):
     ref, ours = embed_pair(dtype)
-    conv_forward = patched.forward._swift_vora_original
+    conv_forward = patches.upstream(patched.forward)
     pixels = torch.randn(40, 3 * 2 * 16 * 16, dtype=dtype)
     x_ref, x_ours = pixels.clone().requires_grad_(), pixels.clone().requires_grad_()
     expected = conv_forward(ref, x_ref)
@@ -70,7 +71,7 @@ def test_whole_vision_tower_unchanged_and_weights_keep_their_names(patched):
     names = list(model.state_dict())
     with torch.no_grad():
         got = model(pixels, grid_thw=grid).pooler_output
-        patched.forward = patched.forward._swift_vora_original  # transformers' Conv3d path, same weights
+        patched.forward = patches.upstream(patched.forward)  # transformers' Conv3d path, same weights
         model.patch_embed.proj.__class__ = nn.Conv3d
         expected = model(pixels, grid_thw=grid).pooler_output
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
