@@ -20,7 +20,7 @@ from swift_vora.backends.unsloth import (
     lora_targets,
     peft_kwargs,
 )
-from swift_vora.plan.model_spec import load_model_spec
+from swift_vora.plan.model_source import load_model_spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, 'tests', 'fixtures', 'configs')

@@ -6,7 +6,7 @@ import pytest
 
 from swift_vora.plan import constants as C
 from swift_vora.plan.memory import TrainSetup, estimate
-from swift_vora.plan.model_spec import load_model_spec
+from swift_vora.plan.model_source import load_model_spec
 from swift_vora.plan.video_budget import text_only_tokens, video_tokens
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'configs')

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from swift_vora.plan.model_spec import UnsupportedModel, load_model_spec, model_spec
+from swift_vora.plan.model_source import load_model_spec
+from swift_vora.plan.model_spec import UnsupportedModel, model_spec
 from swift_vora.plan.video_budget import frame_pair_tokens, smart_nframes, video_tokens
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -17,7 +17,8 @@ from .. import switches
 from ..budget import VideoBudget
 from ..offline import OFFLINE_ENV
 from ..plan.backend import DEEPSPEED, Backend
-from ..plan.model_spec import ModelSpec, UnsupportedModel, load_model_spec
+from ..plan.model_source import load_model_spec
+from ..plan.model_spec import ModelSpec, UnsupportedModel
 from ..plan.select import Plan
 from .base import Launch, LaunchUsageError
 from .recipe import Recipe

@@ -5,7 +5,7 @@ Prediction rows (JSONL, one object a line; docs/eval.md has examples):
 - `id` or `qid`: the annotation the row answers (compared as strings, so 2579 == "2579").
 - `pred_relevant_windows`: `[[start, end, score], ...]` (score optional; unscored windows are
   ranked in the order given), used as given (no clamping), or
-- `response`: the model's raw text, read with `intervals.parse_answer` (repaired; clamped to the
+- `response`: the model's raw text, read with `answer_parser.parse_answer` (repaired; clamped to the
   clip the model saw). A failed parse is a parse failure for that row.
 - `clip_start` (aliases `video_start`, `window_start`): where the clip the model saw starts in the
   source video, in seconds. Windows of the row are clip-relative and are shifted by it.
@@ -27,7 +27,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..intervals import REPAIR_NAMES, merge, parse_answer
+from ..answer_parser import REPAIR_NAMES, parse_answer
+from ..intervals import merge
 from . import metrics as M
 
 PROBLEM_SAMPLE = 100  # at most this many ids / lines per problem list in the JSON output

@@ -9,7 +9,8 @@ Pure Python: importing this package (or any module in it) does not import torch 
 """
 from .hardware import PROFILES, Hardware
 from .memory import BACKENDS, MemoryEstimate, TrainSetup, estimate
-from .model_spec import ModelSpec, UnsupportedModel, load_config, load_model_spec, model_spec
+from .model_source import load_config, load_model_spec
+from .model_spec import ModelSpec, UnsupportedModel, model_spec
 from .select import Plan, PlanRequest, make_plan
 from .video_budget import VideoTokens, frame_pair_tokens, smart_nframes, video_tokens
 

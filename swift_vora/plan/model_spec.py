@@ -19,8 +19,6 @@ naming the field and the file.
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -288,44 +286,6 @@ class ModelSpec:
         if self.notes:
             d['notes'] = list(self.notes)
         return d
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# config loading
-# ---------------------------------------------------------------------------------------------------------------
-def load_config(path: str) -> Dict[str, Any]:
-    """Read `config.json` from a model directory, or a JSON file given directly. No weights are touched.
-
-    Only local paths; `model_source.resolve_config` also finds model ids in the caches and the shipped configs."""
-    p = os.fspath(path)
-    if os.path.isdir(p):
-        p = os.path.join(p, 'config.json')
-    if not os.path.isfile(p):
-        raise FileNotFoundError(f'no config.json at {path!r}')
-    return read_config_file(p)
-
-
-def read_config_file(p: str) -> Dict[str, Any]:
-    """Parse one config.json; a syntax error or a non-object names the file (and the line)."""
-    try:
-        with open(p, encoding='utf-8') as f:
-            cfg = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f'{p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})') from e
-    except UnicodeDecodeError as e:
-        raise ConfigError(f'{p}: not UTF-8 text ({e.reason})') from e
-    if not isinstance(cfg, dict):
-        raise ConfigError(f'{p}: config is not a JSON object')
-    return cfg
-
-
-def load_model_spec(path: str) -> ModelSpec:
-    """The ModelSpec of a model directory, a config.json, a model id or a known model name (see model_source)."""
-    from .model_source import resolve_config
-    cfg, source = resolve_config(path)
-    spec = model_spec(cfg, where=source.path or path)
-    spec.source = source
-    return spec
 
 
 class ConfigError(UnsupportedModel):

@@ -25,7 +25,8 @@ from .backend import AUTO, Backend
 from .hardware import Hardware
 from .hardware import resolve as resolve_hardware
 from .memory import BACKENDS, COMPILE_MODES, DEEPSPEED_BACKENDS, VISION_MODES, MemoryEstimate, TrainSetup, estimate
-from .model_spec import LORA_TARGETS, TUNERS, ModelSpec, load_model_spec
+from .model_source import load_model_spec
+from .model_spec import LORA_TARGETS, TUNERS, ModelSpec
 from .video_budget import VideoTokens, text_only_tokens, video_tokens
 
 BACKEND_CHOICES = (AUTO, ) + BACKENDS
