@@ -96,7 +96,7 @@ def test_the_launch_counts_linear_attention_as_the_planner_did(tmp_path, monkeyp
     model_spec even from a config that gives only `full_attention_interval`."""
     import json
 
-    from swift_vora.backends.common import PlanView
+    from swift_vora.backends.base import PlanView
     config = json.load(open(QWEN3_5_DENSE))
     del config['text_config']['layer_types']
     model_dir = tmp_path / 'qwen3_5'

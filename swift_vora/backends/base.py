@@ -1,4 +1,5 @@
-"""The shape of a backend: a `Launcher` turns a plan and a recipe into a `Launch` (argv, environment, files).
+"""The shape of a backend: a `Launcher` turns a plan (as `PlanView` reads it) and a recipe into a `Launch` (argv,
+environment, files).
 
 One launcher per engine, each in its own module: `SwiftSft` (deepspeed.py: ddp and DeepSpeed ZeRO-2/3 through
 `swift sft`), `MegatronSft` (megatron.py: `megatron sft`), `UnslothRunner` (unsloth.py: our runner). launch.py keeps
@@ -12,13 +13,13 @@ import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..plan.backend import Backend
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .common import PlanView
-    from .recipe import Recipe
+from ..plan.model_source import load_model_spec
+from ..plan.model_spec import ModelSpec
+from ..plan.select import Plan
+from .recipe import Recipe
 
 
 class LaunchRefused(Exception):
@@ -86,6 +87,54 @@ def _quote_env(value: str) -> str:
     return shlex.quote(value)
 
 
+@dataclass
+class PlanView:
+    """What a launcher takes from a plan: the planner's decisions and the one description of the model."""
+    backend: str
+    verdict: str
+    reasons: List[str]
+    num_gpus: int  # per node
+    nodes: int
+    ep: int
+    tp: int
+    offload: str
+    micro_batch: int
+    is_moe: bool
+    model_type: str  # ms-swift's --model_type: the recipe's model.type, else config.json's
+    gpu_peak_gib: Optional[float]
+    host_peak_gib: Optional[float]
+    gpu_mem_gib: Optional[float] = None  # capacity of one GPU (DeepSpeed picks its small-GPU config from it)
+    num_layers: int = 0  # decoder layers (0 when unknown)
+    linear_attention_layers: int = 0  # of them, linear attention (Qwen3.5's Gated DeltaNet)
+    model: Optional[ModelSpec] = None  # config.json as the planner read it (None: a launch without a plan)
+
+    @property
+    def world(self) -> int:
+        return self.num_gpus * self.nodes
+
+    @classmethod
+    def of(cls, plan: Plan, recipe: Recipe) -> 'PlanView':
+        """The launcher's view of `plan` (the planner's `Plan`) for `recipe`, whose model.type, when it names one,
+        must be the model's."""
+        model = plan.spec if plan.spec is not None else load_model_spec(recipe['model.path'])
+        declared = recipe['model.type']
+        if declared and not declared.startswith(model.model_type):  # qwen3_vl_emb etc. share qwen3_vl's config type
+            raise LaunchUsageError(f'{recipe.path}: model.type is {declared!r} but {recipe["model.path"]} is a '
+                                   f'{model.model_type!r} model; set model.type={model.model_type} (or '
+                                   f'model.type=null to take it from config.json)')
+        return cls(backend=plan.backend, verdict=plan.verdict, reasons=list(plan.reasons),
+                   num_gpus=int(plan.num_gpus or 1), nodes=int(plan.nodes), ep=int(plan.ep), tp=int(plan.tp),
+                   offload=plan.offload, micro_batch=int(plan.micro_batch), is_moe=model.is_moe,
+                   model_type=declared or model.model_type, gpu_peak_gib=plan.gpu_peak_gib,
+                   host_peak_gib=plan.host_peak_gib, gpu_mem_gib=plan.gpu_capacity_gib, num_layers=model.num_layers,
+                   linear_attention_layers=model.num_linear_attention_layers, model=model)
+
+    def described_model(self, model_path: str) -> ModelSpec:
+        """The model this view was planned for; a view made without a plan (the Unsloth runner's) reads it with the
+        planner's own reader (a local config.json, the HF / ModelScope cache, or a config shipped with swift-vora)."""
+        return self.model if self.model is not None else load_model_spec(model_path)
+
+
 class Launcher:
     """One engine's way to train: the backends it runs and the process it starts for them."""
 
@@ -95,7 +144,7 @@ class Launcher:
     engine: Optional[str] = None
     quantization: bool = False  # train.quantization=4bit (bitsandbytes QLoRA) can be launched
 
-    def build(self, view: 'PlanView', recipe: 'Recipe', environ: Optional[Mapping[str, str]] = None) -> Launch:
+    def build(self, view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
         """The process that trains `recipe` as the plan (`view`) decided; LaunchUsageError / LaunchRefused."""
         raise NotImplementedError
 

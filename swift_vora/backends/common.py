@@ -1,5 +1,5 @@
-"""What every backend's launcher shares: the plan as a launcher reads it (`PlanView`, with the model as the planner
-described it), the environment and the ms-swift arguments common to all backends.
+"""What every backend's launcher shares: the environment and the ms-swift arguments common to all backends, and the
+recipe's settings they all read the same way.
 
 The dispatcher (`build_launch`, swift_vora/backends/launch.py) picks a launcher (deepspeed.py, megatron.py,
 unsloth.py; the interface is base.py); each of them builds its `Launch` from the pieces here, so this module imports
@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
 from .. import switches
@@ -18,9 +17,8 @@ from ..budget import VideoBudget
 from ..offline import OFFLINE_ENV
 from ..plan.backend import DEEPSPEED, Backend
 from ..plan.model_source import load_model_spec
-from ..plan.model_spec import ModelSpec, UnsupportedModel
-from ..plan.select import Plan
-from .base import Launch, LaunchUsageError
+from ..plan.model_spec import UnsupportedModel
+from .base import Launch, LaunchUsageError, PlanView
 from .recipe import Recipe
 
 # Environment the launcher derives from the recipe; `env` / `guards.env` may not set them (SWIFT_VORA_* switches
@@ -28,57 +26,6 @@ from .recipe import Recipe
 RESERVED_ENV_PREFIXES = ('SWIFT_VORA_', 'NPROC_PER_NODE', 'NNODES')
 RENDEZVOUS = ('NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT')
 DEFAULT_MASTER_PORT = '29500'
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The plan as a launcher reads it
-# ---------------------------------------------------------------------------------------------------------------
-@dataclass
-class PlanView:
-    """What a launcher takes from a plan: the planner's decisions and the one description of the model."""
-    backend: str
-    verdict: str
-    reasons: List[str]
-    num_gpus: int  # per node
-    nodes: int
-    ep: int
-    tp: int
-    offload: str
-    micro_batch: int
-    is_moe: bool
-    model_type: str  # ms-swift's --model_type: the recipe's model.type, else config.json's
-    gpu_peak_gib: Optional[float]
-    host_peak_gib: Optional[float]
-    gpu_mem_gib: Optional[float] = None  # capacity of one GPU (DeepSpeed picks its small-GPU config from it)
-    num_layers: int = 0  # decoder layers (0 when unknown)
-    linear_attention_layers: int = 0  # of them, linear attention (Qwen3.5's Gated DeltaNet)
-    model: Optional[ModelSpec] = None  # config.json as the planner read it (None: a launch without a plan)
-
-    @property
-    def world(self) -> int:
-        return self.num_gpus * self.nodes
-
-    @classmethod
-    def of(cls, plan: Plan, recipe: Recipe) -> 'PlanView':
-        """The launcher's view of `plan` (the planner's `Plan`) for `recipe`, whose model.type, when it names one,
-        must be the model's."""
-        model = plan.spec if plan.spec is not None else load_model_spec(recipe['model.path'])
-        declared = recipe['model.type']
-        if declared and not declared.startswith(model.model_type):  # qwen3_vl_emb etc. share qwen3_vl's config type
-            raise LaunchUsageError(f'{recipe.path}: model.type is {declared!r} but {recipe["model.path"]} is a '
-                                   f'{model.model_type!r} model; set model.type={model.model_type} (or '
-                                   f'model.type=null to take it from config.json)')
-        return cls(backend=plan.backend, verdict=plan.verdict, reasons=list(plan.reasons),
-                   num_gpus=int(plan.num_gpus or 1), nodes=int(plan.nodes), ep=int(plan.ep), tp=int(plan.tp),
-                   offload=plan.offload, micro_batch=int(plan.micro_batch), is_moe=model.is_moe,
-                   model_type=declared or model.model_type, gpu_peak_gib=plan.gpu_peak_gib,
-                   host_peak_gib=plan.host_peak_gib, gpu_mem_gib=plan.gpu_capacity_gib, num_layers=model.num_layers,
-                   linear_attention_layers=model.num_linear_attention_layers, model=model)
-
-    def described_model(self, model_path: str) -> ModelSpec:
-        """The model this view was planned for; a view made without a plan (the Unsloth runner's) reads it with the
-        planner's own reader (a local config.json, the HF / ModelScope cache, or a config shipped with swift-vora)."""
-        return self.model if self.model is not None else load_model_spec(model_path)
 
 
 def config_model_type(model_path: str) -> str:

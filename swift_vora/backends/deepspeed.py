@@ -25,8 +25,8 @@ from typing import Any, Dict, Mapping, Optional
 
 from ..plan import constants as C
 from ..plan.backend import DEEPSPEED, Backend
-from .base import Launch, Launcher, LaunchUsageError
-from .common import PlanView, bool_arg, common_env, console_script, engine_argument_parser, lora_args, swift_common_args
+from .base import Launch, Launcher, LaunchUsageError, PlanView
+from .common import bool_arg, common_env, console_script, engine_argument_parser, lora_args, swift_common_args
 from .packing import swift_sft_packing_args
 from .recipe import Recipe
 

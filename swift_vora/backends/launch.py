@@ -26,8 +26,8 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 
 from ..plan.backend import Backend
 from ..plan.select import Plan
-from .base import Launch, Launcher, LaunchRefused, LaunchUsageError
-from .common import PlanView, bool_arg, format_number
+from .base import Launch, Launcher, LaunchRefused, LaunchUsageError, PlanView
+from .common import bool_arg, format_number
 from .deepspeed import SwiftSft
 from .megatron import MegatronSft
 from .recipe import Recipe

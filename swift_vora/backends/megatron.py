@@ -31,9 +31,8 @@ from typing import Dict, List, Mapping, Optional
 
 from ..guards.registry import GUARDS, MEGATRON_GUARDS, enabled_guards
 from ..plan.backend import Backend
-from .base import Launch, Launcher, LaunchUsageError
+from .base import Launch, Launcher, LaunchUsageError, PlanView
 from .common import (
-    PlanView,
     bool_arg,
     common_env,
     console_script,

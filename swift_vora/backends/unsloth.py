@@ -34,8 +34,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from ..plan.backend import Backend
 from ..plan.model_spec import ModelSpec
-from .base import Launch, Launcher, LaunchUsageError
-from .common import PlanView, common_env
+from .base import Launch, Launcher, LaunchUsageError, PlanView
+from .common import common_env
 from .packing import refuse_unsloth_packing
 from .recipe import Recipe
 
