@@ -8,7 +8,9 @@ from swift_vora.cli import main
 from swift_vora.cli.plan import plan_from_argv
 from swift_vora.plan import constants as C
 from swift_vora.plan.hardware import custom, profile
-from swift_vora.plan.select import MEGATRON_SUPPORTED_MODEL_TYPES, Plan, PlanRequest, make_plan
+from swift_vora.plan.request import Plan, PlanRequest
+from swift_vora.plan.rules import MEGATRON_SUPPORTED_MODEL_TYPES
+from swift_vora.plan.select import make_plan
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'configs')
 SEED = os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json')

@@ -18,7 +18,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from ..plan.backend import Backend
 from ..plan.model_source import load_model_spec
 from ..plan.model_spec import ModelSpec
-from ..plan.select import Plan
+from ..plan.request import Plan
 from .recipe import Recipe
 
 

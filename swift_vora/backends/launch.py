@@ -25,7 +25,7 @@ import os
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from ..plan.backend import Backend
-from ..plan.select import Plan
+from ..plan.request import Plan
 from .base import Launch, Launcher, LaunchRefused, LaunchUsageError, PlanView
 from .common import bool_arg, format_number
 from .deepspeed import SwiftSft

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from ..plan import constants as C
 from ..plan.hardware import resolve
-from ..plan.select import Plan, PlanRequest, make_plan
+from ..plan.request import Plan, PlanRequest
+from ..plan.select import make_plan
 from ..plan.video_budget import budget_sample
 from .common import video_budget
 from .recipe import Recipe

@@ -16,7 +16,7 @@ from ..backends.base import Launch, LaunchRefused
 from ..backends.launch import build_launch
 from ..backends.recipe import Recipe
 from ..plan.backend import Backend
-from ..plan.select import Plan, alternative_plan
+from ..plan.request import Plan, alternative_plan
 
 
 def launch_plan(plan: Plan, recipe: Recipe,

@@ -26,7 +26,8 @@ from ..plan.hardware import PROFILES, resolve
 from ..plan.memory import BACKENDS, COMPILE_MODES, VISION_MODES
 from ..plan.model_source import load_model_spec
 from ..plan.model_spec import LORA_TARGETS, TUNERS, UnsupportedModel
-from ..plan.select import Plan, PlanRequest, make_plan
+from ..plan.request import Plan, PlanRequest
+from ..plan.select import make_plan
 from ..plan.video_budget import budget_sample
 from .compose import has_launch, launch_plan, refused, with_alternative_commands
 

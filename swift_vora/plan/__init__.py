@@ -11,7 +11,8 @@ from .hardware import PROFILES, Hardware
 from .memory import BACKENDS, MemoryEstimate, TrainSetup, estimate
 from .model_source import load_config, load_model_spec
 from .model_spec import ModelSpec, UnsupportedModel, model_spec
-from .select import Plan, PlanRequest, make_plan
+from .request import Plan, PlanRequest
+from .select import make_plan
 from .video_budget import VideoTokens, frame_pair_tokens, smart_nframes, video_tokens
 
 __all__ = [

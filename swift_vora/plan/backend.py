@@ -2,7 +2,7 @@
 
 A `Backend` is a str: its value is the name recipes (`train.backend`), `swift-vora plan --backend` and the plan's
 JSON use, so it compares, prints and serialises as that name. The planner decides which one trains a model
-(select.py) and predicts its memory (memory.py); swift_vora/backends/ has one launcher per backend.
+(rules.py, select.py) and predicts its memory (memory.py); swift_vora/backends/ has one launcher per backend.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Predicted GPU (per device) and host (per node) memory of one training setup, per phase.
 
-Backends (names shared with select.py and the CLI):
+Backends (swift_vora/plan/backend.py names them):
   ddp                 no DeepSpeed: one process per GPU, each a full replica (on one GPU: plain single-GPU
                       training). swift without DeepSpeed trains bf16 weights with bf16 AdamW states.
   deepspeed_zero2     ZeRO-2: bf16 weights replicated, gradients and fp32 optimizer states partitioned;
