@@ -4,7 +4,8 @@ environment, files).
 One launcher per engine, each in its own module: `SwiftSft` (deepspeed.py: ddp and DeepSpeed ZeRO-2/3 through
 `swift sft`), `MegatronSft` (megatron.py: `megatron sft`), `UnslothRunner` (unsloth.py: our runner). launch.py keeps
 the list of them and asks each in turn, as PEFT's `_create_new_module` asks its dispatchers; a new backend is a
-`Backend` member (swift_vora/plan/backend.py), the planner's rules and memory model for it, and one launcher here.
+`Backend` member (swift_vora/plan/backend.py), the planner's rules and memory model for it, and one `Launcher`
+subclass in a module of its own, added to launch.py's LAUNCHERS (docs/architecture.md).
 """
 from __future__ import annotations
 
