@@ -17,6 +17,11 @@ import os
 import sys
 
 _TARGET = 'swift.utils.utils'
+# As in swift_vora/patches.py (the plugin_loader patch): the one marker of swift-vora's replacements, and the
+# parameters this wrapper was written for. The hook runs before swift-vora can be imported, so it checks them
+# itself; tests/test_plugin_hook.py keeps both equal to the inventory's.
+MARKER = '_swift_vora_patch'
+PARAMS = ('file_path', )
 
 
 def _module_name_for(entry, resolved):
@@ -32,7 +37,13 @@ def _module_name_for(entry, resolved):
 
 def _wrap(module):
     original = module.import_external_file
-    if getattr(original, '_swift_vora_wrapped', False):
+    if getattr(original, MARKER, None):
+        return
+    import inspect
+    params = tuple(inspect.signature(original).parameters)
+    if params != PARAMS:  # the inventory's policy for plugin_loader: skip, with one warning
+        sys.stderr.write(f'swift-vora: plugin_loader is not applied: ms-swift\'s import_external_file takes {params}, '
+                         f'the wrapper was written for {PARAMS}; give --custom_register_path a .py file\n')
         return
 
     def import_external_file(file_path):
@@ -48,8 +59,7 @@ def _wrap(module):
             records.append(file_path)  # replayed in DataLoader workers by ms-swift
         return importlib.import_module(name)
 
-    import_external_file._swift_vora_wrapped = True
-    import_external_file.__wrapped__ = original
+    setattr(import_external_file, MARKER, ('plugin_loader', original))
     module.import_external_file = import_external_file
 
 

@@ -172,7 +172,7 @@ def measured(source) -> Dict[str, float]:
 
 
 def predicted(row) -> Dict[str, float]:
-    from swift_vora.plan.cli import plan_from_argv
+    from swift_vora.cli.plan import plan_from_argv
     model = _moe_config() if row.get('model') == MOE else M2B
     plan = plan_from_argv(['--model', model, *row['plan']])
     names = ('first_step', 'steady') if row['scope'] == 'training' else ('load', 'first_step', 'steady')

@@ -17,7 +17,7 @@ vision depth 2) then `swift infer` (transformers backend) on held-out videos:
   carry no information about the frames.      Expected: near chance.
 Both run at the same time on the GPU (the model is tiny; the DataLoader workers split the cores).
 
-Scoring: each response is read with the project's parser (`swift_vora.intervals.parse_answer`, with the clip
+Scoring: each response is read with the project's parser (`swift_vora.answer_parser.parse_answer`, with the clip
 length as duration; plain `json.loads` if that is not importable) and compared with the clip's ground truth
 (the `labels` swift writes next to each response: the windowed, rebased answer). R1@0.5 = fraction of clips
 whose FIRST predicted window has IoU >= 0.5 with some ground-truth window. Clips whose ground truth is empty
@@ -145,12 +145,12 @@ def windowed_answers(rows: List[Dict[str, Any]], window: float) -> List[List[Lis
 
 def _parser():
     try:
-        from swift_vora.intervals import parse_answer
+        from swift_vora.answer_parser import parse_answer
 
         def parse(text, duration):
             res = parse_answer(text, duration=duration)
             return [list(w) for w in res.windows], bool(res.ok)
-        return parse, 'swift_vora.intervals.parse_answer'
+        return parse, 'swift_vora.answer_parser.parse_answer'
     except ImportError:  # the project parser is not there yet: strict JSON
         def parse(text, duration):
             try:
@@ -159,7 +159,7 @@ def _parser():
                 return pairs, True
             except Exception:  # noqa: BLE001
                 return [], False
-        return parse, 'json.loads (swift_vora.intervals.parse_answer not importable)'
+        return parse, 'json.loads (swift_vora.answer_parser.parse_answer not importable)'
 
 
 def iou(a, b) -> float:

@@ -492,7 +492,7 @@ def main(argv=None) -> int:
     parser.add_argument('--workers', type=int, default=None, help='swift DataLoader workers (default 8; smoke 0)')
     parser.add_argument('--clips', type=int, default=None)
     parser.add_argument('--variant-timeout', type=float, default=None)
-    parser.add_argument('--fla-path', default=os.environ.get('SWIFT_VORA_FLA_PATH', ''),
+    parser.add_argument('--fla-path', default=tp.switch('SWIFT_VORA_FLA_PATH') or '',
                         help='PYTHONPATH entry holding flash-linear-attention (added by *_fla variants)')
     parser.add_argument('--deadline', type=float, default=None, help='seconds: skip variants that would start later')
     parser.add_argument('--profile-step', type=int, default=None,

@@ -101,6 +101,15 @@ OFFLINE_ENV = {
 
 # ==== shared helpers (learnability.py imports these) =============================================================
 
+
+def switch(name: str):
+    """A SWIFT_VORA_* switch of the benchmark tools, read through the plugin's one table (swift_vora/switches.py)
+    from this checkout."""
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    from swift_vora import switches
+    return switches.read(name)
+
 def now_stamp() -> str:
     return _dt.datetime.now().strftime('%Y-%m-%d')
 
@@ -304,7 +313,7 @@ def _write_clip(path, duration, events, fps, size, seed):
 
 def _install_instrumentation() -> None:
     """Registers the `vora_bench` callback and the data-wait / encode probes (only with SWIFT_VORA_BENCH_DIR)."""
-    bench_dir = os.environ.get(BENCH_DIR_ENV)
+    bench_dir = switch(BENCH_DIR_ENV)
     if not bench_dir:
         return
     import threading
@@ -315,11 +324,9 @@ def _install_instrumentation() -> None:
 
     state = {'data_wait_s': 0.0, 'batches': 0, 'main_pid': None}
     # SWIFT_VORA_BENCH_TORCH_PROFILE=N: torch.profiler over optimizer step N (all its micro-batches)
-    torch_profile_step = int(os.environ['SWIFT_VORA_BENCH_TORCH_PROFILE']) if os.environ.get(
-        'SWIFT_VORA_BENCH_TORCH_PROFILE') else None
+    torch_profile_step = switch('SWIFT_VORA_BENCH_TORCH_PROFILE')
     # SWIFT_VORA_BENCH_SYNC_DEBUG=N: count the synchronising CUDA calls of optimizer step N by call site
-    sync_debug_step = int(os.environ['SWIFT_VORA_BENCH_SYNC_DEBUG']) if os.environ.get(
-        'SWIFT_VORA_BENCH_SYNC_DEBUG') else None
+    sync_debug_step = switch('SWIFT_VORA_BENCH_SYNC_DEBUG')
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import step_timeline
     gc_timer = step_timeline.GcTimer().start()

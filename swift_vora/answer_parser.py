@@ -1,6 +1,7 @@
-"""Format recognition behind `intervals.parse_answer`: what video LLMs really write, read back.
+"""Reading answers back: what video LLMs really write, as `[start, end]` windows (`parse_answer`).
 
-Use `swift_vora.intervals.parse_answer(text, duration=None)`; this module is its implementation.
+`parse_answer(text, duration=None) -> ParseResult` is the one entry point; the answer format itself (how an answer
+is written, and the interval arithmetic the repairs use) is swift_vora/intervals.py.
 
 Recognised (first match wins, in this order):
 
@@ -16,7 +17,8 @@ Recognised (first match wins, in this order):
 3. Ranges in prose: `12.0 - 20.5 seconds`, `12s-20s`, `from 12s to 20s`, `between 12 and 20 seconds`,
    `00:12 - 00:20.5`, `1:02:03 to 1:02:10`, `(12.0, 20.5)`, `1.5 - 2 minutes`.
 
-Then `intervals.repair_pairs` swaps, clamps, drops, de-duplicates and merges, counting each repair.
+Then `repair_pairs` swaps, clamps, drops, de-duplicates and merges (with `intervals.clip` and `intervals.merge`),
+counting each repair.
 
 Failures (`ParseResult.failure`): 'empty', 'too_long', 'unclosed_think', 'repetition' (a loop:
 the answer region compresses more than 12x), 'truncated' (a bracket opened and never closed, after
@@ -34,9 +36,11 @@ import json
 import math
 import re
 import zlib
-from typing import Any, List, Optional, Tuple
+from bisect import bisect_right
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .intervals import ParseResult, repair_pairs
+from .intervals import Interval, clip, merge
 
 MAX_TEXT_CHARS = 1_000_000   # longer inputs are refused ('too_long'); a 32k-token response is ~130k chars
 MAX_ANSWER_CHARS = 32_768    # the answer region (after <think>, inside <answer>) the readers look at
@@ -45,6 +49,112 @@ REPETITION_MIN_CHARS = 512   # loop detection applies to answer regions at least
 REPETITION_MAX_RATIO = 1 / 12  # ...whose whitespace-collapsed text compresses below this ratio
 
 FAILURES = ('empty', 'too_long', 'unclosed_think', 'repetition', 'truncated', 'malformed', 'no_intervals')
+
+
+REPAIR_NAMES = ('swapped', 'clamped', 'dropped_zero', 'dropped_invalid', 'deduplicated', 'merged')
+
+
+@dataclass
+class ParseResult:
+    """What `parse_answer` read from one model response.
+
+    `ok` is True when an answer was recognised, including the explicit empty answer `[]`; `windows`
+    is then the repaired answer (sorted, non-overlapping, clamped), possibly empty. When `ok` is False
+    `windows` is `[]` and `failure` names why (see `FAILURES`).
+    """
+    windows: List[Interval]
+    ok: bool
+    failure: Optional[str] = None
+    # How the answer was written: 'json', 'json_lenient' (single quotes, tuples, mm:ss inside
+    # brackets, trailing commas...), 'text' (ranges in prose), or None on failure.
+    format: Optional[str] = None
+    # One score per window when the answer carried scores ([s, e, score] triples or a score key);
+    # a merged window keeps the highest score of the pairs it absorbed. None when no scores.
+    scores: Optional[List[float]] = None
+    # Repair counts (pairs affected).
+    swapped: int = 0          # end before start: the two values were swapped
+    clamped: int = 0          # a value lay outside [0, duration] and was clamped
+    dropped_zero: int = 0     # zero length (after swapping and clamping): dropped
+    dropped_invalid: int = 0  # an entry that was not a pair of finite numbers: dropped
+    deduplicated: int = 0     # exact duplicates removed
+    merged: int = 0           # overlapping or touching pairs merged (`merge`)
+    # Observations that are not repairs: 'think', 'answer_tag', 'unclosed_answer', 'fenced', 'prose',
+    # 'objects', 'timecode', 'units', 'scores', 'unbalanced_tags', 'repetition', 'input_capped'.
+    flags: List[str] = field(default_factory=list)
+
+    @property
+    def repairs(self) -> Dict[str, int]:
+        return {name: getattr(self, name) for name in REPAIR_NAMES}
+
+    @property
+    def repaired(self) -> bool:
+        return any(self.repairs.values())
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d['windows'] = [[s, e] for s, e in self.windows]
+        return d
+
+
+def repair_pairs(entries: Iterable[Sequence], duration: Optional[float] = None) -> ParseResult:
+    """Turn raw `(start, end[, score])` entries into a well-formed answer and count every repair.
+
+    Order: drop non-finite -> swap reversed -> clamp to `[0, duration]` (`[0, inf)` without a
+    duration) -> drop zero-length -> remove exact duplicates -> merge overlapping/touching (`merge`).
+    Returns an `ok` result (the caller sets format and flags).
+    """
+    res = ParseResult(windows=[], ok=True)
+    hi = float(duration) if duration is not None and math.isfinite(float(duration)) and float(duration) > 0 \
+        else math.inf
+    kept: List[Tuple[float, float, Optional[float]]] = []
+    seen = set()
+    for entry in entries:
+        try:
+            s, e = float(entry[0]), float(entry[1])
+            score = float(entry[2]) if len(entry) > 2 and entry[2] is not None else None
+        except (TypeError, ValueError, IndexError):
+            res.dropped_invalid += 1
+            continue
+        if not (math.isfinite(s) and math.isfinite(e)):
+            res.dropped_invalid += 1
+            continue
+        if score is not None and not math.isfinite(score):
+            score = None
+        if s > e:
+            s, e = e, s
+            res.swapped += 1
+        if s == e:
+            res.dropped_zero += 1
+            continue
+        pieces = clip([(s, e)], 0.0, hi)
+        if not pieces or pieces[0] != (s, e):
+            res.clamped += 1
+        if not pieces:
+            res.dropped_zero += 1
+            continue
+        s, e = pieces[0]
+        if (s, e) in seen:
+            res.deduplicated += 1
+            # keep the best score of duplicates
+            if score is not None:
+                for i, (ks, ke, kscore) in enumerate(kept):
+                    if (ks, ke) == (s, e) and (kscore is None or score > kscore):
+                        kept[i] = (ks, ke, score)
+            continue
+        seen.add((s, e))
+        kept.append((s, e, score))
+    windows, res.merged = merge((s, e) for s, e, _ in kept)
+    res.windows = windows
+    if any(score is not None for _, _, score in kept):
+        starts = [w[0] for w in windows]
+        scores: List[float] = [-math.inf] * len(windows)
+        for s, _, score in kept:
+            i = bisect_right(starts, s) - 1  # the merged window that contains this pair
+            if score is not None and score > scores[i]:
+                scores[i] = score
+        res.scores = [sc if math.isfinite(sc) else 0.0 for sc in scores]
+    return res
+
 
 Entry = Tuple[float, float, Optional[float]]
 
@@ -81,7 +191,14 @@ _FAIL = object()  # lenient parser: "this is not a value"
 
 
 def parse_answer(text: Any, duration: Optional[float] = None) -> ParseResult:
-    """See `swift_vora.intervals.parse_answer`."""
+    """Read one model response back into `[start, end]` windows; never raises.
+
+    `text`: the raw response (a str; bytes are decoded; an already-decoded JSON value is accepted).
+    `duration`: seconds of the clip the model saw; values are clamped to it when given.
+    Junk (repetition loops, truncated JSON, tag soup, prose without ranges) gives `ok=False`,
+    `windows=[]` and a `failure` name. Inputs longer than `MAX_TEXT_CHARS` are refused ('too_long'); the part the
+    format readers look at is capped at `MAX_ANSWER_CHARS`.
+    """
     try:
         return _parse(text, duration)
     except Exception as exc:  # never raise on model output; a bug here must not stop an evaluation

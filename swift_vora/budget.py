@@ -16,22 +16,26 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Dict, Mapping, Optional
 
+from . import switches
+
 FRAME_FACTOR = 2  # frames per temporal patch
 ENV_PREFIX = 'SWIFT_VORA_'
 
 
+_DEFAULT = switches.BUDGET_DEFAULTS  # the defaults are the switch table's (SWIFT_VORA_FPS, ...)
+
+
 @dataclass(frozen=True)
 class VideoBudget:
-    fps: float = 2.0  # frames sampled per second of clip; higher = finer timing, more tokens
-    min_frames: int = 4  # never fewer frames than this (rounded up to a multiple of 2)
-    max_frames: int = 64  # frame cap per clip; the first knob to turn down when memory is short
-    pair_tokens: int = 256  # max tokens per frame pair (per-frame resolution); higher = sharper, more tokens
-    min_pair_tokens: int = 16  # lower bound on the resolution of a frame pair
-    max_video_tokens: Optional[int] = None  # hard cap on one clip's video tokens; frames are cut to fit
+    fps: float = _DEFAULT['fps']  # frames sampled per second of clip; higher = finer timing, more tokens
+    min_frames: int = _DEFAULT['min_frames']  # never fewer frames than this (rounded up to a multiple of 2)
+    max_frames: int = _DEFAULT['max_frames']  # frame cap per clip; the first knob to turn down when memory is short
+    pair_tokens: int = _DEFAULT['pair_tokens']  # max tokens per frame pair (resolution); higher = sharper, more tokens
+    min_pair_tokens: int = _DEFAULT['min_pair_tokens']  # lower bound on the resolution of a frame pair
+    max_video_tokens: Optional[int] = _DEFAULT['max_video_tokens']  # cap on one clip's video tokens; frames cut to fit
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> 'VideoBudget':
-        from . import switches  # the table's defaults are this class's defaults
         return cls(**{f.name: switches.read(ENV_PREFIX + f.name.upper(), environ) for f in fields(cls)})
 
     def updated(self, overrides: Optional[Mapping[str, Any]]) -> 'VideoBudget':

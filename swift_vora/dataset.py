@@ -21,7 +21,7 @@ from swift.dataset import DatasetMeta, register_dataset
 from swift.dataset.loader import DatasetLoader
 from swift.utils import get_logger
 
-from . import switches
+from . import patches, switches
 from .budget import VideoBudget
 
 logger = get_logger()
@@ -116,7 +116,7 @@ def _route_annotation_files() -> None:
     """
     from swift.dataset.dataset_syntax import DatasetSyntax
     original = DatasetSyntax.get_dataset_meta
-    if getattr(original, '_swift_vora', False):
+    if patches.patched_by(original) == 'annotation_datasets' or not patches.applicable('annotation_datasets'):
         return
 
     def get_dataset_meta(self, use_hf):
@@ -125,9 +125,7 @@ def _route_annotation_files() -> None:
             return VIDEO_ORA_META
         return original(self, use_hf)
 
-    get_dataset_meta._swift_vora = True
-    get_dataset_meta.__wrapped__ = original
-    DatasetSyntax.get_dataset_meta = get_dataset_meta
+    DatasetSyntax.get_dataset_meta = patches.mark(get_dataset_meta, 'annotation_datasets', original)
 
 
 def register_video_ora_dataset() -> None:

@@ -99,34 +99,14 @@ def score_against_control(annotations: str, predictions: str, control_path: str)
 
 
 def run_demo(args) -> int:
-    from .data.annotations import load_annotations
     from .eval.inference import run_inference
     from .eval.report import write_outputs
     from .outputs import check_output_dir
-    from .synthetic import make_dataset
-    from .tiny_model import build_tiny_qwen3_vl
 
     started = time.time()
     out = os.path.abspath(check_output_dir(args.out, what='--out'))
     os.makedirs(out, exist_ok=True)
-    model_dir = os.path.join(out, 'model')
-    if not os.path.exists(os.path.join(model_dir, 'model.safetensors')):
-        print(f'[1/5] building a tiny random Qwen3-VL in {model_dir}', flush=True)
-        build_tiny_qwen3_vl(model_dir)
-    else:
-        print(f'[1/5] reusing the tiny model in {model_dir}', flush=True)
-
-    print('[2/5] writing synthetic videos (a red square marks the moments to keep)', flush=True)
-    train_ann = make_dataset(os.path.join(out, 'videos_train'), args.train_videos, duration=CLIP_SECONDS, seed=1,
-                             min_events=1)
-    eval_ann = make_dataset(os.path.join(out, 'videos_eval'), args.eval_videos, duration=CLIP_SECONDS, seed=2,
-                            min_events=1)
-    for path in (train_ann, eval_ann):
-        report = load_annotations(path)
-        print(f'      {path}: {report.total} lines, {len(report.rows)} valid, {len(report.invalid)} invalid')
-        if report.invalid:
-            raise SystemExit(f'synthetic annotations invalid: {report.invalid}')
-
+    model_dir, train_ann, eval_ann = _inputs(out, args)
     env = {**os.environ, **OFFLINE_ENV, 'TOKENIZERS_PARALLELISM': 'false', **DEMO_BUDGET.to_env(), **DEMO_WINDOW,
            'SWIFT_VORA_ENCODE_LOG': os.path.join(out, 'encode_log.jsonl')}
     if os.path.exists(env['SWIFT_VORA_ENCODE_LOG']):
@@ -156,7 +136,41 @@ def run_demo(args) -> int:
                                                                                'annotations_shuffled.jsonl'))
     written = write_outputs(real, os.path.join(out, 'report'), inputs={'annotations': eval_ann,
                                                                        'predictions': predictions})
-    encodes = [json.loads(line) for line in open(env['SWIFT_VORA_ENCODE_LOG'])]
+    _print_summary(real, control, written, env['SWIFT_VORA_ENCODE_LOG'], checkpoint, predictions)
+    print(f'  wall time                : {time.time() - started:.0f} s')
+    return 0
+
+
+def _inputs(out: str, args):
+    """Steps 1-2: the tiny model (built once, then reused) and the synthetic clips with their annotations, checked
+    as `data check` would."""
+    from .data.annotations import load_annotations
+    from .synthetic import make_dataset
+    from .tiny_model import build_tiny_qwen3_vl
+    model_dir = os.path.join(out, 'model')
+    if not os.path.exists(os.path.join(model_dir, 'model.safetensors')):
+        print(f'[1/5] building a tiny random Qwen3-VL in {model_dir}', flush=True)
+        build_tiny_qwen3_vl(model_dir)
+    else:
+        print(f'[1/5] reusing the tiny model in {model_dir}', flush=True)
+
+    print('[2/5] writing synthetic videos (a red square marks the moments to keep)', flush=True)
+    train_ann = make_dataset(os.path.join(out, 'videos_train'), args.train_videos, duration=CLIP_SECONDS, seed=1,
+                             min_events=1)
+    eval_ann = make_dataset(os.path.join(out, 'videos_eval'), args.eval_videos, duration=CLIP_SECONDS, seed=2,
+                            min_events=1)
+    for path in (train_ann, eval_ann):
+        report = load_annotations(path)
+        print(f'      {path}: {report.total} lines, {len(report.rows)} valid, {len(report.invalid)} invalid')
+        if report.invalid:
+            raise SystemExit(f'synthetic annotations invalid: {report.invalid}')
+    return model_dir, train_ann, eval_ann
+
+
+def _print_summary(real, control, written, encode_log: str, checkpoint: str, predictions: str) -> None:
+    """What the run shows: the encoded samples, the loss, the held-out scores against the shuffled-answer control,
+    and what that means for a tiny model on a CPU."""
+    encodes = [json.loads(line) for line in open(encode_log)]
     train_encodes = [e for e in encodes if e['mode'] == 'train']
     losses = []
     for log_file in glob.glob(os.path.join(os.path.dirname(checkpoint), 'logging.jsonl')):
@@ -196,5 +210,3 @@ def run_demo(args) -> int:
               'on a CPU is not expected to see the square: this run shows that every stage runs and is accounted for. '
               'benchmarks/learnability.py trains a larger model through the same pipeline on a GPU, next to a '
               'shuffled-label control, until it does (docs/benchmarks.md has its result).')
-    print(f'  wall time                : {time.time() - started:.0f} s')
-    return 0

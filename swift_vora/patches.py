@@ -7,22 +7,47 @@ original's body and must stay equivalent to it; `sets`: a flag the original read
 relies on, the swift-vora module that does it, how a user turns it off, and the test that shows the patched
 behaviour is the same.
 
-tests/test_patched_upstream.py checks every target against the installed packages: the target must exist with
-these parameters, and for `replaces` patches the original's source must be the one checked by the equivalence
-test (its hash, per tested version). An upgrade of ms-swift, transformers, PEFT, torch or decord that moves or
-changes a target therefore fails that test, naming the patch, instead of silently running swift-vora's copy of
-code that no longer matches.
+The same check runs when a patch is applied (`applicable(name)`, before the code that patches): the target must
+exist with these parameters and use these names, and for `replaces` patches the original's source must be the one
+checked by the equivalence test (its hash, per tested version). An upstream the inventory does not know gets the
+patch's `policy`: `skip` (upstream's code runs as it is, with one warning naming the patch, its switch and the
+version) or `refuse` (PatchRefused: the plugin cannot work without it). What was decided is recorded, and the
+`fingerprint` guard writes it into fingerprint.json (`report()`). tests/test_patched_upstream.py runs the same check
+against the installed packages, so an upgrade that moves or changes a target fails there too, naming the patch.
 
-Importing this module imports nothing else.
+Every replacement carries one marker, `MARKER` (`mark`, `patched_by`, `upstream`): "already patched" is asked the
+same way everywhere, and the original stays reachable.
+
+Importing this module imports nothing of swift-vora (the standard library only; targets are imported when checked).
 """
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Tuple
+import hashlib
+import importlib
+import inspect
+import logging
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+# Every replacement swift-vora installs carries this attribute: (the patch's name, the object it replaced).
+MARKER = '_swift_vora_patch'
+POLICIES = ('skip', 'refuse')
+logger = logging.getLogger('swift')
 
 VIT_ATTENTION_PARAMS = ('self', 'hidden_states', 'cu_seqlens', 'position_embeddings', 'max_seqlen', 'kwargs')
-VIT_ATTENTION_SOURCE = {'5.19.0': '2afc2f9fa3ebd677'}  # the four classes share one forward's source
+# transformers versions whose replaced functions have the same source, byte for byte (hashed from the 5.17.0, 5.18.0
+# and 5.19.0 wheels, 2026-12-02): the equivalence tests run on 5.19.0 here and ran on 5.17.0, the H200 image's, in
+# the GPU sessions; pyproject allows these three.
+TRANSFORMERS_CHECKED = ('5.17.0', '5.18.0', '5.19.0')
+
+
+def _same_source(digest: str) -> Dict[str, str]:
+    return {v: digest for v in TRANSFORMERS_CHECKED}
+
+
+VIT_ATTENTION_SOURCE = _same_source('2afc2f9fa3ebd677')  # the four classes share one forward's source
 DEEPSTACK_PARAMS = ('self', 'hidden_states', 'visual_pos_masks', 'visual_embeds')
-DEEPSTACK_SOURCE = {'5.19.0': '07178743d3d5ebc3'}
+DEEPSTACK_SOURCE = _same_source('07178743d3d5ebc3')
 # torch's two-line Conv3d.forward, the same in the local wheel and the H200 image (printed there in run 16)
 CONV3D_FORWARD_SOURCE = {version: '91cbbd182f3c8657' for version in ('2.14.1', '2.11.0', '2.11.0+cu130')}
 
@@ -38,29 +63,31 @@ class Patch(NamedTuple):
     proof: str  # the test that shows the patched behaviour is the same
     sources: Dict[str, str] = {}  # `replaces`: package version -> sha256[:16] of the original's source
     uses: Tuple[str, ...] = ()  # names the original's source must contain (attributes our code relies on)
+    # on an upstream the inventory does not know: skip (warn once, upstream's code runs) | refuse (PatchRefused)
+    policy: str = 'skip'
 
 
 PATCHES = (
     Patch('plugin_loader', 'swift.utils.utils:import_external_file', 'ms-swift', 'wraps', ('file_path', ),
           '_swift_vora_hook.py', 'pass `--custom_register_path` a .py file (handed to ms-swift unchanged), or remove '
           'swift_vora_plugin_path.pth from site-packages', 'tests/test_plugin_hook.py',
-          uses=('_external_files', )),
+          uses=('_external_files', )),  # the hook checks the parameters itself: it runs before swift-vora imports
     Patch('annotation_datasets', 'swift.dataset.dataset_syntax:DatasetSyntax.get_dataset_meta', 'ms-swift', 'wraps',
           ('self', 'use_hf'), 'dataset.py', 'only files that hold Video-ORA annotations are rerouted; give ms-swift '
-          'rows instead', 'tests/test_swift_e2e.py'),
+          'rows instead', 'tests/test_swift_e2e.py', policy='refuse'),
     Patch('default_callbacks', 'swift.trainers.mixin:SwiftMixin._get_callbacks', 'ms-swift', 'wraps',
           ('self', 'args'), 'swift_registry.py', 'SWIFT_VORA_GUARDS=none and the levers\' switches off: nothing '
-          'is appended', 'tests/test_guards_registry.py'),
+          'is appended', 'tests/test_guards_registry.py', policy='refuse'),
     Patch('sft_padding_free_check', 'swift.arguments.sft_args:SftArguments._check_padding_free', 'ms-swift', 'wraps',
           ('self', ), 'speed/packed_attention.py', 'SWIFT_VORA_PACKED_ATTENTION=0', 'tests/test_packed_attention.py',
           uses=('self.attn_impl', 'self.packing')),
     Patch('guard_tap_training_step', 'transformers:Trainer.training_step', 'transformers', 'wraps',
           ('self', 'model', 'inputs', 'num_items_in_batch'), 'guards/common.py', 'SWIFT_VORA_GUARDS=none',
-          'tests/test_guards_coverage.py'),
+          'tests/test_guards_coverage.py', policy='refuse'),  # a guard that cannot see the batches must not pass
     Patch('guard_tap_dataset', 'swift.dataset:LazyLLMDataset.__init__', 'ms-swift', 'wraps',
           ('self', 'dataset', 'encode_func', 'n_try_fetch', 'strict', 'random_state', 'traceback_limit'),
           'guards/common.py', 'SWIFT_VORA_GUARDS=none', 'tests/test_guards_coverage.py',
-          uses=('self.dataset', 'self.encode_func')),
+          uses=('self.dataset', 'self.encode_func'), policy='refuse'),
     *(Patch(f'vit_attention_{short}', f'transformers.models.{module}:{cls}.forward', 'transformers', 'replaces',
             VIT_ATTENTION_PARAMS, 'speed/vit_attention.py', 'SWIFT_VORA_VIT_ATTENTION=transformers',
             'tests/test_vit_attention.py', VIT_ATTENTION_SOURCE)
@@ -87,7 +114,7 @@ PATCHES = (
     Patch('compiled_vision_block', 'transformers.models.qwen3_vl.modeling_qwen3_vl:Qwen3VLVisionBlock.forward',
           'transformers', 'replaces', ('self', 'hidden_states', 'cu_seqlens', 'position_embeddings', 'kwargs'),
           'speed/compile_layers.py', 'SWIFT_VORA_COMPILE_VISION=0 (or SWIFT_VORA_COMPILE=off, the default)',
-          'tests/test_compile_vision.py', {'5.19.0': '681e62f9206787af'}),
+          'tests/test_compile_vision.py', _same_source('681e62f9206787af')),
     Patch('compiled_decoder_layers', 'torch.nn:Module.compile', 'torch', 'wraps', ('self', 'args', 'kwargs'),
           'speed/compile_layers.py', 'SWIFT_VORA_COMPILE=off (the default)', 'tests/test_compile_layers.py',
           uses=('_compiled_call_impl', )),
@@ -103,7 +130,7 @@ PATCHES = (
           'tests/test_host_overhead.py', {'4.6.0': '037d7a70785e8a82'}),
     Patch('flops_parameter_count', 'transformers:Trainer.floating_point_ops', 'transformers', 'replaces',
           ('self', 'inputs'), 'speed/host_overhead.py', 'SWIFT_VORA_HOST_OVERHEAD=0', 'tests/test_host_overhead.py',
-          {'5.19.0': 'ffd8b0eb8cf7c98b'}),
+          _same_source('ffd8b0eb8cf7c98b')),
     Patch('train_mode', 'torch.nn:Module.train', 'torch', 'wraps', ('self', 'mode'), 'speed/host_overhead.py',
           'SWIFT_VORA_HOST_OVERHEAD=0', 'tests/test_host_overhead.py'),
     Patch('lora_input_cast', 'peft.tuners.lora.layer:Linear._cast_input_dtype', 'peft', 'sets',
@@ -116,16 +143,170 @@ PATCHES = (
     Patch('decoder_threads', 'decord:VideoReader.__init__', 'decord', 'wraps',
           ('self', 'uri', 'ctx', 'width', 'height', 'num_threads', 'fault_tol'), 'speed/video_decode.py',
           'SWIFT_VORA_DECODE_THREADS=0', 'tests/test_video_decode.py'),
+    # ms-swift's trainer replaces torch.utils.checkpoint.checkpoint by a wrapper that forces its use_reentrant and
+    # keeps torch's as `_old_checkpoint`; around each compiled layer's call with the checkpoint inside the graph,
+    # torch's own is set back (dynamo's activation-checkpoint region passes use_reentrant=False)
+    Patch('compiled_checkpoint_swap', 'swift.trainers.mixin:SwiftMixin._fix_gradient_checkpointing', 'ms-swift',
+          'sets', ('self', ), 'speed/compile_layers.py', 'SWIFT_VORA_COMPILE_CHECKPOINT=eager (the default)',
+          'tests/test_compile_layers.py',
+          uses=('torch.utils.checkpoint._old_checkpoint = ', 'torch.utils.checkpoint.checkpoint = ')),
+    # qwen_vl_utils' fetch_video decodes with the reader its module globals name, chosen once per process: the PyAV
+    # reader is added to VIDEO_READER_BACKENDS, the chosen one set in FORCE_QWENVL_VIDEO_READER (what
+    # get_video_reader_backend reads) and that cached choice cleared
+    Patch('qwen_vl_video_reader', 'qwen_vl_utils.vision_process:fetch_video', 'qwen-vl-utils', 'sets',
+          ('ele', 'image_patch_size', 'return_video_sample_fps', 'return_video_metadata'), 'video_reader.py',
+          'FORCE_QWENVL_VIDEO_READER=decord (or torchcodec): a reader qwen_vl_utils has itself',
+          'tests/test_video_reader.py', uses=('get_video_reader_backend()', 'VIDEO_READER_BACKENDS[')),
 )
+BY_NAME = {patch.name: patch for patch in PATCHES}
 
 
 def forward_targets(prefix: str) -> List[Tuple[str, str]]:
     """(module, class) of every inventoried `Class.forward` patch named `prefix*`, in inventory order: the lever
     modules install their patches on these, so the inventory checked by tests/test_patched_upstream.py is the one
     list of what they touch."""
+    return [(module, cls) for _, module, cls in forward_patches(prefix)]
+
+
+def forward_patches(prefix: str) -> List[Tuple[str, str, str]]:
+    """(patch name, module, class) of every inventoried `Class.forward` patch named `prefix*`, in inventory order."""
     found = []
     for patch in PATCHES:
         module, qualname = patch.target.split(':')
         if patch.name.startswith(prefix) and qualname.endswith('.forward'):
-            found.append((module, qualname[:-len('.forward')]))
+            found.append((patch.name, module, qualname[:-len('.forward')]))
     return found
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the marker
+# ---------------------------------------------------------------------------------------------------------------
+def mark(replacement: Any, name: str, original: Any = None) -> Any:
+    """Mark `replacement` as patch `name`'s, replacing `original`; returns it. The one "already patched" marker."""
+    if name not in BY_NAME:
+        raise KeyError(f'{name}: not a patch of swift_vora/patches.py')
+    setattr(replacement, MARKER, (name, original))
+    applied(name)
+    return replacement
+
+
+def patched_by(obj: Any) -> Optional[str]:
+    """The name of the swift-vora patch that put `obj` there; None for upstream's own code."""
+    found = getattr(obj, MARKER, None)
+    return found[0] if isinstance(found, tuple) else None
+
+
+def upstream(obj: Any) -> Any:
+    """The upstream object behind swift-vora's replacements (and `functools.wraps` wrappers) of `obj`."""
+    while True:
+        found = getattr(obj, MARKER, None)
+        if isinstance(found, tuple) and found[1] is not None:
+            obj = found[1]
+        elif hasattr(obj, '__wrapped__'):
+            obj = obj.__wrapped__
+        else:
+            return obj
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# checked when applied
+# ---------------------------------------------------------------------------------------------------------------
+class PatchRefused(RuntimeError):
+    """A patch whose policy is `refuse` meets an upstream the inventory does not know."""
+
+
+_checked: Dict[str, Optional[str]] = {}  # patch name -> why the installed upstream is unknown (None: known)
+_applied: Dict[str, int] = {}  # patch name -> how many times it was installed in this process
+
+
+def installed_version(package: str) -> Optional[str]:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def resolve(target: str) -> Any:
+    """The upstream object a target names (`module:Qualified.name`), seen through swift-vora's own patches."""
+    module, qualname = target.split(':')
+    obj = importlib.import_module(module)
+    for part in qualname.split('.'):
+        obj = upstream(getattr(obj, part))
+    return obj
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def mismatch(patch: Patch) -> Optional[str]:
+    """Why the installed upstream is not one `patch` was checked against (None: it is): the target is gone, takes
+    other parameters, no longer uses a name our code relies on, or (replaces) has another source than the one its
+    equivalence test was written for."""
+    installed = installed_version(patch.package)
+    try:
+        target = resolve(patch.target)
+    except (ImportError, AttributeError) as e:
+        return f'{patch.target} is not in {patch.package} {installed} ({e})'
+    params = tuple(inspect.signature(target).parameters)
+    if params != patch.params:
+        return f'{patch.target} takes {params}, {patch.where} was written for {patch.params}'
+    try:
+        source = inspect.getsource(target)
+    except (OSError, TypeError) as e:
+        return f'the source of {patch.target} cannot be read ({e})'
+    missing = [name for name in patch.uses if name not in source]
+    if missing:
+        return f'{patch.target} no longer uses {", ".join(map(repr, missing))}'
+    if patch.kind == 'replaces':
+        if installed not in patch.sources:
+            return (f'{patch.package} {installed} is not a version {patch.where} was checked against '
+                    f'({", ".join(patch.sources)})')
+        if source_hash(source) != patch.sources[installed]:
+            return f'the source of {patch.target} is not the one {patch.proof} checked'
+    return None
+
+
+def check(name: str) -> Optional[str]:
+    """`mismatch` of patch `name`, decided once per process."""
+    if name not in _checked:
+        _checked[name] = mismatch(BY_NAME[name])
+    return _checked[name]
+
+
+def applicable(name: str) -> bool:
+    """Whether patch `name` may be applied in this process. An upstream the inventory does not know gets the
+    patch's policy: `skip` returns False after one warning (upstream's code then runs as it is), `refuse` raises
+    PatchRefused. Call it right before patching."""
+    first = name not in _checked
+    why = check(name)
+    if why is None:
+        return True
+    patch = BY_NAME[name]
+    installed = installed_version(patch.package)
+    if patch.policy == 'refuse':
+        raise PatchRefused(f'swift-vora cannot run on {patch.package} {installed}: {patch.name} ({patch.where}) '
+                           f'patches {patch.target}, and {why}. Install a version it was checked against, or: '
+                           f'{patch.off}')
+    if first:
+        logger.warning(f'swift-vora: {patch.name} ({patch.where}) is not applied on {patch.package} {installed}: '
+                       f'{why}; upstream\'s code runs as it is ({patch.off} says so for good; {patch.proof} checks '
+                       f'a new version)')
+    return False
+
+
+def applied(name: str) -> None:
+    """Record that patch `name` was installed (once per call site that installs it)."""
+    _applied[name] = _applied.get(name, 0) + 1
+
+
+def report() -> Dict[str, Dict[str, Any]]:
+    """Every patch with the installed upstream's version, whether the inventory knows it (and why not), its policy
+    and whether it was applied in this process: what fingerprint.json records."""
+    out = {}
+    for patch in PATCHES:
+        why = check(patch.name)
+        out[patch.name] = {'package': patch.package, 'version': installed_version(patch.package),
+                           'known': why is None, 'policy': patch.policy, 'applied': _applied.get(patch.name, 0) > 0,
+                           **({'why': why} if why else {})}
+    return out

@@ -65,7 +65,7 @@ def register_callbacks() -> None:
     from swift.callbacks import callbacks_map
     from swift.trainers.mixin import SwiftMixin
 
-    from . import process_group_exit, speed
+    from . import patches, process_group_exit, speed
     from .guards.registry import GUARDS, enabled_guards, guard_class
 
     for name in GUARDS:
@@ -74,7 +74,7 @@ def register_callbacks() -> None:
     for lever in levers:
         callbacks_map.setdefault(PREFIX + lever.name, speed.callback_class(lever))
     original = SwiftMixin._get_callbacks
-    if getattr(original, '_swift_vora_guards', False):
+    if patches.patched_by(original) == 'default_callbacks' or not patches.applicable('default_callbacks'):
         return
 
     def _get_callbacks(self, args):
@@ -88,9 +88,7 @@ def register_callbacks() -> None:
         callbacks.append(process_group_exit.train_end_callback())  # every trainer: gloo ranks leave together
         return callbacks
 
-    _get_callbacks._swift_vora_guards = True
-    _get_callbacks.__wrapped__ = original
-    SwiftMixin._get_callbacks = _get_callbacks
+    SwiftMixin._get_callbacks = patches.mark(_get_callbacks, 'default_callbacks', original)
 
 
 def register_megatron_callbacks() -> bool:

@@ -8,7 +8,9 @@ raises `SwitchError` quoting `NAME=value` and what is accepted. `check_environme
 `SWIFT_VORA_*` names that are not in the table (a misspelt switch would otherwise be ignored); the plugin runs it
 when ms-swift imports it. `swift-vora switches` prints the table with the effective values.
 
-Importing this module imports neither torch nor ms-swift.
+This module is a leaf: it imports nothing of swift-vora (its defaults are written here, and the dataclasses that
+mirror switches take theirs from it), so every module may read a switch without an import circle. Importing it
+imports neither torch nor ms-swift.
 """
 from __future__ import annotations
 
@@ -41,9 +43,19 @@ class Switch(NamedTuple):
     where: str = ''  # the module that reads it
 
 
+# The defaults of the video budget and of the windows are the table's: swift_vora/budget.py's VideoBudget and
+# swift_vora/data/windowing.py's WindowConfig take theirs from here, so the template, the dataset, the planner and
+# `swift-vora switches` cannot disagree.
+BUDGET_DEFAULTS = {'fps': 2.0, 'min_frames': 4, 'max_frames': 64, 'pair_tokens': 256, 'min_pair_tokens': 16,
+                   'max_video_tokens': None}
+WINDOW_DEFAULTS = {'window': 60.0, 'stride': None, 'min_event': 0.5}
+# One SWIFT_VORA_GUARD_<NAME> switch per guard, in run order: the names of swift_vora/guards/registry.py's GUARDS
+# (tests/test_switches.py keeps the two lists equal).
+GUARD_NAMES = ('fingerprint', 'zero3_load', 'memory', 'coverage', 'supervision', 'lora_update', 'verify_adapter')
+
+
 def _budget(field: str, help: str) -> Switch:
-    from .budget import VideoBudget
-    default = VideoBudget.__dataclass_fields__[field].default
+    default = BUDGET_DEFAULTS[field]
     if field == 'fps':
         return Switch(PREFIX + 'FPS', 'number', default, help, 'video.fps', where='budget.py')
     unit = 'tokens' if 'tokens' in field else 'frames'
@@ -51,16 +63,13 @@ def _budget(field: str, help: str) -> Switch:
 
 
 def _window(field: str, help: str) -> Switch:
-    from .data.windowing import WindowConfig
-    default = WindowConfig.__dataclass_fields__[field].default
     kind = 'number' if field == 'min_event' else 'seconds'  # min_event has no 'none': 0 keeps every sliver
-    return Switch(PREFIX + field.upper(), kind, default, help, f'data.{field}', where='dataset.py')
+    return Switch(PREFIX + field.upper(), kind, WINDOW_DEFAULTS[field], help, f'data.{field}', where='dataset.py')
 
 
 def _guard_switches() -> List[Switch]:
-    from .guards.registry import GUARDS
     return [Switch(f'{PREFIX}GUARD_{name.upper()}', 'flag', None, f'1/0: the {name} guard on/off whatever '
-                   f'{PREFIX}GUARDS says (unset: as it says)', where='guards/registry.py') for name in GUARDS]
+                   f'{PREFIX}GUARDS says (unset: as it says)', where='guards/registry.py') for name in GUARD_NAMES]
 
 
 def _table() -> Tuple[Switch, ...]:
@@ -188,11 +197,16 @@ _TABLE: Optional[Dict[str, Switch]] = None
 
 
 def table() -> Dict[str, Switch]:
-    """name -> Switch, in the order above (built on first use: the defaults come from the dataclasses)."""
+    """name -> Switch, in the order above (built on first use)."""
     global _TABLE
     if _TABLE is None:
         _TABLE = {s.name: s for s in _table()}
     return _TABLE
+
+
+def default(name: str) -> Any:
+    """What switch `name` means when its variable is unset (the defaults of the dataclasses that mirror switches)."""
+    return switch(name).default
 
 
 def switch(name: str) -> Switch:
@@ -254,6 +268,13 @@ def read(name: str, environ: Optional[Mapping[str, str]] = None) -> Any:
     """The effective value of switch `name` in `environ` (default: the process environment)."""
     environ = os.environ if environ is None else environ
     return parse(name, environ.get(name))
+
+
+def given(name: str, environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether the variable of switch `name` is set to something (unset and blank both mean the default)."""
+    switch(name)
+    raw = (os.environ if environ is None else environ).get(name)
+    return raw is not None and bool(str(raw).strip())
 
 
 def unknown_names(environ: Optional[Mapping[str, str]] = None) -> List[str]:

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 FORCE_ENV = 'FORCE_QWENVL_VIDEO_READER'  # qwen_vl_utils' own switch
 PYAV = 'pyav'
+PATCH = 'qwen_vl_video_reader'  # swift_vora/patches.py: qwen_vl_utils' reader globals
 
 
 def available(module: str) -> bool:
@@ -41,10 +42,16 @@ def default_reader() -> str:
 
 
 def prepare_video_reader(environ=None) -> str:
-    """Register the PyAV reader with qwen_vl_utils and choose the reader for this process; returns its name."""
+    """Register the PyAV reader with qwen_vl_utils and choose the reader for this process; returns its name (where
+    qwen_vl_utils is not the code swift_vora/patches.py knows, its own choice, untouched)."""
     from qwen_vl_utils import vision_process
+
+    from . import patches
+    if not patches.applicable(PATCH):
+        return vision_process.get_video_reader_backend()
     environ = os.environ if environ is None else environ
     vision_process.VIDEO_READER_BACKENDS.setdefault(PYAV, read_video_pyav)
+    patches.applied(PATCH)
     forced = environ.get(FORCE_ENV) or None
     reader = forced or default_reader()
     if forced is not None and forced not in vision_process.VIDEO_READER_BACKENDS:

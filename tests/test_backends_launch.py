@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from swift_vora.backends.common import LaunchRefused, LaunchUsageError
+from swift_vora.backends import LaunchRefused, LaunchUsageError
 from swift_vora.backends.deepspeed import ZERO3_SMALL_GPU, ZERO3_SWIFT, zero_config
 from swift_vora.backends.launch import build_launch, deepspeed_stage
 from swift_vora.backends.planning import plan_recipe
@@ -375,9 +375,13 @@ def test_moe_zero3_guard_reads_json_files(tmp_path):
                         f'extra_args=[--deepspeed, {cfg}]')
     assert rc == 4
     # the guard itself, independent of the planner: a plan that says "fits" is still refused
-    recipe = recipe_from_dict(dict(minimal(MOE_35B, backend='deepspeed_zero3')))
+    from dataclasses import replace
+
+    from swift_vora.plan.backend import Backend
+    planned = plan_recipe(recipe_from_dict(dict(minimal(MOE_35B, backend='ddp'))))
+    says_fits = replace(planned, backend=Backend.DEEPSPEED_ZERO3, verdict='fits')
     with pytest.raises(LaunchRefused):
-        build_launch({'backend': 'deepspeed_zero3', 'verdict': 'fits', 'num_gpus': 4}, recipe)
+        build_launch(says_fits, recipe_from_dict(dict(minimal(MOE_35B, backend='deepspeed_zero3'))))
 
 
 def test_dense_zero3_and_moe_zero2_are_not_refused():

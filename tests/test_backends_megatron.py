@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from swift_vora.backends.common import LaunchUsageError
+from swift_vora.backends import LaunchUsageError
 from swift_vora.backends.launch import build_launch
 from swift_vora.backends.megatron import megatron_sft_args, parallel_sizes
 from swift_vora.backends.planning import plan_recipe
@@ -72,7 +72,7 @@ def test_parallel_sizes_are_checked():
 
 
 def plan_view_stub(world):
-    from swift_vora.backends.common import PlanView
+    from swift_vora.backends.base import PlanView
     return PlanView(backend='megatron_ep_lora', verdict='fits', reasons=[], num_gpus=world, nodes=1, ep=8, tp=1,
                     offload='none', micro_batch=1, is_moe=True, model_type='qwen3_5_moe', gpu_peak_gib=None,
                     host_peak_gib=None)

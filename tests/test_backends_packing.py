@@ -4,8 +4,7 @@ import os
 
 import pytest
 
-from swift_vora.backends import packing
-from swift_vora.backends.common import LaunchRefused, LaunchUsageError
+from swift_vora.backends import LaunchRefused, LaunchUsageError, packing
 from swift_vora.backends.launch import build_launch
 from swift_vora.backends.planning import plan_recipe
 from swift_vora.backends.recipe import load_recipe
@@ -92,12 +91,12 @@ def test_kernels_installed_is_what_python_can_import(monkeypatch):
     assert not packing.linear_attention_kernels_installed()
 
 
-def test_a_plan_without_layer_counts_falls_back_to_the_config(tmp_path, monkeypatch):
-    """A plan that lacks the model summary (a stand-in mapping) still sees the Gated DeltaNet layers, counted by the
-    planner's model_spec even from a config that gives only `full_attention_interval`."""
+def test_the_launch_counts_linear_attention_as_the_planner_did(tmp_path, monkeypatch):
+    """The launcher sees the Gated DeltaNet layers through the plan's model description, counted by the planner's
+    model_spec even from a config that gives only `full_attention_interval`."""
     import json
 
-    from swift_vora.backends.common import plan_view
+    from swift_vora.backends.base import PlanView
     config = json.load(open(QWEN3_5_DENSE))
     del config['text_config']['layer_types']
     model_dir = tmp_path / 'qwen3_5'
@@ -105,7 +104,7 @@ def test_a_plan_without_layer_counts_falls_back_to_the_config(tmp_path, monkeypa
     (model_dir / 'config.json').write_text(json.dumps(config))
     recipe = load_recipe(os.path.join(REPO, 'recipes', 'h200x1.yaml'),
                          [f'model.path={model_dir}', 'model.type=qwen3_5', 'train.packing=micro_batch'])
-    view = plan_view({'backend': 'deepspeed_zero3', 'verdict': 'fits'}, recipe)
+    view = PlanView.of(plan_recipe(recipe), recipe)
     assert (view.num_layers, view.linear_attention_layers) == (32, 24)
     monkeypatch.setattr(packing, 'linear_attention_kernels_installed', lambda: False)
     with pytest.raises(LaunchRefused, match='24 of the model\'s 32 decoder layers'):

@@ -1,5 +1,5 @@
-"""Unsloth split LoRA (one GPU, MoE): targets from config.json, router exclusion on a live model, the launch,
-and the whole runner loop on CPU with transformers + PEFT standing in for Unsloth's loader."""
+"""Unsloth split LoRA (one GPU, MoE): targets from the model's description, router exclusion on a live model, the
+launch, and the whole runner loop on CPU with transformers + PEFT standing in for Unsloth's loader."""
 import json
 import os
 import subprocess
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from swift_vora.backends.common import LaunchUsageError, read_config
+from swift_vora.backends import LaunchUsageError
 from swift_vora.backends.launch import build_launch
 from swift_vora.backends.planning import plan_recipe
 from swift_vora.backends.recipe import load_recipe
@@ -20,6 +20,7 @@ from swift_vora.backends.unsloth import (
     lora_targets,
     peft_kwargs,
 )
+from swift_vora.plan.model_source import load_model_spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, 'tests', 'fixtures', 'configs')
@@ -27,7 +28,7 @@ H200X1 = os.path.join(REPO, 'recipes', 'h200x1.yaml')
 
 
 def cfg(name):
-    return read_config(os.path.join(CONFIGS, name))
+    return load_model_spec(os.path.join(CONFIGS, name))
 
 
 def test_targets_reach_the_experts_and_never_the_router():
@@ -130,7 +131,7 @@ def peft_moe(tiny_moe_model_dir):
 
 
 def test_router_check_on_a_live_moe(peft_moe, tiny_moe_model_dir):
-    t = lora_targets(read_config(tiny_moe_model_dir))
+    t = lora_targets(load_model_spec(tiny_moe_model_dir))
     counts = assert_router_frozen(peft_moe(t['target_modules'], t['target_parameters']))
     assert counts['expert_lora_tensors'] > 0 and counts['lora_tensors'] > counts['expert_lora_tensors']
     with pytest.raises(RouterTargeted, match='mlp.gate'):  # LoRA on the router's weight

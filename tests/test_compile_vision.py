@@ -10,6 +10,7 @@ import torch._dynamo
 from transformers.models.qwen3_vl import modeling_qwen3_vl as M
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 
+from swift_vora import patches
 from swift_vora.speed import compile_layers, vit_attention
 from swift_vora.tiny_model import build_qwen3_vl
 
@@ -99,7 +100,7 @@ def test_unpatched_attention_is_not_compiled(monkeypatch):
     cls = M.Qwen3VLVisionAttention
     current = cls.forward
     try:
-        cls.forward = getattr(current, '_swift_vora_original', current)  # SWIFT_VORA_VIT_ATTENTION=transformers
+        cls.forward = patches.upstream(current)  # SWIFT_VORA_VIT_ATTENTION=transformers
         assert compile_layers.vision_blocks(vision_model(depth=2)) == []
     finally:
         cls.forward = current

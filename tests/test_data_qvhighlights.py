@@ -3,7 +3,8 @@ import json
 from pathlib import Path
 
 from swift_vora.data.annotations import load_annotations
-from swift_vora.data.qvhighlights import convert_file, is_qvhighlights, to_vora
+from swift_vora.data.convert import convert_file
+from swift_vora.data.qvhighlights import is_qvhighlights, to_vora
 
 FIXTURE = Path(__file__).parent / 'fixtures' / 'qvhighlights' / 'val.jsonl'
 FIXTURE_LINES = 1550  # 1,550 queries; the file has no trailing newline, so `wc -l` says 1549

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from swift_vora.backends.common import LaunchUsageError
+from swift_vora.backends import LaunchUsageError
 from swift_vora.backends.launch import build_launch
 from swift_vora.backends.megatron import MEGATRON_CALLBACKS
 from swift_vora.backends.planning import plan_recipe

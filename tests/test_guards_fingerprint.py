@@ -53,6 +53,11 @@ def test_fingerprint_contents(tmp_path, monkeypatch):
     assert 'guards/fingerprint.py' in plugin['files'] and len(plugin['combined_sha256']) == 64
     git = fp['swift_vora']['git']
     assert git['repo'] is None or os.path.isdir(git['repo'])
+    from swift_vora.patches import PATCHES
+    assert set(fp['patches']) == {p.name for p in PATCHES}
+    vit = fp['patches']['vit_attention_qwen3_vl']
+    assert vit['package'] == 'transformers' and vit['version'] == fp['packages']['transformers']
+    assert vit['known'] is True and vit['policy'] == 'skip'
 
 
 @pytest.mark.slow
@@ -62,3 +67,5 @@ def test_fingerprint_written_by_a_run(guards_ddp_run):
     assert fp['world_size'] == 2 and fp['env']['NPROC_PER_NODE'] == '2'
     assert '--custom_register_path' in fp['command_line']
     assert 'swift-vora fingerprint: python' in guards_ddp_run['log']
+    # the plugin import applied the vision attention and the default callbacks in the training process
+    assert fp['patches']['default_callbacks']['applied'] and fp['patches']['vit_attention_qwen3_vl']['applied']

@@ -28,7 +28,8 @@ def test_registered_in_callbacks_map_and_default_on(monkeypatch):
     from swift.callbacks import callbacks_map
     from swift.trainers.mixin import SwiftMixin
     assert {f'vora_{name}' for name in GUARDS} <= set(callbacks_map)
-    assert getattr(SwiftMixin._get_callbacks, '_swift_vora_guards', False)
+    from swift_vora import patches
+    assert patches.patched_by(SwiftMixin._get_callbacks) == 'default_callbacks'
 
     class FakeTrainer:  # what _get_callbacks needs from a trainer
         pass

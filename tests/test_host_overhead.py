@@ -7,6 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Trainer
 
+from swift_vora import patches
 from swift_vora.speed import host_overhead
 
 
@@ -49,8 +50,9 @@ class OpsSeen(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class TextModel(torch.nn.Module):
-    """The transformers 5.17 Qwen3-VL text model's merge, verbatim (boolean-mask read and write)."""
+class Qwen3VLTextModel(torch.nn.Module):
+    """The transformers 5.17 Qwen3-VL text model's merge, verbatim (boolean-mask read and write); named as the class
+    whose merge swift_vora/patches.py inventories (only those are replaced)."""
 
     def _deepstack_process(self, hidden_states, visual_pos_masks, visual_embeds):
         visual_pos_masks = visual_pos_masks.to(hidden_states.device)
@@ -64,7 +66,7 @@ class TextModel(torch.nn.Module):
 class Wrapper(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.language_model = TextModel()
+        self.language_model = Qwen3VLTextModel()
 
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float32])
@@ -95,12 +97,12 @@ def test_deepstack_merge_is_identical_without_mask_indexing(dtype):
 def test_deepstack_keeps_the_original_when_it_must():
     calls = []
 
-    class Text(torch.nn.Module):
+    class Qwen3VLMoeTextModel(torch.nn.Module):
         def _deepstack_process(self, hidden_states, visual_pos_masks, visual_embeds):
             calls.append(visual_pos_masks)
             return hidden_states
 
-    model = torch.nn.Sequential(Text())
+    model = torch.nn.Sequential(Qwen3VLMoeTextModel())
     host_overhead.sync_free_deepstack(model)
     hidden = torch.zeros(1, 4, 2)
     model[0]._deepstack_process(hidden, None, torch.zeros(2))  # no visual tokens
@@ -109,17 +111,27 @@ def test_deepstack_keeps_the_original_when_it_must():
     assert len(calls) == 2
 
 
+def test_deepstack_of_a_class_the_inventory_does_not_list_is_left_alone():
+    class OtherTextModel(Qwen3VLTextModel):
+        pass
+
+    model = torch.nn.Sequential(OtherTextModel())
+    assert host_overhead.sync_free_deepstack(model) == 0
+    assert patches.patched_by(model[0]._deepstack_process) is None
+
+
 def test_callback_switch(monkeypatch):
     model = Wrapper()
     trainer = types.SimpleNamespace(model=model, floating_point_ops=lambda inputs: 1)
     callback = host_overhead.HostOverhead(types.SimpleNamespace(), trainer)
     monkeypatch.setenv(host_overhead.ENV, '0')
     callback.on_train_begin(None, None, None, model=model)
-    assert not hasattr(trainer.floating_point_ops, '_swift_vora')
-    assert not hasattr(model.language_model._deepstack_process, '_swift_vora')
+    assert patches.patched_by(trainer.floating_point_ops) is None
+    assert patches.patched_by(model.language_model._deepstack_process) is None
     monkeypatch.delenv(host_overhead.ENV)
     callback.on_train_begin(None, None, None, model=model)
-    assert trainer.floating_point_ops._swift_vora and model.language_model._deepstack_process._swift_vora
+    assert patches.patched_by(trainer.floating_point_ops) == 'flops_parameter_count'
+    assert patches.patched_by(model.language_model._deepstack_process).startswith('deepstack_')
 
 
 class Leaf(torch.nn.Module):

@@ -95,7 +95,7 @@ def test_planner_counts_the_model_the_benchmark_builds(tmp_path):
     import torch
     from transformers import Qwen3_5MoeForConditionalGeneration
 
-    from swift_vora.plan.model_spec import load_model_spec
+    from swift_vora.plan.model_source import load_model_spec
     from swift_vora.tiny_model import qwen3_5_moe_config
     config = qwen3_5_moe_config('35b-a3b', 8)
     config.save_pretrained(tmp_path)

@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swift_vora import answer_parser
-from swift_vora.intervals import ParseResult, clip, format_answer, merge, parse_answer
+from swift_vora.answer_parser import ParseResult, parse_answer
+from swift_vora.intervals import clip, format_answer, merge
 
 
 def windows(text, duration=None):

@@ -13,6 +13,7 @@ from torch import nn
 from transformers.models.qwen3_vl import modeling_qwen3_vl as M
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 
+from swift_vora import patches
 from swift_vora.speed import patch_embed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,23 +42,44 @@ def embed_pair(dtype=torch.float32):
     return ref, copy.deepcopy(ref)
 
 
-@pytest.mark.parametrize('dtype, tol', [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_same_outputs_and_gradients_as_the_conv(patched, dtype, tol):
-    ref, ours = embed_pair(dtype)
-    conv_forward = patched.forward._swift_vora_original
-    pixels = torch.randn(40, 3 * 2 * 16 * 16, dtype=dtype)
+def test_same_outputs_and_gradients_as_the_conv_in_fp32(patched):
+    ref, ours = embed_pair(torch.float32)
+    conv_forward = patches.upstream(patched.forward)
+    pixels = torch.randn(40, 3 * 2 * 16 * 16)
     x_ref, x_ours = pixels.clone().requires_grad_(), pixels.clone().requires_grad_()
     expected = conv_forward(ref, x_ref)
     got = ours(x_ours)
     assert isinstance(ours.proj, nn.Conv3d) and type(ours.proj) is patch_embed.gemm_conv_class()  # same tree
     assert type(ref.proj) is nn.Conv3d
-    torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     grad = torch.randn_like(expected)
     expected.backward(grad)
     got.backward(grad)
-    torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=tol, atol=tol)
-    torch.testing.assert_close(ours.proj.weight.grad, ref.proj.weight.grad, rtol=tol, atol=tol * 10)
-    torch.testing.assert_close(ours.proj.bias.grad, ref.proj.bias.grad, rtol=tol, atol=tol * 10)
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.proj.weight.grad, ref.proj.weight.grad, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(ours.proj.bias.grad, ref.proj.bias.grad, rtol=1e-5, atol=1e-4)
+
+
+def test_in_bf16_no_less_accurate_than_the_conv(patched):
+    """bf16 rounds differently in a GEMM and in a convolution (the order of the sums): each is compared with the
+    fp32 result of the same inputs, and ours may not be further from it than transformers' Conv3d (a weight gradient
+    sums 40 rows; comparing the two bf16 results directly failed on one machine's CPU by one bf16 step)."""
+    ref, ours = embed_pair(torch.bfloat16)
+    exact = copy.deepcopy(ref).float()
+    conv_forward = patches.upstream(patched.forward)
+    pixels = torch.randn(40, 3 * 2 * 16 * 16, dtype=torch.bfloat16)
+    xs = [pixels.clone().requires_grad_() for _ in range(2)] + [pixels.float().requires_grad_()]
+    outs = [conv_forward(ref, xs[0]), ours(xs[1]), conv_forward(exact, xs[2])]
+    grad = torch.randn_like(outs[0])
+    for out in outs:
+        out.backward(grad.to(out.dtype))
+    for name, (conv, gemm, truth) in {
+            'output': [o.detach() for o in outs], 'input grad': [x.grad for x in xs],
+            'weight grad': [m.proj.weight.grad for m in (ref, ours, exact)],
+            'bias grad': [m.proj.bias.grad for m in (ref, ours, exact)]}.items():
+        err_conv = (conv.float() - truth).abs().max().item()
+        err_gemm = (gemm.float() - truth).abs().max().item()
+        assert err_gemm <= max(1.5 * err_conv, 1e-2 * truth.abs().max().item()), (name, err_gemm, err_conv)
 
 
 def test_whole_vision_tower_unchanged_and_weights_keep_their_names(patched):
@@ -70,7 +92,7 @@ def test_whole_vision_tower_unchanged_and_weights_keep_their_names(patched):
     names = list(model.state_dict())
     with torch.no_grad():
         got = model(pixels, grid_thw=grid).pooler_output
-        patched.forward = patched.forward._swift_vora_original  # transformers' Conv3d path, same weights
+        patched.forward = patches.upstream(patched.forward)  # transformers' Conv3d path, same weights
         model.patch_embed.proj.__class__ = nn.Conv3d
         expected = model(pixels, grid_thw=grid).pooler_output
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

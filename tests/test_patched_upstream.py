@@ -1,57 +1,30 @@
-"""The upstream internals swift-vora patches (swift_vora/patches.py) are still there, as our code expects them.
+"""The upstream internals swift-vora patches (swift_vora/patches.py) are still there, as our code expects them, and
+one the inventory does not know gets the patch's policy when it is applied.
 
 For each patch: the target imports, its parameters are the ones our code calls or overrides, the names our code
 relies on are in its source, and for a patch that replaces a body, the original's source is the one its
 equivalence test was written against (per tested version). An upgrade that moves or changes a target fails here,
-naming the patch and the test to re-run, instead of silently diverging."""
-import hashlib
-import importlib
-import inspect
+naming the patch and the test to re-run; at run time the same check skips the patch (one warning) or refuses to run,
+and fingerprint.json records what was decided."""
 import re
-from importlib.metadata import version
+import sys
 from pathlib import Path
 
 import pytest
 
-from swift_vora import switches
+from swift_vora import patches, switches
 from swift_vora.patches import PATCHES
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def resolve(target):
-    """The upstream object, as shipped: swift-vora's own wrappers (installed by other tests) are looked through."""
-    module, qualname = target.split(':')
-    obj = importlib.import_module(module)
-    for part in qualname.split('.'):
-        obj = getattr(obj, part)
-        while getattr(obj, '_swift_vora_original', None) is not None or hasattr(obj, '__wrapped__'):
-            obj = getattr(obj, '_swift_vora_original', None) or obj.__wrapped__
-    return obj
-
-
 @pytest.mark.parametrize('patch', PATCHES, ids=[p.name for p in PATCHES])
 def test_target_matches_the_installed_version(patch):
-    installed = version(patch.package)
-    try:
-        target = resolve(patch.target)
-    except (ImportError, AttributeError) as e:
-        pytest.fail(f'{patch.name}: {patch.target} is gone in {patch.package} {installed} ({e}); '
-                    f'{patch.where} must follow it')
-    params = tuple(inspect.signature(target).parameters)
-    assert params == patch.params, (f'{patch.name}: {patch.target} in {patch.package} {installed} takes {params}, '
-                                    f'{patch.where} was written for {patch.params}')
-    source = inspect.getsource(target)
-    for name in patch.uses:
-        assert name in source, f'{patch.name}: {patch.target} no longer uses {name!r} ({patch.package} {installed})'
-    if patch.kind == 'replaces':
-        assert installed in patch.sources, (
-            f'{patch.name}: {patch.package} {installed} is not a version {patch.where} was checked against '
-            f'({", ".join(patch.sources)}): run {patch.proof}, then record the source hash in swift_vora/patches.py')
-        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-        assert digest == patch.sources[installed], (
-            f'{patch.name}: the source of {patch.target} changed in {patch.package} {installed}; '
-            f'{patch.where} replaces it -- re-check it with {patch.proof}')
+    """What `patches.applicable` decides when a patch is applied, here for every patch on the installed versions:
+    an upgrade that moves or changes a target fails here first, naming the patch and the test to re-run."""
+    why = patches.mismatch(patch)
+    assert why is None, (f'{patch.name}: {why} ({patch.package} {patches.installed_version(patch.package)}); re-run '
+                         f'{patch.proof}, then record the new version (and source hash) in swift_vora/patches.py')
 
 
 def test_wrappers_are_looked_through(monkeypatch):
@@ -62,19 +35,80 @@ def test_wrappers_are_looked_through(monkeypatch):
     monkeypatch.delenv(vit_attention.ENV, raising=False)
     vit_attention.patch_vision_attention()
     from swift.trainers.mixin import SwiftMixin
-    assert getattr(SwiftMixin._get_callbacks, '_swift_vora_guards', False)
+    assert patches.patched_by(SwiftMixin._get_callbacks) == 'default_callbacks'
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionAttention
     assert vit_attention.is_patched(Qwen3VLVisionAttention)
-    original = resolve('transformers.models.qwen3_vl.modeling_qwen3_vl:Qwen3VLVisionAttention.forward')
-    assert original is Qwen3VLVisionAttention.forward._swift_vora_original
-    assert resolve('swift.trainers.mixin:SwiftMixin._get_callbacks') is SwiftMixin._get_callbacks.__wrapped__
+    original = patches.resolve('transformers.models.qwen3_vl.modeling_qwen3_vl:Qwen3VLVisionAttention.forward')
+    assert original is patches.upstream(Qwen3VLVisionAttention.forward) is not Qwen3VLVisionAttention.forward
+    assert patches.resolve('swift.trainers.mixin:SwiftMixin._get_callbacks') is patches.upstream(
+        SwiftMixin._get_callbacks)
+
+
+@pytest.fixture
+def unknown_upstream(monkeypatch):
+    """A patch of a function whose source is not the one the inventory recorded: a new upstream release."""
+    def known_function(x):
+        return x
+
+    module = type(sys)('fake_upstream')
+    module.known_function = known_function
+    monkeypatch.setitem(sys.modules, 'fake_upstream', module)
+
+    def make(policy):
+        patch = patches.Patch(f'fake_{policy}', 'fake_upstream:known_function', 'ms-swift', 'replaces', ('x', ),
+                              'speed/fake.py', 'SWIFT_VORA_FAKE=off', 'tests/test_fake.py', {'0.0.0': '0' * 16},
+                              policy=policy)
+        monkeypatch.setitem(patches.BY_NAME, patch.name, patch)
+        monkeypatch.setattr(patches, 'PATCHES', (*patches.PATCHES, patch))
+        return patch
+    yield make
+    for policy in patches.POLICIES:
+        patches._checked.pop(f'fake_{policy}', None)
+
+
+def test_an_unknown_upstream_is_skipped_with_one_warning(unknown_upstream, caplog):
+    patch = unknown_upstream('skip')
+    installed = patches.installed_version('ms-swift')
+    with caplog.at_level('WARNING', logger='swift'):
+        assert not patches.applicable(patch.name)
+        assert not patches.applicable(patch.name)  # decided once: still skipped, no second warning
+    warnings = [r.getMessage() for r in caplog.records if patch.name in r.getMessage()]
+    assert len(warnings) == 1 and f'ms-swift {installed}' in warnings[0] and 'SWIFT_VORA_FAKE=off' in warnings[0]
+    entry = patches.report()[patch.name]
+    assert entry['known'] is False and entry['applied'] is False and entry['version'] == installed
+    assert 'not a version' in entry['why']
+
+
+def test_an_unknown_upstream_is_refused_where_the_policy_says_so(unknown_upstream):
+    patch = unknown_upstream('refuse')
+    with pytest.raises(patches.PatchRefused, match=f'{patch.name}.*SWIFT_VORA_FAKE=off'):
+        patches.applicable(patch.name)
+
+
+def test_a_known_upstream_is_applied_and_recorded():
+    name = 'compiled_decoder_layers'  # torch.nn.Module.compile: wraps, importable here
+    assert patches.applicable(name)
+    patches.mark(lambda: None, name)
+    assert patches.report()[name] == {'package': 'torch', 'version': patches.installed_version('torch'),
+                                      'known': True, 'policy': 'skip', 'applied': True}
+
+
+def test_every_patch_site_uses_the_one_marker():
+    """No other "already patched" attribute: every replacement is marked with patches.MARKER."""
+    import re as regex
+    files = list((ROOT / 'swift_vora').rglob('*.py')) + [ROOT / '_swift_vora_hook.py']
+    found = {str(p.relative_to(ROOT)): sorted(set(regex.findall(r'_swift_vora_[a-z_]+', p.read_text())))
+             for p in files}
+    # data kept on objects, not markers: the guards' tap, the vision attention's split sizes cache
+    allowed = {'_swift_vora_patch', '_swift_vora_tap', '_swift_vora_split_sizes', '_swift_vora_hook'}
+    assert {path: names for path, names in found.items() if set(names) - allowed} == {}
 
 
 def test_inventory_is_complete_and_usable():
     names = [p.name for p in PATCHES]
     assert len(names) == len(set(names))
     for patch in PATCHES:
-        assert patch.kind in ('wraps', 'replaces', 'sets')
+        assert patch.kind in ('wraps', 'replaces', 'sets') and patch.policy in patches.POLICIES
         assert (ROOT / 'swift_vora' / patch.where).is_file() or (ROOT / patch.where).is_file(), patch.where
         assert (ROOT / patch.proof).is_file(), patch.proof
         for variable in re.findall(r'SWIFT_VORA_[A-Z0-9_]+', patch.off):  # the off switch exists as written

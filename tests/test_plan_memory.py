@@ -6,7 +6,7 @@ import pytest
 
 from swift_vora.plan import constants as C
 from swift_vora.plan.memory import TrainSetup, estimate
-from swift_vora.plan.model_spec import load_model_spec
+from swift_vora.plan.model_source import load_model_spec
 from swift_vora.plan.video_budget import text_only_tokens, video_tokens
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'configs')
@@ -70,10 +70,16 @@ def test_megatron_splits_experts_by_ep_and_dense_by_tp():
 
 
 def test_unsloth_offloaded_checkpoints_in_host_ram():
-    e = est(MOE, backend='unsloth_split_lora', tuner='lora')
+    e = est(MOE, backend='unsloth_split_lora', tuner='lora', checkpoint_offload=True)
     expected = MOE.num_layers * 2 * MOE.hidden_size * TOK.total_tokens * C.UNSLOTH_OFFLOAD_PINNED_FACTOR
     assert e.host_by_phase['steady']['offloaded layer checkpoints (Unsloth, pinned)'] == pytest.approx(expected)
     assert 'activations: layer checkpoints' not in e.gpu
+    # on the GPU (the planner's choice when there is room): the same checkpoints in GPU memory, none in host RAM
+    on_gpu = est(MOE, backend='unsloth_split_lora', tuner='lora')
+    assert on_gpu.gpu['activations: layer checkpoints'] == pytest.approx(expected / C.UNSLOTH_OFFLOAD_PINNED_FACTOR)
+    assert 'offloaded layer checkpoints (Unsloth, pinned)' not in on_gpu.host_by_phase['steady']
+    assert on_gpu.gpu_peak > e.gpu_peak
+    assert sum(on_gpu.host_by_phase['steady'].values()) < sum(e.host_by_phase['steady'].values())
 
 
 def test_activation_switches():

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from swift_vora.plan.model_spec import UnsupportedModel, load_model_spec, model_spec
+from swift_vora.plan.model_source import load_model_spec
+from swift_vora.plan.model_spec import UnsupportedModel, model_spec
 from swift_vora.plan.video_budget import frame_pair_tokens, smart_nframes, video_tokens
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -143,7 +144,7 @@ def test_video_tokens_like_qwen3_vl():
 
 
 def test_importing_plan_does_not_import_torch():
-    code = ('import sys, swift_vora.plan, swift_vora.plan.cli, swift_vora.plan.probe; '
+    code = ('import sys, swift_vora.plan, swift_vora.cli.plan, swift_vora.plan.probe; '
             'bad = [m for m in ("torch", "transformers", "swift", "peft") if m in sys.modules]; '
             'print(bad); sys.exit(1 if bad else 0)')
     r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=os.path.dirname(HERE))

@@ -5,10 +5,12 @@ import os
 import pytest
 
 from swift_vora.cli import main
-from swift_vora.plan import command as command_mod
+from swift_vora.cli.plan import plan_from_argv
 from swift_vora.plan import constants as C
 from swift_vora.plan.hardware import custom, profile
-from swift_vora.plan.select import MEGATRON_SUPPORTED_MODEL_TYPES, Plan, PlanRequest, make_plan
+from swift_vora.plan.request import Plan, PlanRequest
+from swift_vora.plan.rules import MEGATRON_SUPPORTED_MODEL_TYPES
+from swift_vora.plan.select import make_plan
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'configs')
 SEED = os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json')
@@ -16,6 +18,11 @@ SEED = os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json')
 
 def cfg(name):
     return os.path.join(CONFIGS, f'{name}.json')
+
+
+def planned(model, hardware, *flags):
+    """The plan `swift-vora plan` prints, with its commands (the planner alone leaves them to the launch)."""
+    return plan_from_argv(['--model', model, '--hardware', hardware, *flags])
 
 
 def run_json(capsys, *argv):
@@ -74,13 +81,13 @@ def test_contract_json_keys_and_phases(capsys):
 
 # ---- automatic backend --------------------------------------------------------------------------------------
 def test_auto_dense_is_zero3_even_on_one_gpu():
-    p = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware='h200x1'))
+    p = planned(cfg('qwen3_vl_2b'), 'h200x1')
     assert p.backend == 'deepspeed_zero3' and p.verdict == 'fits'
     assert '--deepspeed' in p.command and any('zero3' in a for a in p.command)
 
 
 def test_auto_moe_several_gpus_is_megatron_with_ep_dividing_both():
-    p = make_plan(PlanRequest(model=SEED, hardware='h200x8'))
+    p = planned(SEED, 'h200x8')
     assert p.backend == 'megatron_ep_lora' and p.ep == 8 and p.verdict == 'fits'
     assert p.command[p.command.index('--expert_model_parallel_size') + 1] == '8'
     # 3 GPUs, 256 experts -> EP 1 ; 6 GPUs, 60 experts (tiny has 8) -> gcd
@@ -223,30 +230,45 @@ def test_profiles_gib():
 
 
 def test_plan_command_is_what_train_runs(tmp_path):
-    """One argv builder: a plan's `command` is the backends' launch for the recipe its request stands for."""
+    """One argv builder: a plan's `command` is the backends' launch for the recipe it was planned from; the planner
+    itself builds none."""
     from swift_vora.backends.common import SELECTIVE_REGEX
     from swift_vora.backends.launch import build_launch
-    from swift_vora.backends.planning import command_argv, recipe_for_request
-    requests = [PlanRequest(model=SEED, hardware='h200x8'), PlanRequest(model=SEED, hardware='h200x1'),
-                PlanRequest(model=cfg('qwen3_vl_2b'), hardware='h200x1', tuner='selective')]
-    for request in requests:
-        p = make_plan(request)
-        assert p.command == command_argv(build_launch(p, recipe_for_request(request, p), environ={}))
+    from swift_vora.backends.planning import plan_recipe
+    from swift_vora.backends.recipe import load_recipe
+    from swift_vora.cli.compose import launch_plan
+    assert make_plan(PlanRequest(model=SEED, hardware='h200x8')).command == []
+    recipe = load_recipe(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'recipes',
+                                      'h200x8.yaml'), [f'model.path={SEED}'])
+    plan, launch = launch_plan(plan_recipe(recipe), recipe, environ={})
+    assert plan.command == launch.command() == build_launch(plan, recipe, environ={}).command()
+    for p in (planned(SEED, 'h200x8'), planned(SEED, 'h200x1'), planned(cfg('qwen3_vl_2b'), 'h200x1', '--tuner',
+                                                                         'selective')):
         # no qwen_vl_utils globals: the video_ora template applies the budget itself (SWIFT_VORA_* switches)
         assert not any(a.startswith(('FPS=', 'FPS_MAX_FRAMES=', 'VIDEO_MAX_TOKEN_NUM=')) for a in p.command)
-    argv = make_plan(requests[0]).command
+    argv = planned(SEED, 'h200x8').command
     assert argv[:1] == ['env'] and 'sft' in argv and argv[argv.index('--expert_model_parallel_size') + 1] == '8'
     (tmp_path / 'config.json').write_text(open(SEED).read())
-    argv = make_plan(PlanRequest(model=str(tmp_path / 'config.json'), hardware='h200x8')).command
+    argv = planned(str(tmp_path / 'config.json'), 'h200x8').command
     assert argv[argv.index('--model') + 1] == str(tmp_path)  # a planned config.json trains its directory
-    argv = make_plan(requests[1]).command
+    argv = planned(SEED, 'h200x1').command
     assert any(a.endswith('unsloth_runner') for a in argv)
-    argv = make_plan(requests[2]).command
+    argv = planned(cfg('qwen3_vl_2b'), 'h200x1', '--tuner', 'selective').command
     # the selective regex unfreezes what the planner counts: attention and the shared expert with its gate
     assert argv[argv.index('--trainable_parameters_regex') + 1] == SELECTIVE_REGEX
     assert 'shared_expert_gate' in SELECTIVE_REGEX
-    refused = make_plan(PlanRequest(model=SEED, hardware='h200x1', quant='4bit'))
-    assert command_mod.build_command(PlanRequest(model=SEED), refused) == []
+    assert planned(SEED, 'h200x1', '--quant', '4bit').command == []  # refused: nothing to run
+
+
+def test_the_budget_travels_as_the_cap():
+    """`plan --window 8` at the default 64-frame cap: the clip gets 16 frames, and the command still caps at 64 (a
+    16-frame cap would train longer clips with a quarter of their frames)."""
+    plan = planned(cfg('qwen3_vl_2b'), 'h200x1', '--window', '8')
+    assert plan.tokens['frames'] == 16
+    assert 'SWIFT_VORA_MAX_FRAMES=64' in plan.command and 'SWIFT_VORA_WINDOW=8' in plan.command
+    plan = planned(cfg('qwen3_vl_2b'), 'h200x1', '--window', '8', '--max-frames', '12', '--min-frames', '6')
+    assert plan.tokens['frames'] == 12
+    assert 'SWIFT_VORA_MAX_FRAMES=12' in plan.command and 'SWIFT_VORA_MIN_FRAMES=6' in plan.command
 
 
 def test_plan_dataclass_roundtrip():
@@ -263,7 +285,7 @@ def test_dataset_packing_is_planned_at_the_full_row():
     hw = profile('3090x3')
     plain = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware=hw))
     per_sample = plain.tokens['total_tokens']
-    packed = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware=hw, pack_length=3 * per_sample))
+    packed = planned(cfg('qwen3_vl_2b'), '3090x3', '--pack-length', str(3 * per_sample))
     ckpt = 'activations: layer checkpoints'
     assert packed.breakdown[ckpt] == pytest.approx(3 * plain.breakdown[ckpt], rel=0.01)
     assert packed.gpu_peak_gib > plain.gpu_peak_gib
@@ -277,7 +299,7 @@ def test_dataset_packing_is_planned_at_the_full_row():
 
 
 def test_packing_that_cannot_fit_offers_shorter_rows():
-    plan = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware=profile('3090x3'), pack_length=65536))
+    plan = planned(cfg('qwen3_vl_2b'), '3090x3', '--pack-length', '65536')
     assert plan.verdict == 'does_not_fit'
     per_sample = plan.tokens['total_tokens']
     cheapest = next(r for r in plan.reasons if r.startswith('Cheapest alternative'))

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from swift_vora.budget import VideoBudget
+from swift_vora.cli.plan import plan_from_argv
 from swift_vora.plan import hardware, probe
-from swift_vora.plan.cli import plan_from_argv
 from swift_vora.plan.model_source import resolve_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -205,7 +205,7 @@ def test_unusable_config_is_invalid_input_for_plan_and_train(tmp_path):
 
 
 def test_a_bad_budget_in_the_environment_names_the_variable(empty_caches, monkeypatch):
-    from swift_vora.plan.cli import PlanUsageError
+    from swift_vora.cli.plan import PlanUsageError
     base = ['--model', 'Qwen/Qwen3-VL-2B-Instruct', '--hardware', 'h200x1']
     monkeypatch.setenv('SWIFT_VORA_PAIR_TOKENS', 'abc')
     with pytest.raises(PlanUsageError, match="SWIFT_VORA_PAIR_TOKENS='abc'"):

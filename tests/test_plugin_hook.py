@@ -11,8 +11,8 @@ def _fake_swift_utils(calls):
     module = types.ModuleType('fake_swift_utils')
     module._external_files = []
 
-    def import_external_file(path):
-        calls.append(path)
+    def import_external_file(file_path):  # ms-swift 4.6's signature
+        calls.append(file_path)
         return 'original'
 
     module.import_external_file = import_external_file
@@ -67,6 +67,27 @@ def test_wrapping_twice_keeps_one_layer():
 def test_hook_is_active_in_a_fresh_interpreter_and_patches_ms_swift():
     """The installed .pth runs the hook at start-up; ms-swift's own function comes out wrapped."""
     code = ('import sys; assert "swift" not in sys.modules; '
-            'from swift.utils import import_external_file as f; print(getattr(f, "_swift_vora_wrapped", False))')
+            'from swift.utils import import_external_file as f; print(getattr(f, "_swift_vora_patch", (None, ))[0])')
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True, cwd='/')
-    assert out.stdout.strip().splitlines()[-1] == 'True'
+    assert out.stdout.strip().splitlines()[-1] == 'plugin_loader'
+
+
+def test_the_hook_marks_and_checks_as_the_inventory_says():
+    from swift_vora import patches
+    assert hook.MARKER == patches.MARKER and hook.PARAMS == patches.BY_NAME['plugin_loader'].params
+    module = _fake_swift_utils([])
+    hook._wrap(module)
+    assert patches.patched_by(module.import_external_file) == 'plugin_loader'
+
+
+def test_an_unknown_loader_is_left_to_ms_swift_with_one_warning(capfd):
+    module = types.ModuleType('fake_swift_utils')
+
+    def import_external_file(path, strict=True):  # a signature the wrapper was not written for
+        return 'original'
+
+    module.import_external_file = import_external_file
+    hook._wrap(module)
+    assert module.import_external_file is import_external_file
+    assert 'plugin_loader is not applied' in capfd.readouterr().err
+

@@ -70,12 +70,12 @@ def test_quantization_4bit_plans_and_launches_qlora():
 
 @pytest.mark.parametrize('gpu_mem_gib, host_ram_gib', [(6, 64), (6, 12), (4, 12)])
 def test_the_suggested_overrides_fit(gpu_mem_gib, host_ram_gib):
-    from swift_vora.backends.cli import alternative_overrides
+    from swift_vora.cli.train import fits_with_overrides
     base = ['hardware=null', 'gpus=1', f'gpu_mem_gib={gpu_mem_gib}', f'host_ram_gib={host_ram_gib}',
             'train.backend=ddp']
     plan = plan_recipe(recipe(base))
     assert plan.verdict == 'does_not_fit'
-    suggested = alternative_overrides(plan, recipe(base))
+    suggested = fits_with_overrides(plan, recipe(base))
     if not suggested:  # only more GPUs would do: nothing is suggested for this hardware
         assert all(a['num_gpus'] > 1 or a['nodes'] > 1 for a in plan.alternatives)
         return

@@ -103,7 +103,7 @@ def test_callback_leaves_compiled_uncheckpointed_and_deepspeed_layers(monkeypatc
     callback.on_train_begin(types.SimpleNamespace(deepspeed=None), None, None, model=model)
     assert callback.applied == 2
     layers = compile_layers.decoder_layers(model)
-    assert all(layer._gradient_checkpointing_func._swift_vora_selective == 'attention' for layer in layers)
+    assert all(layer._gradient_checkpointing_func.saves == 'attention' for layer in layers)
 
     plain = lora_model(model_dir)
     plain.gradient_checkpointing_disable()  # --gradient_checkpointing false: nothing to make selective

@@ -87,3 +87,90 @@ def test_switches_command_prints_effective_values_and_fails_on_bad_ones(tmp_path
     run = subprocess.run([sys.executable, '-m', 'swift_vora', 'switches'], capture_output=True, text=True, env=env,
                          cwd=tmp_path)
     assert run.returncode == 1 and "SWIFT_VORA_HOST_OVERHEAD='flase'" in run.stdout
+
+
+def _environment_reads(path: Path):
+    """(line, name) of every SWIFT_VORA_* variable `path` reads from an environment itself: `os.environ[...]`,
+    `os.environ.get(...)`, `os.getenv(...)`, or the same on a mapping named `environ`."""
+    import ast
+    tree = ast.parse(path.read_text(), str(path))
+    constants = {t.id: n.value.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                 and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str) for t in n.targets
+                 if isinstance(t, ast.Name)}
+
+    def text(node):  # the variable's name as far as it is written out (a prefix is enough)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.Name):
+            return constants.get(node.id, '')
+        if isinstance(node, ast.BinOp):
+            return text(node.left)
+        if isinstance(node, ast.JoinedStr) and node.values:
+            return text(node.values[0])
+        return ''
+
+    def environment(node):
+        name = node.attr if isinstance(node, ast.Attribute) else getattr(node, 'id', '')
+        return name == 'environ'
+
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and environment(node.value):
+            key = node.slice
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args and (
+                (node.func.attr == 'get' and environment(node.func.value)) or node.func.attr == 'getenv'):
+            key = node.args[0]
+        if key is not None and text(key).startswith(switches.PREFIX):
+            yield node.lineno, text(key)
+
+
+def test_every_switch_is_read_through_the_table():
+    files = [p for p in list((ROOT / 'swift_vora').rglob('*.py')) + list((ROOT / 'benchmarks').rglob('*.py'))
+             + list((ROOT / 'scripts').rglob('*.py')) if p.name != 'switches.py']
+    found = [f'{p.relative_to(ROOT)}:{line}: {name}' for p in files for line, name in _environment_reads(p)]
+    assert not found, found
+
+
+def test_the_scan_finds_a_read_around_the_table(tmp_path):
+    module = tmp_path / 'm.py'
+    module.write_text("import os\nNAME = 'SWIFT_VORA_X'\nos.environ.get(NAME)\nos.getenv('SWIFT_VORA_Y')\n"
+                      "def f(environ):\n    return environ[PREFIX + 'Z'], environ.get('HOME')\n"
+                      "PREFIX = 'SWIFT_VORA_'\n")
+    assert [name for _, name in _environment_reads(module)] == ['SWIFT_VORA_X', 'SWIFT_VORA_Y', 'SWIFT_VORA_']
+
+
+def test_guards_and_their_switches_are_one_list():
+    from swift_vora.guards.registry import GUARDS
+    assert tuple(GUARDS) == switches.GUARD_NAMES
+
+
+def test_the_table_is_a_leaf():
+    import ast
+    tree = ast.parse((ROOT / 'swift_vora' / 'switches.py').read_text())
+    imported = [n.module or '' for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in imported if m.startswith('swift_vora') or m.startswith('.') or m == ''], imported
+
+
+def test_a_traceback_switched_off_prints_none(monkeypatch, capsys):
+    from swift_vora import cli
+
+    def broken(args):
+        raise RuntimeError('boom')
+
+    monkeypatch.setattr(cli, 'build_parser', lambda: _parser_with(broken))
+    for value, shown in (('0', False), ('1', True), ('', False)):
+        monkeypatch.setenv('SWIFT_VORA_TRACEBACK', value)
+        assert cli.main(['x']) == 1
+        err = capsys.readouterr().err
+        assert ('Traceback (most recent call last)' in err) is shown, (value, err)
+        assert 'internal error: RuntimeError: boom' in err
+
+
+def _parser_with(handler):
+    import argparse
+    parser = argparse.ArgumentParser(prog='swift-vora')
+    parser.add_argument('--version', action='store_true')
+    sub = parser.add_subparsers(dest='command')
+    sub.add_parser('x').set_defaults(handler=handler)
+    return parser

@@ -4,6 +4,7 @@ import decord
 import numpy as np
 import pytest
 
+from swift_vora import patches
 from swift_vora.speed import video_decode
 
 
@@ -12,7 +13,7 @@ def restore_decord():
     """Start from decord's own class (the plugin may have patched it already in this process: the template tests
     encode videos in-process) and put back whatever was there."""
     before = decord.VideoReader
-    decord.VideoReader = getattr(before, '_swift_vora_original', before)
+    decord.VideoReader = patches.upstream(before)
     yield
     decord.VideoReader = before
 
@@ -31,9 +32,9 @@ def test_default_is_one_thread_and_frames_are_the_same(make_video, restore_decor
     monkeypatch.delenv(video_decode.ENV, raising=False)
     assert video_decode.limit_decord_threads() == 1
     assert video_decode.limit_decord_threads() == 1  # idempotent: one subclass, not a chain
-    assert decord.VideoReader._swift_vora_original.__init__ is spy
+    assert patches.upstream(decord.VideoReader).__init__ is spy
     reader = decord.VideoReader(path)  # how qwen_vl_utils opens a video
-    assert isinstance(reader, decord.VideoReader._swift_vora_original)
+    assert isinstance(reader, patches.upstream(decord.VideoReader))
     np.testing.assert_array_equal(reader.get_batch([0, 13, 39]).asnumpy(), reference)
     decord.VideoReader(path, num_threads=3)
     decord.VideoReader(path, decord.cpu(0), -1, -1, 2)
@@ -43,7 +44,7 @@ def test_default_is_one_thread_and_frames_are_the_same(make_video, restore_decor
 def test_zero_restores_decord_and_bad_values_name_the_variable(restore_decord):
     original = decord.VideoReader
     video_decode.limit_decord_threads({video_decode.ENV: '2'})
-    assert decord.VideoReader is not original and decord.VideoReader._swift_vora_threads == 2
+    assert decord.VideoReader is not original and decord.VideoReader.default_threads == 2
     assert video_decode.limit_decord_threads({video_decode.ENV: '0'}) == 0
     assert decord.VideoReader is original
     for bad in ('two', '-1'):

@@ -4,6 +4,7 @@ import torch
 from transformers.models.qwen3_vl import modeling_qwen3_vl as M
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 
+from swift_vora import patches
 from swift_vora.speed import vit_attention
 
 
@@ -30,7 +31,7 @@ def original_forward():
     """transformers' forward, restored after the test whatever the patch state was."""
     cls = M.Qwen3VLVisionAttention
     current = cls.forward
-    original = getattr(current, '_swift_vora_original', current)
+    original = patches.upstream(current)
     yield original
     cls.forward = current
 

@@ -7,7 +7,7 @@ and from an adapter to merged weights for vLLM. See docs/backends.md.
 
 Importing this package imports neither torch nor ms-swift.
 """
-from .common import Launch, LaunchRefused, LaunchUsageError
+from .base import Launch, LaunchRefused, LaunchUsageError
 from .launch import build_launch
 from .planning import plan_recipe
 from .recipe import Recipe, RecipeError, load_recipe

@@ -1,22 +1,24 @@
-"""What every backend's launcher shares: the `Launch` it returns, the errors, the plan as a launcher reads it
-(`PlanView`), config.json reading, the environment and the ms-swift arguments common to all backends.
+"""What every backend's launcher shares: the environment and the ms-swift arguments common to all backends, and the
+recipe's settings they all read the same way.
 
-The dispatcher (`build_launch`, swift_vora/backends/launch.py) picks a backend module (deepspeed.py, megatron.py,
-unsloth.py); each of them builds its `Launch` from the pieces here, so this module imports none of them.
+The dispatcher (`build_launch`, swift_vora/backends/launch.py) picks a launcher (deepspeed.py, megatron.py,
+unsloth.py; the interface is base.py); each of them builds its `Launch` from the pieces here, so this module imports
+none of them.
 """
 from __future__ import annotations
 
 import json
 import os
-import shlex
-import subprocess
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional
 
 from .. import switches
 from ..budget import VideoBudget
 from ..offline import OFFLINE_ENV
+from ..plan.backend import DEEPSPEED, Backend
+from ..plan.model_source import load_model_spec
+from ..plan.model_spec import UnsupportedModel
+from .base import Launch, LaunchUsageError, PlanView
 from .recipe import Recipe
 
 # Environment the launcher derives from the recipe; `env` / `guards.env` may not set them (SWIFT_VORA_* switches
@@ -26,181 +28,12 @@ RENDEZVOUS = ('NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT')
 DEFAULT_MASTER_PORT = '29500'
 
 
-class LaunchRefused(Exception):
-    """The launch would run an unsupported combination (exit 4)."""
-
-    def __init__(self, reasons: Sequence[str]):
-        super().__init__('; '.join(reasons))
-        self.reasons = list(reasons)
-
-
-class LaunchUsageError(ValueError):
-    """The recipe asks for something the launcher cannot express (exit 2)."""
-
-
-@dataclass
-class Launch:
-    argv: List[str]  # executable first; run without a shell
-    env: Dict[str, str] = field(default_factory=dict)  # added to the caller's environment
-    files: Dict[str, str] = field(default_factory=dict)  # path -> text, written before the launch
-    backend: str = ''
-    notes: List[str] = field(default_factory=list)  # what the user should know (printed by --dry-run)
-
-    def shell(self) -> str:
-        """The launch as one copy-pasteable shell command (env assignments first)."""
-        env = ' '.join(f'{k}={_quote_env(v)}' for k, v in sorted(self.env.items()))
-        parts, line = [], []
-        for a in self.argv:
-            if a.startswith('--') and line:
-                parts.append(' '.join(line))
-                line = []
-            line.append(shlex.quote(a))
-        parts.append(' '.join(line))
-        body = ' \\\n    '.join(parts)
-        return f'{env} \\\n  {body}' if env else body
-
-    def write_files(self) -> None:
-        from ..outputs import write_text_atomic  # never over a device or a symlink; no half-written config
-        for path, text in self.files.items():
-            write_text_atomic(path, text, what='launch file')
-
-    def run(self, environ: Optional[Mapping[str, str]] = None, stdout: Optional[int] = None) -> int:
-        """Write the files and run the argv (list, no shell); return the child's exit code. `stdout`: a file
-        descriptor for the child's stdout (`train --json` sends it to stderr, keeping its JSON alone)."""
-        self.write_files()
-        env = dict(os.environ if environ is None else environ)
-        env.update(self.env)
-        try:
-            return subprocess.run(self.argv, env=env, check=False, stdout=stdout).returncode
-        except FileNotFoundError as e:
-            print(f'swift-vora train: cannot start {self.argv[0]!r}: {e}', file=sys.stderr)
-            return 127
-        except KeyboardInterrupt:
-            return 130
-
-
-def _quote_env(value: str) -> str:
-    # A rendezvous value not known when printing stays a shell expansion that fails loudly when unset.
-    if value.startswith('${') and value.endswith('}') and ':?' in value:
-        return f'"{value}"'
-    return shlex.quote(value)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The plan, whatever shape it comes in (the planner's Plan dataclass or its JSON dict, docs/contract.md)
-# ---------------------------------------------------------------------------------------------------------------
-@dataclass
-class PlanView:
-    backend: str
-    verdict: str
-    reasons: List[str]
-    num_gpus: int  # per node
-    nodes: int
-    ep: int
-    tp: int
-    offload: str
-    micro_batch: int
-    is_moe: bool
-    model_type: str
-    gpu_peak_gib: Optional[float]
-    host_peak_gib: Optional[float]
-    gpu_mem_gib: Optional[float] = None  # capacity of one GPU (DeepSpeed picks its small-GPU config from it)
-    num_layers: int = 0  # decoder layers (the plan's model summary; 0 when unknown)
-    linear_attention_layers: int = 0  # of them, linear attention (Qwen3.5's Gated DeltaNet)
-    checkpoints: Optional[str] = None  # unsloth_split_lora: 'gpu' | 'host' (the plan's choice for checkpoints=auto)
-
-    @property
-    def world(self) -> int:
-        return self.num_gpus * self.nodes
-
-
-def _get(plan: Any, key: str, default: Any = None) -> Any:
-    if isinstance(plan, Mapping):
-        return plan.get(key, default)
-    return getattr(plan, key, default)
-
-
-def plan_view(plan: Any, recipe: Recipe) -> PlanView:
-    """Read the fields a launch needs; a field the plan lacks falls back to the recipe (documented there)."""
-    model = _get(plan, 'model') or {}
-    hardware = _get(plan, 'hardware') or {}
-    num_gpus = _get(plan, 'num_gpus') or _get(hardware, 'num_gpus') or recipe['gpus'] or 1
-    nodes = _get(plan, 'nodes') or _get(hardware, 'nodes') or recipe['nodes']
-    declared, found = recipe['model.type'], config_model_type(recipe['model.path'])
-    if declared and found and not declared.startswith(found):  # qwen3_vl_emb etc. share qwen3_vl's config type
-        raise LaunchUsageError(f'{recipe.path}: model.type is {declared!r} but {recipe["model.path"]} is a {found!r} '
-                               f'model; set model.type={found} (or model.type=null to take it from config.json)')
-    # the plan's model summary, else config.json: a MoE is never taken for dense because the plan lacks a field
-    is_moe = _get(model, 'kind') == 'moe' or bool(_get(model, 'is_moe')) or model_is_moe(recipe['model.path'])
-    return PlanView(
-        backend=_get(plan, 'backend') or '',
-        verdict=_get(plan, 'verdict') or 'fits',
-        reasons=list(_get(plan, 'reasons') or []),
-        num_gpus=int(num_gpus),
-        nodes=int(nodes),
-        ep=int(_get(plan, 'ep') or recipe['megatron.ep'] or 1),
-        tp=int(_get(plan, 'tp') or recipe['megatron.tp'] or 1),
-        offload=str(_get(plan, 'offload') or recipe['deepspeed.offload'] or 'none'),
-        micro_batch=int(_get(plan, 'micro_batch') or recipe['train.micro_batch']),
-        is_moe=is_moe,
-        model_type=declared or _get(model, 'model_type') or found,
-        gpu_peak_gib=_get(plan, 'gpu_peak_gib'),
-        host_peak_gib=_get(plan, 'host_peak_gib'),
-        gpu_mem_gib=_get(plan, 'gpu_capacity_gib') or _get(hardware, 'gpu_mem_gib') or recipe['gpu_mem_gib'],
-        checkpoints=_get(plan, 'checkpoints'),
-        **_layer_counts(model, recipe['model.path']),
-    )
-
-
-def _layer_counts(model: Mapping[str, Any], model_path: str) -> Dict[str, int]:
-    """PlanView's `num_layers` and `linear_attention_layers`: the plan's model summary, else config.json counted by
-    the planner's model_spec (layer_types or full_attention_interval), so a hybrid model is never taken for
-    attention-only because the plan lacks a field; zeros when the config cannot be counted."""
-    layers, linear = _get(model, 'num_layers'), _get(model, 'linear_attention_layers')
-    if layers is not None and linear is not None:
-        return {'num_layers': int(layers), 'linear_attention_layers': int(linear)}
-    from ..plan.model_spec import UnsupportedModel, model_spec
-    cfg = read_config(model_path)
-    try:
-        spec = model_spec(cfg) if cfg else None
-    except UnsupportedModel:
-        spec = None
-    return {'num_layers': spec.num_layers if spec else 0,
-            'linear_attention_layers': spec.num_linear_attention_layers if spec else 0}
-
-
-def read_config(model_path: str) -> Dict[str, Any]:
-    """The model's config.json as the planner found it (a local copy, the HF / ModelScope cache, or the config
-    shipped with swift-vora); {} when there is none or it cannot be read."""
-    from ..plan.model_source import resolve_config
-    from ..plan.model_spec import ConfigError
-    try:
-        cfg, _ = resolve_config(model_path)
-    except (OSError, ConfigError):
-        return {}
-    return cfg
-
-
 def config_model_type(model_path: str) -> str:
-    return str(read_config(model_path).get('model_type') or '')
-
-
-def model_is_moe(model_path: str) -> bool:
-    """MoE from config.json alone (no weights)."""
-    return config_is_moe(read_config(model_path))
-
-
-def config_is_moe(cfg: Mapping[str, Any]) -> bool:
-    """Routed experts in the config or its text_config (a `*_moe` model type, or more than one expert)."""
-    for c in (cfg, cfg.get('text_config') or {}):
-        if not isinstance(c, dict):
-            continue
-        if str(c.get('model_type', '')).endswith('_moe'):
-            return True
-        for key in ('num_experts', 'n_routed_experts', 'num_local_experts'):
-            if (c.get(key) or 0) > 1:
-                return True
-    return False
+    """config.json's model_type ('' when the model cannot be described)."""
+    try:
+        return load_model_spec(model_path).model_type
+    except (OSError, UnsupportedModel):
+        return ''
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -224,8 +57,8 @@ def common_env(recipe: Recipe, view: PlanView, environ: Optional[Mapping[str, st
     env['SWIFT_VORA_ENCODE_LOG'] = os.path.join(recipe['train.output_dir'], 'encode_log.jsonl')
     if os.path.isfile(recipe.path):  # hashed into fingerprint.json (a plan's stand-in recipe has no file)
         env['SWIFT_VORA_RECIPE'] = os.path.abspath(recipe.path)
-    if recipe.overrides:  # recorded next to the recipe's hash in fingerprint.json (guards/fingerprint.py)
-        env['SWIFT_VORA_RECIPE_OVERRIDES'] = json.dumps(list(recipe.overrides))
+        if recipe.overrides:  # recorded next to the recipe's hash in fingerprint.json (guards/fingerprint.py)
+            env['SWIFT_VORA_RECIPE_OVERRIDES'] = json.dumps(list(recipe.overrides))
     for source in ('guards.env', 'env'):
         for key, value in recipe[source].items():
             if key.startswith(switches.PREFIX):  # a switch of the table's `env` column, with a value it accepts
@@ -245,7 +78,7 @@ def rendezvous_env(view: PlanView, environ: Mapping[str, str], single_process: b
     if single_process:
         return {}
     env: Dict[str, str] = {}
-    distributed = view.world > 1 or view.backend in ('deepspeed_zero2', 'deepspeed_zero3', 'megatron_ep_lora')
+    distributed = view.world > 1 or view.backend in (*DEEPSPEED, Backend.MEGATRON_EP_LORA)
     if distributed:
         env['NPROC_PER_NODE'] = str(view.num_gpus)
     if view.nodes > 1:
@@ -294,6 +127,15 @@ def lora_args(recipe: Recipe) -> List[str]:
     return ['--tuner_type', 'lora', '--target_modules', *targets, '--lora_rank', str(recipe['train.lora_rank']),
             '--lora_alpha', format_number(recipe['train.lora_alpha']), '--lora_dropout',
             format_number(recipe['train.lora_dropout'])]
+
+
+def engine_argument_parser(arguments):
+    """ms-swift's own parser over an engine's arguments dataclass (SftArguments, MegatronSftArguments): an
+    HfArgumentParser, as swift.utils.parse_args builds it (imports ms-swift)."""
+    from swift.utils.utils import _patch_get_type_hints
+    from transformers import HfArgumentParser
+    with _patch_get_type_hints():
+        return HfArgumentParser([arguments])
 
 
 def format_number(x: Any) -> str:

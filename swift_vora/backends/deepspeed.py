@@ -24,17 +24,9 @@ import os
 from typing import Any, Dict, Mapping, Optional
 
 from ..plan import constants as C
-from ..plan.memory import DEEPSPEED_BACKENDS
-from .common import (
-    Launch,
-    LaunchUsageError,
-    PlanView,
-    bool_arg,
-    common_env,
-    console_script,
-    lora_args,
-    swift_common_args,
-)
+from ..plan.backend import DEEPSPEED, Backend
+from .base import Launch, Launcher, LaunchUsageError, PlanView
+from .common import bool_arg, common_env, console_script, engine_argument_parser, lora_args, swift_common_args
 from .packing import swift_sft_packing_args
 from .recipe import Recipe
 
@@ -162,7 +154,7 @@ def build_swift_sft_launch(view: PlanView, recipe: Recipe, environ: Optional[Map
         argv += ['--use_liger_kernel', 'true']
     files: Dict[str, str] = {}
     notes = []
-    uses_deepspeed = view.backend in DEEPSPEED_BACKENDS
+    uses_deepspeed = view.backend in DEEPSPEED
     if recipe['train.compile'] != 'off':
         env['SWIFT_VORA_COMPILE'] = recipe['train.compile']
         if uses_deepspeed:
@@ -182,7 +174,7 @@ def build_swift_sft_launch(view: PlanView, recipe: Recipe, environ: Optional[Map
              recipe['train.output_dir'], '--add_version', bool_arg(recipe['train.add_version']), '--seed',
              str(recipe['train.seed']), '--report_to', 'none']
     if uses_deepspeed:
-        stage = 3 if view.backend == 'deepspeed_zero3' else 2
+        stage = 3 if view.backend == Backend.DEEPSPEED_ZERO3 else 2
         offload = recipe['deepspeed.offload'] or view.offload
         config = zero_config(stage, offload, view.gpu_mem_gib, recipe['deepspeed.zero_optimization'])
         if config['zero_optimization']['stage'] != stage and not view.is_moe:  # MoE: refused below (stage 3)
@@ -200,3 +192,17 @@ def build_swift_sft_launch(view: PlanView, recipe: Recipe, environ: Optional[Map
         argv += ['--callbacks', *recipe['guards.callbacks']]
     argv += recipe['extra_args']
     return Launch(argv=argv, env=env, files=files, notes=notes)
+
+
+class SwiftSft(Launcher):
+    """ddp and DeepSpeed ZeRO-2/3: `swift sft`, with a generated DeepSpeed JSON for the ZeRO stages."""
+    backends = (Backend.DDP, *DEEPSPEED)
+    engine = 'swift sft'
+    quantization = True
+
+    def build(self, view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
+        return build_swift_sft_launch(view, recipe, environ)
+
+    def argument_parser(self):
+        from swift.arguments import SftArguments
+        return engine_argument_parser(SftArguments)

@@ -1,13 +1,14 @@
 """From a plan and a recipe to the exact process that trains: `build_launch(plan, recipe) -> Launch`.
 
-A `Launch` (swift_vora/backends/common.py) is an argv list (no shell), the environment to add, and the files to
-write first (generated DeepSpeed JSON, the Unsloth run config). The launchers are the engines' own:
+A `Launch` (swift_vora/backends/base.py) is an argv list (no shell), the environment to add, and the files to
+write first (generated DeepSpeed JSON, the Unsloth run config). The launchers are the engines' own, one `Launcher`
+each, asked in the order of `LAUNCHERS`:
 
 - `ddp`, `deepspeed_zero2`, `deepspeed_zero3` -> `swift sft` (ms-swift starts `torch.distributed.run` itself
-  when `NPROC_PER_NODE` / `NNODES` are set; see swift/cli/main.py) -- deepspeed.py
-- `megatron_ep_lora` -> `megatron sft` (same torchrun convention) -- megatron.py
+  when `NPROC_PER_NODE` / `NNODES` are set; see swift/cli/main.py) -- deepspeed.py `SwiftSft`
+- `megatron_ep_lora` -> `megatron sft` (same torchrun convention) -- megatron.py `MegatronSft`
 - `unsloth_split_lora` -> `python -m swift_vora.backends.unsloth_runner CONFIG.json` (one GPU, one process)
-  -- unsloth.py
+  -- unsloth.py `UnslothRunner`
 
 Several nodes: `NNODES`, `NODE_RANK`, `MASTER_ADDR`, `MASTER_PORT` go to the engine's torchrun rendezvous.
 `NODE_RANK` and `MASTER_ADDR` come from the environment of `swift-vora train` on each node.
@@ -21,13 +22,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence, Tuple
 
-from .common import Launch, LaunchRefused, LaunchUsageError, bool_arg, format_number, plan_view
-from .deepspeed import build_swift_sft_launch
-from .megatron import build_megatron_launch
+from ..plan.backend import Backend
+from ..plan.request import Plan
+from .base import Launch, Launcher, LaunchRefused, LaunchUsageError, PlanView
+from .common import bool_arg, format_number
+from .deepspeed import SwiftSft
+from .megatron import MegatronSft
 from .recipe import Recipe
-from .unsloth import build_unsloth_launch
+from .unsloth import UnslothRunner
+
+# Every launcher, asked in turn for the plan's backend (each backend has exactly one).
+LAUNCHERS: Tuple[Launcher, ...] = (SwiftSft(), MegatronSft(), UnslothRunner())
+
+
+def launcher_for(backend: str) -> Launcher:
+    for launcher in LAUNCHERS:
+        if backend in launcher.backends:
+            return launcher
+    raise LaunchUsageError(f'no launcher for backend {backend!r}')
 
 # Flags the backend sets from the plan; `extra_args` may not change them (choose them in the recipe instead).
 RESERVED_FLAGS = ('--deepspeed', '--tuner_backend', '--model', '--model_type', '--template', '--custom_register_path',
@@ -94,14 +108,11 @@ def check_extra_args(recipe: Recipe) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # QLoRA and the pass-through arguments (swift sft / megatron sft only), checked by the engine's own parser
 # ---------------------------------------------------------------------------------------------------------------
-ENGINE_LAUNCHERS = ('ddp', 'deepspeed_zero2', 'deepspeed_zero3', 'megatron_ep_lora')
-
-
-def quantization_args(recipe: Recipe, backend: str) -> List[str]:
+def quantization_args(recipe: Recipe, launcher: Launcher, backend: str) -> List[str]:
     """`train.quantization: 4bit` -> ms-swift's bitsandbytes NF4 load (QLoRA), computing in the recipe's dtype."""
     if recipe['train.quantization'] == 'none':
         return []
-    if backend not in ('ddp', 'deepspeed_zero2', 'deepspeed_zero3'):
+    if not launcher.quantization:
         raise LaunchUsageError(f'{recipe.path}: train.quantization={recipe["train.quantization"]} needs a swift sft '
                                f'backend (ddp or DeepSpeed); {backend} has no bitsandbytes 4-bit path')
     return ['--quant_method', 'bnb', '--quant_bits', '4', '--bnb_4bit_quant_type', 'nf4',
@@ -124,30 +135,16 @@ def passthrough_args(recipe: Recipe) -> List[str]:
     return argv
 
 
-def engine_parser(backend: str):
-    """The argument parser the engine itself builds for `swift sft` / `megatron sft` (ms-swift's HfArgumentParser
-    over SftArguments / MegatronSftArguments, swift.utils.parse_args)."""
-    from swift.utils.utils import _patch_get_type_hints
-    from transformers import HfArgumentParser
-    if backend == 'megatron_ep_lora':
-        from swift.megatron.arguments import MegatronSftArguments as arguments
-    else:
-        from swift.arguments import SftArguments as arguments
-    with _patch_get_type_hints():
-        parser = HfArgumentParser([arguments])
-    return parser
-
-
 class _EngineArgumentError(Exception):
     pass
 
 
-def check_engine_args(launch: Launch, recipe: Recipe) -> None:
+def check_engine_args(launch: Launch, recipe: Recipe, launcher: Launcher) -> None:
     """Parse the final argv with the engine's own parser (argparse level: names, types, choices; nothing is
     loaded) so that a misspelt or ill-typed `swift_args` / `extra_args` entry stops here, not minutes into a
     launch. Without the engine installed (megatron-core, Transformer Engine), a note says the check did not run."""
     try:
-        parser = engine_parser(launch.backend)
+        parser = launcher.argument_parser()
     except ImportError as e:
         launch.notes.append(f'swift_args/extra_args not checked: the {launch.argv[1]} argument parser could not be '
                             f'imported here ({e})')
@@ -170,43 +167,36 @@ def check_engine_args(launch: Launch, recipe: Recipe) -> None:
                                f'(`{engine} --help` lists them)')
 
 
-def add_engine_args(launch: Launch, recipe: Recipe, backend: str) -> None:
+def add_engine_args(launch: Launch, recipe: Recipe, launcher: Launcher) -> None:
     user = recipe['swift_args'] or recipe['extra_args']
-    if backend not in ENGINE_LAUNCHERS:
+    if launcher.engine is None:
         if recipe['swift_args'] or recipe['train.quantization'] != 'none':
             raise LaunchUsageError(f'{recipe.path}: swift_args and train.quantization are for swift sft / megatron '
-                                   f'sft; the {backend} runner takes neither (see its unsloth.* keys)')
+                                   f'sft; the {launch.backend} runner takes neither (see its unsloth.* keys)')
         return
-    added = quantization_args(recipe, backend) + passthrough_args(recipe)
+    added = quantization_args(recipe, launcher, launch.backend) + passthrough_args(recipe)
     for flag in (a for a in added if a.startswith('--')):
         if flag in launch.argv:
             raise LaunchUsageError(f'{recipe.path}: {flag} is already set by swift-vora train from the recipe; '
                                    'change the recipe key that sets it (docs/backends.md)')
     launch.argv += added
     if user:
-        check_engine_args(launch, recipe)
+        check_engine_args(launch, recipe, launcher)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-def build_launch(plan: Any, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
+def build_launch(plan: Plan, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
     """The process that trains `recipe` as `plan` decided. Raises LaunchRefused (exit 4) for refused or
     unsupported combinations and LaunchUsageError (exit 2) for recipes the launcher cannot express."""
-    view = plan_view(plan, recipe)
+    view = PlanView.of(plan, recipe)
     if view.verdict == 'refused':
         raise LaunchRefused(view.reasons or ['the planner refused this combination'])
-    backend = view.backend
-    if backend in ('ddp', 'deepspeed_zero2', 'deepspeed_zero3'):
-        launch = build_swift_sft_launch(view, recipe, environ)
-    elif backend == 'megatron_ep_lora':
-        launch = build_megatron_launch(view, recipe, environ)
-    elif backend == 'unsloth_split_lora':
-        launch = build_unsloth_launch(view, recipe, environ)
-    else:
-        raise LaunchUsageError(f'no launcher for backend {backend!r}')
+    launcher = launcher_for(view.backend)
+    launch = launcher.build(view, recipe, environ)
     # The guard runs on what would actually be executed, extra_args included, before the reserved-flag check
     # (swift_args cannot name --deepspeed: the recipe check stops it).
     refuse_moe_zero3(launch, view.is_moe)
     check_extra_args(recipe)
-    launch.backend = backend
-    add_engine_args(launch, recipe, backend)
+    launch.backend = Backend(view.backend)
+    add_engine_args(launch, recipe, launcher)
     return launch

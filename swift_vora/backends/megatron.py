@@ -30,15 +30,14 @@ import os
 from typing import Dict, List, Mapping, Optional
 
 from ..guards.registry import GUARDS, MEGATRON_GUARDS, enabled_guards
+from ..plan.backend import Backend
+from .base import Launch, Launcher, LaunchUsageError, PlanView
 from .common import (
-    Launch,
-    LaunchUsageError,
-    PlanView,
     bool_arg,
     common_env,
     console_script,
+    engine_argument_parser,
     lora_args,
-    read_config,
     swift_common_args,
 )
 from .packing import megatron_packing_args
@@ -67,15 +66,6 @@ def guards_not_run(environ: Mapping[str, str]) -> List[str]:
     return [name for name in _enabled_guards(environ) if name not in MEGATRON_GUARDS]
 
 
-def _num_experts(model_path: str) -> int:
-    cfg = read_config(model_path)
-    for c in (cfg.get('text_config') or {}, cfg):
-        for key in ('num_experts', 'n_routed_experts', 'num_local_experts'):
-            if c.get(key):
-                return int(c[key])
-    return 0
-
-
 def parallel_sizes(view: PlanView, recipe: Recipe) -> Dict[str, int]:
     ep = int(recipe['megatron.ep'] or view.ep or view.world)
     tp = int(recipe['megatron.tp'] or view.tp or 1)
@@ -86,7 +76,7 @@ def parallel_sizes(view: PlanView, recipe: Recipe) -> Dict[str, int]:
     if (world // pp) % ep:
         raise LaunchUsageError(f'megatron: expert parallel size {ep} must divide the {world // pp} GPUs of a pipeline '
                                'stage')
-    experts = _num_experts(recipe['model.path'])
+    experts = view.described_model(recipe['model.path']).num_experts
     if experts and experts % ep:
         raise LaunchUsageError(f'megatron: {experts} experts cannot be split over expert parallel size {ep}')
     return {'ep': ep, 'tp': tp, 'pp': pp}
@@ -164,3 +154,16 @@ def build_megatron_launch(view: PlanView, recipe: Recipe, environ: Optional[Mapp
         notes.append(f'guards {", ".join(skipped)} hook swift sft trainers only and do not run under megatron sft '
                      f'(run there: {", ".join(MEGATRON_GUARDS)})')
     return Launch(argv=argv, env=env, notes=notes)
+
+
+class MegatronSft(Launcher):
+    """Expert-parallel MoE LoRA on several GPUs: `megatron sft` (Megatron-SWIFT through mcore-bridge)."""
+    backends = (Backend.MEGATRON_EP_LORA, )
+    engine = 'megatron sft'
+
+    def build(self, view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
+        return build_megatron_launch(view, recipe, environ)
+
+    def argument_parser(self):
+        from swift.megatron.arguments import MegatronSftArguments
+        return engine_argument_parser(MegatronSftArguments)

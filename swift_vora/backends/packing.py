@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib.util
 from typing import List
 
-from .common import LaunchRefused, LaunchUsageError, PlanView
+from .base import LaunchRefused, LaunchUsageError, PlanView
 from .recipe import PACKING_ATTENTION, Recipe
 
 SWIFT_SFT_FLAGS = {'micro_batch': '--padding_free', 'dataset': '--packing'}

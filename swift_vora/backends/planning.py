@@ -1,17 +1,21 @@
-"""The seam between the planner (swift_vora.plan) and the backends.
+"""From a recipe to the planner's request: the one way a recipe reaches the planner (swift_vora.plan).
 
 - `plan_request(recipe)`: the planner's PlanRequest for a recipe (hardware, tuner, backend, video budget ...).
 - `plan_recipe(recipe)`: make_plan on it (reads config.json only; no weights).
-- `plan_command(request, plan)`: the planner's `command` field, from `build_launch`, so `swift-vora plan` prints
-  what `swift-vora train` would run (with a stand-in dataset, since `plan` has none).
+
+The plan then flows on to the launch (`build_launch(plan, recipe)`), never back: nothing here turns a plan or a
+request into a recipe.
 """
 from __future__ import annotations
 
-from typing import Any, List
+from ..plan import constants as C
+from ..plan.hardware import resolve
+from ..plan.request import Plan, PlanRequest
+from ..plan.select import make_plan
+from ..plan.video_budget import budget_sample
+from .common import video_budget
+from .recipe import Recipe
 
-from .recipe import Recipe, recipe_from_dict
-
-PLAN_DATASET_PLACEHOLDER = 'ANNOTATIONS.jsonl'
 ATTENTION_LEAVES = {'q_proj', 'k_proj', 'v_proj', 'o_proj', 'in_proj_qkv', 'in_proj_z', 'out_proj'}
 
 
@@ -23,12 +27,7 @@ def _lora_targets(recipe: Recipe) -> str:
     return 'all-linear'
 
 
-def plan_request(recipe: Recipe):
-    from ..plan import PlanRequest
-    from ..plan import constants as C
-    from ..plan.hardware import resolve
-    from ..plan.video_budget import budget_sample
-    from .common import video_budget
+def plan_request(recipe: Recipe) -> PlanRequest:
     hardware = resolve(recipe['hardware'], recipe['gpus'], recipe['gpu_mem_gib'], recipe['host_ram_gib'],
                        recipe['nodes'])
     budget = video_budget(recipe)
@@ -52,50 +51,6 @@ def unsloth_checkpoints(recipe: Recipe) -> str:
     return {'auto': 'auto', 'unsloth': 'host'}.get(recipe['unsloth.gradient_checkpointing'], 'gpu')
 
 
-def plan_recipe(recipe: Recipe):
-    from ..plan import make_plan
+def plan_recipe(recipe: Recipe) -> Plan:
     request = plan_request(recipe)
     return make_plan(request, hardware=request.hardware)
-
-
-def recipe_for_request(request: Any, plan: Any) -> Recipe:
-    """A recipe equivalent to a bare `plan` request (used to print the plan's command)."""
-    hw = plan.hardware or {}
-    doc = {
-        'gpus': int(hw.get('num_gpus') or plan.num_gpus or 1), 'gpu_mem_gib': float(hw.get('gpu_mem_gib') or 1.0),
-        'nodes': int(plan.nodes or 1),
-        'model': {'path': request.model[:-len('/config.json')] if request.model.endswith('/config.json')
-                  else request.model},
-        'data': {'dataset': PLAN_DATASET_PLACEHOLDER, 'window': float(request.clip_seconds),
-                 **({'max_length': int(request.pack_length)} if request.pack_length else {})},
-        'video': {'fps': float(request.fps), 'max_frames': int(request.max_frames),
-                  'pair_tokens': int(request.frame_tokens)},
-        'train': {'backend': plan.backend, 'tuner': plan.tuner, 'quantization': plan.quant,
-                  'lora_rank': int(plan.lora_rank), 'micro_batch': int(plan.micro_batch),
-                  'target_modules': 'attention' if plan.lora_targets == 'attention' else 'all-linear',
-                  'gradient_checkpointing': bool(request.gradient_checkpointing), 'compile': request.compile,
-                  **({'packing': 'dataset'} if request.pack_length else {})},
-        'deepspeed': {'offload': plan.offload},
-        'megatron': {'ep': int(plan.ep), 'tp': int(plan.tp)},
-    }
-    return recipe_from_dict(doc, where='<plan request>')
-
-
-def command_argv(launch) -> List[str]:
-    """`env K=V ... argv`: a directly executable list, the shape the planner's `command` field uses."""
-    env = [f'{k}={v}' for k, v in sorted(launch.env.items())]
-    return (['env', *env] if env else []) + list(launch.argv)
-
-
-def plan_command(request: Any, plan: Any) -> List[str]:
-    """The command `train` would run for a bare `plan` request; CommandRefused when the launcher would not run it."""
-    from ..plan.command import CommandRefused
-    from .common import LaunchRefused
-    from .launch import build_launch
-    try:
-        launch = build_launch(plan, recipe_for_request(request, plan), environ={})
-    except LaunchRefused as exc:
-        raise CommandRefused(exc.reasons) from None
-    except ValueError as exc:  # LaunchUsageError included: `train` would stop on this request too
-        raise CommandRefused([f'swift-vora train would not launch this: {exc}']) from None
-    return command_argv(launch)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Tuple
 
 from .. import switches
+from ..plan.backend import AUTO, Backend
 
 REQUIRED = object()
 ANY_DICT = 'dict'  # free-form mapping (entries not checked)
@@ -208,6 +209,14 @@ class Recipe:
         prefix = name + '.'
         return {k[len(prefix):]: v for k, v in self.values.items() if k.startswith(prefix)}
 
+    def with_overrides(self, overrides: Sequence[str]) -> 'Recipe':
+        """This recipe with more `key=value` overrides applied and checked, as `swift-vora train RECIPE ...` would
+        read it (RecipeError when they do not make a recipe)."""
+        values = copy.deepcopy(self.values)
+        apply_overrides(values, overrides)
+        _check(values, f'{self.path} (with overrides)')
+        return Recipe(path=self.path, values=values, overrides=[*self.overrides, *overrides])
+
 
 def _flatten(doc: Dict[str, Any], where: str) -> Dict[str, Any]:
     flat: Dict[str, Any] = {}
@@ -242,8 +251,7 @@ def _suggest(key: str) -> str:
 
 # Keys with a fixed set of values.
 CHOICES = {
-    'train.backend': ('auto', 'ddp', 'deepspeed_zero2', 'deepspeed_zero3', 'megatron_ep_lora',
-                      'unsloth_split_lora'),
+    'train.backend': (AUTO, *Backend),
     'train.tuner': ('lora', 'full', 'selective'),
     'train.quantization': ('none', '4bit'),
     'train.dtype': ('bfloat16', 'float16', 'float32'),

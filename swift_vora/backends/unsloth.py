@@ -32,7 +32,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-from .common import Launch, LaunchUsageError, PlanView, common_env, config_is_moe, model_is_moe, read_config
+from ..plan.backend import Backend
+from ..plan.model_spec import ModelSpec
+from .base import Launch, Launcher, LaunchUsageError, PlanView
+from .common import common_env
 from .packing import refuse_unsloth_packing
 from .recipe import Recipe
 
@@ -100,17 +103,15 @@ class UnslothRunConfig:
         return cls(**data)
 
 
-def lora_targets(config: Mapping[str, Any], requested: Any = 'all-linear') -> Dict[str, List[str]]:
-    """LoRA targets for Unsloth / PEFT from config.json alone: explicit leaf names (never 'all-linear', which
-    misses the experts on multimodal models), the fused expert parameters for MoE, and never a router.
+def lora_targets(model: ModelSpec, requested: Any = 'all-linear') -> Dict[str, List[str]]:
+    """LoRA targets for Unsloth / PEFT from the model's description (config.json as the planner read it): explicit
+    leaf names (never 'all-linear', which misses the experts on multimodal models), the fused expert parameters for
+    MoE, and never a router.
 
     `requested` is the recipe's train.target_modules: 'all-linear' (attention + linear attention + MLP/experts),
     'attention' (attention only), or an explicit list of leaf names (routers are rejected)."""
-    text = config.get('text_config') or config
-    model_type = str(text.get('model_type') or config.get('model_type') or '')
-    hybrid = 'qwen3_5' in model_type or 'qwen3_next' in model_type or bool(text.get('layer_types') and any(
-        t == 'linear_attention' for t in text.get('layer_types') or []))
-    moe = config_is_moe(config)
+    hybrid = model.num_linear_attention_layers > 0  # Qwen3.5 / Qwen3-Next: Gated DeltaNet layers
+    moe = model.is_moe
     if requested in ('all-linear', None):
         modules = ATTENTION_TARGETS + (LINEAR_ATTENTION_TARGETS if hybrid else []) + MLP_TARGETS
     elif requested == 'attention':
@@ -197,8 +198,8 @@ def run_config(view: PlanView, recipe: Recipe) -> UnslothRunConfig:
     if recipe['train.tuner'] != 'lora':
         raise LaunchUsageError('unsloth_split_lora trains LoRA only (train.tuner=lora)')
     refuse_unsloth_packing(recipe)
-    cfg = read_config(recipe['model.path'])
-    targets = lora_targets(cfg, recipe['train.target_modules'])
+    model = view.described_model(recipe['model.path'])
+    targets = lora_targets(model, recipe['train.target_modules'])
     datasets = recipe['data.dataset']
     grad_accum = recipe['train.grad_accum'] or max(1, 16 // view.micro_batch)
     return UnslothRunConfig(
@@ -212,7 +213,7 @@ def run_config(view: PlanView, recipe: Recipe) -> UnslothRunConfig:
         micro_batch=view.micro_batch, grad_accum=grad_accum,
         gradient_checkpointing=unsloth_gradient_checkpointing(view, recipe), dtype=recipe['train.dtype'],
         seed=recipe['train.seed'], logging_steps=recipe['train.logging_steps'], save_steps=recipe['train.save_steps'],
-        save_merged=recipe['unsloth.save_merged'], is_moe=model_is_moe(recipe['model.path']))
+        save_merged=recipe['unsloth.save_merged'], is_moe=model.is_moe)
 
 
 CHECKPOINTING_VALUES = ('auto', True, 'unsloth', False)
@@ -267,3 +268,11 @@ def build_unsloth_launch(view: PlanView, recipe: Recipe, environ: Optional[Mappi
         notes.append('guards.callbacks are swift Trainer callbacks; the Unsloth runner does not run them '
                      '(its own checks: router frozen, experts trained, no 4-bit)')
     return Launch(argv=argv, env=env, files={path: cfg.to_json()}, notes=notes)
+
+
+class UnslothRunner(Launcher):
+    """MoE LoRA on one GPU: Unsloth's split LoRA through `python -m swift_vora.backends.unsloth_runner`."""
+    backends = (Backend.UNSLOTH_SPLIT_LORA, )
+
+    def build(self, view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
+        return build_unsloth_launch(view, recipe, environ)

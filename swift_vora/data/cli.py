@@ -116,7 +116,7 @@ def _build(args) -> int:
 
 def _convert(args) -> int:
     from ..outputs import check_output_file
-    from .qvhighlights import convert_file
+    from .convert import convert_file
 
     check_output_file(args.out, [_readable(args.input)], what='OUT.jsonl')
     report = convert_file(args.input, args.out, video_root=args.video_root)

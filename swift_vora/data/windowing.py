@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from .. import intervals
+from .. import intervals, switches
 from .annotations import Annotation
 
 # Float slack for "does this window fit": durations are measured, window starts are k * stride.
@@ -34,13 +34,14 @@ MIN_STRIDE_SECONDS = 0.1
 class WindowConfig:
     """How videos are cut into clips. All values in seconds."""
     # Clip length; None or 0 trains each video whole. Longer clips cost more video tokens per sample.
-    window: Optional[float] = 60.0
+    # (The defaults of window, stride and min_event are their switches' in swift_vora/switches.py.)
+    window: Optional[float] = switches.WINDOW_DEFAULTS['window']
     # Distance between clip starts; None = `window` (no overlap). Must not exceed `window` (gaps would
     # silently drop every event inside them).
-    stride: Optional[float] = None
+    stride: Optional[float] = switches.WINDOW_DEFAULTS['stride']
     # Event pieces shorter than this after clipping are dropped (and counted): a 0.2 s sliver of an
     # event that mostly lies in the neighbouring clip teaches the model noise. 0 keeps everything.
-    min_event: float = 0.5
+    min_event: float = switches.WINDOW_DEFAULTS['min_event']
     # A trailing partial clip shorter than this is replaced by a full-length clip ending at the duration.
     min_window: float = 2.0
 

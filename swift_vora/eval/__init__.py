@@ -8,6 +8,6 @@
 - `baselines`: reference predictions (oracle, shifted, whole video, random) for checking a pipeline.
 - `cli`: `swift-vora eval` and `swift-vora parse`.
 
-Answers are parsed by `swift_vora.intervals.parse_answer`. Running a model over a dataset belongs in
+Answers are parsed by `swift_vora.answer_parser.parse_answer`. Running a model over a dataset belongs in
 a separate module (inference), not here.
 """

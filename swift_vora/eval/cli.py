@@ -156,7 +156,7 @@ def _decode_line(line: str):
 
 
 def run_parse(args) -> int:
-    from ..intervals import parse_answer
+    from ..answer_parser import parse_answer
     if args.text is not None:
         texts = args.text
     else:  # bytes that are not UTF-8 must not stop the stream: decode with replacement characters

@@ -5,7 +5,7 @@ Prediction rows (JSONL, one object a line; docs/eval.md has examples):
 - `id` or `qid`: the annotation the row answers (compared as strings, so 2579 == "2579").
 - `pred_relevant_windows`: `[[start, end, score], ...]` (score optional; unscored windows are
   ranked in the order given), used as given (no clamping), or
-- `response`: the model's raw text, read with `intervals.parse_answer` (repaired; clamped to the
+- `response`: the model's raw text, read with `answer_parser.parse_answer` (repaired; clamped to the
   clip the model saw). A failed parse is a parse failure for that row.
 - `clip_start` (aliases `video_start`, `window_start`): where the clip the model saw starts in the
   source video, in seconds. Windows of the row are clip-relative and are shifted by it.
@@ -25,9 +25,10 @@ import bisect
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..intervals import REPAIR_NAMES, merge, parse_answer
+from ..answer_parser import REPAIR_NAMES, parse_answer
+from ..intervals import merge
 from . import metrics as M
 
 PROBLEM_SAMPLE = 100  # at most this many ids / lines per problem list in the JSON output
@@ -184,95 +185,110 @@ def _first(row: dict, keys) -> Optional[float]:
 
 def load_predictions(path: str, anns: Dict[str, Annotation]):
     """-> (predictions by id, invalid lines, unknown ids, stats)."""
-    preds: Dict[str, VideoPrediction] = {}
     invalid, unknown = [], {}
     stats = {'rows': 0, 'parsed_rows': 0, 'repairs': {k: 0 for k in REPAIR_NAMES}, 'parse_formats': {},
              'parse_failure_kinds': {}}
     raw: Dict[str, List[tuple]] = {}
     for line, row in read_jsonl(path):
         stats['rows'] += 1
-        if isinstance(row, Exception):
-            invalid.append({'line': line, 'reason': f'not JSON: {row}'})
-            continue
-        if not isinstance(row, dict):
-            invalid.append({'line': line, 'reason': 'not a JSON object'})
-            continue
-        key = row.get('id', row.get('qid'))
-        if key is None:
-            invalid.append({'line': line, 'reason': 'no id/qid'})
-            continue
-        key = str(key)
-        if 'pred_relevant_windows' not in row and 'response' not in row and 'pred_saliency_scores' not in row:
-            invalid.append({'line': line, 'id': key,
-                            'reason': 'needs pred_relevant_windows, response or pred_saliency_scores'})
-            continue
-        if 'pred_relevant_windows' in row and not _windows_ok(row['pred_relevant_windows']):
-            invalid.append({'line': line, 'id': key,
-                            'reason': 'pred_relevant_windows must be [[start, end(, score)], ...]'})
-            continue
-        sal = row.get('pred_saliency_scores')
-        if sal is not None and not (isinstance(sal, list) and all(_finite(x) for x in sal)):
-            invalid.append({'line': line, 'id': key, 'reason': 'pred_saliency_scores must be a list of numbers'})
-            continue
-        offset, end, clip_len = _first(row, OFFSET_KEYS), _first(row, END_KEYS), _first(row, CLIP_LENGTH_KEYS)
-        if any(v is not None and not _finite(v) for v in (offset, end, clip_len)):
-            invalid.append({'line': line, 'id': key, 'reason': 'clip_start/clip_end/clip_duration must be numbers'})
-            continue
-        if key not in anns:
+        key, problem, clip = _checked_row(line, row, anns)
+        if problem == UNKNOWN_ID:
             unknown.setdefault(key, line)
-            continue
-        reason = _clip_problem(offset, end, clip_len, anns[key].duration)
-        if reason:  # saliency is placed by clip_start: an offset of 1e9 s must not size an array
-            invalid.append({'line': line, 'id': key, 'reason': reason})
-            continue
-        raw.setdefault(key, []).append((line, row, offset, end, clip_len))
-
-    for key, rows in raw.items():
-        ann = anns[key]
-        vp = VideoPrediction(key=key, rows=len(rows), lines=[r[0] for r in rows])
-        collected: List[Tuple[float, float, float]] = []
-        sal_parts = []
-        for line, row, offset, end, clip_len in rows:
-            off = float(offset or 0.0)
-            if clip_len is not None:
-                clip_dur = float(clip_len)
-            elif end is not None:
-                clip_dur = float(end) - off
-            elif ann.duration is not None:
-                clip_dur = ann.duration - off
-            else:
-                clip_dur = None
-            if offset is not None or end is not None:
-                vp.clips.append((off, off + clip_dur if clip_dur is not None else None))
-            if 'pred_relevant_windows' in row:
-                ws = row['pred_relevant_windows']
-                n = len(ws)
-                collected.extend((float(w[0]) + off, float(w[1]) + off,
-                                  float(w[2]) if len(w) > 2 and _finite(w[2]) else (n - i) / n)
-                                 for i, w in enumerate(ws))
-            elif 'response' in row:
-                stats['parsed_rows'] += 1
-                res = parse_answer(row['response'], duration=clip_dur if clip_dur and clip_dur > 0 else None)
-                for k, v in res.repairs.items():
-                    stats['repairs'][k] += v
-                if res.ok:
-                    stats['parse_formats'][res.format] = stats['parse_formats'].get(res.format, 0) + 1
-                    n = len(res.windows)
-                    scores = res.scores or [(n - i) / n for i in range(n)]
-                    collected.extend((s + off, e + off, sc) for (s, e), sc in zip(res.windows, scores))
-                else:
-                    stats['parse_failure_kinds'][res.failure] = stats['parse_failure_kinds'].get(res.failure, 0) + 1
-                    vp.failures.append({'line': line, 'failure': res.failure, 'flags': res.flags,
-                                        'clip_start': offset, 'clip_end': off + clip_dur if clip_dur else None})
-            if row.get('pred_saliency_scores') is not None:
-                sal_parts.append((off, row['pred_saliency_scores'], offset is not None))
-        if len(rows) == 1:
-            vp.windows = collected
+        elif problem is not None:
+            invalid.append(problem)
         else:
-            vp.windows, vp.merged_across_rows = _merge_scored(collected)
-        vp.saliency = _place_saliency(sal_parts)
-        preds[key] = vp
+            raw.setdefault(key, []).append((line, row, *clip))
+    preds = {key: _video_prediction(key, rows, anns[key], stats) for key, rows in raw.items()}
     return preds, invalid, unknown, stats
+
+
+UNKNOWN_ID = 'unknown id'  # a row for a video the annotations do not have (reported apart from invalid lines)
+
+
+def _checked_row(line: int, row: Any, anns: Dict[str, Annotation]):
+    """(id, problem, (clip_start, clip_end, clip_duration)) of one prediction line: `problem` is the invalid line's
+    entry, UNKNOWN_ID, or None for a row to use."""
+    def bad(reason, key=None):
+        return key, {'line': line, **({'id': key} if key is not None else {}), 'reason': reason}, None
+
+    if isinstance(row, Exception):
+        return bad(f'not JSON: {row}')
+    if not isinstance(row, dict):
+        return bad('not a JSON object')
+    key = row.get('id', row.get('qid'))
+    if key is None:
+        return bad('no id/qid')
+    key = str(key)
+    if 'pred_relevant_windows' not in row and 'response' not in row and 'pred_saliency_scores' not in row:
+        return bad('needs pred_relevant_windows, response or pred_saliency_scores', key)
+    if 'pred_relevant_windows' in row and not _windows_ok(row['pred_relevant_windows']):
+        return bad('pred_relevant_windows must be [[start, end(, score)], ...]', key)
+    sal = row.get('pred_saliency_scores')
+    if sal is not None and not (isinstance(sal, list) and all(_finite(x) for x in sal)):
+        return bad('pred_saliency_scores must be a list of numbers', key)
+    offset, end, clip_len = _first(row, OFFSET_KEYS), _first(row, END_KEYS), _first(row, CLIP_LENGTH_KEYS)
+    if any(v is not None and not _finite(v) for v in (offset, end, clip_len)):
+        return bad('clip_start/clip_end/clip_duration must be numbers', key)
+    if key not in anns:
+        return key, UNKNOWN_ID, None
+    reason = _clip_problem(offset, end, clip_len, anns[key].duration)
+    if reason:  # saliency is placed by clip_start: an offset of 1e9 s must not size an array
+        return bad(reason, key)
+    return key, None, (offset, end, clip_len)
+
+
+def _video_prediction(key: str, rows: List[tuple], ann: Annotation, stats: Dict[str, Any]) -> VideoPrediction:
+    """One video's prediction from its rows: windows in source time (answers parsed, clips placed), merged across
+    rows, and its saliency; parse outcomes are counted into `stats`."""
+    vp = VideoPrediction(key=key, rows=len(rows), lines=[r[0] for r in rows])
+    collected: List[Tuple[float, float, float]] = []
+    sal_parts = []
+    for line, row, offset, end, clip_len in rows:
+        off = float(offset or 0.0)
+        if clip_len is not None:
+            clip_dur = float(clip_len)
+        elif end is not None:
+            clip_dur = float(end) - off
+        elif ann.duration is not None:
+            clip_dur = ann.duration - off
+        else:
+            clip_dur = None
+        if offset is not None or end is not None:
+            vp.clips.append((off, off + clip_dur if clip_dur is not None else None))
+        if 'pred_relevant_windows' in row:
+            ws = row['pred_relevant_windows']
+            n = len(ws)
+            collected.extend((float(w[0]) + off, float(w[1]) + off,
+                              float(w[2]) if len(w) > 2 and _finite(w[2]) else (n - i) / n)
+                             for i, w in enumerate(ws))
+        elif 'response' in row:
+            collected.extend(_parsed_windows(vp, line, row['response'], offset, off, clip_dur, stats))
+        if row.get('pred_saliency_scores') is not None:
+            sal_parts.append((off, row['pred_saliency_scores'], offset is not None))
+    if len(rows) == 1:
+        vp.windows = collected
+    else:
+        vp.windows, vp.merged_across_rows = _merge_scored(collected)
+    vp.saliency = _place_saliency(sal_parts)
+    return vp
+
+
+def _parsed_windows(vp: VideoPrediction, line: int, response: Any, offset, off: float, clip_dur: Optional[float],
+                    stats: Dict[str, Any]) -> List[Tuple[float, float, float]]:
+    """A model's raw answer read back (`parse_answer`), in source time with its scores; a failure is kept on `vp`."""
+    stats['parsed_rows'] += 1
+    res = parse_answer(response, duration=clip_dur if clip_dur and clip_dur > 0 else None)
+    for k, v in res.repairs.items():
+        stats['repairs'][k] += v
+    if not res.ok:
+        stats['parse_failure_kinds'][res.failure] = stats['parse_failure_kinds'].get(res.failure, 0) + 1
+        vp.failures.append({'line': line, 'failure': res.failure, 'flags': res.flags,
+                            'clip_start': offset, 'clip_end': off + clip_dur if clip_dur else None})
+        return []
+    stats['parse_formats'][res.format] = stats['parse_formats'].get(res.format, 0) + 1
+    n = len(res.windows)
+    scores = res.scores or [(n - i) / n for i in range(n)]
+    return [(s + off, e + off, sc) for (s, e), sc in zip(res.windows, scores)]
 
 
 def _clip_problem(offset, end, clip_len, duration: Optional[float]) -> Optional[str]:

@@ -23,6 +23,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 from swift.utils import get_logger
 
+from .. import patches
+
 logger = get_logger()
 
 META_KEY = '_vora_batch'
@@ -268,13 +270,15 @@ class BatchTap:
     def _install(self) -> None:
         trainer = self.trainer
         dataset = getattr(trainer, 'train_dataset', None)
-        if dataset is not None and hasattr(dataset, 'encode_func') and hasattr(dataset, 'dataset'):
+        if dataset is not None and hasattr(dataset, 'encode_func') and hasattr(dataset, 'dataset') and \
+                patches.applicable('guard_tap_dataset'):
             if not isinstance(dataset.dataset, IndexedRows):
                 dataset.dataset = IndexedRows(dataset.dataset)
             if not isinstance(dataset.encode_func, TaggedEncode):
                 dataset.encode_func = TaggedEncode(dataset.encode_func)
             self.indexed = dataset.dataset
             self.lazy_dataset = dataset
+            patches.applied('guard_tap_dataset')
         elif is_packing_dataset(dataset):
             if not isinstance(dataset.dataset, PackedMembers):
                 dataset.dataset = PackedMembers(dataset.dataset)
@@ -286,12 +290,12 @@ class BatchTap:
             trainer.data_collator = MetaCollator(trainer.data_collator)
         original = trainer.training_step
         tap = self
+        patches.applicable('guard_tap_training_step')  # refused where upstream is not the code it was checked on
 
         def training_step(model, inputs, *args, **kwargs):
             return tap.training_step(original, model, inputs, *args, **kwargs)
 
-        training_step.__wrapped__ = original
-        trainer.training_step = training_step
+        trainer.training_step = patches.mark(training_step, 'guard_tap_training_step', original)
 
     def add(self, listener) -> None:
         if listener not in self.listeners:

@@ -3,7 +3,8 @@
 Interpreter (path, version), package versions, the git commit and dirty state of the swift_vora checkout
 (found from the package's own path, so it is the code that was imported; `git` is run with a list argv, no
 shell), SHA-256 of every plugin file and of the recipe (`SWIFT_VORA_RECIPE`, with the overrides applied over it from
-`SWIFT_VORA_RECIPE_OVERRIDES`; `swift-vora train` sets both), the command line, host and
+`SWIFT_VORA_RECIPE_OVERRIDES`; `swift-vora train` sets both), every upstream patch with the installed version, whether
+swift_vora/patches.py knows it and whether it was applied, the command line, host and
 world size, and the environment variables that change behaviour (video budget, swift_vora settings, CUDA /
 NCCL / allocator, launcher, offline switches). Values of variables whose names look secret (TOKEN, KEY,
 SECRET, PASSWORD) are never written.
@@ -21,6 +22,7 @@ from typing import Any, Dict, List, Optional
 
 from swift.callbacks import TrainerCallback
 
+from .. import patches, switches
 from ..plan.probe import package_versions  # the one metadata lookup, shared with `swift-vora doctor`
 from .common import logger, now, output_dir, rank, world_size, write_json
 
@@ -100,7 +102,7 @@ def behaviour_env(environ=None) -> Dict[str, str]:
 
 def recipe_overrides(environ=None) -> Optional[List[str]]:
     """The `key=value` overrides `swift-vora train` applied over the recipe file (JSON list in the env)."""
-    text = (os.environ if environ is None else environ).get(OVERRIDES_ENV)
+    text = switches.read(OVERRIDES_ENV, environ)
     if not text:
         return None
     try:
@@ -113,7 +115,6 @@ def recipe_overrides(environ=None) -> Optional[List[str]]:
 def build_fingerprint(extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     import swift_vora
     package_dir = os.path.dirname(os.path.abspath(swift_vora.__file__))
-    from .. import switches
     recipe = switches.read(RECIPE_ENV)
     fingerprint: Dict[str, Any] = {
         'created': now(),
@@ -127,6 +128,8 @@ def build_fingerprint(extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
                    'overrides': recipe_overrides()},
         'command_line': list(sys.argv),
         'env': behaviour_env(),
+        # each upstream patch: the installed version, whether the inventory knows it, its policy, applied or not
+        'patches': patches.report(),
     }
     try:
         import torch

@@ -15,8 +15,11 @@ from __future__ import annotations
 import importlib
 from typing import Dict, List, Optional
 
+from .. import switches
+
 GUARDS_ENV = 'SWIFT_VORA_GUARDS'
-# name -> (module, class); the order is the order the callbacks run in.
+# name -> (module, class); the order is the order the callbacks run in. Each has its switch SWIFT_VORA_GUARD_<NAME>
+# (swift_vora/switches.py GUARD_NAMES, the same names in the same order).
 GUARDS: Dict[str, tuple] = {
     'fingerprint': ('swift_vora.guards.fingerprint', 'FingerprintGuard'),
     'zero3_load': ('swift_vora.guards.zero3_load', 'Zero3LoadGuard'),
@@ -37,7 +40,6 @@ MEGATRON_GUARDS: Dict[str, str] = {
 
 def enabled_guards(environ: Optional[Dict[str, str]] = None) -> List[str]:
     """The guards switched on by `SWIFT_VORA_GUARDS` and `SWIFT_VORA_GUARD_<NAME>`, in run order."""
-    from .. import switches
     spec = switches.read(GUARDS_ENV, environ).lower()
     chosen: List[str] = []
     for token in [t.strip() for t in spec.split(',') if t.strip()]:

@@ -1,6 +1,6 @@
 """Predicted GPU (per device) and host (per node) memory of one training setup, per phase.
 
-Backends (names shared with select.py and the CLI):
+Backends (swift_vora/plan/backend.py names them):
   ddp                 no DeepSpeed: one process per GPU, each a full replica (on one GPU: plain single-GPU
                       training). swift without DeepSpeed trains bf16 weights with bf16 AdamW states.
   deepspeed_zero2     ZeRO-2: bf16 weights replicated, gradients and fp32 optimizer states partitioned;
@@ -24,11 +24,12 @@ from typing import Dict, List
 
 from .. import switches
 from . import constants as C
+from .backend import DEEPSPEED, Backend
 from .model_spec import ModelSpec
 from .video_budget import VideoTokens, frame_pair_tokens, smart_nframes, text_only_tokens, video_tokens  # noqa: F401
 
-BACKENDS = ('ddp', 'deepspeed_zero2', 'deepspeed_zero3', 'megatron_ep_lora', 'unsloth_split_lora')
-DEEPSPEED_BACKENDS = ('deepspeed_zero2', 'deepspeed_zero3')
+BACKENDS = tuple(Backend)
+DEEPSPEED_BACKENDS = DEEPSPEED
 VISION_MODES = ('checkpointed_requires_grad', 'no_grad')
 # recipe train.compile: the values of its switch, SWIFT_VORA_COMPILE (swift_vora/speed/compile_layers.py)
 COMPILE_MODES = switches.switch('SWIFT_VORA_COMPILE').choices
@@ -37,7 +38,7 @@ PHASES = ('load', 'first_step', 'steady')
 
 @dataclass
 class TrainSetup:
-    backend: str
+    backend: Backend
     tuner: str = 'lora'
     gpus_per_node: int = 1
     nodes: int = 1
@@ -156,7 +157,7 @@ def _model_states(spec: ModelSpec, s: TrainSetup):
             d[k] = d.get(k, 0.0) + v
 
     b = s.backend
-    if b in ('ddp', 'unsloth_split_lora'):
+    if b in (Backend.DDP, Backend.UNSLOTH_SPLIT_LORA):
         add(gpu, wname, W)
         for c, v in wb.items():
             comp_bytes[c] += v
@@ -172,10 +173,10 @@ def _model_states(spec: ModelSpec, s: TrainSetup):
             notes.append('without DeepSpeed swift trains bf16 weights with bf16 AdamW states (no fp32 master copy)')
         for c, n in tr.items():
             comp_bytes[c] = comp_bytes.get(c, 0.0) + per * n
-        if b == 'ddp' and N > 1:
+        if b == Backend.DDP and N > 1:
             add(gpu, 'DDP gradient buckets', (C.BYTES_LORA_PARAM_PEFT if lora else C.BYTES_GRAD_BF16) * T)
-    elif b in ('deepspeed_zero2', 'deepspeed_zero3'):
-        z3 = b == 'deepspeed_zero3'
+    elif b in (Backend.DEEPSPEED_ZERO2, Backend.DEEPSPEED_ZERO3):
+        z3 = b == Backend.DEEPSPEED_ZERO3
         off = s.offload == 'cpu'
         # DeepSpeed's bf16 mode casts the module (LoRA adapters included) to bf16.
         adapters = C.BYTES_BF16 * T if lora else 0.0
@@ -211,7 +212,7 @@ def _model_states(spec: ModelSpec, s: TrainSetup):
                 comp_bytes[c] = comp_bytes.get(c, 0.0) + (C.BYTES_GRAD_BF16 + C.BYTES_OPTIM_STATES) * n / N
                 if lora:
                     comp_bytes[c] += C.BYTES_BF16 * n / (N if z3 else 1)
-    elif b == 'megatron_ep_lora':
+    elif b == Backend.MEGATRON_EP_LORA:
         dp_dense = max(1, N // max(1, s.tp))
         dp_exp = max(1, N // max(1, s.ep))
         w = 0.0
@@ -264,7 +265,7 @@ def _layer_activation_bytes(spec: ModelSpec, s: TrainSetup, tokens: float, layer
         n += C.ACT_BYTES_PER_FFN * spec.shared_expert_intermediate_size
     else:
         n += C.ACT_BYTES_PER_FFN * spec.intermediate_size
-    if s.tuner == 'lora' and s.backend != 'unsloth_split_lora':
+    if s.tuner == 'lora' and s.backend != Backend.UNSLOTH_SPLIT_LORA:
         ins = 0.0
         for g in spec.lora_groups(s.lora_targets):
             if g.component == 'attention' and lt == 'linear_attention':
@@ -288,7 +289,7 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
     notes: List[str] = []
     b = s.micro_batch * s.samples_per_row  # samples per micro-batch: a packed row holds several
     seq = tok.total_tokens * b
-    sp = max(1, s.tp) if s.backend == 'megatron_ep_lora' else 1  # sequence parallel splits activations by TP
+    sp = max(1, s.tp) if s.backend == Backend.MEGATRON_EP_LORA else 1  # sequence parallel splits activations by TP
     local = seq / sp
     h = spec.hidden_size
     L = spec.num_layers
@@ -300,7 +301,7 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
     if s.gradient_checkpointing:
         ckpt = L * C.ACT_CHECKPOINT_BYTES_PER_HIDDEN * h * local
         ws = backward * max(per_layer)
-        if s.backend == 'unsloth_split_lora' and s.checkpoint_offload:
+        if s.backend == Backend.UNSLOTH_SPLIT_LORA and s.checkpoint_offload:
             host['offloaded layer checkpoints (Unsloth, pinned)'] = ckpt * C.UNSLOTH_OFFLOAD_PINNED_FACTOR
             gpu['activations: in-flight layer inputs (offloaded checkpointing)'] = (
                 C.UNSLOTH_GPU_INFLIGHT_LAYERS * C.ACT_CHECKPOINT_BYTES_PER_HIDDEN * h * local)
@@ -339,7 +340,7 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
         'activations: working set of one vision block (recompute + backward)'] = max(llm_ws, vit_ws)
 
     # PEFT LoRA on fused experts (HF backends): W + B@A of one layer's experts is materialised ------------------
-    if (s.tuner == 'lora' and spec.is_moe and s.backend in ('ddp', 'deepspeed_zero2', 'deepspeed_zero3')
+    if (s.tuner == 'lora' and spec.is_moe and s.backend in (Backend.DDP, *DEEPSPEED)
             and any(g.component == 'experts' for g in spec.lora_groups(s.lora_targets))):
         largest = max(g.numel for g in spec.groups if g.component == 'experts')
         gpu['PEFT expert LoRA: materialised W + B@A (transient)'] = C.PEFT_EXPERT_LORA_TRANSIENT_BYTES * largest
@@ -348,12 +349,12 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
     # logits ---------------------------------------------------------------------------------------------------
     mode = s.logits_positions
     if mode == 'auto':
-        mode = 'all' if s.backend == 'megatron_ep_lora' else 'supervised'
+        mode = 'all' if s.backend == Backend.MEGATRON_EP_LORA else 'supervised'
     positions = (tok.supervised_tokens + 1) * b if mode == 'supervised' else seq
-    if s.backend == 'megatron_ep_lora':
+    if s.backend == Backend.MEGATRON_EP_LORA:
         logits = positions * spec.vocab_size * C.LOGITS_BYTES_MEGATRON / max(1, s.tp)
         label = 'logits + loss (all positions, vocab-parallel)'
-    elif s.backend == 'unsloth_split_lora':
+    elif s.backend == Backend.UNSLOTH_SPLIT_LORA:
         logits = positions * spec.vocab_size * C.LOGITS_BYTES_UNSLOTH
         label = 'logits + loss (supervised suffix, fused CE)' if mode == 'supervised' else 'logits + loss (fused CE)'
     else:
@@ -403,7 +404,7 @@ def estimate(spec: ModelSpec, tokens: VideoTokens, setup: TrainSetup) -> MemoryE
     # allocates the states (+ temporaries). steady: the larger of forward/backward with the states alive and the
     # optimizer step. torch's foreach AdamW (no DeepSpeed / Unsloth) makes a temporary the size of one of its two
     # moment buffers; DeepSpeed's and Megatron's fused Adam update in place.
-    temp = C.ADAM_STEP_TEMP_FRACTION * optim if s.backend in ('ddp', 'unsloth_split_lora') else 0.0
+    temp = C.ADAM_STEP_TEMP_FRACTION * optim if s.backend in (Backend.DDP, Backend.UNSLOTH_SPLIT_LORA) else 0.0
     load_w = sum(v for k, v in ms_gpu.items() if k.startswith('weights') or k.startswith('LoRA adapters'))
     moments = {
         'load': total(load_w, 0.0, 0.0, 0.0),
@@ -426,7 +427,7 @@ def estimate(spec: ModelSpec, tokens: VideoTokens, setup: TrainSetup) -> MemoryE
 
     # host ---------------------------------------------------------------------------------------------------
     procs = s.gpus_per_node
-    per_proc = C.MEGATRON_HOST_PER_PROCESS_GIB if s.backend == 'megatron_ep_lora' else C.HOST_PER_PROCESS_GIB
+    per_proc = C.MEGATRON_HOST_PER_PROCESS_GIB if s.backend == Backend.MEGATRON_EP_LORA else C.HOST_PER_PROCESS_GIB
     proc_key = f'training processes ({procs} x {per_proc:g} GiB)'
     steady_host: Dict[str, float] = {proc_key: procs * per_proc * C.GiB}
     workers = procs * s.dataloader_workers

@@ -11,17 +11,19 @@ a path that does not exist yet (`/models/Qwen3-VL-2B-Instruct`, a recipe's downl
   4. in the configurations shipped with swift-vora (`swift_vora/plan/model_configs/`, see the README there).
 A model id is matched exactly (case-insensitive), then by its name under any organisation; a path that does not
 exist is matched by its last component (the model's name). Nothing is downloaded and no weights are read. The
-plan reports the source it used.
+plan reports the source it used. `load_model_spec(MODEL)` is the one reading of a model: found here, described by
+model_spec.py.
 """
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from .model_spec import read_config_file
+from .model_spec import ConfigError, ModelSpec, model_spec
 
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'model_configs')
 _ID = re.compile(r'^[A-Za-z0-9][\w.\-]*/[\w.\-]+$')
@@ -181,3 +183,38 @@ def resolve_config(model: str, environ=None) -> Tuple[Dict[str, Any], ConfigSour
         f'({", ".join(hf_hub_dirs(environ))}) or the ModelScope cache ({", ".join(modelscope_dirs(environ))}), and '
         f'not one of the configurations shipped with swift-vora ({known}). Pass the model directory, its '
         f'config.json, or download the config (e.g. `huggingface-cli download ORG/NAME config.json`).')
+
+
+def load_config(path: str) -> Dict[str, Any]:
+    """Read `config.json` from a model directory, or a JSON file given directly. No weights are touched.
+
+    Only local paths; `model_source.resolve_config` also finds model ids in the caches and the shipped configs."""
+    p = os.fspath(path)
+    if os.path.isdir(p):
+        p = os.path.join(p, 'config.json')
+    if not os.path.isfile(p):
+        raise FileNotFoundError(f'no config.json at {path!r}')
+    return read_config_file(p)
+
+
+def read_config_file(p: str) -> Dict[str, Any]:
+    """Parse one config.json; a syntax error or a non-object names the file (and the line)."""
+    try:
+        with open(p, encoding='utf-8') as f:
+            cfg = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f'{p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})') from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f'{p}: not UTF-8 text ({e.reason})') from e
+    if not isinstance(cfg, dict):
+        raise ConfigError(f'{p}: config is not a JSON object')
+    return cfg
+
+
+def load_model_spec(path: str) -> ModelSpec:
+    """The ModelSpec of a model directory, a config.json, a model id or a known model name: config.json found as
+    `resolve_config` finds it, read once, described by model_spec.py; the spec names its source."""
+    cfg, source = resolve_config(path)
+    spec = model_spec(cfg, where=source.path or path)
+    spec.source = source
+    return spec

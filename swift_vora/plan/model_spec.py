@@ -19,10 +19,8 @@ naming the field and the file.
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 COMPONENTS = ('embeddings', 'attention', 'linear_attention', 'dense_mlp', 'experts', 'router', 'shared_expert',
               'norms', 'vision', 'lm_head')
@@ -290,44 +288,6 @@ class ModelSpec:
         return d
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# config loading
-# ---------------------------------------------------------------------------------------------------------------
-def load_config(path: str) -> Dict[str, Any]:
-    """Read `config.json` from a model directory, or a JSON file given directly. No weights are touched.
-
-    Only local paths; `model_source.resolve_config` also finds model ids in the caches and the shipped configs."""
-    p = os.fspath(path)
-    if os.path.isdir(p):
-        p = os.path.join(p, 'config.json')
-    if not os.path.isfile(p):
-        raise FileNotFoundError(f'no config.json at {path!r}')
-    return read_config_file(p)
-
-
-def read_config_file(p: str) -> Dict[str, Any]:
-    """Parse one config.json; a syntax error or a non-object names the file (and the line)."""
-    try:
-        with open(p, encoding='utf-8') as f:
-            cfg = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f'{p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})') from e
-    except UnicodeDecodeError as e:
-        raise ConfigError(f'{p}: not UTF-8 text ({e.reason})') from e
-    if not isinstance(cfg, dict):
-        raise ConfigError(f'{p}: config is not a JSON object')
-    return cfg
-
-
-def load_model_spec(path: str) -> ModelSpec:
-    """The ModelSpec of a model directory, a config.json, a model id or a known model name (see model_source)."""
-    from .model_source import resolve_config
-    cfg, source = resolve_config(path)
-    spec = model_spec(cfg, where=source.path or path)
-    spec.source = source
-    return spec
-
-
 class ConfigError(UnsupportedModel):
     """config.json cannot be planned: a required field is missing or has the wrong type (the message names both)."""
 
@@ -476,22 +436,118 @@ def _model_type(cfg: Dict[str, Any], where: str) -> str:
     return mt
 
 
+class _Text(NamedTuple):
+    """The text model's section of a config, as the planner reads it."""
+    cfg: _Cfg  # the section with its family's defaults (`text_config`, or the config itself)
+    model_type: str
+    types: frozenset  # the top-level and the text model_type: the keys of the family tables
+    prefix: str  # 'text_config.' or '' (for error messages)
+    family: str
+    architecture: str
+    auto_class: str
+
+
+class _Pattern(NamedTuple):
+    layer_types: List[str]  # 'full_attention' | 'linear_attention' per layer
+    hybrid: bool  # Gated DeltaNet + gated attention (Qwen3.5 / Qwen3-Next)
+    sliding: int  # layers with sliding-window attention (counted as full attention)
+
+    @property
+    def full(self) -> int:
+        return sum(1 for lt in self.layer_types if lt == 'full_attention')
+
+    @property
+    def linear(self) -> int:
+        return len(self.layer_types) - self.full
+
+
+class _Moe(NamedTuple):
+    is_moe: bool
+    experts: int = 0
+    per_token: int = 0
+    ffn: int = 0
+    shared_ffn: int = 0
+    shared: int = 0
+    shared_gate: bool = False
+    layers: List[int] = []
+
+
+class _Groups(list):
+    """The parameter groups of a model, added component by component."""
+
+    def lin(self, component, name, fin, fout, count, bias=False, experts=1, tower='llm', active=1.0):
+        if count <= 0:
+            return
+        numel = experts * fin * fout + (fout * experts if bias else 0)
+        self.append(ParamGroup(component, name, numel, count, True, fin, fout, experts, tower, active))
+
+    def other(self, component, name, numel, count=1, tower='llm'):
+        if count <= 0 or numel <= 0:
+            return
+        self.append(ParamGroup(component, name, numel, count, False, tower=tower))
+
+
 def model_spec(cfg: Dict[str, Any], where: str = 'config.json') -> ModelSpec:
-    """Build a ModelSpec from a parsed config.json dict (`where` names it in errors)."""
+    """Build a ModelSpec from a parsed config.json dict (`where` names it in errors): the text section and its family,
+    the model's size, its layer pattern and MoE layout, then its parameters component by component."""
     if not isinstance(cfg, dict):
         raise ConfigError(f'{where}: config is not a JSON object')
+    notes: List[str] = []
+    text = _text_section(cfg, where, notes)
+    t, types = text.cfg, text.types
+    hidden = t.require('hidden_size')
+    layers = t.require('num_hidden_layers')
+    heads = t.int('num_attention_heads')
+    kv = t.int('num_key_value_heads', heads)
+    head_dim = t.int('head_dim', hidden // heads if heads else None)
+    vocab = t.int('vocab_size')
+    ffn = t.int('intermediate_size', required=False)
+    # VL wrappers tie lm_head to the embeddings from the *top-level* flag in transformers 5 (text_config's own flag
+    # is ignored); for text-only types the top level is the text config.
+    tie = cfg.get('tie_word_embeddings')
+    tie = bool(tie) if tie is not None else bool(types & _TIE_DEFAULT)
+    pattern = _layer_pattern(t, types, layers, where, text.prefix, notes)
+    moe = _moe_layout(t, types, text.model_type, layers, notes)
+
+    groups = _Groups()
+    _embedding_and_norm_groups(groups, t, types, vocab, hidden, layers, tie)
+    mla = t.has('kv_lora_rank')
+    if mla:
+        head_dim, kv = _latent_attention_groups(groups, t, hidden, heads, pattern.full)
+    else:
+        _attention_groups(groups, t, types, where, text.prefix, hidden, heads, kv, head_dim, pattern)
+    lin_dims = _linear_attention_groups(groups, t, types, hidden, pattern)
+    dense_ffn = _mlp_groups(groups, t, types, where, text.prefix, hidden, ffn, layers, moe)
+    vision = _vision_tower(groups, cfg, text.model_type, where, hidden, notes)
+    for key in ('mtp_num_hidden_layers', 'num_nextn_predict_layers'):
+        mtp = t.get(key)
+        if mtp:
+            notes.append(f'{mtp} MTP layer(s) in config.json ({key}) are not counted: transformers drops their '
+                         f'weights at load.')
+
+    return ModelSpec(
+        model_type=text.model_type, family=text.family, architecture=text.architecture, auto_class=text.auto_class,
+        is_moe=moe.is_moe, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=int(kv),
+        head_dim=int(head_dim), vocab_size=vocab, intermediate_size=dense_ffn, tie_word_embeddings=tie,
+        layer_types=list(pattern.layer_types), num_experts=moe.experts if moe.is_moe else 0,
+        experts_per_token=moe.per_token, num_shared_experts=moe.shared if moe.is_moe else 0,
+        moe_intermediate_size=moe.ffn, shared_expert_intermediate_size=moe.shared_ffn, moe_layers=moe.layers,
+        linear_attention=lin_dims, vision=vision, groups=list(groups), notes=notes, gated_attention=pattern.hybrid,
+        sliding_attention_layers=pattern.sliding, attention_kind='mla' if mla else 'mha')
+
+
+def _text_section(cfg: Dict[str, Any], where: str, notes: List[str]) -> _Text:
+    """The text model's section with its family's defaults; the family, architecture and auto class."""
     model_type = _model_type(cfg, where)
     if cfg.get('is_encoder_decoder'):
         raise UnsupportedModel(f'{where}: {model_type!r} is an encoder-decoder model; the planner plans decoder '
                                f'(causal LM) models, with or without a vision tower')
-    notes: List[str] = []
     text_d = cfg.get('text_config')
     if text_d is not None and not isinstance(text_d, dict):
         raise ConfigError(f'{where}: field \'text_config\' must be an object (got {type(text_d).__name__})')
     prefix = 'text_config.' if text_d is not None else ''
     text_d = text_d if text_d is not None else cfg
     text_type = text_d.get('model_type') if isinstance(text_d.get('model_type'), str) else model_type
-    types = {model_type, text_type}
     if model_type in _KNOWN:
         family, arch, auto_class = _KNOWN[model_type]
     else:
@@ -514,21 +570,12 @@ def model_spec(cfg: Dict[str, Any], where: str = 'config.json') -> ModelSpec:
             text_d = dict(text_d, **{k: nested[k] for k in filled})
             notes.append(f'text_config leaves {", ".join(filled)} to the {text_type} config class: counted with its '
                          f'defaults, as transformers builds it')
-    t = _Cfg(text_d, defaults, where, prefix)
+    return _Text(_Cfg(text_d, defaults, where, prefix), model_type, frozenset({model_type, text_type}), prefix, family,
+                 arch, auto_class)
 
-    hidden = t.require('hidden_size')
-    layers = t.require('num_hidden_layers')
-    heads = t.int('num_attention_heads')
-    kv = t.int('num_key_value_heads', heads)
-    head_dim = t.int('head_dim', hidden // heads if heads else None)
-    vocab = t.int('vocab_size')
-    ffn = t.int('intermediate_size', required=False)
-    # VL wrappers tie lm_head to the embeddings from the *top-level* flag in transformers 5 (text_config's own flag
-    # is ignored); for text-only types the top level is the text config.
-    tie = cfg.get('tie_word_embeddings')
-    tie = bool(tie) if tie is not None else bool(types & _TIE_DEFAULT)
 
-    # ----- layer pattern ------------------------------------------------------------------------------------
+def _layer_pattern(t: _Cfg, types, layers: int, where: str, prefix: str, notes: List[str]) -> _Pattern:
+    """Which layers are linear attention (Gated DeltaNet, hybrid families only) and which slide their window."""
     hybrid = bool(types & _HYBRID)
     raw_types = t.get('layer_types')
     if raw_types is not None and (not isinstance(raw_types, list) or not all(isinstance(x, str) for x in raw_types)):
@@ -558,301 +605,342 @@ def model_spec(cfg: Dict[str, Any], where: str = 'config.json') -> ModelSpec:
                      f'full attention')
     if t.get('use_sliding_window') and t.get('sliding_window') and not sliding:
         notes.append('use_sliding_window is set: counted like full attention (SDPA / flash keep no score matrix)')
+    return _Pattern(layer_types, hybrid, sliding)
 
-    # ----- MoE ----------------------------------------------------------------------------------------------
+
+def _moe_layout(t: _Cfg, types, model_type: str, layers: int, notes: List[str]) -> _Moe:
+    """Routed experts (through the one alias table, `_Cfg._ALIASES`), shared experts and the sparse layers."""
     E = t.int('num_experts', required=False)
-    is_moe = E > 1
-    k = moe_ffn = shared_ffn = n_shared = 0
+    if E <= 1:
+        return _Moe(False, E)
+    k = t.int('num_experts_per_tok')
+    moe_ffn = t.int('moe_intermediate_size') if t.has('moe_intermediate_size') else t.int('intermediate_size')
+    shared_ffn = n_shared = 0
     shared_gate = False
-    moe_layers: List[int] = []
-    if is_moe:
-        k = t.int('num_experts_per_tok')
-        moe_ffn = t.int('moe_intermediate_size') if t.has('moe_intermediate_size') else t.int('intermediate_size')
-        if t.get('shared_expert_intermediate_size'):  # qwen2_moe / qwen3_next / qwen3_5_moe: one gated expert
-            shared_ffn, n_shared, shared_gate = t.int('shared_expert_intermediate_size'), 1, True
-        elif t.get('n_shared_experts'):  # deepseek / glm4_moe / ernie4_5_moe: n shared experts in one MLP, ungated
-            n_shared = t.int('n_shared_experts')
-            shared_ffn = moe_ffn * n_shared
-        elif types & {'llama4', 'llama4_text'}:  # one ungated shared expert as wide as a routed one
-            n_shared, shared_ffn = 1, moe_ffn
-        explicit = t.get('moe_layers')
-        if isinstance(explicit, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in explicit):
-            moe_layers = sorted(i for i in set(explicit) if 0 <= i < layers)  # llama4: the config lists them
-        elif t.has('moe_layer_start_index'):  # ernie4_5_moe: [start, end] every `interval` layers
-            start, interval = t.int('moe_layer_start_index'), t.int('moe_layer_interval', 1) or 1
-            end = t.int('moe_layer_end_index', layers - 1)
-            end = layers - 1 if end < 0 else end
-            moe_layers = [i for i in range(start, min(end, layers - 1) + 1) if (i - start) % interval == 0]
-        elif t.has('first_k_dense_replace') or model_type in ('deepseek_v3', 'glm4_moe'):
-            first = t.int('first_k_dense_replace', 0)
-            freq = t.int('moe_layer_freq', 1) or 1
-            moe_layers = [i for i in range(layers) if i >= first and i % freq == 0]
-        else:  # qwen2_moe / qwen3_moe / qwen3_next / qwen3_vl_moe: decoder_sparse_step and mlp_only_layers
-            step = t.int('decoder_sparse_step', 1) or 1
-            only_dense = set(t.get('mlp_only_layers') or [])
-            moe_layers = [i for i in range(layers) if i not in only_dense and (i + 1) % step == 0]
-        if not moe_layers:
-            is_moe = False
-            notes.append(f'{E} experts configured but no layer is sparse: planned as dense')
-    n_moe = len(moe_layers)
-    n_dense_mlp = layers - n_moe
-    n_full = sum(1 for lt in layer_types if lt == 'full_attention')
-    n_lin = layers - n_full
+    if t.get('shared_expert_intermediate_size'):  # qwen2_moe / qwen3_next / qwen3_5_moe: one gated expert
+        shared_ffn, n_shared, shared_gate = t.int('shared_expert_intermediate_size'), 1, True
+    elif t.get('n_shared_experts'):  # deepseek / glm4_moe / ernie4_5_moe: n shared experts in one MLP, ungated
+        n_shared = t.int('n_shared_experts')
+        shared_ffn = moe_ffn * n_shared
+    elif types & {'llama4', 'llama4_text'}:  # one ungated shared expert as wide as a routed one
+        n_shared, shared_ffn = 1, moe_ffn
+    moe_layers = _sparse_layers(t, model_type, layers)
+    if not moe_layers:
+        notes.append(f'{E} experts configured but no layer is sparse: planned as dense')
+    return _Moe(bool(moe_layers), E, k, moe_ffn, shared_ffn, n_shared, shared_gate, moe_layers)
 
-    G: List[ParamGroup] = []
 
-    def lin(component, name, fin, fout, count, bias=False, experts=1, tower='llm', active=1.0):
-        if count <= 0:
-            return
-        numel = experts * fin * fout + (fout * experts if bias else 0)
-        G.append(ParamGroup(component, name, numel, count, True, fin, fout, experts, tower, active))
+def _sparse_layers(t: _Cfg, model_type: str, layers: int) -> List[int]:
+    explicit = t.get('moe_layers')
+    if isinstance(explicit, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in explicit):
+        return sorted(i for i in set(explicit) if 0 <= i < layers)  # llama4: the config lists them
+    if t.has('moe_layer_start_index'):  # ernie4_5_moe: [start, end] every `interval` layers
+        start, interval = t.int('moe_layer_start_index'), t.int('moe_layer_interval', 1) or 1
+        end = t.int('moe_layer_end_index', layers - 1)
+        end = layers - 1 if end < 0 else end
+        return [i for i in range(start, min(end, layers - 1) + 1) if (i - start) % interval == 0]
+    if t.has('first_k_dense_replace') or model_type in ('deepseek_v3', 'glm4_moe'):
+        first = t.int('first_k_dense_replace', 0)
+        freq = t.int('moe_layer_freq', 1) or 1
+        return [i for i in range(layers) if i >= first and i % freq == 0]
+    # qwen2_moe / qwen3_moe / qwen3_next / qwen3_vl_moe: decoder_sparse_step and mlp_only_layers
+    step = t.int('decoder_sparse_step', 1) or 1
+    only_dense = set(t.get('mlp_only_layers') or [])
+    return [i for i in range(layers) if i not in only_dense and (i + 1) % step == 0]
 
-    def other(component, name, numel, count=1, tower='llm'):
-        if count <= 0 or numel <= 0:
-            return
-        G.append(ParamGroup(component, name, numel, count, False, tower=tower))
 
-    # ----- embeddings / head / norms ------------------------------------------------------------------------
-    other('embeddings', 'embed_tokens', vocab * hidden)
+def _embedding_and_norm_groups(g: _Groups, t: _Cfg, types, vocab: int, hidden: int, layers: int, tie: bool) -> None:
+    g.other('embeddings', 'embed_tokens', vocab * hidden)
     if not tie:
-        lin('lm_head', 'lm_head', hidden, vocab, 1)
+        g.lin('lm_head', 'lm_head', hidden, vocab, 1)
     norm = 0 if types & _NO_NORM_WEIGHTS else (2 if types & _NORM_BIAS else 1) * hidden
-    other('norms', 'final_norm', norm)
-    other('norms', 'input_layernorm', norm, layers)
-    other('norms', 'post_attention_layernorm', norm, layers)
+    g.other('norms', 'final_norm', norm)
+    g.other('norms', 'input_layernorm', norm, layers)
+    g.other('norms', 'post_attention_layernorm', norm, layers)
     if types & _SANDWICH_NORM:
-        other('norms', 'pre+post_feedforward_layernorm', 2 * hidden, layers)
+        g.other('norms', 'pre+post_feedforward_layernorm', 2 * hidden, layers)
 
-    # ----- full attention -----------------------------------------------------------------------------------
-    mla = t.has('kv_lora_rank')
-    if mla:  # DeepSeek multi-head latent attention
-        nope, rope, vd = t.int('qk_nope_head_dim'), t.int('qk_rope_head_dim'), t.int('v_head_dim')
-        qk_dim = nope + rope
-        kv_rank = t.int('kv_lora_rank')
-        q_rank = t.int('q_lora_rank', required=False)
-        bias = bool(t.get('attention_bias', False))
-        if q_rank:
-            lin('attention', 'q_a_proj', hidden, q_rank, n_full, bias=bias)
-            other('attention', 'q_a_layernorm', q_rank, n_full)
-            lin('attention', 'q_b_proj', q_rank, heads * qk_dim, n_full)
-        else:
-            lin('attention', 'q_proj', hidden, heads * qk_dim, n_full)
-        lin('attention', 'kv_a_proj_with_mqa', hidden, kv_rank + rope, n_full, bias=bias)
-        other('attention', 'kv_a_layernorm', kv_rank, n_full)
-        lin('attention', 'kv_b_proj', kv_rank, heads * (nope + vd), n_full)
-        lin('attention', 'o_proj', heads * vd, hidden, n_full, bias=bias)
-        head_dim, kv = qk_dim, heads  # what the attention kernel sees (for the activation estimate)
+
+def _latent_attention_groups(g: _Groups, t: _Cfg, hidden: int, heads: int, n_full: int):
+    """DeepSeek's multi-head latent attention; returns the (head_dim, kv heads) the attention kernel sees (for the
+    activation estimate)."""
+    nope, rope, vd = t.int('qk_nope_head_dim'), t.int('qk_rope_head_dim'), t.int('v_head_dim')
+    qk_dim = nope + rope
+    kv_rank = t.int('kv_lora_rank')
+    q_rank = t.int('q_lora_rank', required=False)
+    bias = bool(t.get('attention_bias', False))
+    if q_rank:
+        g.lin('attention', 'q_a_proj', hidden, q_rank, n_full, bias=bias)
+        g.other('attention', 'q_a_layernorm', q_rank, n_full)
+        g.lin('attention', 'q_b_proj', q_rank, heads * qk_dim, n_full)
     else:
-        if not heads:
-            raise ConfigError(f'{where}: config lacks {prefix + "num_attention_heads"!r}')
-        q_out = heads * head_dim * (2 if hybrid else 1)  # Qwen3.5 / Qwen3-Next: q_proj emits q and its gate
-        kv_out = kv * head_dim
-        if types & _QKV_BIAS:
-            qkv_bias, o_bias = True, False
-        else:
-            qkv_bias = o_bias = bool(t.get('attention_bias', False))
-        lin('attention', 'q_proj', hidden, q_out, n_full, bias=qkv_bias)
-        lin('attention', 'k_proj', hidden, kv_out, n_full, bias=qkv_bias)
-        lin('attention', 'v_proj', hidden, kv_out, n_full, bias=qkv_bias)
-        lin('attention', 'o_proj', heads * head_dim, hidden, n_full, bias=o_bias)
-        if types & _QK_NORM_FULL:
-            other('norms', 'q_norm+k_norm', q_out + kv_out, n_full)
-        elif (types & _QK_NORM or t.get('use_qk_norm')) and not types & (_QK_NORM_NO_WEIGHTS | _NO_NORM_WEIGHTS):
-            other('norms', 'q_norm+k_norm', 2 * head_dim, n_full)
-        if types & _GPT_OSS:
-            other('attention', 'sinks', heads, n_full)
+        g.lin('attention', 'q_proj', hidden, heads * qk_dim, n_full)
+    g.lin('attention', 'kv_a_proj_with_mqa', hidden, kv_rank + rope, n_full, bias=bias)
+    g.other('attention', 'kv_a_layernorm', kv_rank, n_full)
+    g.lin('attention', 'kv_b_proj', kv_rank, heads * (nope + vd), n_full)
+    g.lin('attention', 'o_proj', heads * vd, hidden, n_full, bias=bias)
+    return qk_dim, heads
 
-    # ----- linear attention (Gated DeltaNet) ----------------------------------------------------------------
-    lin_dims: Dict[str, int] = {}
-    if hybrid and n_lin:
-        nk, nv = t.int('linear_num_key_heads'), t.int('linear_num_value_heads')
-        dk, dv = t.int('linear_key_head_dim'), t.int('linear_value_head_dim')
-        kernel = t.int('linear_conv_kernel_dim')
-        key_dim, value_dim = nk * dk, nv * dv
-        conv_dim = 2 * key_dim + value_dim
-        lin_dims = dict(num_key_heads=nk, num_value_heads=nv, key_head_dim=dk, value_head_dim=dv,
-                        conv_kernel=kernel, key_dim=key_dim, value_dim=value_dim, conv_dim=conv_dim)
-        if 'qwen3_next' in types:
-            lin('linear_attention', 'in_proj_qkvz', hidden, 2 * key_dim + 2 * value_dim, n_lin)
-            lin('linear_attention', 'in_proj_ba', hidden, 2 * nv, n_lin)
-        else:
-            lin('linear_attention', 'in_proj_qkv', hidden, conv_dim, n_lin)
-            lin('linear_attention', 'in_proj_z', hidden, value_dim, n_lin)
-            lin('linear_attention', 'in_proj_b', hidden, nv, n_lin)
-            lin('linear_attention', 'in_proj_a', hidden, nv, n_lin)
-        lin('linear_attention', 'out_proj', value_dim, hidden, n_lin)
-        other('linear_attention', 'conv1d', conv_dim * kernel, n_lin)
-        other('linear_attention', 'dt_bias+A_log', 2 * nv, n_lin)
-        other('norms', 'linear_attn.norm', dv, n_lin)
 
-    # ----- MLPs ---------------------------------------------------------------------------------------------
+def _attention_groups(g: _Groups, t: _Cfg, types, where: str, prefix: str, hidden: int, heads: int, kv: int,
+                      head_dim: int, pattern: _Pattern) -> None:
+    """Full attention (GQA/MQA included): q/k/v/o with the family's biases, q/k norms and sinks."""
+    if not heads:
+        raise ConfigError(f'{where}: config lacks {prefix + "num_attention_heads"!r}')
+    n_full = pattern.full
+    q_out = heads * head_dim * (2 if pattern.hybrid else 1)  # Qwen3.5 / Qwen3-Next: q_proj emits q and its gate
+    kv_out = kv * head_dim
+    if types & _QKV_BIAS:
+        qkv_bias, o_bias = True, False
+    else:
+        qkv_bias = o_bias = bool(t.get('attention_bias', False))
+    g.lin('attention', 'q_proj', hidden, q_out, n_full, bias=qkv_bias)
+    g.lin('attention', 'k_proj', hidden, kv_out, n_full, bias=qkv_bias)
+    g.lin('attention', 'v_proj', hidden, kv_out, n_full, bias=qkv_bias)
+    g.lin('attention', 'o_proj', heads * head_dim, hidden, n_full, bias=o_bias)
+    if types & _QK_NORM_FULL:
+        g.other('norms', 'q_norm+k_norm', q_out + kv_out, n_full)
+    elif (types & _QK_NORM or t.get('use_qk_norm')) and not types & (_QK_NORM_NO_WEIGHTS | _NO_NORM_WEIGHTS):
+        g.other('norms', 'q_norm+k_norm', 2 * head_dim, n_full)
+    if types & _GPT_OSS:
+        g.other('attention', 'sinks', heads, n_full)
+
+
+def _linear_attention_groups(g: _Groups, t: _Cfg, types, hidden: int, pattern: _Pattern) -> Dict[str, int]:
+    """Gated DeltaNet layers (hybrid families); returns their dimensions ({} without)."""
+    n_lin = pattern.linear
+    if not (pattern.hybrid and n_lin):
+        return {}
+    nk, nv = t.int('linear_num_key_heads'), t.int('linear_num_value_heads')
+    dk, dv = t.int('linear_key_head_dim'), t.int('linear_value_head_dim')
+    kernel = t.int('linear_conv_kernel_dim')
+    key_dim, value_dim = nk * dk, nv * dv
+    conv_dim = 2 * key_dim + value_dim
+    if 'qwen3_next' in types:
+        g.lin('linear_attention', 'in_proj_qkvz', hidden, 2 * key_dim + 2 * value_dim, n_lin)
+        g.lin('linear_attention', 'in_proj_ba', hidden, 2 * nv, n_lin)
+    else:
+        g.lin('linear_attention', 'in_proj_qkv', hidden, conv_dim, n_lin)
+        g.lin('linear_attention', 'in_proj_z', hidden, value_dim, n_lin)
+        g.lin('linear_attention', 'in_proj_b', hidden, nv, n_lin)
+        g.lin('linear_attention', 'in_proj_a', hidden, nv, n_lin)
+    g.lin('linear_attention', 'out_proj', value_dim, hidden, n_lin)
+    g.other('linear_attention', 'conv1d', conv_dim * kernel, n_lin)
+    g.other('linear_attention', 'dt_bias+A_log', 2 * nv, n_lin)
+    g.other('norms', 'linear_attn.norm', dv, n_lin)
+    return dict(num_key_heads=nk, num_value_heads=nv, key_head_dim=dk, value_head_dim=dv, conv_kernel=kernel,
+                key_dim=key_dim, value_dim=value_dim, conv_dim=conv_dim)
+
+
+def _mlp_groups(g: _Groups, t: _Cfg, types, where: str, prefix: str, hidden: int, ffn: int, layers: int,
+                moe: _Moe) -> int:
+    """The dense MLPs, the routed experts with their router, and the shared experts; returns the dense width."""
+    n_moe = len(moe.layers)
+    n_dense_mlp = layers - n_moe
     mlp_bias = bool(t.get('mlp_bias', False)) or ('starcoder2' in types and bool(t.get('use_bias', True)))
     dense_ffn = t.int('intermediate_size_mlp') if t.has('intermediate_size_mlp') else ffn  # llama4's dense layers
     if n_dense_mlp:
         if not dense_ffn:
             raise ConfigError(f'{where}: config lacks {prefix + "intermediate_size"!r} for the dense MLP layers')
         if not types & _NON_GATED_MLP:
-            lin('dense_mlp', 'gate_proj', hidden, dense_ffn, n_dense_mlp, bias=mlp_bias)
-        lin('dense_mlp', 'up_proj', hidden, dense_ffn, n_dense_mlp, bias=mlp_bias)
-        lin('dense_mlp', 'down_proj', dense_ffn, hidden, n_dense_mlp, bias=mlp_bias)
+            g.lin('dense_mlp', 'gate_proj', hidden, dense_ffn, n_dense_mlp, bias=mlp_bias)
+        g.lin('dense_mlp', 'up_proj', hidden, dense_ffn, n_dense_mlp, bias=mlp_bias)
+        g.lin('dense_mlp', 'down_proj', dense_ffn, hidden, n_dense_mlp, bias=mlp_bias)
         for name, n in _ACT_PARAMS.items():
             if name in types:
-                other('dense_mlp', 'act_fn', n, n_dense_mlp)
+                g.other('dense_mlp', 'act_fn', n, n_dense_mlp)
     if n_moe:
-        frac = k / E
+        E, frac = moe.experts, moe.per_token / moe.experts
         expert_bias = bool(types & _GPT_OSS)
-        lin('experts', 'experts.gate_up_proj', hidden, 2 * moe_ffn, n_moe, bias=expert_bias, experts=E, active=frac)
-        lin('experts', 'experts.down_proj', moe_ffn, hidden, n_moe, bias=expert_bias, experts=E, active=frac)
-        other('router', 'gate', E * hidden + (E if types & (_GPT_OSS | _ROUTER_BIAS_PARAM) else 0), n_moe)
-        if shared_ffn:
-            lin('shared_expert', 'shared_expert.gate_proj', hidden, shared_ffn, n_moe)
-            lin('shared_expert', 'shared_expert.up_proj', hidden, shared_ffn, n_moe)
-            lin('shared_expert', 'shared_expert.down_proj', shared_ffn, hidden, n_moe)
-            if shared_gate:
-                lin('shared_expert', 'shared_expert_gate', hidden, 1, n_moe)
+        g.lin('experts', 'experts.gate_up_proj', hidden, 2 * moe.ffn, n_moe, bias=expert_bias, experts=E, active=frac)
+        g.lin('experts', 'experts.down_proj', moe.ffn, hidden, n_moe, bias=expert_bias, experts=E, active=frac)
+        g.other('router', 'gate', E * hidden + (E if types & (_GPT_OSS | _ROUTER_BIAS_PARAM) else 0), n_moe)
+        if moe.shared_ffn:
+            g.lin('shared_expert', 'shared_expert.gate_proj', hidden, moe.shared_ffn, n_moe)
+            g.lin('shared_expert', 'shared_expert.up_proj', hidden, moe.shared_ffn, n_moe)
+            g.lin('shared_expert', 'shared_expert.down_proj', moe.shared_ffn, hidden, n_moe)
+            if moe.shared_gate:
+                g.lin('shared_expert', 'shared_expert_gate', hidden, 1, n_moe)
+    return dense_ffn
 
-    # ----- vision tower -------------------------------------------------------------------------------------
-    vision = None
+
+def _vision_tower(g: _Groups, cfg: Dict[str, Any], model_type: str, where: str, hidden: int,
+                  notes: List[str]) -> Optional[VisionSpec]:
+    """The vision tower's groups (`vision_config`, by the family's style) and its description; None without one."""
     vd_raw = cfg.get('vision_config')
     style = _VISION_STYLE.get(model_type)
     if vd_raw is not None and not isinstance(vd_raw, dict):
         raise ConfigError(f'{where}: field \'vision_config\' must be an object (got {type(vd_raw).__name__})')
     if style is not None and vd_raw is None:
         raise ConfigError(f'{where}: config lacks \'vision_config\' ({model_type} is a vision-language model)')
-    if vd_raw is not None:
-        style = style or 'vit'
-        if style == 'vit':
-            notes.append(f'vision tower of {model_type!r} estimated as a standard ViT (LayerNorm, biased q/k/v/o, '
-                         f'two-layer MLP) plus a two-layer projector; exact counts need family-specific code')
-        before = len(G)
-        vision = _vision(style, _Cfg(vd_raw, _VISION_DEFAULTS[style], where, 'vision_config.'), cfg, hidden, lin,
-                         other)
-        vision.params = sum(g.total for g in G[before:])
-        if vision.out_hidden_size != hidden:
-            notes.append(f'vision out_hidden_size {vision.out_hidden_size} != text hidden_size {hidden}: the merger '
-                         f'output does not match the LLM (counted as configured).')
-    for key in ('mtp_num_hidden_layers', 'num_nextn_predict_layers'):
-        mtp = t.get(key)
-        if mtp:
-            notes.append(f'{mtp} MTP layer(s) in config.json ({key}) are not counted: transformers drops their '
-                         f'weights at load.')
-
-    return ModelSpec(
-        model_type=model_type, family=family, architecture=arch, auto_class=auto_class, is_moe=is_moe,
-        hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=int(kv), head_dim=int(head_dim),
-        vocab_size=vocab, intermediate_size=dense_ffn, tie_word_embeddings=tie, layer_types=list(layer_types),
-        num_experts=E if is_moe else 0, experts_per_token=k, num_shared_experts=n_shared if is_moe else 0,
-        moe_intermediate_size=moe_ffn, shared_expert_intermediate_size=shared_ffn, moe_layers=moe_layers,
-        linear_attention=lin_dims, vision=vision, groups=G, notes=notes, gated_attention=hybrid,
-        sliding_attention_layers=sliding, attention_kind='mla' if mla else 'mha')
+    if vd_raw is None:
+        return None
+    style = style or 'vit'
+    if style == 'vit':
+        notes.append(f'vision tower of {model_type!r} estimated as a standard ViT (LayerNorm, biased q/k/v/o, '
+                     f'two-layer MLP) plus a two-layer projector; exact counts need family-specific code')
+    before = len(g)
+    vision = _vision(style, _Cfg(vd_raw, _VISION_DEFAULTS[style], where, 'vision_config.'), cfg, hidden, g)
+    vision.params = sum(group.total for group in g[before:])
+    if vision.out_hidden_size != hidden:
+        notes.append(f'vision out_hidden_size {vision.out_hidden_size} != text hidden_size {hidden}: the merger '
+                     f'output does not match the LLM (counted as configured).')
+    return vision
 
 
-def _vision(style: str, v: _Cfg, cfg: Dict[str, Any], text_hidden: int, lin, other) -> VisionSpec:
-    """Add the vision tower's parameter groups (through `lin` / `other`) and describe it for the token budget."""
+class _Tower(NamedTuple):
+    """What every vision tower has, read before its style's builder adds its groups."""
+    style: str
+    v: _Cfg  # vision_config with the style's defaults
+    cfg: Dict[str, Any]  # the whole config (some towers read top-level keys)
+    text_hidden: int
+    depth: int
+    heads: int
+    cin: int  # input channels
+    ps: int  # patch size
+
+
+def _vision(style: str, v: _Cfg, cfg: Dict[str, Any], text_hidden: int, g: _Groups) -> VisionSpec:
+    """Add the vision tower's parameter groups to `g` and describe it for the token budget: the sizes every tower
+    has, then the tower of its style (`_VISION_TOWERS`)."""
     depth, heads = v.require('depth'), v.int('num_heads', required=style != 'vit')
     cin = v.int('in_channels')
     if style == 'vit':  # some towers give square sizes as pairs ([14, 14], [448, 448]): one side is enough here
         v.d = {k: (x[0] if k in ('patch_size', 'image_size') and isinstance(x, list) and x else x)
                for k, x in v.d.items()}
     ps = v.int('patch_size', required=style != 'vit') or 14
+    return _VISION_TOWERS[style](_Tower(style, v, cfg, text_hidden, depth, heads, cin, ps), g)
+
+
+def _qwen3_vl_tower(tower: _Tower, g: _Groups) -> VisionSpec:
+    """Qwen3-VL and Qwen3.5: LayerNorm blocks, a two-layer merger, and (Qwen3-VL) the DeepStack mergers."""
+    style, v, cfg, text_hidden, depth, heads, cin, ps = tower
+    vh, vf = v.require('hidden_size'), v.int('intermediate_size')
+    tps, m, vout = v.int('temporal_patch_size'), v.int('spatial_merge_size'), v.int('out_hidden_size')
+    merged = vh * m * m
+    g.other('vision', 'patch_embed', vh * cin * tps * ps * ps + vh, tower='vision')
+    g.other('vision', 'pos_embed', v.int('num_position_embeddings') * vh, tower='vision')
+    g.other('vision', 'blocks.norm1+norm2', 4 * vh, depth, tower='vision')
+    g.lin('vision', 'blocks.attn.qkv', vh, 3 * vh, depth, bias=True, tower='vision')
+    g.lin('vision', 'blocks.attn.proj', vh, vh, depth, bias=True, tower='vision')
+    g.lin('vision', 'blocks.mlp.linear_fc1', vh, vf, depth, bias=True, tower='vision')
+    g.lin('vision', 'blocks.mlp.linear_fc2', vf, vh, depth, bias=True, tower='vision')
+    g.other('vision', 'merger.norm', 2 * vh, tower='vision')
+    g.lin('vision', 'merger.linear_fc1', merged, merged, 1, bias=True, tower='vision')
+    g.lin('vision', 'merger.linear_fc2', merged, vout, 1, bias=True, tower='vision')
     n_deep = 0
-    if style in ('qwen3_vl', 'qwen3_5'):
-        vh, vf = v.require('hidden_size'), v.int('intermediate_size')
-        tps, m, vout = v.int('temporal_patch_size'), v.int('spatial_merge_size'), v.int('out_hidden_size')
-        merged = vh * m * m
-        other('vision', 'patch_embed', vh * cin * tps * ps * ps + vh, tower='vision')
-        other('vision', 'pos_embed', v.int('num_position_embeddings') * vh, tower='vision')
-        other('vision', 'blocks.norm1+norm2', 4 * vh, depth, tower='vision')
-        lin('vision', 'blocks.attn.qkv', vh, 3 * vh, depth, bias=True, tower='vision')
-        lin('vision', 'blocks.attn.proj', vh, vh, depth, bias=True, tower='vision')
-        lin('vision', 'blocks.mlp.linear_fc1', vh, vf, depth, bias=True, tower='vision')
-        lin('vision', 'blocks.mlp.linear_fc2', vf, vh, depth, bias=True, tower='vision')
-        other('vision', 'merger.norm', 2 * vh, tower='vision')
-        lin('vision', 'merger.linear_fc1', merged, merged, 1, bias=True, tower='vision')
-        lin('vision', 'merger.linear_fc2', merged, vout, 1, bias=True, tower='vision')
-        if style == 'qwen3_vl':
-            n_deep = len(v.get('deepstack_visual_indexes') or [])
-            other('vision', 'deepstack_merger.norm', 2 * merged, n_deep, tower='vision')
-            lin('vision', 'deepstack_merger.linear_fc1', merged, merged, n_deep, bias=True, tower='vision')
-            lin('vision', 'deepstack_merger.linear_fc2', merged, vout, n_deep, bias=True, tower='vision')
-    elif style == 'qwen2_5_vl':  # RMSNorm, SwiGLU MLP with biases, window attention (no extra params)
-        vh, vf = v.require('hidden_size'), v.int('intermediate_size')
-        tps, m, vout = v.int('temporal_patch_size'), v.int('spatial_merge_size'), v.int('out_hidden_size')
-        merged = vh * m * m
-        other('vision', 'patch_embed', vh * cin * tps * ps * ps, tower='vision')
-        other('vision', 'blocks.norm1+norm2', 2 * vh, depth, tower='vision')
-        lin('vision', 'blocks.attn.qkv', vh, 3 * vh, depth, bias=True, tower='vision')
-        lin('vision', 'blocks.attn.proj', vh, vh, depth, bias=True, tower='vision')
-        lin('vision', 'blocks.mlp.gate_proj', vh, vf, depth, bias=True, tower='vision')
-        lin('vision', 'blocks.mlp.up_proj', vh, vf, depth, bias=True, tower='vision')
-        lin('vision', 'blocks.mlp.down_proj', vf, vh, depth, bias=True, tower='vision')
-        other('vision', 'merger.ln_q', vh, tower='vision')
-        lin('vision', 'merger.mlp.0', merged, merged, 1, bias=True, tower='vision')
-        lin('vision', 'merger.mlp.2', merged, vout, 1, bias=True, tower='vision')
-    elif style == 'qwen2_vl':  # LayerNorm, GELU MLP of embed_dim * mlp_ratio; vision_config.hidden_size = LLM width
-        vh = v.require('embed_dim')
-        vf = v.int('intermediate_size', vh * v.int('mlp_ratio'))
-        tps, m = v.int('temporal_patch_size'), v.int('spatial_merge_size')
-        vout = v.int('hidden_size', text_hidden)
-        merged = vh * m * m
-        other('vision', 'patch_embed', vh * cin * tps * ps * ps, tower='vision')
-        other('vision', 'blocks.norm1+norm2', 4 * vh, depth, tower='vision')
-        lin('vision', 'blocks.attn.qkv', vh, 3 * vh, depth, bias=True, tower='vision')
-        lin('vision', 'blocks.attn.proj', vh, vh, depth, bias=True, tower='vision')
-        lin('vision', 'blocks.mlp.fc1', vh, vf, depth, bias=True, tower='vision')
-        lin('vision', 'blocks.mlp.fc2', vf, vh, depth, bias=True, tower='vision')
-        other('vision', 'merger.ln_q', 2 * vh, tower='vision')
-        lin('vision', 'merger.mlp.0', merged, merged, 1, bias=True, tower='vision')
-        lin('vision', 'merger.mlp.2', merged, vout, 1, bias=True, tower='vision')
-    elif style == 'glm4v':  # RMSNorm ViT with a SwiGLU MLP as wide as the LLM, conv downsample, SwiGLU merger
-        vh, vf = v.require('hidden_size'), v.int('intermediate_size')
-        tps, m, vout = v.int('temporal_patch_size'), v.int('spatial_merge_size'), v.int('out_hidden_size')
-        vbias = bool(v.get('attention_bias', False))
-        side = v.int('image_size') // ps
-        other('vision', 'patch_embed', vh * cin * tps * ps * ps + vh, tower='vision')
-        other('vision', 'position_embedding', side * side * vh, tower='vision')
-        other('vision', 'post_conv_layernorm+post_layernorm', 2 * vh, tower='vision')
-        other('vision', 'blocks.norm1+norm2', 2 * vh, depth, tower='vision')
-        lin('vision', 'blocks.attn.qkv', vh, 3 * vh, depth, bias=vbias, tower='vision')
-        lin('vision', 'blocks.attn.proj', vh, vh, depth, bias=vbias, tower='vision')
-        for name in ('gate_proj', 'up_proj'):
-            lin('vision', f'blocks.mlp.{name}', vh, vout, depth, tower='vision')
-        lin('vision', 'blocks.mlp.down_proj', vout, vh, depth, tower='vision')
-        other('vision', 'downsample', vh * vout * m * m + vout, tower='vision')
-        lin('vision', 'merger.proj', vout, vout, 1, tower='vision')
-        other('vision', 'merger.post_projection_norm', 2 * vout, tower='vision')
-        for name in ('gate_proj', 'up_proj'):
-            lin('vision', f'merger.{name}', vout, vf, 1, tower='vision')
-        lin('vision', 'merger.down_proj', vf, vout, 1, tower='vision')
-    else:  # gemma3 (SigLIP + a pooled projection) and the generic ViT estimate: one image per frame, no time merge
-        vh = v.require('hidden_size')
-        vf = v.int('intermediate_size', required=style == 'gemma3') or 4 * vh  # estimate: the usual 4x MLP
-        image = v.int('image_size', required=style == 'gemma3')
-        side = image // ps if image else 0  # no image_size: position embeddings not counted (an estimate)
-        tps, vout = 1, text_hidden
-        other('vision', 'patch_embedding', vh * cin * ps * ps + vh, tower='vision')
-        other('vision', 'position_embedding', side * side * vh, tower='vision')
-        other('vision', 'layer_norm1+2', 4 * vh, depth, tower='vision')
-        for name in ('q_proj', 'k_proj', 'v_proj', 'out_proj'):
-            lin('vision', f'self_attn.{name}', vh, vh, depth, bias=True, tower='vision')
-        lin('vision', 'mlp.fc1', vh, vf, depth, bias=True, tower='vision')
-        lin('vision', 'mlp.fc2', vf, vh, depth, bias=True, tower='vision')
-        other('vision', 'post_layernorm', 2 * vh, tower='vision')
-        if style == 'gemma3':
-            if v.get('vision_use_head'):  # SigLIP's attention-pooling head (published gemma-3 configs turn it off)
-                other('vision', 'head.probe+layernorm', 3 * vh, tower='vision')
-                lin('vision', 'head.attention.in_proj', vh, 3 * vh, 1, bias=True, tower='vision')
-                lin('vision', 'head.attention.out_proj', vh, vh, 1, bias=True, tower='vision')
-                lin('vision', 'head.mlp.fc1', vh, vf, 1, bias=True, tower='vision')
-                lin('vision', 'head.mlp.fc2', vf, vh, 1, bias=True, tower='vision')
-            other('vision', 'multi_modal_projector.mm_input_projection', vh * text_hidden, tower='vision')
-            other('vision', 'multi_modal_projector.mm_soft_emb_norm', vh, tower='vision')
-            per_image = int(cfg.get('mm_tokens_per_image') or 256)
-        else:
-            lin('vision', 'projector.linear_1', vh, text_hidden, 1, bias=True, tower='vision')
-            lin('vision', 'projector.linear_2', text_hidden, text_hidden, 1, bias=True, tower='vision')
-            per_image = side * side or 256
-        # tokens per image = (side / pool)^2: `spatial_merge_size` is the pooling factor per side
-        pooled = max(1, int(round(per_image ** 0.5)))
-        m = max(1, side // pooled)
+    if style == 'qwen3_vl':
+        n_deep = len(v.get('deepstack_visual_indexes') or [])
+        g.other('vision', 'deepstack_merger.norm', 2 * merged, n_deep, tower='vision')
+        g.lin('vision', 'deepstack_merger.linear_fc1', merged, merged, n_deep, bias=True, tower='vision')
+        g.lin('vision', 'deepstack_merger.linear_fc2', merged, vout, n_deep, bias=True, tower='vision')
     return VisionSpec(style, depth, vh, vf, heads, ps, tps, m, vout, n_deep)
+
+
+def _qwen2_5_vl_tower(tower: _Tower, g: _Groups) -> VisionSpec:
+    """Qwen2.5-VL: RMSNorm, SwiGLU MLP with biases, window attention (no extra params)"""
+    style, v, cfg, text_hidden, depth, heads, cin, ps = tower
+    n_deep = 0
+    vh, vf = v.require('hidden_size'), v.int('intermediate_size')
+    tps, m, vout = v.int('temporal_patch_size'), v.int('spatial_merge_size'), v.int('out_hidden_size')
+    merged = vh * m * m
+    g.other('vision', 'patch_embed', vh * cin * tps * ps * ps, tower='vision')
+    g.other('vision', 'blocks.norm1+norm2', 2 * vh, depth, tower='vision')
+    g.lin('vision', 'blocks.attn.qkv', vh, 3 * vh, depth, bias=True, tower='vision')
+    g.lin('vision', 'blocks.attn.proj', vh, vh, depth, bias=True, tower='vision')
+    g.lin('vision', 'blocks.mlp.gate_proj', vh, vf, depth, bias=True, tower='vision')
+    g.lin('vision', 'blocks.mlp.up_proj', vh, vf, depth, bias=True, tower='vision')
+    g.lin('vision', 'blocks.mlp.down_proj', vf, vh, depth, bias=True, tower='vision')
+    g.other('vision', 'merger.ln_q', vh, tower='vision')
+    g.lin('vision', 'merger.mlp.0', merged, merged, 1, bias=True, tower='vision')
+    g.lin('vision', 'merger.mlp.2', merged, vout, 1, bias=True, tower='vision')
+    return VisionSpec(style, depth, vh, vf, heads, ps, tps, m, vout, n_deep)
+
+
+def _qwen2_vl_tower(tower: _Tower, g: _Groups) -> VisionSpec:
+    """Qwen2-VL: LayerNorm, GELU MLP of embed_dim * mlp_ratio; vision_config.hidden_size = LLM width"""
+    style, v, cfg, text_hidden, depth, heads, cin, ps = tower
+    n_deep = 0
+    vh = v.require('embed_dim')
+    vf = v.int('intermediate_size', vh * v.int('mlp_ratio'))
+    tps, m = v.int('temporal_patch_size'), v.int('spatial_merge_size')
+    vout = v.int('hidden_size', text_hidden)
+    merged = vh * m * m
+    g.other('vision', 'patch_embed', vh * cin * tps * ps * ps, tower='vision')
+    g.other('vision', 'blocks.norm1+norm2', 4 * vh, depth, tower='vision')
+    g.lin('vision', 'blocks.attn.qkv', vh, 3 * vh, depth, bias=True, tower='vision')
+    g.lin('vision', 'blocks.attn.proj', vh, vh, depth, bias=True, tower='vision')
+    g.lin('vision', 'blocks.mlp.fc1', vh, vf, depth, bias=True, tower='vision')
+    g.lin('vision', 'blocks.mlp.fc2', vf, vh, depth, bias=True, tower='vision')
+    g.other('vision', 'merger.ln_q', 2 * vh, tower='vision')
+    g.lin('vision', 'merger.mlp.0', merged, merged, 1, bias=True, tower='vision')
+    g.lin('vision', 'merger.mlp.2', merged, vout, 1, bias=True, tower='vision')
+    return VisionSpec(style, depth, vh, vf, heads, ps, tps, m, vout, n_deep)
+
+
+def _glm4v_tower(tower: _Tower, g: _Groups) -> VisionSpec:
+    """GLM-4V: RMSNorm ViT with a SwiGLU MLP as wide as the LLM, conv downsample, SwiGLU merger"""
+    style, v, cfg, text_hidden, depth, heads, cin, ps = tower
+    n_deep = 0
+    vh, vf = v.require('hidden_size'), v.int('intermediate_size')
+    tps, m, vout = v.int('temporal_patch_size'), v.int('spatial_merge_size'), v.int('out_hidden_size')
+    vbias = bool(v.get('attention_bias', False))
+    side = v.int('image_size') // ps
+    g.other('vision', 'patch_embed', vh * cin * tps * ps * ps + vh, tower='vision')
+    g.other('vision', 'position_embedding', side * side * vh, tower='vision')
+    g.other('vision', 'post_conv_layernorm+post_layernorm', 2 * vh, tower='vision')
+    g.other('vision', 'blocks.norm1+norm2', 2 * vh, depth, tower='vision')
+    g.lin('vision', 'blocks.attn.qkv', vh, 3 * vh, depth, bias=vbias, tower='vision')
+    g.lin('vision', 'blocks.attn.proj', vh, vh, depth, bias=vbias, tower='vision')
+    for name in ('gate_proj', 'up_proj'):
+        g.lin('vision', f'blocks.mlp.{name}', vh, vout, depth, tower='vision')
+    g.lin('vision', 'blocks.mlp.down_proj', vout, vh, depth, tower='vision')
+    g.other('vision', 'downsample', vh * vout * m * m + vout, tower='vision')
+    g.lin('vision', 'merger.proj', vout, vout, 1, tower='vision')
+    g.other('vision', 'merger.post_projection_norm', 2 * vout, tower='vision')
+    for name in ('gate_proj', 'up_proj'):
+        g.lin('vision', f'merger.{name}', vout, vf, 1, tower='vision')
+    g.lin('vision', 'merger.down_proj', vf, vout, 1, tower='vision')
+    return VisionSpec(style, depth, vh, vf, heads, ps, tps, m, vout, n_deep)
+
+
+def _vit_tower(tower: _Tower, g: _Groups) -> VisionSpec:
+    """Gemma 3 (SigLIP + a pooled projection) and the generic ViT estimate: one image per frame, no time merge."""
+    style, v, cfg, text_hidden, depth, heads, cin, ps = tower
+    n_deep = 0
+    vh = v.require('hidden_size')
+    vf = v.int('intermediate_size', required=style == 'gemma3') or 4 * vh  # estimate: the usual 4x MLP
+    image = v.int('image_size', required=style == 'gemma3')
+    side = image // ps if image else 0  # no image_size: position embeddings not counted (an estimate)
+    tps, vout = 1, text_hidden
+    g.other('vision', 'patch_embedding', vh * cin * ps * ps + vh, tower='vision')
+    g.other('vision', 'position_embedding', side * side * vh, tower='vision')
+    g.other('vision', 'layer_norm1+2', 4 * vh, depth, tower='vision')
+    for name in ('q_proj', 'k_proj', 'v_proj', 'out_proj'):
+        g.lin('vision', f'self_attn.{name}', vh, vh, depth, bias=True, tower='vision')
+    g.lin('vision', 'mlp.fc1', vh, vf, depth, bias=True, tower='vision')
+    g.lin('vision', 'mlp.fc2', vf, vh, depth, bias=True, tower='vision')
+    g.other('vision', 'post_layernorm', 2 * vh, tower='vision')
+    if style == 'gemma3':
+        if v.get('vision_use_head'):  # SigLIP's attention-pooling head (published gemma-3 configs turn it off)
+            g.other('vision', 'head.probe+layernorm', 3 * vh, tower='vision')
+            g.lin('vision', 'head.attention.in_proj', vh, 3 * vh, 1, bias=True, tower='vision')
+            g.lin('vision', 'head.attention.out_proj', vh, vh, 1, bias=True, tower='vision')
+            g.lin('vision', 'head.mlp.fc1', vh, vf, 1, bias=True, tower='vision')
+            g.lin('vision', 'head.mlp.fc2', vf, vh, 1, bias=True, tower='vision')
+        g.other('vision', 'multi_modal_projector.mm_input_projection', vh * text_hidden, tower='vision')
+        g.other('vision', 'multi_modal_projector.mm_soft_emb_norm', vh, tower='vision')
+        per_image = int(cfg.get('mm_tokens_per_image') or 256)
+    else:
+        g.lin('vision', 'projector.linear_1', vh, text_hidden, 1, bias=True, tower='vision')
+        g.lin('vision', 'projector.linear_2', text_hidden, text_hidden, 1, bias=True, tower='vision')
+        per_image = side * side or 256
+    # tokens per image = (side / pool)^2: `spatial_merge_size` is the pooling factor per side
+    pooled = max(1, int(round(per_image ** 0.5)))
+    m = max(1, side // pooled)
+    return VisionSpec(style, depth, vh, vf, heads, ps, tps, m, vout, n_deep)
+
+
+# the tower of each style (_VISION_STYLE maps a model_type to its style; anything else is the generic ViT)
+_VISION_TOWERS = {'qwen3_vl': _qwen3_vl_tower, 'qwen3_5': _qwen3_vl_tower, 'qwen2_5_vl': _qwen2_5_vl_tower,
+                  'qwen2_vl': _qwen2_vl_tower, 'glm4v': _glm4v_tower, 'gemma3': _vit_tower, 'vit': _vit_tower}

@@ -13,7 +13,7 @@ one measured. Importing this package imports neither torch nor ms-swift (the mod
 from __future__ import annotations
 
 import importlib
-from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional
 
 
 class Lever(NamedTuple):
@@ -78,19 +78,23 @@ def callback_class(lever: Lever) -> Callable:
     return getattr(lever.module, lever.callback)
 
 
-def replace_forwards(targets: Sequence[Tuple[str, str]], make_forward: Callable, is_patched: Callable) -> List[str]:
-    """Give every importable class of `targets` ((module, class) pairs) the forward `make_forward(cls)` unless
-    `is_patched(cls)` (idempotent); returns the names of the classes that have it. A transformers without one of the
-    models is skipped."""
+def replace_forwards(prefix: str, make_forward: Callable) -> List[str]:
+    """Give every importable class of the inventoried `Class.forward` patches named `prefix*` (swift_vora/patches.py)
+    the forward `make_forward(cls)`, where the installed upstream is one the inventory knows (else the patch's
+    policy: skip with one warning); idempotent. Returns the names of the classes that have it. A transformers
+    without one of the models is skipped."""
+    from .. import patches
     names = []
-    for module_name, class_name in targets:
+    for name, module_name, class_name in patches.forward_patches(prefix):
         try:
             cls = getattr(importlib.import_module(module_name), class_name, None)
         except ImportError:
             continue
         if cls is None:
             continue
-        if not is_patched(cls):
-            cls.forward = make_forward(cls)
+        if patches.patched_by(cls.forward) != name:
+            if not patches.applicable(name):
+                continue
+            cls.forward = patches.mark(make_forward(cls), name, cls.forward)
         names.append(class_name)
     return names

@@ -51,7 +51,7 @@ from typing import List
 
 from swift.callbacks import TrainerCallback
 
-from .. import switches
+from .. import patches, switches
 
 ENV = 'SWIFT_VORA_COMPILE'
 BACKEND_ENV = 'SWIFT_VORA_COMPILE_BACKEND'
@@ -169,15 +169,21 @@ def compile_decoder_layers(model, backend: str = 'inductor', checkpoint: str = '
     switched off for them and `checkpointed_forward` becomes their forward."""
     import types
     layers = decoder_layers(model) if layers is None else layers
+    if not layers or not patches.applicable('compiled_decoder_layers'):
+        return 0
     options = compile_options(backend, inductor_mode)
+    # the checkpoint inside the graph needs torch's own checkpoint back from ms-swift's wrapper; else around it
+    graph = checkpoint == 'graph' and patches.applicable('compiled_checkpoint_swap')
     for layer in layers:
-        inside = checkpoint == 'graph' and getattr(layer, 'gradient_checkpointing', False)
+        inside = graph and getattr(layer, 'gradient_checkpointing', False)
         if inside:
             layer.gradient_checkpointing = False
             layer.forward = types.MethodType(checkpointed_forward, layer)
         layer.compile(**options)
+        patches.applied('compiled_decoder_layers')
         if inside:
-            layer._compiled_call_impl = _with_plain_checkpoint(layer._compiled_call_impl)
+            layer._compiled_call_impl = patches.mark(_with_plain_checkpoint(layer._compiled_call_impl),
+                                                     'compiled_checkpoint_swap', layer._compiled_call_impl)
     return len(layers)
 
 
@@ -194,7 +200,7 @@ def compile_vision_blocks(blocks, backend: str = 'inductor', inductor_mode: str 
     import torch
 
     from . import vit_attention
-    if not blocks:
+    if not blocks or not patches.applicable('compiled_vision_block'):
         return 0
     compiled = torch.compile(vit_attention.make_equal_groups_block(type(blocks[0]), type(blocks[0].attn)),
                              **compile_options(backend, inductor_mode))
@@ -207,6 +213,7 @@ def compile_vision_blocks(blocks, backend: str = 'inductor', inductor_mode: str 
                                       max_seqlen=max_seqlen, **kwargs)
         return compiled(self, hidden_states, position_embeddings, *groups)
 
+    patches.mark(forward, 'compiled_vision_block', type(blocks[0]).forward)
     for block in blocks:
         block.forward = types.MethodType(forward, block)
     return len(blocks)
@@ -251,12 +258,14 @@ class CompileDecoderLayers(TrainerCallback):
                 logger.info('swift-vora compile: vision blocks left uncompiled (transformers\' vision attention, '
                             'SWIFT_VORA_VIT_ATTENTION=transformers or a model swift-vora does not patch)')
         if not self.compiled:
-            logger.warning(f'swift-vora compile: {ENV}=layers but no repeated *DecoderLayer list was found in '
-                           f'{type(model).__name__}; decoder layers run uncompiled')
+            if not layers:  # (not compiled for an upstream the inventory does not know: patches.py warned)
+                logger.warning(f'swift-vora compile: {ENV}=layers but no repeated *DecoderLayer list was found in '
+                               f'{type(model).__name__}; decoder layers run uncompiled')
             if not self.compiled_vision:
                 return
+        inside = place == 'graph' and patches.check('compiled_checkpoint_swap') is None
         where = (f'; gradient checkpointing of {checkpointed} layers ' + (
-            'inside the compiled graph' if place == 'graph' else "around the compiled layer (transformers')")
+            'inside the compiled graph' if inside else "around the compiled layer (transformers')")
             if checkpointed else '')
         vision = f', {self.compiled_vision} vision blocks' if self.compiled_vision else ''
         logger.info(f'swift-vora compile: {self.compiled} decoder layers{vision} compiled with torch.compile '

@@ -38,7 +38,7 @@ import logging
 
 from swift.callbacks import TrainerCallback
 
-from .. import switches
+from .. import patches, switches
 
 ENV = 'SWIFT_VORA_HOST_OVERHEAD'
 logger = logging.getLogger('swift')
@@ -51,7 +51,7 @@ def enabled(environ=None) -> bool:
 def count_parameters_once(trainer) -> None:
     """Make `trainer.floating_point_ops` count the model's parameters once per model (same value as transformers)."""
     original = trainer.floating_point_ops
-    if getattr(original, '_swift_vora', False):
+    if patches.patched_by(original) or not patches.applicable('flops_parameter_count'):
         return
     counts = {}
 
@@ -64,8 +64,7 @@ def count_parameters_once(trainer) -> None:
             return 6 * inputs[main_input].numel() * counts[id(model)]
         return original(inputs)
 
-    floating_point_ops._swift_vora = True
-    trainer.floating_point_ops = floating_point_ops
+    trainer.floating_point_ops = patches.mark(floating_point_ops, 'flops_parameter_count', original)
 
 
 def skip_repeated_train_mode(model) -> bool:
@@ -73,7 +72,7 @@ def skip_repeated_train_mode(model) -> bool:
 
     Returns False when already installed."""
     original = model.train
-    if getattr(original, '_swift_vora', False):
+    if patches.patched_by(original) or not patches.applicable('train_mode'):
         return False
     modules = list(model.modules())
     state = {'flags': None}  # every module's `training` after the last full train(True)
@@ -86,8 +85,7 @@ def skip_repeated_train_mode(model) -> bool:
         state['flags'] = [m.training for m in modules] if mode is True else None
         return result
 
-    train._swift_vora = True
-    model.train = train
+    model.train = patches.mark(train, 'train_mode', original)
     return True
 
 
@@ -99,13 +97,20 @@ def _sequence_parallel() -> bool:
     return bool(sequence_parallel.world_size and sequence_parallel.world_size > 1)
 
 
+# text model class -> the inventoried patch of its `_deepstack_process` (swift_vora/patches.py)
+DEEPSTACK_PATCHES = {patch.target.split(':')[1].split('.')[0]: patch.name for patch in patches.PATCHES
+                     if patch.target.endswith('._deepstack_process')}
+
+
 def sync_free_deepstack(model) -> int:
-    """Replace `_deepstack_process` on every module of `model` that has one; returns how many were replaced."""
+    """Replace `_deepstack_process` on every module of `model` whose class the inventory lists (and whose installed
+    upstream it knows); returns how many were replaced."""
     import torch
     replaced = 0
     for module in model.modules():
         original = getattr(module, '_deepstack_process', None)
-        if original is None or getattr(original, '_swift_vora', False):
+        name = DEEPSTACK_PATCHES.get(type(module).__name__)
+        if original is None or name is None or patches.patched_by(original) or not patches.applicable(name):
             continue
 
         def _deepstack_process(hidden_states, visual_pos_masks, visual_embeds, _original=original):
@@ -118,8 +123,7 @@ def sync_free_deepstack(model) -> int:
             added = torch.zeros_like(hidden_states).masked_scatter(mask.unsqueeze(-1), embeds)
             return hidden_states + added
 
-        _deepstack_process._swift_vora = True
-        module._deepstack_process = _deepstack_process
+        module._deepstack_process = patches.mark(_deepstack_process, name, original)
         replaced += 1
     return replaced
 
@@ -131,7 +135,8 @@ def deferred_token_accuracy(trainer) -> bool:
     import torch
     original = getattr(trainer, '_compute_acc', None)
     metrics = getattr(trainer, 'custom_metrics', None)
-    if original is None or getattr(original, '_swift_vora', False) or not isinstance(metrics, dict):
+    if (original is None or patches.patched_by(original) or not isinstance(metrics, dict)
+            or not patches.applicable('token_accuracy')):
         return False
     from swift.metrics.utils import MeanMetric
 
@@ -172,8 +177,7 @@ def deferred_token_accuracy(trainer) -> bool:
         supervised = targets != -100
         metric.update_on_device((preds.eq(targets) & supervised).sum(), supervised.sum())
 
-    _compute_acc._swift_vora = True
-    trainer._compute_acc = _compute_acc
+    trainer._compute_acc = patches.mark(_compute_acc, 'token_accuracy', original)
     return True
 
 

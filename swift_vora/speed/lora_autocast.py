@@ -21,9 +21,10 @@ from typing import List
 
 from swift.callbacks import TrainerCallback
 
-from .. import switches
+from .. import patches, switches
 
 ENV = 'SWIFT_VORA_LORA_AUTOCAST_INPUTS'
+PATCH = 'lora_input_cast'  # swift_vora/patches.py: PEFT's own flag, read by Linear._cast_input_dtype
 logger = logging.getLogger('swift')
 
 
@@ -63,10 +64,11 @@ def keep_lora_inputs_in_autocast_dtype(model) -> int:
     """Switch PEFT's input cast off on the upcasting LoRA layers while autocast is on; returns how many layers."""
     import torch
     layers = upcasting_lora_layers(model)
-    if not layers:
+    if not layers or not patches.applicable(PATCH):
         return 0
     for layer in layers:
         layer.cast_input_dtype_enabled = False
+    patches.applied(PATCH)
 
     site = hook_site(model, layers[0])
     device_type = next(site.parameters()).device.type

@@ -24,11 +24,12 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Dict, NamedTuple, Optional
 
-from .. import switches
+from .. import patches, switches
 from .vit_attention import split_sizes
 
 ENV = 'SWIFT_VORA_PACKED_ATTENTION'
 NAME = 'vora_varlen'
+PADDING_FREE_PATCH = 'sft_padding_free_check'  # swift_vora/patches.py
 PACKED_KEYS = ('cu_seq_lens_q', 'cu_seq_lens_k', 'max_length_q', 'max_length_k')
 
 
@@ -135,8 +136,10 @@ def accept_in_padding_free_check() -> bool:
         return False
     from swift.arguments.sft_args import SftArguments
     original = SftArguments._check_padding_free
-    if getattr(original, '_swift_vora_original', None):
+    if patches.patched_by(original) == PADDING_FREE_PATCH:
         return True
+    if not patches.applicable(PADDING_FREE_PATCH):
+        return False
 
     def _check_padding_free(self):
         if self.attn_impl == NAME:
@@ -145,6 +148,5 @@ def accept_in_padding_free_check() -> bool:
             return None
         return original(self)
 
-    _check_padding_free._swift_vora_original = original
-    SftArguments._check_padding_free = _check_padding_free
+    SftArguments._check_padding_free = patches.mark(_check_padding_free, PADDING_FREE_PATCH, original)
     return True

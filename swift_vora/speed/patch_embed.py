@@ -26,7 +26,7 @@ ENV = 'SWIFT_VORA_PATCH_EMBED'
 # (module, class) of the patch embeddings whose forward calls `self.proj` (a stride == kernel Conv3d): Qwen2-VL,
 # Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE, as swift_vora/patches.py inventories them.
 CLASSES = patches.forward_targets('patch_embed_qwen')
-_ORIGINAL = '_swift_vora_original'
+CONV_PATCH = 'patch_embed_conv_forward'  # the per-instance Conv3d forward (swift_vora/patches.py)
 
 
 def enabled(environ=None) -> bool:
@@ -74,9 +74,10 @@ def use_gemm(conv) -> bool:
     cls = gemm_conv_class()
     if type(conv) is cls:
         return True
-    if not is_patch_conv(conv):
+    if not is_patch_conv(conv) or not patches.applicable(CONV_PATCH):
         return False
     conv.__class__ = cls
+    patches.applied(CONV_PATCH)
     return True
 
 
@@ -90,13 +91,12 @@ def _make_forward(original):
     def forward(self, hidden_states):
         use_gemm(self.proj)
         return original(self, hidden_states)
-    setattr(forward, _ORIGINAL, original)
     forward.__doc__ = original.__doc__
     return forward
 
 
 def is_patched(embed_class) -> bool:
-    return hasattr(embed_class.forward, _ORIGINAL)
+    return patches.patched_by(embed_class.forward) is not None
 
 
 def patch_patch_embeddings() -> List[str]:
@@ -104,4 +104,4 @@ def patch_patch_embeddings() -> List[str]:
     if not enabled():
         return []
     from . import replace_forwards
-    return replace_forwards(CLASSES, lambda cls: _make_forward(cls.forward), is_patched)
+    return replace_forwards('patch_embed_qwen', lambda cls: _make_forward(cls.forward))

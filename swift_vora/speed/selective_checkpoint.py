@@ -36,9 +36,10 @@ from typing import Callable, Dict, FrozenSet
 
 from swift.callbacks import TrainerCallback
 
-from .. import switches
+from .. import patches, switches
 
 ENV = 'SWIFT_VORA_SELECTIVE_CHECKPOINT'
+PATCH = 'selective_checkpoint_func'  # swift_vora/patches.py: the layer's own `_gradient_checkpointing_func`
 MODES = ('off', 'attention', 'matmul')
 logger = logging.getLogger('swift')
 
@@ -98,19 +99,21 @@ def checkpoint_function(which: str) -> Callable:
         original = getattr(checkpoint_module, '_old_checkpoint', checkpoint_module.checkpoint)
         return original(function, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
 
-    checkpoint._swift_vora_selective = which
+    checkpoint.saves = which  # what the policy keeps: attention | matmul
     return checkpoint
 
 
 def apply(model, which: str) -> int:
     """Give every checkpointed, uncompiled decoder layer of `model` the selective checkpoint; returns how many."""
     from .compile_layers import decoder_layers
-    function = checkpoint_function(which)
-    count = 0
-    for layer in decoder_layers(model):
-        if getattr(layer, 'gradient_checkpointing', False) and getattr(layer, '_compiled_call_impl', None) is None:
-            layer._gradient_checkpointing_func = function
-            count += 1
+    layers = [layer for layer in decoder_layers(model) if getattr(layer, 'gradient_checkpointing', False)
+              and getattr(layer, '_compiled_call_impl', None) is None]
+    if not layers or not patches.applicable(PATCH):
+        return 0
+    function = patches.mark(checkpoint_function(which), PATCH)
+    for layer in layers:
+        layer._gradient_checkpointing_func = function
+    count = len(layers)
     _STATS['layers'] = count
     return count
 

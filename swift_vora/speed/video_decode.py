@@ -11,9 +11,10 @@ are kept. Applied in the process that decodes (the template's video path), once 
 """
 from __future__ import annotations
 
-from .. import switches
+from .. import patches, switches
 
 ENV = 'SWIFT_VORA_DECODE_THREADS'
+PATCH = 'decoder_threads'  # swift_vora/patches.py
 
 
 def decoder_threads(environ=None) -> int:
@@ -25,17 +26,18 @@ def limit_decord_threads(environ=None) -> int:
     threads = decoder_threads(environ)
     import decord
     current = decord.VideoReader
-    original = getattr(current, '_swift_vora_original', current)
+    original = patches.upstream(current)
     if threads == 0:
         decord.VideoReader = original
         return 0
-    if getattr(current, '_swift_vora_threads', None) == threads:
+    if patches.patched_by(current) == PATCH and current.default_threads == threads:
         return threads
+    if not patches.applicable(PATCH):
+        return 0
 
     class VideoReader(original):
         __doc__ = original.__doc__
-        _swift_vora_original = original
-        _swift_vora_threads = threads
+        default_threads = threads
 
         def __init__(self, uri, *args, **kwargs):
             if len(args) < 3:  # num_threads is the 4th parameter after uri: (ctx, width, height, num_threads)
@@ -43,5 +45,5 @@ def limit_decord_threads(environ=None) -> int:
             super().__init__(uri, *args, **kwargs)
 
     VideoReader.__name__ = VideoReader.__qualname__ = original.__name__
-    decord.VideoReader = VideoReader
+    decord.VideoReader = patches.mark(VideoReader, PATCH, original)
     return threads

@@ -95,13 +95,11 @@ def _make_forward(original, mod):
                          for a, b, c in parts], dim=1)
         return self.proj(out.reshape(hidden_states.shape[0], -1).contiguous())
 
-    forward._swift_vora_original = original
-    forward._swift_vora_module = mod
     return forward
 
 
 def is_patched(attention_class) -> bool:
-    return bool(getattr(attention_class.forward, '_swift_vora_original', None))
+    return patches.patched_by(attention_class.forward) is not None
 
 
 def batched_groups(attn, cu_seqlens):
@@ -118,8 +116,8 @@ def make_equal_groups_block(block_class, attention_class):
     """`block_class.forward` (transformers 5.17's Qwen3-VL vision block: pre-norm attention and MLP, each added to
     the residual) with the attention as one batched call of equal frame groups: the function compile_layers
     compiles for the vision blocks, taking the group sizes as ints so the compiled graph has no host sync.
-    Needs `attention_class` patched (its module is read from the patch)."""
-    mod = attention_class.forward._swift_vora_module
+    Needs `attention_class` patched."""
+    mod = sys.modules[attention_class.__module__]
 
     def block_forward(block, hidden_states, position_embeddings, groups: int, length: int):
         attended = equal_groups_attention(block.attn, mod, block.norm1(hidden_states), position_embeddings,
@@ -136,4 +134,4 @@ def patch_vision_attention() -> List[str]:
     if not enabled():
         return []
     from . import replace_forwards
-    return replace_forwards(CLASSES, lambda cls: _make_forward(cls.forward, sys.modules[cls.__module__]), is_patched)
+    return replace_forwards('vit_attention_', lambda cls: _make_forward(cls.forward, sys.modules[cls.__module__]))

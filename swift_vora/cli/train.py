@@ -3,9 +3,10 @@
 1. Read the recipe (errors name the file and the key; exit 2).
 2. Plan it (config.json only, no weights). does_not_fit -> exit 3, refused -> exit 4, with the plan's reasons,
    before anything is launched.
-3. Build the launch (swift sft / megatron sft / the Unsloth runner) with the plugin, template video_ora, the
-   dataset, the video budget and window settings as SWIFT_VORA_* env, the backend's config and the guards' env.
-   A MoE model under DeepSpeed ZeRO-3 is refused here too (exit 4), whatever asked for it.
+3. Build the launch once (swift sft / megatron sft / the Unsloth runner; swift_vora/cli/compose.py) with the
+   plugin, template video_ora, the dataset, the video budget and window settings as SWIFT_VORA_* env, the backend's
+   config and the guards' env; the plan's command is that launch's. A MoE model under DeepSpeed ZeRO-3 is refused
+   here too (exit 4), whatever asked for it.
 4. `--dry-run`: print the plan, the exact command and every generated file, and stop (exit 0). Otherwise write
    the files and `launch.json` under OUTPUT_DIR/swift-vora-launch/ and run the command (argv list, no shell);
    the exit code is the child's.
@@ -15,8 +16,16 @@ from __future__ import annotations
 import os
 import sys
 
+from ..backends.base import LaunchUsageError
+from ..backends.common import launch_record, missing_rendezvous
+from ..backends.deepspeed import launch_dir
+from ..backends.planning import plan_recipe
+from ..backends.recipe import RecipeError, load_recipe
 from ..errors import CliError
 from ..json_output import dumps
+from ..plan.model_spec import UnsupportedModel
+from .compose import alternative_overrides, launch_plan
+from .plan import render_plan
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_REFUSED = 0, 1, 2, 3, 4
 
@@ -84,61 +93,40 @@ def dataset_problems(recipe, sample_lines: int = DATA_CHECK_LINES):
     return problems, code
 
 
-def alternative_overrides(plan, recipe) -> list:
+def fits_with_overrides(plan, recipe) -> list:
     """The planner's cheapest alternative on the recipe's own hardware, as `key=value` overrides (ms-swift's
     names where the recipe has them), or [] when only more GPUs would do."""
-    same = [a for a in (getattr(plan, 'alternatives', None) or [])
-            if a.get('num_gpus') == plan.num_gpus and a.get('nodes') == plan.nodes]
-    if not same:
-        return []
-    alt = same[0]
-    wanted = {'train.backend': alt['backend'], 'train.tuner_type': alt['tuner'], 'train.quantization': alt['quant'],
-              'deepspeed.offload': alt['offload'], 'train.per_device_train_batch_size': alt['micro_batch']}
-    if alt['backend'] == 'megatron_ep_lora':
-        wanted.update({'megatron.ep': alt['ep'], 'megatron.tp': alt['tp']})
-    current = {'deepspeed.offload': recipe['deepspeed.offload'] or 'none'}
-    return [f'{key}={value}' for key, value in wanted.items()
-            if value is not None and str(current.get(key, recipe[key])) != str(value)]
+    same = [a for a in (plan.alternatives or []) if a.get('num_gpus') == plan.num_gpus and a.get('nodes') == plan.nodes]
+    return alternative_overrides(same[0], recipe) if same else []
 
 
 def _err(msg: str) -> None:
     print(f'swift-vora train: {msg}', file=sys.stderr)
 
 
-def cmd_train(args) -> int:
+def _load(args):
     from ..recipe_catalog import resolve_recipe
-    from .common import LaunchRefused, LaunchUsageError, launch_record, missing_rendezvous
-    from .launch import build_launch
-    from .planning import command_argv, plan_recipe
-    from .recipe import RecipeError, load_recipe
     try:
-        recipe = load_recipe(resolve_recipe(args.recipe), args.overrides)
+        return load_recipe(resolve_recipe(args.recipe), args.overrides)
     except FileNotFoundError as e:  # neither a file nor a shipped recipe's name
         raise CliError(str(e), EXIT_USAGE) from None
     except RecipeError as e:
         raise CliError(str(e), EXIT_USAGE) from None
+
+
+def cmd_train(args) -> int:
+    recipe = _load(args)
     try:
         plan = plan_recipe(recipe)
     except FileNotFoundError as e:
         raise CliError(f'{recipe.path}: model.path: {e}', EXIT_USAGE) from None
     except (KeyError, ValueError) as e:  # unknown hardware profile, bad request values, unusable config.json
-        from ..plan.model_spec import UnsupportedModel  # ConfigError included: the config is invalid input
         raise CliError(f'{recipe.path}: {e.args[0] if e.args else e}',
                        EXIT_INVALID if isinstance(e, UnsupportedModel) else EXIT_USAGE) from None
-    launch, refusal = None, None
-    if plan.verdict != 'refused':  # does_not_fit: still show the exact command that was not run
-        try:
-            launch = build_launch(plan, recipe)
-        except LaunchRefused as e:
-            refusal = e.reasons
-        except LaunchUsageError as e:
-            raise CliError(str(e), EXIT_USAGE) from None
-        if launch is not None:
-            plan.command = command_argv(launch)
-    if refusal:
-        plan.verdict = 'refused'
-        plan.reasons = list(plan.reasons) + refusal
-        plan.command = []
+    try:  # does_not_fit: the launch is still built, to show the exact command that was not run
+        plan, launch = launch_plan(plan, recipe)
+    except LaunchUsageError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
     if plan.verdict == 'fits' and launch is not None and not args.dry_run:
         # What stops a launch is checked before anything is printed: with --json, stdout then holds the error only.
         source = plan.config_source or {}
@@ -158,17 +146,16 @@ def cmd_train(args) -> int:
     if args.json:
         out = {'plan': plan.to_dict(), 'exit_code': plan.exit_code}
         if plan.verdict == 'does_not_fit':
-            out['fits_with_overrides'] = alternative_overrides(plan, recipe)  # [] when only more GPUs would do
+            out['fits_with_overrides'] = fits_with_overrides(plan, recipe)  # [] when only more GPUs would do
         if launch is not None:
             out['launch'] = {'backend': launch.backend, 'argv': launch.argv, 'env': launch.env, 'files': launch.files,
                              'notes': launch.notes, 'shell': launch.shell()}
         print(dumps(out, indent=2))
     else:
-        from ..plan.cli import render_plan
         print(render_plan(plan))
     if plan.verdict != 'fits' or launch is None:
         _err(f'not launched: {plan.verdict.replace("_", " ")} (exit {plan.exit_code})')  # stderr: JSON stays clean
-        overrides = [] if args.json else alternative_overrides(plan, recipe)  # --json: `fits_with_overrides`
+        overrides = [] if args.json else fits_with_overrides(plan, recipe)  # --json: `fits_with_overrides`
         if overrides:
             _err(f'what fits on this hardware, as recipe overrides: swift-vora train {args.recipe} '
                  f'{" ".join(overrides)}')
@@ -185,7 +172,6 @@ def cmd_train(args) -> int:
         for note in dataset_problems(recipe, sample_lines=DATA_CHECK_LINES)[0]:
             _err(f'note: {note} (a launch would stop here)')
         return EXIT_OK
-    from .deepspeed import launch_dir
     launch.files[os.path.join(launch_dir(recipe), 'launch.json')] = launch_record(launch, plan.to_dict(), recipe)
     sys.stdout.flush()
     rc = launch.run(stdout=sys.stderr.fileno() if args.json else None)

@@ -19,15 +19,17 @@ import sys
 import traceback
 from typing import List, Optional
 
-from .errors import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError, UsageError
+from .. import switches
+from ..errors import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError, UsageError
 
 __all__ = ['EXIT_OK', 'EXIT_INVALID', 'EXIT_USAGE', 'EXIT_DOES_NOT_FIT', 'EXIT_REFUSED', 'build_parser', 'main']
 
 # Each module defines `register_commands(subparsers)`; every parser it adds sets `handler=fn(args) -> int`.
 COMMAND_MODULES = [
-    'swift_vora.plan.cli',  # doctor, plan
+    'swift_vora.cli.doctor',  # doctor
+    'swift_vora.cli.plan',  # plan
     'swift_vora.data.cli',  # data check | build | convert
-    'swift_vora.backends.cli',  # train
+    'swift_vora.cli.train',  # train
     'swift_vora.recipe_catalog',  # recipes ls | show | cp
     'swift_vora.eval.cli',  # eval, parse
     'swift_vora.guards.cli',  # verify-adapter
@@ -71,7 +73,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 parser.error(f'unrecognized arguments: {" ".join(rest)}')
         command = _command_name(args)
         if args.version:
-            from . import __version__
+            from .. import __version__
             print(__version__)
             return EXIT_OK
         if args.command != 'switches':  # `swift-vora switches` is where such a name is looked into
@@ -98,20 +100,28 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f'{command}: interrupted', file=sys.stderr)
         return 130
     except Exception as exc:  # a bug: say so plainly, never pretend it was the user's input
-        if os.environ.get(TRACEBACK_ENV):
+        if _wants_traceback():
             traceback.print_exc()
         message = (f'internal error: {type(exc).__name__}: {exc} (this is a bug in swift-vora; please report it '
                    f'with the command line; {TRACEBACK_ENV}=1 prints the traceback)')
         return _fail(command, message, EXIT_INVALID, want_json)
 
 
+def _wants_traceback() -> bool:
+    """`SWIFT_VORA_TRACEBACK`, read as the flag it is (`0` keeps the one line); a value it cannot read is said."""
+    try:
+        return switches.read(TRACEBACK_ENV)
+    except switches.SwitchError as exc:
+        print(f'swift-vora: {exc}', file=sys.stderr)
+        return False
+
+
 def _check_switch_names() -> None:
     """A `SWIFT_VORA_*` name that is not a switch is a usage error (a misspelt switch would otherwise be ignored
     here and refused later by the plugin inside `swift sft`), with the closest switch's name."""
-    from .switches import SwitchError, check_names
     try:
-        check_names()
-    except SwitchError as exc:
+        switches.check_names()
+    except switches.SwitchError as exc:
         raise UsageError(f'{exc}; `swift-vora switches` lists them') from None
 
 
@@ -128,7 +138,7 @@ def _fail(command: str, message: str, code: int, want_json: bool) -> int:
     try:
         print(f'{command}: {message}', file=sys.stderr)
         if want_json:
-            from .json_output import print_json
+            from ..json_output import print_json
             print_json({'error': message, 'exit_code': code})
         sys.stdout.flush()
     except BrokenPipeError:

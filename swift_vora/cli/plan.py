@@ -1,39 +1,41 @@
-"""`swift-vora doctor` and `swift-vora plan`.
+"""`swift-vora plan`: which backend trains a model on some hardware, whether it fits, and the command `train` would
+run for it.
 
-Exit codes: plan -> 0 fits, 3 does not fit, 4 refused; 1 unreadable/unsupported config.json; 2 usage error.
-Neither command imports torch at module level (`doctor` imports it inside its GPU probe only).
+Exit codes: 0 fits, 3 does not fit, 4 refused; 1 unreadable/unsupported config.json; 2 usage error. The flags are
+read twice, each way forward: into the planner's request, and into the recipe they stand for (`stand_in_recipe`),
+whose launch gives the plan its command (swift_vora/cli/compose.py). Imports neither torch nor ms-swift.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
-from typing import Any, Dict, List
+from typing import Dict, List
 
+from .. import switches
+from ..backends.recipe import Recipe, recipe_from_dict
+from ..budget import ENV_PREFIX, VideoBudget
 from ..cli_values import number, positive_int
+from ..data.windowing import WindowConfig
 from ..errors import InvalidInput, UsageError
 from ..json_output import dumps
+from ..plan import constants as C
+from ..plan.backend import AUTO, Backend
+from ..plan.hardware import PROFILES, resolve
+from ..plan.memory import BACKENDS, COMPILE_MODES, VISION_MODES
+from ..plan.model_source import load_model_spec
+from ..plan.model_spec import LORA_TARGETS, TUNERS, UnsupportedModel
+from ..plan.request import CHECKPOINTS, Plan, PlanRequest
+from ..plan.select import make_plan
+from ..plan.video_budget import budget_sample
+from .compose import has_launch, launch_plan, refused, with_alternative_commands
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+PLAN_DATASET_PLACEHOLDER = 'ANNOTATIONS.jsonl'  # the stand-in recipe's dataset: `plan` has none
 
 
 def register_commands(subparsers) -> None:
-    from .hardware import PROFILES
-    from .memory import BACKENDS, COMPILE_MODES, VISION_MODES
-    from .model_spec import LORA_TARGETS, TUNERS
-    from .select import CHECKPOINTS
-
-    d = subparsers.add_parser('doctor', help='what this machine has: GPUs, container memory limit, RAM, CPUs, '
-                              'package versions',
-                              description='Probe GPUs (torch.cuda, else nvidia-smi), the container memory limit '
-                              '(cgroup v2 memory.max / v1 memory.limit_in_bytes), host RAM (/proc/meminfo), CPUs, '
-                              'the interpreter and package versions.')
-    d.add_argument('--json', action='store_true', help='print JSON')
-    d.add_argument('--cgroup-root', default=None,
-                   help='cgroup filesystem root (default: $SWIFT_VORA_CGROUP_ROOT or /sys/fs/cgroup)')
-    d.add_argument('--no-torch', action='store_true', help='do not import torch (GPUs from nvidia-smi only)')
-    d.set_defaults(handler=cmd_doctor)
-
     p = subparsers.add_parser(
         'plan', help='choose a backend and predict whether training fits (reads config.json only)',
         description='Decide which backend can train MODEL on this hardware and whether it fits, from config.json '
@@ -53,7 +55,7 @@ def register_commands(subparsers) -> None:
     t = p.add_argument_group('training')
     t.add_argument('--tuner', choices=TUNERS, default='lora',
                    help='lora (default), full, or selective (attention + shared experts)')
-    t.add_argument('--backend', choices=('auto', ) + BACKENDS, default='auto')
+    t.add_argument('--backend', choices=(AUTO, ) + BACKENDS, default=AUTO)
     t.add_argument('--offload', choices=('none', 'cpu'), default='none', help='DeepSpeed CPU offload')
     t.add_argument('--quant', choices=('none', '4bit'), default='none', help='4bit = QLoRA base (dense only)')
     t.add_argument('--ep', type=positive_int(4096), default=None,
@@ -107,72 +109,8 @@ def register_commands(subparsers) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-def cmd_doctor(args) -> int:
-    from .probe import doctor_report
-    def progress(message: str) -> None:  # stderr, so that --json output stays one object on stdout
-        print(f'swift-vora doctor: {message}', file=sys.stderr, flush=True)
-
-    rep = doctor_report(root=args.cgroup_root, use_torch=not args.no_torch, progress=progress)
-    if args.json:
-        print(dumps(rep, indent=2))
-        return EXIT_OK
-    print(render_doctor(rep))
-    return EXIT_OK
-
-
-def render_doctor(rep: Dict[str, Any]) -> str:
-    out: List[str] = []
-    gpus = rep['gpus']
-    out.append(f'GPUs ({rep["gpu_probe"]}): {len(gpus) if gpus else "none"}')
-    for g in gpus:
-        free = f', {g["free_gib"]:.2f} GiB free' if g.get('free_gib') is not None else ''
-        out.append(f'  [{g["index"]}] {g["name"]}: {g["total_gib"]:.2f} GiB total{free}')
-    m = rep['memory']
-    if m['status'] == 'none found':
-        out.append(f'container memory limit: none found (no memory.max / memory/memory.limit_in_bytes under '
-                   f'{m["cgroup_root"]})')
-    elif m['status'] == 'unlimited':
-        out.append(f'container memory limit: cgroup {m["cgroup_version"]}, no limit ("max")')
-    else:
-        out.append(f'container memory limit: {m["limit_gib"]:.2f} GiB (cgroup {m["cgroup_version"]}, '
-                   f'{m["limit_file"]})')
-    if m.get('usage_gib') is not None:
-        out.append(f'  usage now: {m["usage_gib"]:.2f} GiB' +
-                   (f', peak {m["peak_bytes"] / 1024 ** 3:.2f} GiB' if m.get('peak_bytes') else ''))
-    if m['cgroup_version']:
-        out.append(f'  past OOM kills: {m["oom_kill"] if m.get("oom_kill") is not None else "not readable"}')
-    h = rep['host']
-    if h.get('mem_total_gib') is not None:
-        out.append(f'host RAM (/proc/meminfo): {h["mem_total_gib"]:.2f} GiB total, '
-                   f'{h["mem_available_gib"] or 0:.2f} GiB available')
-    else:
-        out.append('host RAM: /proc/meminfo not readable')
-    if rep.get('host_limit_gib') is not None:
-        out.append(f'plan with: {rep["host_limit_gib"]:.2f} GiB host RAM ({rep["host_limit_source"]})')
-    c = rep['cpus']
-    out.append(f'CPUs: {c["count"]} usable (affinity {c["affinity"]}, cgroup quota '
-               f'{c["cgroup_quota"] if c["cgroup_quota"] else "none"}, os.cpu_count {c["os_cpu_count"]})')
-    py = rep['python']
-    out.append(f'python: {py["executable"]} ({py["implementation"]} {py["version"]})')
-    pk = rep['packages']
-    have = [f'{k} {v}' for k, v in pk.items() if v]
-    missing = [k for k, v in pk.items() if not v]
-    out.append('packages: ' + (', '.join(have) if have else 'none found'))
-    if missing:
-        out.append('not installed: ' + ', '.join(missing))
-    if rep['warnings']:
-        out.append('warnings:')
-        out += [f'  - {w}' for w in rep['warnings']]
-    return '\n'.join(out)
-
-
-# ---------------------------------------------------------------------------------------------------------------
 def sample_budget(args, environ=None):
     """(VideoBudget, window seconds) for `plan`: flags, else SWIFT_VORA_* environment, else the template's defaults."""
-    import os
-
-    from ..budget import ENV_PREFIX, VideoBudget
-    from ..data.windowing import WindowConfig
     environ = os.environ if environ is None else environ
     flags = {'fps': args.fps, 'min_frames': args.min_frames, 'max_frames': args.max_frames,
              'pair_tokens': args.pair_tokens, 'max_video_tokens': args.max_video_tokens}
@@ -185,31 +123,27 @@ def sample_budget(args, environ=None):
         raise ValueError(f'the video budget in the environment is not valid ({given}): {e}') from e
     budget = budget.updated({k: v for k, v in flags.items() if v is not None})
     window = args.window
-    if window is None and environ.get(ENV_PREFIX + 'WINDOW') not in (None, ''):
-        raw = environ[ENV_PREFIX + 'WINDOW']
-        try:
-            window = None if raw.lower() in ('none', '0') else float(raw)
-        except ValueError as e:
-            raise ValueError(f'{ENV_PREFIX}WINDOW={raw!r} is not a number of seconds') from e
+    if window is None and switches.given(ENV_PREFIX + 'WINDOW', environ):
+        window = switches.read(ENV_PREFIX + 'WINDOW', environ)
         if window is None:
-            raise ValueError(f'{ENV_PREFIX}WINDOW={raw} trains whole videos: give the clip length to plan with '
-                             f'--window')
+            raise ValueError(f'{ENV_PREFIX}WINDOW={environ[ENV_PREFIX + "WINDOW"]} trains whole videos: give the '
+                             f'clip length to plan with --window')
     if window is None:
         window = WindowConfig().window
     return budget, float(window)
 
 
-def request_from_args(args):
-    from . import constants as C
-    from .select import PlanRequest
-    from .video_budget import budget_sample
+def _check_args(args) -> None:
     video = [args.fps, args.min_frames, args.max_frames, args.pair_tokens, args.max_video_tokens, args.window]
     if args.seq_len is not None and any(v is not None for v in video):
         raise ValueError('give either --seq-len or the video budget (--fps/--min-frames/--max-frames/--pair-tokens/'
                          '--max-video-tokens/--window), not both')
     if args.hardware and (args.gpus is not None or args.gpu_mem_gib is not None):
         raise ValueError('give either --hardware or --gpus/--gpu-mem-gib, not both')
-    budget, window = sample_budget(args)
+
+
+def request_from_args(args, budget: VideoBudget, window: float) -> PlanRequest:
+    """The planner's request: the sample the template makes of a `window`-second clip under `budget`."""
     if window <= 0:
         raise ValueError('--window must be positive')
     frames, pair_tokens = budget_sample(budget, window)
@@ -226,17 +160,41 @@ def request_from_args(args):
         vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT)
 
 
+def stand_in_recipe(args, budget: VideoBudget, window: float, hw) -> Recipe:
+    """The recipe `plan`'s flags stand for, made from the flags as the request is (not from the request): what
+    `train` would run for them, with ANNOTATIONS.jsonl in place of the dataset `plan` has none of. The video budget
+    travels as the budget (its caps, not the frames one clip gets); RecipeError where the flags make no recipe."""
+    model = args.model[:-len('/config.json')] if args.model.endswith('/config.json') else args.model
+    pack = args.pack_length
+    doc = {
+        'gpus': int(hw.num_gpus or 1), 'gpu_mem_gib': float(hw.gpu_mem_gib or 1.0), 'nodes': int(args.nodes),
+        'model': {'path': model},
+        'data': {'dataset': PLAN_DATASET_PLACEHOLDER, 'window': float(window),
+                 **({'max_length': pack} if pack else {})},
+        'video': budget.to_dict(),
+        'train': {'backend': args.backend, 'tuner': args.tuner, 'quantization': args.quant,
+                  'lora_rank': args.lora_rank if args.lora_rank is not None else C.DEFAULT_LORA_RANK,
+                  'micro_batch': args.micro_batch,
+                  'target_modules': 'attention' if args.lora_targets == 'attention' else 'all-linear',
+                  'gradient_checkpointing': not args.no_gradient_checkpointing, 'compile': args.compile,
+                  **({'packing': 'dataset'} if pack else {})},
+        'deepspeed': {'offload': args.offload},
+        'megatron': {'ep': args.ep, 'tp': args.tp},
+    }
+    return recipe_from_dict(doc, where='<plan request>')
+
+
 class PlanUsageError(ValueError):
     """Bad arguments (exit 2)."""
 
 
-def plan_from_args(args):
-    """The Plan for parsed `plan` arguments. Raises PlanUsageError (exit 2), UnsupportedModel/ValueError (exit 1)."""
-    from .hardware import resolve
-    from .model_spec import load_model_spec
-    from .select import make_plan
+def plan_from_args(args) -> Plan:
+    """The plan for parsed `plan` arguments, with the commands `train` would run for the recipe they stand for.
+    Raises PlanUsageError (exit 2), UnsupportedModel/ValueError (exit 1)."""
     try:
-        req = request_from_args(args)
+        _check_args(args)
+        budget, window = sample_budget(args)
+        req = request_from_args(args, budget, window)
         req.validate()
         hw = resolve(args.hardware, args.gpus, args.gpu_mem_gib, args.host_ram_gib, args.nodes)
     except (ValueError, KeyError) as e:
@@ -246,10 +204,17 @@ def plan_from_args(args):
     except FileNotFoundError as e:
         raise PlanUsageError(str(e)) from e
     req.hardware = hw
-    return make_plan(req, spec=spec, hardware=hw)
+    plan = make_plan(req, spec=spec, hardware=hw)
+    recipe = None
+    try:  # environ={}: the commands do not depend on the environment `plan` runs in
+        recipe = stand_in_recipe(args, budget, window, hw)
+        return launch_plan(plan, recipe, environ={})[0]
+    except ValueError as exc:  # RecipeError, LaunchUsageError: `train` would stop on these settings
+        plan = with_alternative_commands(plan, recipe, environ={})
+        return refused(plan, [f'swift-vora train would not launch this: {exc}']) if has_launch(plan) else plan
 
 
-def plan_from_argv(argv: List[str]):
+def plan_from_argv(argv: List[str]) -> Plan:
     """`swift-vora plan ARGV` as a Plan object (benchmarks/calibration_table.py recomputes its table with it)."""
     parser = argparse.ArgumentParser(prog='swift-vora')
     register_commands(parser.add_subparsers(dest='command'))
@@ -257,7 +222,6 @@ def plan_from_argv(argv: List[str]):
 
 
 def cmd_plan(args) -> int:
-    from .model_spec import UnsupportedModel
     try:
         plan = plan_from_args(args)
     except PlanUsageError as e:
@@ -307,7 +271,7 @@ def render_plan(plan) -> str:
     lines.append(f'request  : {tuner}, offload {plan.offload}, quant {plan.quant}, micro batch {plan.micro_batch}, '
                  f'{tok.get("total_tokens", "?")} tokens/sample'
                  + (f', {plan.trainable_params / 1e6:,.1f} M trainable' if plan.trainable_params else ''))
-    par = f' (EP {plan.ep}, TP {plan.tp})' if plan.backend == 'megatron_ep_lora' else ''
+    par = f' (EP {plan.ep}, TP {plan.tp})' if plan.backend == Backend.MEGATRON_EP_LORA else ''
     lines.append(f'backend  : {plan.backend}{par}')
     lines.append(f'verdict  : {plan.verdict.upper().replace("_", " ")} (exit {plan.exit_code})')
     if plan.gpu_peak_gib is not None:
@@ -340,7 +304,7 @@ def render_plan(plan) -> str:
     return '\n'.join(lines)
 
 
-def main(argv=None) -> int:  # pragma: no cover - convenience for `python -m swift_vora.plan.cli`
+def main(argv=None) -> int:  # pragma: no cover - convenience for `python -m swift_vora.cli.plan`
     parser = argparse.ArgumentParser(prog='swift-vora')
     register_commands(parser.add_subparsers(dest='command'))
     args = parser.parse_args(argv)

@@ -1,0 +1,145 @@
+"""What fits instead: the alternatives a plan that does not fit offers, cheapest first."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import constants as C
+from .backend import Backend
+from .fit import checkpoints_of, estimate_for, fits, param_count, samples_per_row
+from .hardware import Hardware
+from .memory import DEEPSPEED_BACKENDS, MemoryEstimate
+from .model_spec import ModelSpec
+from .request import OFFLOADS, QUANTS, PlanRequest
+from .rules import MEGATRON_SUPPORTED_MODEL_TYPES, check_refusal, choose_ep
+from .video_budget import VideoTokens
+
+
+def _candidate_backends(spec: ModelSpec, world: int, tuner: str) -> List[Backend]:
+    if not spec.is_moe:
+        return [Backend.DEEPSPEED_ZERO3, Backend.DEEPSPEED_ZERO2, Backend.DDP]
+    out = []
+    if world == 1 and tuner == 'lora':
+        out.append(Backend.UNSLOTH_SPLIT_LORA)
+    if world > 1 and tuner == 'lora' and spec.model_type in MEGATRON_SUPPORTED_MODEL_TYPES:
+        out.append(Backend.MEGATRON_EP_LORA)
+    return out + [Backend.DEEPSPEED_ZERO2, Backend.DDP]
+
+
+_TUNER_LADDER = {'full': ['full', 'selective', 'lora'], 'selective': ['selective', 'lora'], 'lora': ['lora']}
+
+
+def _evaluate(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend,
+              ep: Optional[int] = None, tp: Optional[int] = None):
+    ep = ep if ep is not None else (choose_ep(spec, hw.world) if backend == Backend.MEGATRON_EP_LORA else 1)
+    tp = tp if tp is not None else 1
+    if check_refusal(spec, hw.world, req, backend, ep, tp):
+        return None
+    est, _ = estimate_for(spec, tokens, req, hw, backend, ep, tp)
+    gpu_ok, host_ok = fits(est, hw)
+    return est, gpu_ok and host_ok, ep, tp
+
+
+def _alt_dict(req: PlanRequest, hw: Hardware, backend: Backend, est: MemoryEstimate, ep: int, tp: int,
+              label: str) -> Dict[str, Any]:
+    return {'label': label, 'backend': backend, 'tuner': req.tuner, 'offload': req.offload, 'quant': req.quant,
+            'micro_batch': req.micro_batch, 'pack_length': req.pack_length, 'num_gpus': hw.num_gpus,
+            'nodes': hw.nodes, 'ep': ep, 'tp': tp,
+            'gpu_mem_gib': hw.gpu_mem_gib, 'gpu_peak_gib': round(est.gpu_peak / C.GiB, 2),
+            'host_peak_gib': round(est.host_peak / C.GiB, 2), 'host_limit_gib': hw.host_ram_gib,
+            'trainable_params': est.trainable_params, 'checkpoints': checkpoints_of(est)}
+
+
+def describe_alternative(a: Dict[str, Any], spec: ModelSpec) -> str:
+    tuner = {'lora': f'LoRA (r={a.get("lora_rank", "")})' if a.get('lora_rank') else 'LoRA',
+             'full': 'full SFT',
+             'selective': 'selective unfreezing (attention' + (' + shared experts' if spec.num_shared_experts else '')
+                          + ')'}[a['tuner']]
+    bits = [f'{tuner} with {a["backend"]}']
+    if a['offload'] == 'cpu':
+        bits.append('CPU offload')
+    if a['quant'] == '4bit':
+        bits.append('4-bit base (QLoRA)')
+    if a['backend'] == Backend.MEGATRON_EP_LORA:
+        bits.append(f'EP {a["ep"]}, TP {a["tp"]}')
+    if a['micro_batch'] != 1:
+        bits.append(f'micro batch {a["micro_batch"]}')
+    if a.get('pack_length'):
+        bits.append(f'packed rows of up to {a["pack_length"]} tokens')
+    gpus = f'{a["num_gpus"]} x {a["gpu_mem_gib"]:g} GiB GPU' + ('s' if a['num_gpus'] > 1 else '')
+    if a['nodes'] > 1:
+        gpus += f' x {a["nodes"]} nodes'
+    host = (f'host {a["host_peak_gib"]:.1f} GiB of {a["host_limit_gib"]:.1f} GiB limit'
+            if a['host_limit_gib'] is not None else f'host {a["host_peak_gib"]:.1f} GiB')
+    return (f'{", ".join(bits)} on {gpus}: {a["gpu_peak_gib"]:.1f} GiB per GPU '
+            f'({param_count(a["trainable_params"])} trainable), {host}')
+
+
+def find_alternatives(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware,
+                      current: Tuple[str, int, int]) -> List[Dict[str, Any]]:
+    """Candidates that fit, cheapest first: same hardware (smaller micro batch, other backend / offload, selective,
+    LoRA, 4-bit for dense LoRA), then more GPUs of the same kind (2, 4, 8 per node with the same host RAM, then 2,
+    4, 8 nodes like this one)."""
+    found: List[Dict[str, Any]] = []
+    seen = {(req.tuner, current[0], req.offload, req.quant, req.micro_batch, req.pack_length, hw.num_gpus, hw.nodes,
+             current[2])}
+
+    def consider(r: PlanRequest, h: Hardware, backend: Backend, label: str, tp: int = 1) -> bool:
+        key = (r.tuner, backend, r.offload, r.quant, r.micro_batch, r.pack_length, h.num_gpus, h.nodes, tp)
+        if key in seen:
+            return False
+        seen.add(key)
+        res = _evaluate(spec, tokens, r, h, backend, tp=tp)
+        if res is None:
+            return False
+        est, ok, ep, tp = res
+        if ok:
+            d = _alt_dict(r, h, backend, est, ep, tp, label)
+            d['lora_rank'] = r.lora_rank if r.tuner == 'lora' else None
+            d['request'] = replace(r, ep=ep, tp=tp)
+            found.append(d)
+        return ok
+
+    def sweep(h: Hardware, label: str) -> None:
+        for tuner in _TUNER_LADDER[req.tuner]:
+            if spec.is_moe or tuner != 'lora':
+                quants = ['none']
+            else:  # dense LoRA: bf16 first, then QLoRA (or the other way round if 4-bit was asked for)
+                quants = [req.quant] + [q for q in QUANTS if q != req.quant]
+            for quant in quants:
+                for off in OFFLOADS:
+                    for backend in _candidate_backends(spec, h.world, tuner):
+                        if off == 'cpu' and (backend not in DEEPSPEED_BACKENDS or quant != 'none'):
+                            continue
+                        r = replace(req, tuner=tuner, offload=off, quant=quant, backend=backend, ep=None, tp=None)
+                        tps = [1]
+                        if backend == Backend.MEGATRON_EP_LORA:  # tensor parallel also splits the vocab-parallel logits
+                            tps = [t for t in (1, 2, 4, 8) if h.world % t == 0 and spec.num_heads % t == 0
+                                   and spec.num_kv_heads % t == 0]
+                        for tp in tps:
+                            consider(r, h, backend, label, tp)
+
+    if req.micro_batch > 1:
+        r1 = replace(req, micro_batch=1, ep=None, tp=None)
+        consider(r1, hw, current[0], 'same hardware, micro batch 1')
+    if req.pack_length and samples_per_row(req, tokens) > 1:  # shorter packed rows, then none
+        for length, label in ((tokens.total_tokens * 2, 'rows of two samples'), (None, 'unpacked')):
+            if length is not None and length >= req.pack_length:
+                continue
+            r1 = replace(req, pack_length=length, micro_batch=1, ep=None, tp=None)
+            if consider(r1, hw, current[0], f'same hardware, dataset packing: {label}'):
+                break
+    sweep(hw, 'same hardware')
+    bigger = []
+    for n in (2, 4, 8):
+        if n > hw.num_gpus:
+            bigger.append(hw.with_gpus(n, 1 if hw.nodes == 1 else hw.nodes))
+    for nodes in (2, 4, 8):  # more nodes like this one
+        if nodes > hw.nodes:
+            bigger.append(hw.with_gpus(hw.num_gpus, nodes))
+    for h in bigger:
+        before = len(found)
+        sweep(h, 'more GPUs')
+        if len(found) > before and any(f['tuner'] == req.tuner for f in found):
+            break
+    return found

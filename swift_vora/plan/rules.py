@@ -1,0 +1,135 @@
+"""The planner's rules: which backend `auto` means, the expert-parallel size, and the refused combinations.
+
+Rules (the product's defaults):
+  dense model                -> deepspeed_zero3 (also on one GPU: the stated dense default; ZeRO-3 on one GPU
+                                costs a little speed and keeps one code path from 1 to N GPUs)
+  MoE model, one GPU, LoRA   -> unsloth_split_lora
+  MoE model, one GPU, full / selective -> deepspeed_zero2 (ZeRO-3 is refused for MoE, Unsloth's split LoRA
+                                trains adapters only)
+  MoE model, several GPUs    -> megatron_ep_lora, EP = gcd(routed experts, GPUs) (EP divides both), if
+                                mcore-bridge supports the model type; else deepspeed_zero2
+Refusals (verdict "refused", exit 4) each name their rule and the alternative; see REFUSAL_RULES.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+from .backend import Backend
+from .memory import DEEPSPEED_BACKENDS
+from .model_spec import ModelSpec
+from .request import PlanRequest
+
+# Model types Megatron-SWIFT can train through mcore-bridge: the HF model_type lists of its register_model(ModelMeta(
+# ...)) calls, as in mcore-bridge 1.6.5 (the version installed next to ms-swift 4.6 here) and modelscope/mcore-bridge
+# main (Nov 2026): model/gpts/llm.py (qwen2, llama, qwen3, qwen2_moe, qwen3_moe, internlm3, mimo, deepseek*, kimi_k2,
+# dots1, ernie4_5*, glm4_moe*, gpt_oss), gpts/qwen3_next.py, gpts/olmoe.py, gpts/glm4.py, gpts/minimax_m2.py,
+# mm_gpts/qwen.py (qwen2_vl, qwen2_5_vl), mm_gpts/qwen3_vl.py (qwen3_vl, qwen3_vl_moe), mm_gpts/qwen3_5*.py
+# (qwen3_5, qwen3_5_moe), mm_gpts/glm4v*.py (glm4v, glm4v_moe), llama4. Not there: mixtral, among others.
+# tests/test_plan_select.py re-reads the installed package for every model type the planner has family code for.
+MEGATRON_SUPPORTED_MODEL_TYPES = frozenset({
+    'qwen2', 'qwen2_moe', 'qwen3', 'qwen3_moe', 'qwen3_next', 'llama', 'internlm3', 'mimo', 'deepseek',
+    'deepseek_v2', 'deepseek_v3', 'deepseek_v32', 'kimi_k2', 'dots1', 'ernie4_5', 'ernie4_5_moe', 'glm4_moe',
+    'glm4_moe_lite', 'glm_moe_dsa', 'gpt_oss', 'olmoe', 'glm4', 'minimax_m2', 'qwen2_vl', 'qwen2_5_vl', 'qwen3_vl',
+    'qwen3_vl_moe', 'qwen3_5', 'qwen3_5_moe', 'glm4v', 'glm4v_moe', 'llama4'
+})
+
+REFUSAL_RULES = {
+    'zero3-moe': 'ZeRO-3 (or any DeepSpeed stage with ZeRO-3 semantics, zero3_offload included) with a MoE model',
+    'qlora-moe': '4-bit / QLoRA with a MoE model',
+    'quant-needs-lora': '4-bit weights with a tuner other than LoRA',
+    'quant-megatron': '4-bit with the Megatron backend',
+    'unsloth-multi-gpu': 'Unsloth on several GPUs',
+    'unsloth-lora-only': 'unsloth_split_lora with full or selective training',
+    'megatron-lora-only': 'megatron_ep_lora with full or selective training',
+    'megatron-model-type': 'Megatron for a model type mcore-bridge does not support',
+    'offload-deepspeed-only': 'CPU offload with a backend other than DeepSpeed',
+    'parallel-megatron-only': '--ep/--tp with a backend other than megatron_ep_lora',
+    'ep-needs-moe': 'expert parallelism for a dense model',
+    'ep-divides': 'an EP size that does not divide both the expert count and the GPU count',
+    'tp-divides': 'a TP size that does not divide the GPU count and the attention heads',
+}
+
+
+def auto_backend(spec: ModelSpec, world: int, tuner: str) -> Tuple[Backend, str]:
+    """(backend, why) for backend=auto."""
+    if not spec.is_moe:
+        return Backend.DEEPSPEED_ZERO3, 'dense model -> DeepSpeed ZeRO-3 (the dense default, from 1 to N GPUs)'
+    if world <= 1:
+        if tuner == 'lora':
+            return Backend.UNSLOTH_SPLIT_LORA, 'MoE model on one GPU -> Unsloth split LoRA'
+        return Backend.DEEPSPEED_ZERO2, (f'MoE model, {tuner} training on one GPU -> DeepSpeed ZeRO-2 (ZeRO-3 is '
+                                         f'refused for MoE; Unsloth split LoRA trains adapters only)')
+    if spec.model_type in MEGATRON_SUPPORTED_MODEL_TYPES and tuner == 'lora':
+        return Backend.MEGATRON_EP_LORA, f'MoE model on {world} GPUs -> Megatron expert-parallel (mcore-bridge)'
+    if tuner != 'lora':  # the Megatron launcher trains LoRA only
+        return Backend.DEEPSPEED_ZERO2, (f'MoE model, {tuner} training on {world} GPUs -> DeepSpeed ZeRO-2 '
+                                         '(megatron_ep_lora trains LoRA only; ZeRO-3 is refused for MoE)')
+    return Backend.DEEPSPEED_ZERO2, (f'MoE model on {world} GPUs, but mcore-bridge does not support '
+                                     f'{spec.model_type} -> DeepSpeed ZeRO-2 (ZeRO-3 is refused for MoE)')
+
+
+def choose_ep(spec: ModelSpec, world: int) -> int:
+    """Largest EP dividing both the routed expert count and the GPU count."""
+    if not spec.is_moe or world <= 1:
+        return 1
+    return math.gcd(spec.num_experts, world)
+
+
+def _moe_alternative(spec: ModelSpec, world: int) -> str:
+    if world > 1 and spec.model_type in MEGATRON_SUPPORTED_MODEL_TYPES:
+        return f'megatron_ep_lora (expert-parallel LoRA, EP {choose_ep(spec, world)})'
+    if world > 1:
+        return 'unsloth_split_lora on one GPU, or deepspeed_zero2'
+    return 'unsloth_split_lora (bf16 split LoRA on one GPU)'
+
+
+def check_refusal(spec: ModelSpec, world: int, req: PlanRequest, backend: Backend, ep: int,
+                  tp: int) -> Optional[Tuple[str, str, str]]:
+    """(rule id, reason, alternative) if the combination is refused, else None."""
+    moe = spec.is_moe
+    if req.quant == '4bit' and moe:
+        return ('qlora-moe', f'{spec.model_type} is a MoE model: bitsandbytes 4-bit does not quantize the fused 3-D '
+                'expert tensors (nn.Parameters, not nn.Linear), and the MoE paths here (Unsloth split LoRA, Megatron '
+                'EP) train on a bf16 base', f'bf16 LoRA with {_moe_alternative(spec, world)}')
+    if req.quant == '4bit' and req.tuner != 'lora':
+        return ('quant-needs-lora', f'4-bit weights cannot be trained: QLoRA is LoRA on a frozen 4-bit base, not '
+                f'{req.tuner} training', '--tuner lora --quant 4bit, or --quant none')
+    if req.quant == '4bit' and backend == Backend.MEGATRON_EP_LORA:
+        return ('quant-megatron', 'Megatron-SWIFT has no bitsandbytes 4-bit path', 'deepspeed_zero3 with --quant 4bit')
+    if backend == Backend.DEEPSPEED_ZERO3 and moe:
+        return ('zero3-moe', f'{spec.model_type} is a MoE model ({spec.num_experts} routed experts): ZeRO-3 gathers '
+                'every fused expert block on every rank; DeepSpeed\'s own MoE layer refuses ZeRO-3, and swift\'s '
+                'leaf-module workaround runs but slowly — maintainers point MoE users to Megatron',
+                _moe_alternative(spec, world) + ('' if world > 1 else '; or deepspeed_zero2 for full training'))
+    if backend == Backend.UNSLOTH_SPLIT_LORA and world > 1:
+        alt = _moe_alternative(spec, world) if moe else Backend.DEEPSPEED_ZERO3
+        return ('unsloth-multi-gpu', f'Unsloth trains on one GPU; this plan has {world} GPUs', alt)
+    if backend == Backend.UNSLOTH_SPLIT_LORA and req.tuner != 'lora':
+        return ('unsloth-lora-only', f'unsloth_split_lora trains LoRA adapters only, not {req.tuner} training',
+                '--tuner lora, or deepspeed_zero2' + ('' if moe else ' / deepspeed_zero3'))
+    if backend == Backend.MEGATRON_EP_LORA and req.tuner != 'lora':  # what the Megatron launcher accepts
+        return ('megatron-lora-only', f'megatron_ep_lora trains LoRA adapters only, not {req.tuner} training',
+                '--tuner lora, or deepspeed_zero2' + ('' if moe else ' / deepspeed_zero3'))
+    if backend == Backend.MEGATRON_EP_LORA and spec.model_type not in MEGATRON_SUPPORTED_MODEL_TYPES:
+        alt = ('unsloth_split_lora (one GPU) or deepspeed_zero2' if moe else Backend.DEEPSPEED_ZERO3)
+        return ('megatron-model-type', f'mcore-bridge does not support model_type {spec.model_type!r} (supported '
+                f'list: plan/rules.py MEGATRON_SUPPORTED_MODEL_TYPES, from modelscope/mcore-bridge)', alt)
+    if req.offload == 'cpu' and backend not in DEEPSPEED_BACKENDS:
+        return ('offload-deepspeed-only', f'CPU offload here means DeepSpeed offload_optimizer/offload_param; '
+                f'{backend} has no such option in this planner',
+                'deepspeed_zero2 --offload cpu' + ('' if moe else ' or deepspeed_zero3 --offload cpu'))
+    if (req.ep not in (None, 1) or req.tp not in (None, 1)) and backend != Backend.MEGATRON_EP_LORA:
+        return ('parallel-megatron-only', f'--ep/--tp set Megatron parallelism; backend {backend} does not use them',
+                '--backend megatron_ep_lora, or drop --ep/--tp')
+    if backend == Backend.MEGATRON_EP_LORA:
+        if ep > 1 and not moe:
+            return ('ep-needs-moe', f'{spec.model_type} is dense: there are no experts to split',
+                    '--ep 1 (or omit it)')
+        if moe and (spec.num_experts % ep or world % ep):
+            return ('ep-divides', f'EP {ep} must divide both the {spec.num_experts} routed experts and the {world} '
+                    f'GPUs', f'--ep {choose_ep(spec, world)}')
+        if world % tp or spec.num_heads % tp or spec.num_kv_heads % tp:
+            return ('tp-divides', f'TP {tp} must divide the {world} GPUs, the {spec.num_heads} attention heads and '
+                    f'the {spec.num_kv_heads} KV heads', '--tp 1')
+    return None
