@@ -150,6 +150,12 @@ PATCHES = (
           'sets', ('self', ), 'speed/compile_layers.py', 'SWIFT_VORA_COMPILE_CHECKPOINT=eager (the default)',
           'tests/test_compile_layers.py',
           uses=('torch.utils.checkpoint._old_checkpoint = ', 'torch.utils.checkpoint.checkpoint = ')),
+    # a video_ora checkpoint's trained budget into the environment before its template and dataset are built, and
+    # its file into the model's additional_saved_files (what save_checkpoint copies into a merged model)
+    Patch('trained_budget_template', 'swift.arguments.base_args.base_args:BaseArguments.get_template', 'ms-swift',
+          'wraps', ('self', 'processor', 'kwargs'), 'trained_budget.py', 'export the SWIFT_VORA_* budget you want '
+          '(it wins, with a warning), or delete swift_vora_budget.json from the checkpoint',
+          'tests/test_trained_budget.py', uses=('get_template_kwargs', "template_kwargs['template_type']")),
     # qwen_vl_utils' fetch_video decodes with the reader its module globals name, chosen once per process: the PyAV
     # reader is added to VIDEO_READER_BACKENDS, the chosen one set in FORCE_QWENVL_VIDEO_READER (what
     # get_video_reader_backend reads) and that cached choice cleared

@@ -48,6 +48,8 @@ def register_all() -> None:
     patch_vision_attention()
     from .speed.patch_embed import patch_patch_embeddings  # cuDNN's Conv3d kernel for one patch per row is slow
     patch_patch_embeddings()
+    from . import trained_budget  # a checkpoint infers with the video budget it was trained on
+    trained_budget.install()
     from .speed import packed_attention  # --attn_impl vora_varlen: --padding_free/--packing without flash-attn
     packed_attention.register()
     packed_attention.accept_in_padding_free_check()
@@ -65,7 +67,7 @@ def register_callbacks() -> None:
     from swift.callbacks import callbacks_map
     from swift.trainers.mixin import SwiftMixin
 
-    from . import patches, process_group_exit, speed
+    from . import patches, process_group_exit, speed, trained_budget
     from .guards.registry import GUARDS, enabled_guards, guard_class
 
     for name in GUARDS:
@@ -85,6 +87,7 @@ def register_callbacks() -> None:
                           if PREFIX + name not in named]
             callbacks += [speed.callback_class(lever)(args, self) for lever in levers  # trainer-level like guards
                           if lever.enabled() and PREFIX + lever.name not in named]
+            callbacks.append(trained_budget.record_on_save_callback(args, self))  # the budget in every checkpoint
         callbacks.append(process_group_exit.train_end_callback())  # every trainer: gloo ranks leave together
         return callbacks
 

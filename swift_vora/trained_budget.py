@@ -33,7 +33,7 @@ SWITCHES = ('SWIFT_VORA_FPS', 'SWIFT_VORA_MIN_FRAMES', 'SWIFT_VORA_MAX_FRAMES', 
 ANSWER_MARGIN_TOKENS = 16
 MIN_NEW_TOKENS = 32
 
-logger = logging.getLogger('swift_vora')
+logger = logging.getLogger('swift')  # ms-swift's logger: its handlers print INFO in swift's processes
 _answer_chars: Dict[str, int] = {'max': 0}  # the longest answer this process built rows for (dataset.py)
 
 
@@ -137,3 +137,96 @@ def describe(switch_values: Mapping[str, str]) -> str:
 
 def recorded_names() -> List[str]:
     return list(SWITCHES)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# inside ms-swift: record with every checkpoint, apply when a checkpoint's template is built, copy into merged models
+# ---------------------------------------------------------------------------------------------------------------
+TEMPLATE = 'video_ora'
+
+
+def _is_video_ora(template_type: Any) -> bool:
+    return template_type == TEMPLATE
+
+
+def apply_for_arguments(args: Any) -> Optional[Dict[str, Any]]:
+    """ms-swift arguments about to build a video_ora template for a checkpoint (`--adapters`, a merged `--model`):
+    take the checkpoint's budget into the environment (read by the template and the dataset, which are built
+    next), and its answer length as `max_new_tokens` when the command line gives none."""
+    if not _is_video_ora(getattr(args, 'template', None)):
+        return None
+    path = find(getattr(args, 'ckpt_dir', None), *(getattr(args, 'adapters', None) or []))
+    if path is None:
+        return None
+    done = apply_to_environment(path)
+    if done['max_new_tokens'] and hasattr(args, 'max_new_tokens') and args.max_new_tokens is None:
+        args.max_new_tokens = done['max_new_tokens']
+        logger.info(f'swift-vora: max_new_tokens={args.max_new_tokens} (twice the longest trained answer, {path})')
+    return done
+
+
+def install() -> None:
+    """One narrow patch (swift_vora/patches.py: `trained_budget_template`) around ms-swift's
+    `BaseArguments.get_template`, which every command that encodes or merges calls (sft, infer, deploy, export):
+    a video_ora checkpoint's budget is applied there, and FILE joins the model's `additional_saved_files`, the list
+    ms-swift's `save_checkpoint` copies from the adapter into a merged model (`swift export --merge_lora`)."""
+    from swift.arguments.base_args.base_args import BaseArguments
+
+    from . import patches
+
+    original = BaseArguments.get_template
+    if patches.patched_by(original) == 'trained_budget_template' or not patches.applicable('trained_budget_template'):
+        return
+
+    def get_template(self, processor=None, **kwargs):
+        if _is_video_ora(kwargs.get('template_type', getattr(self, 'template', None))):
+            apply_for_arguments(self)
+            saved = getattr(getattr(self, 'model_meta', None), 'additional_saved_files', None)
+            if isinstance(saved, list) and FILE not in saved:
+                saved.append(FILE)
+        return original(self, processor, **kwargs)
+
+    BaseArguments.get_template = patches.mark(get_template, 'trained_budget_template', original)
+
+
+def copy_into(source: Optional[str], directory: Optional[str]) -> Optional[str]:
+    """FILE from `source` into `directory` (a merged model) unless it is there; the copy's path, or None."""
+    if not source or not directory or not os.path.isdir(directory):
+        return None
+    target = os.path.join(directory, FILE)
+    if not os.path.exists(target):
+        import shutil
+        shutil.copyfile(source, target)
+        logger.info(f'swift-vora: the trained video budget goes with the merged model: {target}')
+    return target
+
+
+class RecordOnSave:
+    """Trainer callback: FILE into every checkpoint a video_ora training saves (and its run folder at the start)."""
+
+    def __init__(self, args, trainer):
+        self.args, self.trainer = args, trainer
+
+    def _video_ora(self) -> bool:
+        meta = getattr(getattr(self.trainer, 'template', None), 'template_meta', None)
+        return _is_video_ora(getattr(meta, 'template_type', None))
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self._video_ora():
+            os.makedirs(args.output_dir, exist_ok=True)
+            record(args.output_dir, 'swift sft')
+
+    def on_save(self, args, state, control, **kwargs):
+        ckpt = os.path.join(args.output_dir, f'checkpoint-{state.global_step}')
+        if state.is_world_process_zero and self._video_ora() and os.path.isdir(ckpt):
+            record(ckpt, 'swift sft')
+
+
+def record_on_save_callback(args, trainer):
+    """A `TrainerCallback` instance (built lazily: this module imports nothing of transformers at import)."""
+    from transformers import TrainerCallback
+
+    class RecordBudgetOnSave(RecordOnSave, TrainerCallback):
+        pass
+
+    return RecordBudgetOnSave(args, trainer)

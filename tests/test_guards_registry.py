@@ -42,15 +42,17 @@ def test_registered_in_callbacks_map_and_default_on(monkeypatch):
     names = [type(cb).__name__ for cb in SwiftMixin._get_callbacks(FakeTrainer(), args)]
     # every guard once, plus the speed levers that are on by default and are not guards
     # (swift_vora/speed/lora_autocast.py, swift_vora/speed/host_overhead.py, swift_vora/speed/pixel_dtype.py's check),
-    # and the train-end mark of swift_vora/process_group_exit.py (always)
-    assert names.count('MemoryGuard') == 1 and 'CoverageGuard' in names and len(names) == len(GUARDS) + 4
-    assert names[-4:] == ['LoraAutocastInputs', 'HostOverhead', 'PixelDtypeCheck', 'TrainEnd']
+    # the trained video budget written into every checkpoint (swift_vora/trained_budget.py, not a switch: a checkpoint
+    # must say what it was trained on) and the train-end mark of swift_vora/process_group_exit.py (always)
+    assert names.count('MemoryGuard') == 1 and 'CoverageGuard' in names and len(names) == len(GUARDS) + 5
+    assert names[-5:] == ['LoraAutocastInputs', 'HostOverhead', 'PixelDtypeCheck', 'RecordBudgetOnSave', 'TrainEnd']
     assert {'vora_lora_autocast', 'vora_host_overhead', 'vora_pixel_dtype'} <= set(callbacks_map)
     monkeypatch.setenv('SWIFT_VORA_GUARDS', 'none')
     monkeypatch.setenv('SWIFT_VORA_LORA_AUTOCAST_INPUTS', '0')
     monkeypatch.setenv('SWIFT_VORA_HOST_OVERHEAD', '0')
     monkeypatch.setenv('SWIFT_VORA_PIXEL_DTYPE', 'float32')
     names = [type(cb).__name__ for cb in SwiftMixin._get_callbacks(FakeTrainer(), args)]
-    assert names == ['MemoryGuard', 'TrainEnd']  # explicit --callbacks still work with the defaults off
+    assert names == ['MemoryGuard', 'RecordBudgetOnSave', 'TrainEnd']  # explicit --callbacks work with the defaults off
     args = types.SimpleNamespace(callbacks=[])
-    assert [type(cb).__name__ for cb in SwiftMixin._get_callbacks(FakeTrainer(), args)] == ['TrainEnd']
+    assert [type(cb).__name__ for cb in SwiftMixin._get_callbacks(FakeTrainer(), args)] == ['RecordBudgetOnSave',
+                                                                                          'TrainEnd']

@@ -73,11 +73,51 @@ def test_infer_and_export_find_the_plugin_from_another_directory(trained, tmp_pa
     assert os.path.exists(os.path.join(trained['checkpoint'] + '-merged', 'config.json'))
 
 
+def _without_budget(env):
+    return {k: v for k, v in env.items() if k not in BUDGET_ENV and k != 'SWIFT_VORA_ENCODE_LOG'}
+
+
+def test_the_checkpoint_infers_with_the_budget_it_was_trained_on(trained, tmp_path):
+    """The README's `swift infer --adapters CKPT --val_dataset ann.jsonl`, from another directory, with none of the
+    training's SWIFT_VORA_* values exported and no --max_new_tokens: every clip is encoded as in training (the same
+    grid per sample), the windows are training's, and generation stops at the checkpoint's answer length."""
+    budget = json.load(open(os.path.join(trained['checkpoint'], 'swift_vora_budget.json')))
+    assert budget['switches']['SWIFT_VORA_MAX_FRAMES'] == '8' and budget['switches']['SWIFT_VORA_PAIR_TOKENS'] == '16'
+    assert budget['switches']['SWIFT_VORA_WINDOW'] == '8.0' and budget['answer']['max_new_tokens'] >= 32
+    env = {**_without_budget(trained['env']), 'SWIFT_VORA_ENCODE_LOG': str(tmp_path / 'infer.jsonl')}
+    result = tmp_path / 'pred.jsonl'
+    log = run([SWIFT, 'infer', '--adapters', trained['checkpoint'], '--val_dataset', trained['clean'],
+               '--infer_backend', 'transformers', '--result_path', str(result)], cwd=str(tmp_path), env=env)
+    assert 'video budget from the checkpoint' in log and f'max_new_tokens={budget["answer"]["max_new_tokens"]}' in log
+    assert len([json.loads(line) for line in open(result)]) == 6  # 3 videos x 2 windows of 8 s, as in training
+    trained_grid = {r['sample_id']: r['video_grid_thw'] for r in map(json.loads, open(trained['work'] / 'encode.jsonl'))
+                    if r['mode'] == 'train'}
+    inferred = [json.loads(line) for line in open(tmp_path / 'infer.jsonl')]
+    assert inferred and all(r['frames_from_tensors'] == 8 for r in inferred)
+    assert all(r['video_grid_thw'] == trained_grid[r['sample_id']] for r in inferred if r['sample_id'] in trained_grid)
+    assert {r['sample_id'] for r in inferred} & set(trained_grid)
+    # a budget given explicitly is honoured, with a warning naming both values
+    env['SWIFT_VORA_MAX_FRAMES'] = '4'
+    env['SWIFT_VORA_ENCODE_LOG'] = str(tmp_path / 'infer4.jsonl')
+    log = run([SWIFT, 'infer', '--adapters', trained['checkpoint'], '--val_dataset', trained['clean'],
+               '--infer_backend', 'transformers', '--max_new_tokens', '4', '--result_path', str(tmp_path / 'p4.jsonl')],
+              cwd=str(tmp_path), env=env)
+    assert 'SWIFT_VORA_MAX_FRAMES=4 (trained: 8)' in log
+    assert all(json.loads(line)['frames_from_tensors'] == 4 for line in open(tmp_path / 'infer4.jsonl'))
+
+
+def test_the_merged_model_carries_the_trained_budget(trained, tmp_path):
+    merged = tmp_path / 'merged'
+    run([SWIFT, 'export', '--adapters', trained['checkpoint'], '--merge_lora', 'true', '--output_dir', str(merged)],
+        cwd=str(tmp_path), env=_without_budget(trained['env']))
+    assert json.load(open(merged / 'swift_vora_budget.json')) == json.load(
+        open(os.path.join(trained['checkpoint'], 'swift_vora_budget.json')))
+
+
 def test_eval_runs_inference_with_the_adapter_and_writes_the_report(trained, tmp_path, monkeypatch):
     from swift_vora.cli import main
-    for key in ('SWIFT_VORA_FPS', 'SWIFT_VORA_MAX_FRAMES', 'SWIFT_VORA_PAIR_TOKENS', 'SWIFT_VORA_MIN_PAIR_TOKENS',
-                'SWIFT_VORA_WINDOW'):
-        monkeypatch.setenv(key, BUDGET_ENV[key])
+    for key in BUDGET_ENV:  # the checkpoint's own budget file says what it was trained on
+        monkeypatch.delenv(key, raising=False)
     out = tmp_path / 'report'
     # --predictions in a folder that does not exist yet (the H200 end-to-end run failed there once)
     predictions_path = tmp_path / 'not_made_yet' / 'predictions.jsonl'

@@ -72,3 +72,21 @@ def test_the_dataset_builder_reports_its_longest_answer(tmp_path, monkeypatch):
     rows, _, _ = build_swift_rows(ann)
     longest = max(len(r['messages'][-1]['content']) for r in rows)
     assert tb._answer_chars['max'] == longest > 0
+
+
+def test_the_callback_records_into_every_checkpoint_of_a_video_ora_training(tmp_path):
+    import types
+    trainer = types.SimpleNamespace(template=types.SimpleNamespace(
+        template_meta=types.SimpleNamespace(template_type='video_ora')))
+    args = types.SimpleNamespace(output_dir=str(tmp_path / 'v0'))
+    state = types.SimpleNamespace(is_world_process_zero=True, global_step=5)
+    cb = tb.record_on_save_callback(args, trainer)
+    cb.on_train_begin(args, state, None)
+    (tmp_path / 'v0' / 'checkpoint-5').mkdir()
+    cb.on_save(args, state, None)
+    assert (tmp_path / 'v0' / tb.FILE).is_file() and (tmp_path / 'v0' / 'checkpoint-5' / tb.FILE).is_file()
+    other = types.SimpleNamespace(template=types.SimpleNamespace(
+        template_meta=types.SimpleNamespace(template_type='qwen3_vl')))
+    args2 = types.SimpleNamespace(output_dir=str(tmp_path / 'v1'))
+    tb.record_on_save_callback(args2, other).on_train_begin(args2, state, None)
+    assert not (tmp_path / 'v1').exists()  # another template: nothing recorded

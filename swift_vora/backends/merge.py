@@ -33,6 +33,7 @@ import sys
 import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
+from .. import trained_budget
 from .expert_merge_check import REPORT_FILE as EXPERT_REPORT
 from .expert_merge_check import check_expert_merge, foreign_expert_layout, has_expert_adapters
 from .unsloth import MARKER_FILE
@@ -297,7 +298,10 @@ def merge(adapter_dir: str, out_dir: str, base: Optional[str] = None) -> Dict[st
                 raise MergeError(f'{adapter_dir}: base model unknown; pass --base MODEL_DIR', 2)
             _peft_merge(adapter_dir, base, staged)
         copied = _copy_processor_files(base, staged)
+        # the video budget the adapter was trained on goes with the merged model (swift infer / vLLM users read it)
+        budget = trained_budget.copy_into(trained_budget.find(adapter_dir), staged)
         report = verify_merged(staged)
+        report['trained_budget'] = os.path.join(out_dir, trained_budget.FILE) if budget else None
         if source in ('unsloth', 'peft') and base and has_expert_adapters(adapter_dir):
             report['expert_check'] = _check_experts(adapter_dir, base, staged)
         if os.path.lexists(out_dir):

@@ -400,10 +400,13 @@ def save(model, processor, cfg: UnslothRunConfig, step: int, info: Dict[str, Any
     with open(os.path.join(ckpt, 'args.json'), 'w', encoding='utf-8') as f:
         json.dump({'model': os.path.abspath(cfg.model_path), 'model_type': cfg.model_type, 'template': 'video_ora',
                    'custom_register_path': ['swift_vora'], 'tuner_type': 'lora'}, f, indent=2)
+    from swift_vora import trained_budget  # the budget it was trained on goes with it (swift infer applies it)
+    trained_budget.record(ckpt, 'swift-vora unsloth runner')
     log(f'saved adapter {ckpt}')
     if cfg.save_merged and cfg.loader == 'unsloth':
         merged = ckpt + '-merged'
         model.save_pretrained_merged(merged, processor, save_method='merged_16bit')
+        trained_budget.copy_into(os.path.join(ckpt, trained_budget.FILE), merged)
         log(f'saved merged 16-bit weights {merged}')
     return ckpt
 

@@ -31,7 +31,8 @@ def register_commands(subparsers) -> None:
     p.add_argument('--adapters', metavar='CKPT', help='run inference with this adapter checkpoint first')
     p.add_argument('--model-type', metavar='TYPE', help='ms-swift model_type for a local model dir (e.g. qwen3_vl)')
     p.add_argument('--infer-backend', choices=['auto', 'transformers', 'vllm'], default='auto')
-    p.add_argument('--max-new-tokens', type=positive_int(1_000_000), default=64, metavar='N')
+    p.add_argument('--max-new-tokens', type=positive_int(1_000_000), default=None, metavar='N',
+                   help='answer tokens per clip (default: the checkpoint\'s, from its longest trained answer, else 64)')
     p.add_argument('--json', action='store_true', help='print the metrics as one JSON object')
     p.add_argument('--out-dir', metavar='DIR', help='write metrics.json, report.md and plots/*.png here')
     p.add_argument('--max-plots', type=nonnegative_int(100_000), default=20, metavar='N',

@@ -129,14 +129,38 @@ def wait_with_progress(proc, log_path: str, result_path: str, total: Optional[in
         time.sleep(interval)
 
 
+DEFAULT_MAX_NEW_TOKENS = 64  # without a recorded answer length (a checkpoint from before swift_vora_budget.json)
+
+
+def use_trained_budget(model: Optional[str], adapters: Optional[str], max_new_tokens: Optional[int],
+                       stream=None) -> int:
+    """The checkpoint's trained video budget into this process's environment (the windows counted here and the
+    `swift infer` started from here see it; values the caller exported win, with a warning naming both), and the
+    max_new_tokens to use: the caller's, else the checkpoint's, else DEFAULT_MAX_NEW_TOKENS."""
+    from .. import trained_budget
+    stream = stream or sys.stderr
+    path = trained_budget.find(adapters, model)
+    if path is None:
+        print('swift-vora eval: the checkpoint records no video budget (swift_vora_budget.json): the environment\'s '
+              'SWIFT_VORA_* values (or the defaults) are used; they must be the ones it was trained with',
+              file=stream, flush=True)
+        return max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+    done = trained_budget.apply_to_environment(path, warn=lambda msg: print(msg, file=stream, flush=True))
+    print(f'swift-vora eval: video budget from the checkpoint ({path}): '
+          f'{trained_budget.describe({**done["used"], **{k: v["given"] for k, v in done["overridden"].items()}})}',
+          file=stream, flush=True)
+    return max_new_tokens or done['max_new_tokens'] or DEFAULT_MAX_NEW_TOKENS
+
+
 def run_inference(annotations: str, out_path: str, model: Optional[str] = None, adapters: Optional[str] = None,
-                  backend: Optional[str] = None, max_new_tokens: int = 64, model_type: Optional[str] = None,
+                  backend: Optional[str] = None, max_new_tokens: Optional[int] = None, model_type: Optional[str] = None,
                   log_path: Optional[str] = None) -> str:
     """Run `swift infer` and write prediction rows to `out_path` (atomically, never over `annotations`);
-    return it."""
+    return it. The checkpoint's trained video budget and answer length are used unless the caller set others."""
     from ..outputs import check_output_file, write_text_atomic
     if not model and not adapters:
         raise ValueError('inference needs --model or --adapters')
+    max_new_tokens = use_trained_budget(model, adapters, max_new_tokens)
     out_path = os.path.abspath(check_output_file(out_path, [annotations], what='--predictions'))
     os.makedirs(os.path.dirname(out_path), exist_ok=True)  # --predictions may name a folder not made yet
     result_path = check_output_file(out_path + '.swift_infer.jsonl', [annotations], what='swift infer results')
