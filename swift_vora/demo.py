@@ -22,6 +22,7 @@ import json
 import os
 import random
 import subprocess
+import sys
 import time
 from typing import Dict, List
 
@@ -46,14 +47,18 @@ def register_commands(subparsers) -> None:
     p.set_defaults(handler=run_demo)
 
 
-def _run(argv: List[str], env: Dict[str, str], log_path: str) -> None:
+def _run(argv: List[str], env: Dict[str, str], log_path: str, label: str, status=None) -> None:
+    """Run a step's command with its output in `log_path`, a progress line every 10 s (the step is otherwise
+    silent for minutes on two cores)."""
+    from .progress import wait_with_heartbeat
     print(f'$ {" ".join(argv)}\n  (log: {log_path})', flush=True)
     with open(log_path, 'w') as log:
-        result = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-    if result.returncode != 0:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        code = wait_with_heartbeat(proc, label, status, stream=sys.stdout)
+    if code != 0:
         with open(log_path) as f:
             tail = f.read()[-3000:]
-        raise SystemExit(f'command failed with exit code {result.returncode}; last lines of {log_path}:\n{tail}')
+        raise SystemExit(f'command failed with exit code {code}; last lines of {log_path}:\n{tail}')
 
 
 def _latest_checkpoint(output_dir: str) -> str:
@@ -102,6 +107,7 @@ def run_demo(args) -> int:
     from .eval.inference import run_inference
     from .eval.report import write_outputs
     from .outputs import check_output_dir
+    from .progress import swift_training_status
 
     started = time.time()
     out = os.path.abspath(check_output_dir(args.out, what='--out'))
@@ -122,7 +128,7 @@ def run_demo(args) -> int:
         '--check_model', 'false', '--fp16', 'false', '--bf16', 'false', '--torch_dtype', 'float32',
         '--dataloader_num_workers', '0', '--logging_steps', '1', '--save_strategy', 'epoch', '--report_to', 'none',
         '--split_dataset_ratio', '0', '--max_length', '1024', '--seed', '0'
-    ], env, os.path.join(out, 'train.log'))
+    ], env, os.path.join(out, 'train.log'), '      training', swift_training_status(train_dir))
     checkpoint = _latest_checkpoint(train_dir)
 
     print('[4/5] inference with the adapter on the held-out clips (swift infer)', flush=True)

@@ -41,6 +41,9 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'gpu_mem_gib': ((int, float, type(None)), None),  # memory of one GPU, GiB (with `gpus`)
     'host_ram_gib': ((int, float, type(None)), None),  # host RAM per node, GiB (overrides the profile's)
     'nodes': ((int, ), 1),  # nodes; >1 launches through torchrun rendezvous (NNODES/NODE_RANK/MASTER_ADDR)
+    # `train` compares the planned hardware with this machine's (doctor's probe) and refuses a launch that cannot run
+    # here (fewer GPUs, less memory, no bf16); false: trust the recipe (a CPU run planned against a stand-in GPU)
+    'hardware_check': ((bool, ), True),
     # --- what ----------------------------------------------------------------------------------------------
     'model.path': ((str, ), REQUIRED),  # local model directory (download it yourself; nothing is fetched)
     'model.type': ((str, type(None)), None),  # ms-swift --model_type; default: config.json's model_type

@@ -138,8 +138,6 @@ def _check_args(args) -> None:
     if args.seq_len is not None and any(v is not None for v in video):
         raise ValueError('give either --seq-len or the video budget (--fps/--min-frames/--max-frames/--pair-tokens/'
                          '--max-video-tokens/--window), not both')
-    if args.hardware and (args.gpus is not None or args.gpu_mem_gib is not None):
-        raise ValueError('give either --hardware or --gpus/--gpu-mem-gib, not both')
 
 
 def request_from_args(args, budget: VideoBudget, window: float) -> PlanRequest:

@@ -40,6 +40,9 @@ def register_commands(subparsers) -> None:
     p.add_argument('--dry-run', action='store_true', help='print the plan, the exact command and generated files; '
                    'launch nothing')
     p.add_argument('--json', action='store_true', help='with --dry-run: one JSON object (plan, argv, env, files)')
+    p.add_argument('--trust-recipe-hardware', action='store_true',
+                   help='launch even where this machine has fewer GPUs, less GPU memory or no bf16 than the recipe '
+                        'plans for (recipe key hardware_check: false says the same)')
     p.set_defaults(handler=cmd_train)
 
 
@@ -100,6 +103,23 @@ def fits_with_overrides(plan, recipe) -> list:
     return alternative_overrides(same[0], recipe) if same else []
 
 
+def refuse_other_machine(recipe, plan) -> None:
+    """Exit 4 before anything starts when this machine (doctor's probe) cannot run what the recipe plans for: a
+    4-GPU recipe on a machine without a GPU would start 4 processes that each die minutes later."""
+    from ..plan.hardware import Hardware, local, machine_mismatch
+    if recipe['hardware'] == 'local':  # planned on this machine already
+        return
+    planned = Hardware(**{k: v for k, v in (plan.hardware or {}).items() if k != 'world'})
+    _err('comparing the recipe\'s hardware with this machine (doctor) ...')
+    here = local(use_torch=True)
+    problems = machine_mismatch(planned, here, needs_bf16=recipe['train.dtype'] == 'bfloat16')
+    if problems:
+        raise CliError(f'{recipe.path}: hardware {planned.name} ({planned.describe()}) is not this machine '
+                       f'({here.describe()}): ' + '; '.join(problems) + '. Plan for this machine with '
+                       'hardware=local, or launch anyway with --trust-recipe-hardware (recipe: hardware_check: '
+                       'false)', EXIT_REFUSED)
+
+
 def _err(msg: str) -> None:
     print(f'swift-vora train: {msg}', file=sys.stderr)
 
@@ -135,6 +155,8 @@ def cmd_train(args) -> int:
                            f'(planned from {source.get("description")}); download the model first, e.g. '
                            f'`huggingface-cli download {source.get("model_id") or "ORG/NAME"} --local-dir '
                            f'{recipe["model.path"]}`, and point model.path at it', EXIT_USAGE)
+        if recipe['hardware_check'] and not args.trust_recipe_hardware:
+            refuse_other_machine(recipe, plan)
         missing = missing_rendezvous(launch.env)
         if missing:
             raise CliError(f'{recipe["nodes"]} nodes: set {", ".join(missing)} in the environment of every node '

@@ -19,6 +19,7 @@ import time
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..offline import OFFLINE_ENV, swift_argv
+from ..progress import HEARTBEAT_SECONDS
 
 
 class InferenceError(RuntimeError):
@@ -102,17 +103,19 @@ def wait_with_progress(proc, log_path: str, result_path: str, total: Optional[in
                        interval: float = 2.0) -> int:
     """Wait for `swift infer`, printing clips done / total, the elapsed time and an estimate of the time left
     (from the pace since the first answers arrived, so model loading does not skew it) whenever the result file
-    grows. Returns the exit code."""
+    grows, and at least every HEARTBEAT_SECONDS while it does not. Returns the exit code."""
     stream = stream or sys.stderr
-    start = time.monotonic()
+    start = last_line = time.monotonic()
     first_at, first_done, shown, confirmed = None, 0, -1, False
     while True:
         code = proc.poll()
         if not confirmed:  # ms-swift logs the dataset it will answer; its size is the one that counts
             confirmed, total = _logged_total(log_path, total)
         done = _lines(result_path)
-        if done != shown:
-            now = time.monotonic()
+        # a line when the count moves, and at least every HEARTBEAT_SECONDS while it does not (model loading)
+        now = time.monotonic()
+        if done != shown or now - last_line >= HEARTBEAT_SECONDS:
+            last_line = now
             line = (f'swift-vora eval: inference {done}/{total if total else "?"} clips, '
                     f'{_duration(now - start)} elapsed')
             if done == 0:

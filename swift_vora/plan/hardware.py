@@ -24,6 +24,7 @@ class Hardware:
     nodes: int = 1
     gpu_name: str = ''
     source: str = 'profile'  # 'profile' | 'custom' | 'probed'
+    bf16: Optional[bool] = None  # probed: every GPU computes in bf16 (compute capability >= 8.0); None: unknown
     host_ram_source: str = ''
     notes: List[str] = field(default_factory=list)
 
@@ -41,6 +42,8 @@ class Hardware:
     def describe(self) -> str:
         nodes = f' x {self.nodes} nodes' if self.nodes > 1 else ''
         host = f'{self.host_ram_gib:.1f} GiB host RAM' if self.host_ram_gib is not None else 'host RAM unknown'
+        if not self.num_gpus:
+            return f'no GPU{nodes}, {host}'
         gname = f' {self.gpu_name}' if self.gpu_name else ''
         return f'{self.num_gpus} x{gname} {self.gpu_mem_gib:.2f} GiB{nodes}, {host}'
 
@@ -98,12 +101,56 @@ PROFILES: Dict[str, tuple] = {
 }
 
 
+# Generic profiles `<gpu>x<N>` for the counts a node of that GPU class is sold with: the GPU's memory (GPU_GIB), and
+# host RAM assumed per GPU (the named profiles' figures divided by their GPU count; capped at the 8-GPU node's).
+GPU_CLASSES = {
+    # class: (GPU_GIB key, GPUs per node it is sold with, host GiB assumed per GPU, host cap GiB)
+    '3060': ('RTX 3060', range(1, 5), 16.0, 64.0),
+    '3090': ('RTX 3090', range(1, 5), 64.0, 256.0),
+    '4090': ('RTX 4090', range(1, 9), 64.0, 512.0),
+    '5090': ('RTX 5090', range(1, 9), 64.0, 512.0),
+    'l40s': ('L40S', range(1, 9), 128.0, 1024.0),
+    'a100-40': ('A100 40GB', (1, 2, 4, 8, 16), 85 * C.GB / C.GiB, 1000 * C.GB / C.GiB),
+    'a100-80': ('A100 80GB', (1, 2, 4, 8), 117 * C.GB / C.GiB, 2000 * C.GB / C.GiB),
+    'h100': ('H100 80GB', (1, 2, 4, 8), 200 * C.GB / C.GiB, 2000 * C.GB / C.GiB),
+    'h200': ('H200', (1, 2, 4, 8), 276 * C.GB / C.GiB, 2000 * C.GB / C.GiB),
+}
+
+
 def profile(name: str) -> Hardware:
-    if name not in PROFILES:
-        raise KeyError(f'unknown hardware profile {name!r}; known: {", ".join(PROFILES)}, local')
-    n, mem, host, gname, note = PROFILES[name]
-    return Hardware(name=name, num_gpus=n, gpu_mem_gib=mem, host_ram_gib=host, gpu_name=gname, source='profile',
-                    host_ram_source=note)
+    if name in PROFILES:
+        n, mem, host, gname, note = PROFILES[name]
+        return Hardware(name=name, num_gpus=n, gpu_mem_gib=mem, host_ram_gib=host, gpu_name=gname, source='profile',
+                        host_ram_source=note)
+    gpu_class, _, count = name.rpartition('x')
+    if gpu_class in GPU_CLASSES and count.isdigit():
+        key, counts, per_gpu, cap = GPU_CLASSES[gpu_class]
+        if int(count) not in counts:
+            raise KeyError(f'hardware profile {name!r}: {key} nodes come with {", ".join(map(str, counts))} GPUs; '
+                           f'for another count give --gpus N with --hardware {gpu_class}x1')
+        return generic(gpu_class, int(count))
+    raise KeyError(f'unknown hardware profile {name!r}; known: {", ".join(PROFILES)}, local, and <gpu>x<N> for '
+                   f'gpu in {", ".join(GPU_CLASSES)}')
+
+
+def generic(gpu_class: str, count: int) -> Hardware:
+    key, _, per_gpu, cap = GPU_CLASSES[gpu_class]
+    host = min(cap, per_gpu * count)
+    return Hardware(name=f'{gpu_class}x{count}', num_gpus=count, gpu_mem_gib=GPU_GIB[key], host_ram_gib=host,
+                    gpu_name=key, source='profile',
+                    host_ram_source=f'assumed {host:.0f} GiB ({per_gpu:.0f} GiB per {key}; give --host-ram-gib)')
+
+
+def with_gpu_count(hw: Hardware, gpus: int) -> Hardware:
+    """`--hardware NAME --gpus N`: the profile's GPU with N of them per node; host RAM scaled like a generic profile
+    of that GPU class when there is one, else kept."""
+    if gpus < 1:
+        raise ValueError('--gpus must be >= 1')
+    gpu_class = next((c for c, v in GPU_CLASSES.items() if v[0] == hw.gpu_name), None)
+    out = generic(gpu_class, gpus) if gpu_class else hw.with_gpus(gpus)
+    out.name = f'{hw.name} with {gpus} GPU{"s" if gpus > 1 else ""}'
+    out.nodes = hw.nodes
+    return out
 
 
 def custom(gpus: int, gpu_mem_gib: float, host_ram_gib: Optional[float], nodes: int = 1) -> Hardware:
@@ -155,18 +202,50 @@ def local(use_torch: bool = False, cgroup_root: Optional[str] = None) -> Hardwar
         else:
             notes.append(f'GPU memory from nvidia-smi ({mem_gib:.2f} GiB) includes driver-reserved memory: torch '
                          f'can allocate somewhat less (`swift-vora doctor` probes with torch)')
+    caps = [x.get('compute_capability') for x in gpus]
+    bf16 = all(float(c) >= 8.0 for c in caps) if gpus and all(caps) else None
     return Hardware(name='local', num_gpus=len(gpus), gpu_mem_gib=mem_gib, host_ram_gib=lim,
-                    gpu_name=', '.join(names), source='probed', host_ram_source=src, notes=notes)
+                    gpu_name=', '.join(names), source='probed', host_ram_source=src, notes=notes, bf16=bf16)
+
+
+# A probed GPU may report a little less than the profile's figure (another driver, ECC on): that much is accepted.
+MEMORY_TOLERANCE = 0.03
+
+
+def machine_mismatch(planned: Hardware, here: Hardware, needs_bf16: bool) -> List[str]:
+    """Why a plan for `planned` cannot run on `here` (this machine, as `doctor` probes it): fewer GPUs per node,
+    less memory per GPU, no bf16 where the recipe trains in bf16. [] when it can."""
+    problems = []
+    if here.num_gpus < planned.num_gpus:
+        problems.append(f'{planned.num_gpus} GPU{"s" if planned.num_gpus > 1 else ""} per node planned, '
+                        f'{here.num_gpus} here' + (f' ({here.gpu_name})' if here.gpu_name else ''))
+    elif here.num_gpus and here.gpu_mem_gib < planned.gpu_mem_gib * (1 - MEMORY_TOLERANCE):
+        problems.append(f'{planned.gpu_mem_gib:.2f} GiB per GPU planned, {here.gpu_mem_gib:.2f} GiB here '
+                        f'({here.gpu_name})')
+    if needs_bf16 and here.num_gpus and here.bf16 is False:
+        problems.append(f'the recipe trains in bfloat16 and {here.gpu_name} has no bf16 (compute capability < 8.0)')
+    return problems
 
 
 def resolve(name: Optional[str] = None, gpus: Optional[int] = None, gpu_mem_gib: Optional[float] = None,
             host_ram_gib: Optional[float] = None, nodes: int = 1) -> Hardware:
     """`--hardware NAME` or `--gpus/--gpu-mem-gib/--host-ram-gib`; `--host-ram-gib` overrides a profile's host."""
+    if name not in (None, '', 'local') and (gpus is not None or gpu_mem_gib is not None):
+        hw = profile(name)  # a profile's GPU, with another count and/or memory
+        if gpus is not None:
+            hw = with_gpu_count(hw, gpus)
+        if gpu_mem_gib is not None:
+            if gpu_mem_gib <= 0:
+                raise ValueError('--gpu-mem-gib must be > 0')
+            hw.gpu_mem_gib = gpu_mem_gib
+            hw.name += f', {gpu_mem_gib:g} GiB each'
+        hw.nodes = nodes
+        if host_ram_gib is not None:
+            hw.host_ram_gib, hw.host_ram_source = host_ram_gib, '--host-ram-gib'
+        return hw
     if gpus is not None or gpu_mem_gib is not None:
-        if name not in (None, ''):
-            raise ValueError('give either --hardware or --gpus/--gpu-mem-gib, not both')
         if gpus is None or gpu_mem_gib is None:
-            raise ValueError('--gpus and --gpu-mem-gib go together')
+            raise ValueError('--gpus and --gpu-mem-gib go together (or --hardware NAME --gpus N)')
         return custom(gpus, gpu_mem_gib, host_ram_gib, nodes)
     name = name or 'local'
     hw = local() if name == 'local' else profile(name)

@@ -224,7 +224,8 @@ def probe_gpus(use_torch: bool = True, use_nvidia_smi: bool = True,
                         free, total = None, p.total_memory
                     gpus.append({'index': i, 'name': p.name, 'total_bytes': int(total),
                                  'total_gib': round(total / C.GiB, 2),
-                                 'free_gib': round(free / C.GiB, 2) if free is not None else None})
+                                 'free_gib': round(free / C.GiB, 2) if free is not None else None,
+                                 'compute_capability': f'{p.major}.{p.minor}'})
                 return {'source': 'torch', 'gpus': gpus}
             progress('torch.cuda sees no GPU')
         except Exception as error:  # noqa: BLE001 - a broken torch install must not break doctor
@@ -232,21 +233,24 @@ def probe_gpus(use_torch: bool = True, use_nvidia_smi: bool = True,
     smi = shutil.which('nvidia-smi') if use_nvidia_smi else None
     if smi:
         progress('asking nvidia-smi ...')
-        try:
-            out = subprocess.run([smi, '--query-gpu=index,name,memory.total,memory.free',
-                                  '--format=csv,noheader,nounits'], capture_output=True, text=True, timeout=20)
-            gpus = []
-            for line in out.stdout.splitlines():
-                parts = [p.strip() for p in line.split(',')]
-                if len(parts) == 4:
-                    total = int(float(parts[2])) * 1024 ** 2
-                    free = int(float(parts[3])) * 1024 ** 2
-                    gpus.append({'index': int(parts[0]), 'name': parts[1], 'total_bytes': total,
-                                 'total_gib': round(total / C.GiB, 2), 'free_gib': round(free / C.GiB, 2)})
-            if gpus:
-                return {'source': 'nvidia-smi', 'gpus': gpus}
-        except (OSError, subprocess.SubprocessError, ValueError):
-            pass
+        # compute_cap needs a driver from 2022 on; an older one refuses the whole query: ask again without it
+        for fields in ('index,name,memory.total,memory.free,compute_cap', 'index,name,memory.total,memory.free'):
+            try:
+                out = subprocess.run([smi, f'--query-gpu={fields}', '--format=csv,noheader,nounits'],
+                                     capture_output=True, text=True, timeout=20)
+                gpus = []
+                for line in out.stdout.splitlines():
+                    parts = [p.strip() for p in line.split(',')]
+                    if len(parts) == fields.count(',') + 1:
+                        total = int(float(parts[2])) * 1024 ** 2
+                        free = int(float(parts[3])) * 1024 ** 2
+                        gpus.append({'index': int(parts[0]), 'name': parts[1], 'total_bytes': total,
+                                     'total_gib': round(total / C.GiB, 2), 'free_gib': round(free / C.GiB, 2),
+                                     'compute_capability': parts[4] if len(parts) > 4 else None})
+                if gpus:
+                    return {'source': 'nvidia-smi', 'gpus': gpus}
+            except (OSError, subprocess.SubprocessError, ValueError):
+                continue
     return {'source': 'none', 'gpus': []}
 
 
