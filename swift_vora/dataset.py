@@ -37,6 +37,25 @@ def window_config_from_env(environ=None):
                            for name in ('window', 'stride', 'min_event')})
 
 
+def count_samples(path: str, window_config=None, video_root: Optional[str] = None) -> Optional[int]:
+    """How many training samples `path` becomes: its annotations windowed as the video_ora dataset windows them, or
+    its rows for a file of ms-swift rows; None when it cannot be read (the dataset loader says why)."""
+    from .data.annotations import load_annotations
+    from .data.windowing import make_windows
+    if not os.path.isfile(path):
+        return None
+    try:
+        if not looks_like_annotations(path):
+            with open(path, 'rb') as f:
+                return sum(1 for line in f if line.strip())
+        config = window_config or window_config_from_env()
+        report = load_annotations(path, video_root=video_root or switches.read('SWIFT_VORA_VIDEO_ROOT') or None,
+                                  probe=True)
+        return sum(len(make_windows(a, config)) for a in report.rows)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def build_swift_rows(path: str, strict: bool = False, video_root: Optional[str] = None,
                      window_config=None, budget: Optional[VideoBudget] = None) -> Tuple[List[Dict], Any, int]:
     """Rows for ms-swift from an annotation file; returns (rows, annotation report, slivers dropped)."""

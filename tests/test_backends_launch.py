@@ -325,7 +325,7 @@ def test_two_nodes_use_torchrun_rendezvous_env(tmp_path):
     assert rc == 0 and d['launch']['env']['NODE_RANK'].startswith('${NODE_RANK:?')
     assert '"${MASTER_ADDR:?set MASTER_ADDR on every node}"' in d['launch']['shell']
     rc, _, err = train(recipe, f'model.path={DENSE_2B}', 'nodes=2', f'train.output_dir={tmp_path / "o"}',
-                       env=env_clean)
+                       'hardware_check=false', env=env_clean)  # this machine is not the 3060 node: trust the recipe
     assert rc == 2 and 'NODE_RANK' in err and not (tmp_path / 'o').exists()
 
 

@@ -54,7 +54,7 @@ def test_seed_full_sft_on_one_h200_does_not_fit(capsys):
     assert offload.verdict == 'does_not_fit' and offload.host_peak_gib > offload.host_limit_gib
     assert f'{opt_gb:,.0f} GB' in text
     # the cheapest alternative that fits is named
-    assert 'Cheapest alternative that fits' in text
+    assert 'Fastest alternative that fits' in text
     assert p['alternative'] and p['alternative']['gpu_peak_gib'] <= 139.8
 
 
@@ -167,8 +167,8 @@ def test_refusal_text_output(capsys):
 
 # ---- does not fit: exit 3, the numbers, the component, the cheapest alternative ------------------------------
 def test_does_not_fit_names_component_and_alternative(capsys):
-    # full SFT of the 30B-A3B MoE on 4 x 12 GiB RTX 3060
-    rc, p = run_json(capsys, '--model', cfg('qwen3_moe_30b_a3b'), '--hardware', '3060x4', '--tuner', 'full')
+    # full SFT of the 30B-A3B MoE (the vision-language one: video_ora trains only those) on 4 x 12 GiB RTX 3060
+    rc, p = run_json(capsys, '--model', cfg('qwen3_vl_moe_30b_a3b'), '--hardware', '3060x4', '--tuner', 'full')
     assert rc == 3 and p['verdict'] == 'does_not_fit'
     text = ' '.join(p['reasons'])
     assert 'Too big on the GPU' in text and 'experts' in text
@@ -181,7 +181,7 @@ def test_does_not_fit_dense_full_suggests_something_that_fits(capsys):
     alt = p['alternative']
     assert alt and alt['gpu_peak_gib'] <= alt['gpu_mem_gib']
     assert alt['tuner'] in ('selective', 'lora', 'full')
-    assert 'Cheapest alternative that fits' in ' '.join(p['reasons'])
+    assert 'Fastest alternative that fits' in ' '.join(p['reasons'])
     assert alt['command']
 
 
@@ -302,7 +302,7 @@ def test_packing_that_cannot_fit_offers_shorter_rows():
     plan = planned(cfg('qwen3_vl_2b'), '3090x3', '--pack-length', '65536')
     assert plan.verdict == 'does_not_fit'
     per_sample = plan.tokens['total_tokens']
-    cheapest = next(r for r in plan.reasons if r.startswith('Cheapest alternative'))
+    cheapest = next(r for r in plan.reasons if r.startswith('Fastest alternative'))
     assert f'packed rows of up to {2 * per_sample} tokens' in cheapest
     alt = plan.alternatives[0]
     assert alt['pack_length'] == 2 * per_sample

@@ -160,7 +160,7 @@ def test_profiles_use_the_memory_torch_reports(name, gpus, gib):
 
 def test_plan_accepts_every_profile(empty_caches):
     for name in hardware.PROFILES:
-        p = plan_from_argv(['--model', 'Qwen/Qwen3-8B', '--hardware', name])
+        p = plan_from_argv(['--model', 'Qwen/Qwen3-VL-8B-Instruct', '--hardware', name])
         assert p.verdict in ('fits', 'does_not_fit') and p.gpu_capacity_gib == hardware.PROFILES[name][1]
 
 

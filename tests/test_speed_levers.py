@@ -44,7 +44,8 @@ def test_plugin_appends_lever_callbacks_after_guards(monkeypatch):
         pass
 
     names = [type(cb).__name__ for cb in SwiftMixin._get_callbacks(FakeTrainer(), types.SimpleNamespace(callbacks=[]))]
-    assert names == [lever.callback for lever in speed.callback_levers()] + ['TrainEnd']  # + process_group_exit's
+    # + the trained budget's recorder (swift_vora/trained_budget.py) and process_group_exit's
+    assert names == [lever.callback for lever in speed.callback_levers()] + ['RecordBudgetOnSave', 'TrainEnd']
 
 
 def test_lever_defaults_come_from_the_switch_table():

@@ -97,6 +97,17 @@ def refuse_moe_zero3(launch: Launch, is_moe: bool) -> None:
                 + ('' if stage == 3 else ' (the stage of this DeepSpeed config could not be read)')])
 
 
+def refuse_text_only(view: PlanView, recipe: Recipe) -> None:
+    """Every launch trains the video_ora template, which feeds a clip's frames to a vision tower: a text-only model
+    would start, load, and fail at its first sample (or train on prompts without the video)."""
+    model = view.model
+    if model is not None and model.vision is None:
+        raise LaunchRefused([f'{recipe["model.path"]} is a text-only model ({model.model_type}, no vision tower): the '
+                             'video_ora template trains vision-language models that watch the clip (Qwen2-VL, '
+                             'Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE); the memory figures above '
+                             'still hold for this model'])
+
+
 def check_extra_args(recipe: Recipe) -> None:
     for a in recipe['extra_args']:
         flag = a.split('=', 1)[0]
@@ -191,6 +202,7 @@ def build_launch(plan: Plan, recipe: Recipe, environ: Optional[Mapping[str, str]
     view = PlanView.of(plan, recipe)
     if view.verdict == 'refused':
         raise LaunchRefused(view.reasons or ['the planner refused this combination'])
+    refuse_text_only(view, recipe)
     launcher = launcher_for(view.backend)
     launch = launcher.build(view, recipe, environ)
     # The guard runs on what would actually be executed, extra_args included, before the reserved-flag check

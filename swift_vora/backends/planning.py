@@ -8,6 +8,8 @@ request into a recipe.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from ..plan import constants as C
 from ..plan.hardware import resolve
 from ..plan.request import Plan, PlanRequest
@@ -42,7 +44,25 @@ def plan_request(recipe: Recipe) -> PlanRequest:
         frame_tokens=pair_tokens, clip_seconds=clip, lora_rank=recipe['train.lora_rank'],
         lora_targets=_lora_targets(recipe), nodes=recipe['nodes'],
         gradient_checkpointing=recipe['train.gradient_checkpointing'], checkpoints=unsloth_checkpoints(recipe),
-        compile=recipe['train.compile'])
+        compile=recipe['train.compile'], samples_per_epoch=samples_per_epoch(recipe))
+
+
+def samples_per_epoch(recipe: Recipe) -> Optional[int]:
+    """The windowed samples of the recipe's datasets (for the plan's hours per epoch); None when one of them is not
+    a local file (a hub id) or cannot be read."""
+    from ..data.windowing import WindowConfig
+    from ..dataset import count_samples
+    entries = recipe['data.dataset']
+    default = WindowConfig()  # a key the recipe leaves unset is the dataset's default, as the launch sets it
+    config = WindowConfig(**{k: default.__dict__[k] if recipe[f'data.{k}'] is None else recipe[f'data.{k}']
+                             for k in ('window', 'stride', 'min_event')})
+    total = 0
+    for entry in [entries] if isinstance(entries, str) else list(entries):
+        n = count_samples(entry.split('#', 1)[0], config, recipe['data.video_root'])
+        if n is None:
+            return None
+        total += n
+    return total
 
 
 def unsloth_checkpoints(recipe: Recipe) -> str:

@@ -70,6 +70,9 @@ def register_commands(subparsers) -> None:
     t.add_argument('--lora-targets', choices=LORA_TARGETS, default='all-linear',
                    help='all-linear includes the routed experts (one rank-r pair per expert)')
     t.add_argument('--no-gradient-checkpointing', action='store_true')
+    t.add_argument('--samples', type=positive_int(10 ** 12), default=None, metavar='N',
+                   help='windowed samples per epoch of your dataset: the plan estimates hours per epoch (train '
+                        'counts them from the recipe\'s dataset)')
     t.add_argument('--checkpoints', choices=CHECKPOINTS, default='auto',
                    help='unsloth_split_lora: layer checkpoints on the gpu, offloaded to host RAM, or auto (the GPU '
                         'when the plan fits so; default)')
@@ -155,6 +158,7 @@ def request_from_args(args, budget: VideoBudget, window: float) -> PlanRequest:
         lora_rank=args.lora_rank if args.lora_rank is not None else C.DEFAULT_LORA_RANK,
         lora_targets=args.lora_targets, nodes=args.nodes,
         gradient_checkpointing=not args.no_gradient_checkpointing, compile=args.compile, checkpoints=args.checkpoints,
+        samples_per_epoch=args.samples,
         vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT)
 
 

@@ -60,18 +60,10 @@ def results_to_predictions(rows: Iterable[Dict]) -> List[Dict]:
 
 
 def count_windows(annotations: str) -> Optional[int]:
-    """How many clips `swift infer` will answer: the annotation file windowed as the video_ora dataset does
-    (same window settings from the environment); None when it cannot be read (swift infer will say why)."""
-    try:
-        from .. import switches
-        from ..data.annotations import load_annotations
-        from ..data.windowing import make_windows
-        from ..dataset import window_config_from_env
-        config = window_config_from_env()
-        report = load_annotations(annotations, video_root=switches.read('SWIFT_VORA_VIDEO_ROOT') or None, probe=True)
-        return sum(len(make_windows(a, config)) for a in report.rows)
-    except (OSError, ValueError, KeyError, TypeError, ImportError):  # swift infer reports a bad file itself
-        return None
+    """How many clips `swift infer` will answer: the annotation file windowed as the video_ora dataset does (same
+    window settings from the environment); None when it cannot be read (swift infer will say why)."""
+    from ..dataset import count_samples
+    return count_samples(annotations)
 
 
 def _lines(path: str) -> int:

@@ -5,6 +5,7 @@ from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import constants as C
+from . import speed
 from .backend import Backend
 from .fit import checkpoints_of, estimate_for, fits, param_count, samples_per_row
 from .hardware import Hardware
@@ -40,14 +41,15 @@ def _evaluate(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardwa
     return est, gpu_ok and host_ok, ep, tp
 
 
-def _alt_dict(req: PlanRequest, hw: Hardware, backend: Backend, est: MemoryEstimate, ep: int, tp: int,
-              label: str) -> Dict[str, Any]:
+def _alt_dict(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend,
+              est: MemoryEstimate, ep: int, tp: int, label: str) -> Dict[str, Any]:
     return {'label': label, 'backend': backend, 'tuner': req.tuner, 'offload': req.offload, 'quant': req.quant,
             'micro_batch': req.micro_batch, 'pack_length': req.pack_length, 'num_gpus': hw.num_gpus,
             'nodes': hw.nodes, 'ep': ep, 'tp': tp,
             'gpu_mem_gib': hw.gpu_mem_gib, 'gpu_peak_gib': round(est.gpu_peak / C.GiB, 2),
             'host_peak_gib': round(est.host_peak / C.GiB, 2), 'host_limit_gib': hw.host_ram_gib,
-            'trainable_params': est.trainable_params, 'checkpoints': checkpoints_of(est)}
+            'trainable_params': est.trainable_params, 'checkpoints': checkpoints_of(est),
+            'est_tokens_per_s': speed.for_setup(spec, tokens, est.setup, hw.gpu_name).tokens_per_s}
 
 
 def describe_alternative(a: Dict[str, Any], spec: ModelSpec) -> str:
@@ -71,15 +73,17 @@ def describe_alternative(a: Dict[str, Any], spec: ModelSpec) -> str:
         gpus += f' x {a["nodes"]} nodes'
     host = (f'host {a["host_peak_gib"]:.1f} GiB of {a["host_limit_gib"]:.1f} GiB limit'
             if a['host_limit_gib'] is not None else f'host {a["host_peak_gib"]:.1f} GiB')
+    pace = f', about {a["est_tokens_per_s"]:,.0f} tokens/s' if a.get('est_tokens_per_s') else ''
     return (f'{", ".join(bits)} on {gpus}: {a["gpu_peak_gib"]:.1f} GiB per GPU '
-            f'({param_count(a["trainable_params"])} trainable), {host}')
+            f'({param_count(a["trainable_params"])} trainable), {host}{pace}')
 
 
 def find_alternatives(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware,
                       current: Tuple[str, int, int]) -> List[Dict[str, Any]]:
-    """Candidates that fit, cheapest first: same hardware (smaller micro batch, other backend / offload, selective,
-    LoRA, 4-bit for dense LoRA), then more GPUs of the same kind (2, 4, 8 per node with the same host RAM, then 2,
-    4, 8 nodes like this one)."""
+    """Candidates that fit: on the same hardware (smaller micro batch, other backend / offload, selective, LoRA,
+    4-bit for dense LoRA) fastest first (plan/speed.py's estimate: CPU offload fits in less memory and trains slower
+    than a 4-bit base without it), then more GPUs of the same kind (2, 4, 8 per node with the same host RAM, then 2,
+    4, 8 nodes like this one), fewest first."""
     found: List[Dict[str, Any]] = []
     seen = {(req.tuner, current[0], req.offload, req.quant, req.micro_batch, req.pack_length, hw.num_gpus, hw.nodes,
              current[2])}
@@ -94,7 +98,7 @@ def find_alternatives(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw
             return False
         est, ok, ep, tp = res
         if ok:
-            d = _alt_dict(r, h, backend, est, ep, tp, label)
+            d = _alt_dict(spec, tokens, r, h, backend, est, ep, tp, label)
             d['lora_rank'] = r.lora_rank if r.tuner == 'lora' else None
             d['request'] = replace(r, ep=ep, tp=tp)
             found.append(d)
@@ -142,4 +146,5 @@ def find_alternatives(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw
         sweep(h, 'more GPUs')
         if len(found) > before and any(f['tuner'] == req.tuner for f in found):
             break
-    return found
+    same = sorted((f for f in found if f['label'].startswith('same hardware')), key=lambda f: -f['est_tokens_per_s'])
+    return same + [f for f in found if not f['label'].startswith('same hardware')]

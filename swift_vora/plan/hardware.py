@@ -167,6 +167,15 @@ _NAME_PATTERNS = (('H200', 'H200'), ('H100', 'H100 80GB'), ('A100-SXM4-80GB', 'A
                   ('3090', 'RTX 3090'), ('3060', 'RTX 3060'))
 
 
+def gpu_class_of(name: str) -> Optional[str]:
+    """The GPU_GIB key of a GPU name as torch / nvidia-smi / a profile print it ('NVIDIA H100 80GB HBM3' -> 'H100
+    80GB'); None for a card not listed."""
+    for pattern, key in _NAME_PATTERNS:
+        if pattern.lower() in name.lower():
+            return key
+    return None
+
+
 def torch_gib_from_smi(name: str, smi_gib: float) -> Optional[float]:
     """torch's total for a card that nvidia-smi reported: nvidia-smi's memory.total also counts memory the driver
     reserves, so it overstates what torch can allocate. Returns the known torch total when `name` is a card in

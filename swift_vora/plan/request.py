@@ -44,6 +44,7 @@ class PlanRequest:
     gradient_checkpointing: bool = True
     # unsloth_split_lora's layer checkpoints: auto (on the GPU when the plan fits so, else host RAM) | gpu | host
     checkpoints: str = 'auto'
+    samples_per_epoch: Optional[int] = None  # windowed samples of the dataset (train counts them): hours per epoch
     compile: str = 'off'  # off | layers (recipe train.compile: the decoder layers under torch.compile)
     vision_mode: str = C.VISION_MODE_DEFAULT  # no_grad (measured default) | checkpointed_requires_grad
 
@@ -101,6 +102,12 @@ class Plan:
     assumptions: List[str] = field(default_factory=list)
     config_source: Dict[str, Any] = field(default_factory=dict)  # where config.json came from (model_source)
     checkpoints: Optional[str] = None  # unsloth_split_lora: where the layer checkpoints live, 'gpu' | 'host'
+    # speed (plan/speed.py): from the model's FLOPs and an efficiency measured on an H200; est_source says which
+    est_tokens_per_s: Optional[float] = None
+    est_samples_per_s: Optional[float] = None
+    est_samples_per_epoch: Optional[int] = None
+    est_hours_per_epoch: Optional[float] = None  # None without a dataset to count
+    est_source: str = ''
     predicted: bool = True  # every number here is a prediction (constants.py), not a measurement
     # The model as the planner read it, for the launch: config.json is read once (not in the JSON: `model` is its
     # summary there)

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import constants as C
+from . import speed
 from .alternatives import describe_alternative, find_alternatives
 from .backend import AUTO, Backend
 from .fit import checkpoint_sentence, checkpoints_of, estimate_for, fits, gb, gb_and_gib, gib, param_count, train_setup
@@ -153,19 +154,26 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
     where = checkpoint_sentence(spec, tokens, req, asked_checkpoints, hw, backend, est)
     if where:
         reasons.append(where)
+    pace = speed.for_setup(spec, tokens, est.setup, hw.gpu_name)
+    reasons.append(speed.describe(pace, req.samples_per_epoch))
     alternatives: List[Dict[str, Any]] = []
     if verdict == 'does_not_fit' and search_alternatives:
         found = find_alternatives(spec, tokens, req, hw, (backend, ep, tp))
         for f in found:
             f.pop('request')
         reasons += _alternative_reasons(found, req, spec)
+        if not found or not any(f['label'].startswith('same hardware') for f in found):
+            reasons.append(budget_advice(spec, req, hw, backend, ep, tp))
         alternatives = found[:6]
     return Plan(backend=backend, verdict=verdict, gpu_peak_gib=round(est.gpu_peak / C.GiB, 2),
                 host_peak_gib=round(est.host_peak / C.GiB, 2), reasons=reasons + token_notes,
                 breakdown=est.gpu_gib(), command=[], host_breakdown=est.host_gib(), phases=est.phases_gib(),
                 trainable_params=est.trainable_params, alternative=alternatives[0] if alternatives else None,
                 alternatives=alternatives, assumptions=list(est.assumptions) + list(spec.notes) + list(hw.notes),
-                checkpoints=checkpoints_of(est), **base)
+                checkpoints=checkpoints_of(est), est_tokens_per_s=pace.tokens_per_s,
+                est_samples_per_s=pace.samples_per_s, est_samples_per_epoch=req.samples_per_epoch,
+                est_hours_per_epoch=speed.hours_per_epoch(req.samples_per_epoch, pace), est_source=pace.source,
+                **base)
 
 
 def _hardware(req: PlanRequest, hardware: Optional[Hardware]) -> Hardware:
@@ -239,12 +247,35 @@ def _offload_sentence(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw
     return s + '.'
 
 
+def budget_advice(spec: ModelSpec, req: PlanRequest, hw: Hardware, backend: Backend, ep: int, tp: int) -> str:
+    """Whether a smaller video budget makes this plan fit on this hardware, and how small: the largest frame cap
+    (halving from the request's) that fits, or that even the smallest budget does not (the model states alone are
+    too big: then advising the budget would waste the user's time)."""
+    if req.seq_len:
+        return 'Shorter samples (--seq-len) or bigger GPUs.'
+    frames = req.max_frames
+    while frames > 4:
+        frames = max(4, frames // 2)
+        smaller = replace(req, max_frames=frames)
+        tokens, _ = resolve_tokens(smaller, spec)
+        est, _ = estimate_for(spec, tokens, smaller, hw, backend, ep, tp)
+        if all(fits(est, hw)):
+            return (f'A smaller video budget fits on this hardware: at most {frames} frames per clip (recipe '
+                    f'video.max_frames={frames}, plan --max-frames {frames}; {tokens.total_tokens} tokens per sample) '
+                    f'peaks at {gib(est.gpu_peak)} of {gib(hw.gpu_mem_gib * C.GiB)}.')
+    floor = replace(req, max_frames=4, frame_tokens=min(req.frame_tokens, 16))
+    tokens, _ = resolve_tokens(floor, spec)
+    est, _ = estimate_for(spec, tokens, floor, hw, backend, ep, tp)
+    return (f'No video budget fits on this hardware: even 4 frames at 16 tokens per frame pair peak at '
+            f'{gib(est.gpu_peak)} of {gib(hw.gpu_mem_gib * C.GiB)} (what the model needs before any video); '
+            f'it needs bigger or more GPUs.')
+
+
 def _alternative_reasons(found: List[Dict[str, Any]], req: PlanRequest, spec: ModelSpec) -> List[str]:
     if not found:
-        return ['No alternative with up to 8 GPUs per node or 8 such nodes fits: reduce the video budget '
-                '(--max-frames, --frame-tokens) or use bigger GPUs.']
+        return ['No alternative with up to 8 GPUs per node or 8 such nodes fits.']
     cheapest = found[0]
-    reasons = ['Cheapest alternative that fits: ' + describe_alternative(cheapest, spec) + '.']
+    reasons = ['Fastest alternative that fits: ' + describe_alternative(cheapest, spec) + '.']
     if cheapest['tuner'] != req.tuner:
         keep = next((f for f in found if f['tuner'] == req.tuner), None)
         if keep:

@@ -1,0 +1,145 @@
+"""The planner's speed estimate against every speed measured on the H200, one row per run.
+
+    python benchmarks/speed_table.py            # markdown table
+    python benchmarks/speed_table.py --json
+    python benchmarks/speed_table.py --check    # exit 1 if a row is outside +-20 %
+
+Each row plans the run's configuration (`swift-vora plan` arguments, the sample the run encoded) and compares the
+plan's `est_tokens_per_s` with the tokens/s the run measured (its result file under benchmarks/results/). `efficiency`
+is the run's own MFU over the planner's FLOPs (what plan/speed.py's EFFICIENCY table holds for the row marked
+`fit`): rows marked `fit` are in-sample, the others were not used to set any constant. Plain `swift sft` rows are not
+here: the planner plans swift-vora's launches.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import tempfile
+from typing import Any, Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, 'results')
+CONFIGS = os.path.join(REPO, 'tests', 'fixtures', 'configs')
+TOLERANCE = 0.20
+H200 = ['--gpus', '1', '--gpu-mem-gib', '139.8', '--host-ram-gib', '128']
+# throughput.py's sample: 32 s, 64 frames x 180 tokens per pair, 16 answer tokens; swift-vora's ddp path
+DENSE = [*H200, '--model', os.path.join(CONFIGS, 'qwen3_vl_2b.json'), '--backend', 'ddp', '--tuner', 'lora',
+         '--fps', '2', '--max-frames', '64', '--frame-tokens', '180', '--clip-seconds', '32', '--answer-tokens', '16']
+# moe_throughput.py's sample: 64 frames x 220 tokens per pair, r16, Unsloth
+MOE = [*H200, '--backend', 'unsloth_split_lora', '--tuner', 'lora', '--lora-rank', '16', '--fps', '2', '--max-frames',
+       '64', '--frame-tokens', '220', '--clip-seconds', '32', '--answer-tokens', '16']
+
+ROWS: List[Dict[str, Any]] = [
+    {'what': '2B LoRA, compiled layers, GC, mb 1 (run 16b)', 'source': ('throughput-r16b-2026-12-02.json',
+                                                                       'vora_gc_compile'),
+     'plan': [*DENSE, '--compile', 'layers'], 'fit': True},
+    {'what': '2B LoRA, compiled layers, GC, mb 1 (run 14a)', 'source': ('throughput-r14a-2026-12-01.json',
+                                                                       'vora_gc_compile'),
+     'plan': [*DENSE, '--compile', 'layers']},
+    {'what': '2B LoRA, compiled layers, no GC, mb 1 (run 14c)', 'source': ('throughput-r14c-2026-12-01.json',
+                                                                          'vora_compile'),
+     'plan': [*DENSE, '--compile', 'layers', '--no-gradient-checkpointing'], 'fit': True},
+    {'what': '2B LoRA, compiled layers, no GC, mb 4 (run 16)', 'source': ('throughput-r16-2026-12-02.json',
+                                                                         'vora_compile_mb4'),
+     'plan': [*DENSE, '--compile', 'layers', '--no-gradient-checkpointing', '--micro-batch', '4'], 'fit': True},
+    {'what': '2B LoRA, compiled layers, no GC, mb 4 (run 14d)', 'source': ('throughput-r14d-2026-12-01.json',
+                                                                          'vora_compile_mb4'),
+     'plan': [*DENSE, '--compile', 'layers', '--no-gradient-checkpointing', '--micro-batch', '4']},
+    {'what': '2B LoRA, compiled layers, no GC, mb 6 (run 15)', 'source': ('throughput-r15-2026-12-01.json',
+                                                                         'vora_compile_mb6'),
+     'plan': [*DENSE, '--compile', 'layers', '--no-gradient-checkpointing', '--micro-batch', '6']},
+    {'what': '2B LoRA, eager, GC, mb 1 (run 1, before the later levers)', 'source': ('throughput-2026-11-29.json',
+                                                                                     'vora_gc'),
+     'plan': DENSE, 'fit': True},
+    {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 1', 'source': ('moe-h200-full-2026-12-02.json', 'vora_unsloth'),
+     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu'], 'fit': True},
+    {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 2', 'source': ('moe-h200-full-2026-12-02.json', 'vora_unsloth_mb2'),
+     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '2'], 'fit': True},
+    {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4', 'source': ('moe-h200-full-2026-12-02.json', 'vora_unsloth_mb4'),
+     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4'], 'fit': True},
+    {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4 (call b)', 'source': ('moe-h200-full-b-partial.json',
+                                                                           'vora_unsloth_mb4'),
+     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4']},
+    {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 1, offloaded checkpoints',
+     'source': ('moe-h200-full-2026-12-02.json', 'vora_unsloth_offload'), 'model': 40,
+     'plan': [*MOE, '--checkpoints', 'host']},
+    {'what': '35B-A3B MoE cut to 8 layers, Unsloth, mb 1, offloaded checkpoints (2026-12-01)',
+     'source': ('moe-h200-2026-12-01.json', 'vora_unsloth'), 'model': 8, 'plan': [*MOE, '--checkpoints', 'host']},
+]
+
+
+@functools.lru_cache(maxsize=None)
+def moe_config(layers: int) -> str:
+    """The 35B-A3B configuration the MoE benchmark builds (merger out 2048), with `layers` decoder layers."""
+    sys.path.insert(0, REPO)
+    from swift_vora.tiny_model import qwen3_5_moe_config
+    path = os.path.join(tempfile.gettempdir(), f'swift_vora_speed_qwen3_5_moe_{layers}.json')
+    with open(path, 'w') as f:
+        f.write(qwen3_5_moe_config('35b-a3b', layers).to_json_string())
+    return path
+
+
+def measured(source) -> float:
+    """tokens/s of one recorded run: the file's tokens/s, else samples/s x the real tokens per sample."""
+    fname, variant = source
+    with open(os.path.join(RESULTS, fname)) as f:
+        v = json.load(f)['variants'][variant]
+    if v.get('tokens_per_s'):
+        return float(v['tokens_per_s'])
+    return float(v['samples_per_s']) * (v['tokens_per_sample'] - (v.get('tail_padding_per_sample') or 0))
+
+
+def table(rows=None) -> List[Dict[str, Any]]:
+    sys.path.insert(0, REPO)
+    from swift_vora.cli.plan import plan_from_argv
+    out = []
+    for row in rows or ROWS:
+        argv = list(row['plan'])
+        if row.get('model'):
+            argv = ['--model', moe_config(row['model']), *argv]
+        plan = plan_from_argv(argv)
+        got = measured(row['source'])
+        estimate = plan.est_tokens_per_s
+        # the estimate is proportional to the efficiency it used: the run's own efficiency scales with the ratio
+        efficiency = round(_used_efficiency(plan) * got / estimate, 4)
+        error = (estimate - got) / got
+        out.append({'what': row['what'], 'source': f'benchmarks/results/{row["source"][0]}', 'variant':
+                    row['source'][1], 'measured_tokens_per_s': round(got, 1), 'est_tokens_per_s': estimate,
+                    'error': round(error, 4), 'within': abs(error) <= TOLERANCE, 'efficiency': efficiency,
+                    'in_sample': bool(row.get('fit')), 'est_source': plan.est_source})
+    return out
+
+
+def _used_efficiency(plan) -> float:
+    """The efficiency the estimate used (the first number of est_source)."""
+    return float(plan.est_source.split('efficiency ', 1)[1].split(' ', 1)[0])
+
+
+def render(rows) -> str:
+    lines = ['| configuration | measured tokens/s | estimated tokens/s | error | within ±20 % | run\'s efficiency | '
+             'in-sample |', '|---|---|---|---|---|---|---|']
+    for r in rows:
+        lines.append(f'| {r["what"]} ({r["variant"]}) | {r["measured_tokens_per_s"]:,.0f} | '
+                     f'{r["est_tokens_per_s"]:,.0f} | {100 * r["error"]:+.1f} % | {"yes" if r["within"] else "**no**"}'
+                     f' | {r["efficiency"]} | {"yes" if r["in_sample"] else "no"} |')
+    n_in = sum(r['within'] for r in rows)
+    lines.append(f'\n{n_in} of {len(rows)} rows within ±{100 * TOLERANCE:.0f} %.')
+    return '\n'.join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--check', action='store_true', help='exit 1 if any row is outside the tolerance')
+    ap.add_argument('--json', action='store_true')
+    args = ap.parse_args(argv)
+    rows = table()
+    print(json.dumps(rows, indent=1) if args.json else render(rows))
+    return 1 if args.check and not all(r['within'] for r in rows) else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""The plan's speed estimate: within 20 % of every speed measured on the H200 (benchmarks/speed_table.py reads the
+result files), alternatives ranked by it, hours per epoch from the dataset's windows, and what it assumed said."""
+import os
+import sys
+
+import pytest
+from conftest import REPO_ROOT
+
+sys.path.insert(0, os.path.join(REPO_ROOT, 'benchmarks'))
+import speed_table  # noqa: E402
+
+from swift_vora.plan import speed  # noqa: E402
+from swift_vora.plan.model_source import load_model_spec  # noqa: E402
+from swift_vora.plan.video_budget import video_tokens  # noqa: E402
+
+
+def test_every_measured_speed_is_estimated_within_20_percent():
+    rows = speed_table.table()
+    assert len(rows) >= 13
+    outside = [(r['what'], r['error']) for r in rows if not r['within']]
+    assert not outside, outside
+    # the rows the efficiencies were taken from are in-sample; some rows were used for nothing
+    assert any(r['in_sample'] for r in rows) and sum(not r['in_sample'] for r in rows) >= 5
+
+
+def test_flops_count_the_active_experts_only():
+    spec = load_model_spec(os.path.join(REPO_ROOT, 'tests', 'fixtures', 'configs', 'qwen3_5_moe_35b_a3b.json'))
+    tokens = video_tokens(32, 2, 64, 220)
+    flops = speed.flops_per_sample(spec, tokens, 'lora', 16, 'all-linear')
+    active = speed.active_matmul_params(spec)
+    assert 2e9 < active < 3e9  # 2.4 B of the 35 B multiply per token (no embeddings, LM head or vision tower)
+    assert flops['llm_matmul'] == pytest.approx(4 * active * tokens.total_tokens)
+    assert flops['total'] == pytest.approx(sum(v for k, v in flops.items() if k != 'total'))
+    full = speed.flops_per_sample(spec, tokens, 'full')
+    assert full['llm_matmul'] == pytest.approx(6 * active * tokens.total_tokens)
+
+
+def test_unmeasured_settings_say_what_they_assumed():
+    eff, why = speed.measured_efficiency('deepspeed_zero3', False, True, 1)
+    assert eff == speed.EFFICIENCY[('ddp', False, True, 1)] and 'not benchmarked' in why
+    eff, why = speed.measured_efficiency('unsloth_split_lora', False, True, 8)
+    assert eff == speed.EFFICIENCY[('unsloth_split_lora', False, True, 4)] and 'micro-batch 4' in why
+    rate, source = speed.gpu_rate('NVIDIA GeForce RTX 3090')
+    assert rate == pytest.approx(71.0 * speed.ACHIEVABLE_FRACTION) and 'spec sheet' in source
+
+
+def test_hours_per_epoch_from_the_counted_samples():
+    from swift_vora.cli.plan import plan_from_argv
+    plan = plan_from_argv(['--model', 'Qwen/Qwen3-VL-2B-Instruct', '--hardware', 'h200x1', '--samples', '36000'])
+    assert plan.est_samples_per_epoch == 36000
+    assert plan.est_hours_per_epoch == pytest.approx(36000 / plan.est_samples_per_s / 3600, rel=1e-3)
+    assert any(r.startswith('Estimated speed:') and 'h per epoch of 36,000' in r for r in plan.reasons)
+    assert plan_from_argv(['--model', 'Qwen/Qwen3-VL-2B-Instruct', '--hardware', 'h200x1']).est_hours_per_epoch is None
+
+
+def test_alternatives_on_the_same_hardware_fastest_first():
+    """An 8B VLM on one 4090: a 4-bit base fits without offload and is ranked before CPU offload."""
+    from swift_vora.cli.plan import plan_from_argv
+    plan = plan_from_argv(['--model', 'Qwen/Qwen3-VL-8B-Instruct', '--hardware', '4090x1'])
+    assert plan.verdict == 'does_not_fit'
+    same = [a for a in plan.alternatives if a['label'].startswith('same hardware')]
+    assert same and same[0]['quant'] == '4bit' and same[0]['offload'] == 'none'
+    speeds = [a['est_tokens_per_s'] for a in same]
+    assert speeds == sorted(speeds, reverse=True)
+    assert any(r.startswith('Fastest alternative that fits') and '4-bit' in r for r in plan.reasons)
+
+
+def test_budget_advice_only_where_a_budget_can_fit():
+    from swift_vora.cli.plan import plan_from_argv
+    cfg = os.path.join(REPO_ROOT, 'tests', 'fixtures', 'configs', 'qwen3_5_moe_35b_a3b.json')
+    weights_too_big = plan_from_argv(['--model', cfg, '--hardware', '3090x1'])
+    assert any(r.startswith('No video budget fits') for r in weights_too_big.reasons)
+    assert not any('smaller video budget fits' in r for r in weights_too_big.reasons)
+    long_clips = plan_from_argv(['--model', 'Qwen/Qwen3-VL-8B-Instruct', '--hardware', '4090x1', '--backend', 'ddp',
+                                 '--quant', '4bit', '--window', '300', '--max-frames', '512'])
+    advice = [r for r in long_clips.reasons if r.startswith('A smaller video budget fits')]
+    assert advice and 'video.max_frames=' in advice[0] and '--max-frames' in advice[0]
+
+
+def test_a_text_only_model_is_refused_for_video_ora_with_its_memory_kept():
+    from swift_vora.cli.plan import plan_from_argv
+    plan = plan_from_argv(['--model', 'Qwen/Qwen2.5-14B-Instruct', '--hardware', '4090x2'])
+    assert plan.verdict == 'refused' and plan.command == [] and plan.gpu_peak_gib is not None
+    assert any('text-only model' in r and 'vision tower' in r for r in plan.reasons)
