@@ -133,9 +133,8 @@ def run_demo(args) -> int:
 
     print('[4/5] inference with the adapter on the held-out clips (swift infer)', flush=True)
     predictions = os.path.join(out, 'predictions.jsonl')
-    os.environ.update({k: v for k, v in env.items() if k.startswith('SWIFT_VORA_')})  # the same windows and budget
     run_inference(eval_ann, predictions, adapters=checkpoint, backend='transformers', max_new_tokens=24,
-                  log_path=os.path.join(out, 'infer.log'))
+                  log_path=os.path.join(out, 'infer.log'), environ=env)  # the same windows and budget
 
     print('[5/5] report (swift-vora eval\'s evaluator)', flush=True)
     real, control = score_against_control(eval_ann, predictions, os.path.join(out, 'videos_eval',

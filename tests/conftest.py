@@ -9,6 +9,20 @@ OFFLINE_ENV = {**_SWIFT_OFFLINE_ENV, 'TOKENIZERS_PARALLELISM': 'false'}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.fixture(autouse=True)
+def no_budget_left_behind():
+    """A command run in-process must leave the SWIFT_VORA_* environment as it found it: a value left behind reads as
+    one the user exported (a later template trains on the wrong budget; a later eval keeps the first checkpoint's)."""
+    before = {k: v for k, v in os.environ.items() if k.startswith('SWIFT_VORA_')}
+    yield
+    after = {k: v for k, v in os.environ.items() if k.startswith('SWIFT_VORA_')}
+    if after != before:
+        for key in set(after) - set(before):
+            del os.environ[key]
+        os.environ.update(before)
+        pytest.fail(f'the test left SWIFT_VORA_* changed in os.environ: before {before}, after {after}')
+
+
 @pytest.fixture(scope='session')
 def tiny_model_dir(tmp_path_factory):
     """A tiny random Qwen3-VL checkpoint (built once per test session, offline)."""

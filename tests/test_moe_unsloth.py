@@ -133,7 +133,8 @@ def test_runner_trains_qwen3_5_moe_on_video_with_every_guard(tiny_q35, tmp_path,
     cmd = [sys.executable, '-m', 'swift_vora.backends.unsloth_runner', os.path.join(REPO, 'recipes', 'h200x1.yaml'),
            f'model.path={model}', f'data.dataset={ann}', 'data.window=8', 'data.stride=8', 'video.fps=1',
            'video.max_frames=8', 'video.pair_tokens=16', 'video.min_pair_tokens=4', 'train.max_steps=2',
-           'train.grad_accum=2', 'train.dtype=float32', f'train.output_dir={out}', 'train.lora_rank=4',
+           'train.micro_batch=1', 'train.grad_accum=2', 'train.dtype=float32', f'train.output_dir={out}',
+           'train.lora_rank=4',
            'unsloth.save_merged=false', 'unsloth.gradient_checkpointing=false', '--loader', 'peft']
     proc = subprocess.run(cmd, env=offline_env, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -239,8 +240,12 @@ def test_moe_benchmark_smoke_runs_both_paths_and_the_flagship_checks(tmp_path):
            '--variants', 'vora_unsloth,swift_peft', '--flagship', '--profile-step', '3', '--out', str(tmp_path / 'out')]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (path,) = [p for p in (tmp_path / 'out').iterdir() if p.name.startswith('moe-h200-')]
+    written = [p for p in (tmp_path / 'out').iterdir() if p.name.startswith('moe-h200-')]
+    (path,) = [p for p in written if not p.name.endswith('-partial.json')]
+    (partial,) = [p for p in written if p.name.endswith('-partial.json')]  # what a call cut short would return
+    assert json.loads(partial.read_text())['partial'] is True
     data = json.loads(path.read_text())
+    assert 'partial' not in data
     for key in ('model', 'tokens_per_sample', 'video_tokens_per_sample', 'variants', 'swift_vora_variant',
                 'baseline_variant', 'speedup'):  # memory_ratio and plan_error need GPU peaks
         assert data.get(key) is not None, key

@@ -90,3 +90,26 @@ def test_the_callback_records_into_every_checkpoint_of_a_video_ora_training(tmp_
     args2 = types.SimpleNamespace(output_dir=str(tmp_path / 'v1'))
     tb.record_on_save_callback(args2, other).on_train_begin(args2, state, None)
     assert not (tmp_path / 'v1').exists()  # another template: nothing recorded
+
+
+def test_eval_takes_each_checkpoints_budget_without_changing_its_own_environment(tmp_path, monkeypatch):
+    """Two checkpoints evaluated from one process (a notebook, a sweep): each gets the budget it was trained with;
+    the first one's values must not stay behind in os.environ and pass for the caller's on the second."""
+    import os
+    import sys
+
+    from swift_vora.eval.inference import use_trained_budget
+    for name in tb.SWITCHES:
+        monkeypatch.delenv(name, raising=False)
+    first, second = tmp_path / 'a', tmp_path / 'b'
+    first.mkdir()
+    second.mkdir()
+    tb.record(str(first), 'swift sft', {'SWIFT_VORA_MAX_FRAMES': '8'}, max_answer_chars=40)
+    tb.record(str(second), 'swift sft', {'SWIFT_VORA_MAX_FRAMES': '32'}, max_answer_chars=40)
+    before = dict(os.environ)
+    env_a, env_b = dict(os.environ), dict(os.environ)
+    use_trained_budget(None, str(first), None, env_a, stream=sys.stderr)
+    tokens = use_trained_budget(None, str(second), None, env_b, stream=sys.stderr)
+    assert env_a['SWIFT_VORA_MAX_FRAMES'] == '8' and env_b['SWIFT_VORA_MAX_FRAMES'] == '32'
+    assert tokens == 2 * 40 + tb.ANSWER_MARGIN_TOKENS
+    assert dict(os.environ) == before

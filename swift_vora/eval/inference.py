@@ -59,11 +59,14 @@ def results_to_predictions(rows: Iterable[Dict]) -> List[Dict]:
     return predictions
 
 
-def count_windows(annotations: str) -> Optional[int]:
+def count_windows(annotations: str, environ: Optional[Dict[str, str]] = None) -> Optional[int]:
     """How many clips `swift infer` will answer: the annotation file windowed as the video_ora dataset does (same
-    window settings from the environment); None when it cannot be read (swift infer will say why)."""
-    from ..dataset import count_samples
-    return count_samples(annotations)
+    window settings from `environ`, default this process's); None when it cannot be read (swift infer will say
+    why)."""
+    from .. import switches
+    from ..dataset import count_samples, window_config_from_env
+    return count_samples(annotations, window_config_from_env(environ),
+                         video_root=switches.read('SWIFT_VORA_VIDEO_ROOT', environ) or None)
 
 
 def _lines(path: str) -> int:
@@ -128,10 +131,11 @@ DEFAULT_MAX_NEW_TOKENS = 64  # without a recorded answer length (a checkpoint fr
 
 
 def use_trained_budget(model: Optional[str], adapters: Optional[str], max_new_tokens: Optional[int],
-                       stream=None) -> int:
-    """The checkpoint's trained video budget into this process's environment (the windows counted here and the
-    `swift infer` started from here see it; values the caller exported win, with a warning naming both), and the
-    max_new_tokens to use: the caller's, else the checkpoint's, else DEFAULT_MAX_NEW_TOKENS."""
+                       environ: Dict[str, str], stream=None) -> int:
+    """The checkpoint's trained video budget into `environ`, the environment `swift infer` is started with (and the
+    windows are counted with; values the caller set there win, with a warning naming both), and the max_new_tokens
+    to use: the caller's, else the checkpoint's, else DEFAULT_MAX_NEW_TOKENS. This process's own environment is left
+    as it was: a second checkpoint evaluated from the same process gets its own budget, not the first one's."""
     from .. import trained_budget
     stream = stream or sys.stderr
     path = trained_budget.find(adapters, model)
@@ -140,7 +144,7 @@ def use_trained_budget(model: Optional[str], adapters: Optional[str], max_new_to
               'SWIFT_VORA_* values (or the defaults) are used; they must be the ones it was trained with',
               file=stream, flush=True)
         return max_new_tokens or DEFAULT_MAX_NEW_TOKENS
-    done = trained_budget.apply_to_environment(path, warn=lambda msg: print(msg, file=stream, flush=True))
+    done = trained_budget.apply_to_environment(path, environ, warn=lambda msg: print(msg, file=stream, flush=True))
     print(f'swift-vora eval: video budget from the checkpoint ({path}): '
           f'{trained_budget.describe({**done["used"], **{k: v["given"] for k, v in done["overridden"].items()}})}',
           file=stream, flush=True)
@@ -149,13 +153,15 @@ def use_trained_budget(model: Optional[str], adapters: Optional[str], max_new_to
 
 def run_inference(annotations: str, out_path: str, model: Optional[str] = None, adapters: Optional[str] = None,
                   backend: Optional[str] = None, max_new_tokens: Optional[int] = None, model_type: Optional[str] = None,
-                  log_path: Optional[str] = None) -> str:
+                  log_path: Optional[str] = None, environ: Optional[Dict[str, str]] = None) -> str:
     """Run `swift infer` and write prediction rows to `out_path` (atomically, never over `annotations`);
-    return it. The checkpoint's trained video budget and answer length are used unless the caller set others."""
+    return it. The checkpoint's trained video budget and answer length are used unless the caller set others
+    (in `environ`, default this process's environment, which is read, never changed)."""
     from ..outputs import check_output_file, write_text_atomic
     if not model and not adapters:
         raise ValueError('inference needs --model or --adapters')
-    max_new_tokens = use_trained_budget(model, adapters, max_new_tokens)
+    environ = {**(os.environ if environ is None else environ), **OFFLINE_ENV}
+    max_new_tokens = use_trained_budget(model, adapters, max_new_tokens, environ)
     out_path = os.path.abspath(check_output_file(out_path, [annotations], what='--predictions'))
     os.makedirs(os.path.dirname(out_path), exist_ok=True)  # --predictions may name a folder not made yet
     result_path = check_output_file(out_path + '.swift_infer.jsonl', [annotations], what='swift infer results')
@@ -164,12 +170,12 @@ def run_inference(annotations: str, out_path: str, model: Optional[str] = None, 
         os.remove(result_path)
     argv = swift_infer_argv(os.path.abspath(annotations), result_path, model, adapters,
                             backend or default_backend(), max_new_tokens, model_type)
-    total = count_windows(annotations)
+    total = count_windows(annotations, environ)
     if total:  # results are written every `write_batch_size` clips: about 50 progress steps, at least 1 clip each
         argv += ['--write_batch_size', str(max(1, math.ceil(total / 50)))]
     print(f'swift-vora eval: $ {" ".join(argv)}\n  (log: {log_path})', file=sys.stderr, flush=True)
     with open(log_path, 'w') as log:
-        proc = subprocess.Popen(argv, env={**os.environ, **OFFLINE_ENV}, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, env=environ, stdout=log, stderr=subprocess.STDOUT)
         code = wait_with_progress(proc, log_path, result_path, total)
     if code != 0:
         with open(log_path) as f:
