@@ -118,10 +118,14 @@ def run_eval(args) -> int:
         problems.append(f"{m['unknown_ids']} prediction id(s) not in the annotations, ignored "
                         f"(first: {', '.join(m['problems']['unknown'][:5])})")
     if invalid:
-        problems.append(f'{len(invalid)} invalid prediction line(s), ignored (first: line {invalid[0]["line"]}: '
-                        f'{invalid[0]["reason"]})')
+        problems.append(f'{len(invalid)} invalid prediction line(s) in {args.predictions}, ignored (their queries '
+                        'score 0):')
     for line in problems:
         print(f'swift-vora eval: {line}', file=sys.stderr)
+    for p in invalid[:20]:
+        print(f"  {args.predictions}:{p['line']}: {p['reason']}", file=sys.stderr)
+    if len(invalid) > 20:
+        print(f'  ... and {len(invalid) - 20} more (all of them: --json, problems.invalid_lines)', file=sys.stderr)
     if invalid:
         return EXIT_INVALID
     if args.strict and (m['missing_predictions'] or m['unknown_ids']):
