@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from .. import intervals
+from .. import intervals, jsonl
 from . import qvhighlights
 from .probe import VideoInfo, VideoProbeError, check_file, probe_video
 
@@ -148,14 +148,14 @@ def load_annotations(path: str, video_root: Optional[str] = None, probe: bool = 
     report = AnnotationReport(source=source)
     probes: Dict[str, Any] = {}  # video path -> VideoInfo or VideoProbeError; a video may serve many lines
     first_line_of_id: Dict[str, int] = {}
-    for number, text in _read_lines(source):
+    for number, text, unreadable in jsonl.read_lines(source):
         if text is not None and not text.strip():
             report.blank_lines += 1
             continue
         report.total += 1
         try:
             if text is None:
-                raise _Problem(None, 'not valid UTF-8 text')
+                raise _Problem(None, unreadable)
             ann, warning, before = _validate_text(text, number, source, video_root, base_dir, probe,
                                                   check_files, tolerance, probes)
             if ann.id in first_line_of_id:
@@ -227,21 +227,9 @@ def write_jsonl(records: Iterable[Dict[str, Any]], out_path: str, inputs: Iterab
 
 # --- internals -------------------------------------------------------------------------------------
 
-def _read_lines(path: str) -> Iterable[Tuple[int, Optional[str]]]:
-    """Yield (1-based line number, text or None if not UTF-8); a UTF-8 byte-order mark is ignored."""
-    with open(path, 'rb') as handle:
-        for number, raw in enumerate(handle, 1):
-            if number == 1 and raw.startswith(b'\xef\xbb\xbf'):
-                raw = raw[3:]
-            try:
-                yield number, raw.decode('utf-8')
-            except UnicodeDecodeError:
-                yield number, None
-
-
 def _validate_text(text, line, source, video_root, base_dir, probe, check_files, tolerance, probes):
     try:
-        record = json.loads(text)
+        record = jsonl.loads(text)
     except json.JSONDecodeError as exc:
         raise _Problem(None, f'not valid JSON: {exc.msg} (column {exc.colno})') from None
     except RecursionError:
@@ -404,7 +392,7 @@ def _id_of(text: Optional[str]) -> Optional[str]:
     if text is None:
         return None
     try:
-        record = json.loads(text)
+        record = jsonl.loads(text)
     except (json.JSONDecodeError, RecursionError):
         return None
     if not isinstance(record, dict):

@@ -6,12 +6,11 @@ response that did not parse); 2 usage error (a file that cannot be opened).
 """
 from __future__ import annotations
 
-import io
-import json
 import os
 import sys
 from collections import Counter
 
+from .. import jsonl
 from ..cli_values import nonnegative_int, number, positive_int
 from ..errors import InvalidInput, UsageError
 from ..json_output import dumps
@@ -143,11 +142,16 @@ def _kinds(kinds: dict) -> str:
 
 
 # ---- parse --------------------------------------------------------------------------------------
+# A stdin line longer than this is not read into memory: it is a `too_long` failure either way (parse_answer refuses
+# more than MAX_TEXT_CHARS characters; a JSON string may escape each one in up to 12 bytes).
+MAX_STDIN_LINE_BYTES = 12 * 1_000_000 + 64
+
+
 def _decode_line(line: str):
     """A line is a JSON string; be kind to a JSON object with `response`/`text`, or raw text."""
     stripped = line.strip()
     try:
-        value = json.loads(stripped)
+        value = jsonl.loads(stripped)
     except (ValueError, RecursionError):  # not JSON (or absurdly nested): parse the raw text
         return line.rstrip('\r\n')
     if isinstance(value, str):
@@ -159,20 +163,27 @@ def _decode_line(line: str):
     return stripped  # a bare JSON array/number: parse its text
 
 
+def _too_long():
+    from ..answer_parser import ParseResult
+    return ParseResult(windows=[], ok=False, failure='too_long', flags=['input_capped'])
+
+
 def run_parse(args) -> int:
     from ..answer_parser import parse_answer
     if args.text is not None:
         texts = args.text
-    else:  # bytes that are not UTF-8 must not stop the stream: decode with replacement characters
-        stream = io.TextIOWrapper(sys.stdin.buffer, encoding='utf-8', errors='replace') \
-            if hasattr(sys.stdin, 'buffer') else sys.stdin
-        texts = (_decode_line(line) for line in stream)
+    elif hasattr(sys.stdin, 'buffer'):  # bytes that are not UTF-8 must not stop the stream: replacement characters
+        texts = (_decode_line(line.text) if line.text is not None else None
+                 for line in jsonl.read_stream(sys.stdin.buffer, MAX_STDIN_LINE_BYTES, errors='replace'))
+    else:  # a replaced stdin (tests): text already
+        texts = (_decode_line(line) for line in sys.stdin)
     n = ok = 0
     failures: Counter = Counter()
     repairs: Counter = Counter()
     for text in texts:
         n += 1
-        res = parse_answer(text, duration=args.duration)
+        # None: a line too long to read, refused as parse_answer refuses any answer past MAX_TEXT_CHARS
+        res = parse_answer(text, duration=args.duration) if text is not None else _too_long()
         if res.ok:
             ok += 1
         else:

@@ -22,11 +22,11 @@ evaluator's order matters for R1 and the 10-window cut).
 from __future__ import annotations
 
 import bisect
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .. import jsonl
 from ..answer_parser import REPAIR_NAMES, parse_answer
 from ..intervals import merge
 from . import metrics as M
@@ -82,14 +82,18 @@ class EvalResult:
 def read_jsonl(path: str) -> List[Tuple[int, object]]:
     """(1-based line, decoded value or an Exception) for every non-blank line."""
     out = []
-    with open(path, 'r', encoding='utf-8', errors='replace') as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append((i, json.loads(line)))
-            except (ValueError, RecursionError) as exc:
-                out.append((i, ValueError(str(exc)[:200])))
+    for i, line, unreadable in jsonl.read_lines(path, errors='replace'):
+        if line is None:
+            out.append((i, ValueError(unreadable)))
+            continue
+        if not line.strip():
+            continue
+        try:
+            out.append((i, jsonl.loads(line)))
+        except RecursionError:
+            out.append((i, ValueError('nested too deeply')))
+        except ValueError as exc:
+            out.append((i, ValueError(str(exc)[:200])))
     return out
 
 
