@@ -88,11 +88,11 @@ def r1_at(result, threshold: float = 0.5) -> float:
 def score_against_control(annotations: str, predictions: str, control_path: str):
     """(real EvalResult, control EvalResult): the answers scored against their clips and against others'."""
     from .eval.evaluate import evaluate
+    from .outputs import write_text_atomic
     with open(annotations) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    with open(control_path, 'w') as f:
-        for row in derange_windows(rows):
-            f.write(json.dumps(row) + '\n')
+    write_text_atomic(control_path, ''.join(json.dumps(row) + '\n' for row in derange_windows(rows)),
+                      what='control annotations')
     real, _ = evaluate(annotations, predictions)
     control, _ = evaluate(control_path, predictions)
     return real, control

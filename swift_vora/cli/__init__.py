@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import traceback
 from typing import List, Optional
 
-from .. import switches
+from .. import errors, outputs, switches
 from ..errors import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError, UsageError
 
 __all__ = ['EXIT_OK', 'EXIT_INVALID', 'EXIT_USAGE', 'EXIT_DOES_NOT_FIT', 'EXIT_REFUSED', 'build_parser', 'main']
@@ -58,11 +59,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    stdout = sys.stdout
+    sys.stdout = outputs.CheckedStdout(stdout)  # a failed write names stdout instead of a bare [Errno 28]
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout = stdout
+
+
+def _main(argv: List[str]) -> int:
     want_json = '--json' in argv
     command = 'swift-vora'
+    outputs.enable_signal_cleanup()  # SIGTERM while writing removes the temporary files (docs/errors.md)
     try:
         parser = build_parser()
-        args, rest = parser.parse_known_args(argv)
+        try:
+            args, rest = parser.parse_known_args(argv)
+        except SystemExit as exc:  # --help: argparse printed it and exits; a stdout that took none of it fails
+            outputs.flush_stdout()
+            return int(exc.code or 0)
         if rest:
             # `key=value` overrides may come after the flags (`train RECIPE --dry-run video.max_frames=4`):
             # argparse stops filling a positional list at the first flag, so the leftovers are appended in order.
@@ -82,12 +97,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         if handler is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
-        return int(handler(args) or 0)
+        code = int(handler(args) or 0)
+        outputs.flush_stdout()  # a stdout that cannot be written is a failure, never exit 0 with half an output
+        return code
     except BrokenPipeError:  # `| head` closed stdout: the reader has what it wanted
         _detach_stdout()
         return EXIT_OK
+    except errors.Terminated as exc:
+        name = signal.Signals(exc.signum).name
+        print(f'{command}: stopped by {name}; its temporary files were removed and earlier outputs left as they were',
+              file=sys.stderr)
+        return 128 + exc.signum
     except CliError as exc:
         return _fail(exc.command or command, str(exc), exc.exit_code, want_json)
+    except outputs.StdoutError as exc:
+        _detach_stdout()  # the interpreter's last flush would fail again
+        print(f'{command}: stdout: {exc.strerror}', file=sys.stderr)
+        return EXIT_USAGE
     except (OSError, UnicodeError) as exc:  # a path the user named cannot be read or written
         where = getattr(exc, 'filename', None)
         text = f'{where}: {exc.strerror or exc}' if where else str(exc)
@@ -135,14 +161,17 @@ def _command_name(args) -> str:
 
 
 def _fail(command: str, message: str, code: int, want_json: bool) -> int:
+    print(f'{command}: {message}', file=sys.stderr)
     try:
-        print(f'{command}: {message}', file=sys.stderr)
         if want_json:
             from ..json_output import print_json
             print_json({'error': message, 'exit_code': code})
         sys.stdout.flush()
     except BrokenPipeError:
         _detach_stdout()
+    except OSError as exc:  # stdout itself cannot be written: stderr says so too
+        _detach_stdout()
+        print(f'{command}: stdout: {exc.strerror}', file=sys.stderr)
     return code
 
 

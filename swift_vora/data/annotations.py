@@ -17,6 +17,7 @@ clamped to the duration (float noise from tools that write `duration` and `end` 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -212,16 +213,21 @@ def validate_record(record: Any, line: int = 0, source: str = '<row>', video_roo
     return ann
 
 
-def write_jsonl(records: Iterable[Dict[str, Any]], out_path: str, inputs: Iterable[Optional[str]] = ()) -> int:
-    """Write one JSON object per line atomically (`outputs.atomic_text_writer`: never over one of
-    `inputs`, never over a device or a symlink, no half-written file on failure); return the count."""
-    from ..outputs import atomic_text_writer
+def write_jsonl(records: Iterable[Dict[str, Any]], out_path: str, inputs: Iterable[Optional[str]] = (),
+                stage=None) -> int:
+    """Write one JSON object per line atomically (`outputs.Staging`: never over one of `inputs`, never over a
+    device or a symlink, no half-written file on failure); return the count. With `stage` (an
+    `outputs.Staging`), the file is renamed into place when the caller commits it, else at once."""
+    from ..outputs import staged
 
     count = 0
-    with atomic_text_writer(os.fspath(out_path), inputs) as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + '\n')
-            count += 1
+    with contextlib.ExitStack() as stack:
+        if stage is None:
+            stage = stack.enter_context(staged())
+        with stage.open(os.fspath(out_path), inputs, 'OUT.jsonl') as handle:
+            for record in records:
+                handle.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + '\n')
+                count += 1
     return count
 
 

@@ -92,12 +92,6 @@ def run_eval(args) -> int:
             print(f"  {args.annotations}:{p['line']}: {p['reason']}", file=sys.stderr)
         return EXIT_INVALID
     m = result.metrics
-    if args.out_dir:
-        from .report import write_outputs
-        written = write_outputs(result, args.out_dir, max_plots=args.max_plots,
-                                inputs={'annotations': args.annotations, 'predictions': args.predictions})
-        print(f"swift-vora eval: wrote {written['metrics']}, {written['report']}, {written['overview']} and "
-              f"{len(written['plots'])} timeline(s)", file=sys.stderr)
     if args.json:
         print(dumps(m))
     else:
@@ -125,11 +119,22 @@ def run_eval(args) -> int:
         print(f"  {args.predictions}:{p['line']}: {p['reason']}", file=sys.stderr)
     if len(invalid) > 20:
         print(f'  ... and {len(invalid) - 20} more (all of them: --json, problems.invalid_lines)', file=sys.stderr)
-    if invalid:
-        return EXIT_INVALID
-    if args.strict and (m['missing_predictions'] or m['unknown_ids']):
-        return EXIT_INVALID
-    return EXIT_OK
+    code = EXIT_INVALID if invalid or (args.strict and (m['missing_predictions'] or m['unknown_ids'])) else EXIT_OK
+    if args.out_dir:
+        # Written last and only on success: an evaluation that exits 1 (invalid lines, --strict) or whose stdout
+        # cannot be written leaves an earlier --out-dir exactly as it was.
+        if code != EXIT_OK:
+            print(f'swift-vora eval: --out-dir {args.out_dir} not written (exit {code}: fix the lines above; any '
+                  'earlier report there is left as it was)', file=sys.stderr)
+            return code
+        from ..outputs import flush_stdout
+        from .report import write_outputs
+        flush_stdout()
+        written = write_outputs(result, args.out_dir, max_plots=args.max_plots,
+                                inputs={'annotations': args.annotations, 'predictions': args.predictions})
+        print(f"swift-vora eval: wrote {written['metrics']}, {written['report']}, {written['overview']} and "
+              f"{len(written['plots'])} timeline(s)", file=sys.stderr)
+    return code
 
 
 def _check_readable(path: str, flag: str) -> None:
