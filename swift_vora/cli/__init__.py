@@ -143,10 +143,12 @@ def _wants_traceback() -> bool:
 
 
 def _check_switch_names() -> None:
-    """A `SWIFT_VORA_*` name that is not a switch is a usage error (a misspelt switch would otherwise be ignored
-    here and refused later by the plugin inside `swift sft`), with the closest switch's name."""
+    """A `SWIFT_VORA_*` name that is not a switch, or a switch holding a value it refuses (`SWIFT_VORA_FPS=inf`,
+    `SWIFT_VORA_PAIR_TOKENS=0`), is a usage error naming the variable, before the command runs: values are
+    validated where they enter, not deep inside a plan (a misspelt switch would otherwise be ignored here and
+    refused later by the plugin inside `swift sft`)."""
     try:
-        switches.check_names()
+        switches.check_environment()
     except switches.SwitchError as exc:
         raise UsageError(f'{exc}; `swift-vora switches` lists them') from None
 
