@@ -378,10 +378,21 @@ def _check_windows(raw, duration: float, tolerance: float) -> List[Tuple[float, 
 def _number(raw, field_name: str, what: str, index: Optional[int] = None) -> float:
     if isinstance(raw, bool) or not isinstance(raw, (int, float)):
         raise _Problem(field_name, f'{what} is not a number: {_short(raw)}', index)
-    value = float(raw)
+    try:
+        value = float(raw)
+    except OverflowError:  # an int past float range (a row built in code; the JSON reader makes it inf)
+        value = math.inf
     if not math.isfinite(value):
-        raise _Problem(field_name, f'{what} is not a finite number: {raw}', index)
+        raise _Problem(field_name, f'{what} is not a finite number: {_long_number(raw)}', index)
     return value
+
+
+def _long_number(raw) -> str:
+    """A number for a message, shortened: an integer may have hundreds of digits."""
+    text = str(raw)  # an oversized float (swift_vora.jsonl.Oversized) is shortened already
+    if not isinstance(raw, int) or len(text) <= 24:
+        return text
+    return f'{text[:12]}...({len(text.lstrip("-"))} digits)'
 
 
 def _invalid(problem: _Problem, line: int, source: str, ann_id: Optional[str]) -> Invalid:
