@@ -107,7 +107,7 @@ def test_recipes_cp_on_a_full_disk_leaves_nothing_and_a_rerun_works(workspace, f
 def _eval_out_dir(workspace, predictions='good.jsonl', *extra):
     (workspace / 'good.jsonl').write_text(json.dumps({'qid': 1, 'pred_relevant_windows': [[0, 10, 1]],
                                                       'pred_saliency_scores': [1, 2]}) + '\n')
-    return run_cli('eval', '--annotations', 'q.jsonl', '--predictions', predictions, '--out-dir', 'report', *extra)
+    return run_cli('eval', '--annotations', 'q.jsonl', '--predictions', predictions, '--output_dir', 'report', *extra)
 
 
 def test_eval_writes_its_out_dir_only_when_it_succeeds(workspace):
@@ -116,13 +116,13 @@ def test_eval_writes_its_out_dir_only_when_it_succeeds(workspace):
     before = _tree(workspace / 'report')
     (workspace / 'rev.jsonl').write_text(json.dumps({'qid': 1, 'pred_relevant_windows': [[10, 0, 1]]}) + '\n')
     rc, _, err = _eval_out_dir(workspace, 'rev.jsonl')  # exit 1: an invalid line
-    assert rc == 1 and '--out-dir report not written' in err
+    assert rc == 1 and '--output_dir report not written' in err
     (workspace / 'other.jsonl').write_text(json.dumps({'qid': 'nope', 'pred_relevant_windows': [[0, 1]]}) + '\n')
     rc, _, _ = _eval_out_dir(workspace, 'other.jsonl', '--strict')  # exit 1: --strict refuses an unknown id
     assert rc == 1
     assert _tree(workspace / 'report') == before and not _temporaries(workspace)
     # a new folder is not even created
-    rc, _, _ = run_cli('eval', '--annotations', 'q.jsonl', '--predictions', 'rev.jsonl', '--out-dir', 'new/deep')
+    rc, _, _ = run_cli('eval', '--annotations', 'q.jsonl', '--predictions', 'rev.jsonl', '--output_dir', 'new/deep')
     assert rc == 1 and not (workspace / 'new').exists()
 
 

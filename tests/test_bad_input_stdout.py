@@ -24,7 +24,7 @@ COMMANDS = [
     ['data', 'check', 'a.jsonl', '--no-probe'],
     ['data', 'build', 'a.jsonl', 'out.jsonl', '--no-probe', '--json'],
     ['data', 'convert-qvhighlights', 'q.jsonl', 'out.jsonl'],
-    ['eval', '--annotations', 'q.jsonl', '--predictions', 'qp.jsonl', '--out-dir', 'report'],
+    ['eval', '--annotations', 'q.jsonl', '--predictions', 'qp.jsonl', '--output_dir', 'report'],
     ['eval', '--annotations', 'q.jsonl', '--predictions', 'qp.jsonl', '--json'],
     ['parse', '--text', '[[1, 2]]'],
     ['plan', '--model', TINY_VL, '--hardware', 'h200x1', '--json'],

@@ -13,11 +13,14 @@ traceback).
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
+import re
 import signal
 import sys
 import traceback
+import weakref
 from typing import List, Optional
 
 from .. import errors, outputs, switches
@@ -40,12 +43,78 @@ COMMAND_MODULES = [
 TRACEBACK_ENV = 'SWIFT_VORA_TRACEBACK'
 
 
+UNDERSCORE_NOTE = ('Every flag may also be written with underscores, as ms-swift spells its arguments '
+                   '(--output_dir for --output-dir, --max_new_tokens for --max-new-tokens).')
+_PARSERS: 'weakref.WeakValueDictionary[str, _Parser]' = weakref.WeakValueDictionary()  # prog -> its parser
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting, so that `--json` gets its error object too."""
+    """The parser of `swift-vora` and of each of its commands (argparse gives subcommands their parent's class).
+
+    - It raises instead of exiting, so that `--json` gets its error object too.
+    - It reads every flag also in ms-swift's spelling: `--output_dir` is `--output-dir` wherever this parser has
+      that flag (issue #33: ms-swift users type underscores; one rule instead of an alias per flag).
+    - A usage error prints this command's usage (not the top level's) and, for a flag or command it does not
+      know, the closest one it does (`did you mean --max-new-tokens?`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault('epilog', UNDERSCORE_NOTE)
+        super().__init__(*args, **kwargs)
+        _PARSERS[self.prog] = self
+
+    def parse_known_args(self, args=None, namespace=None):
+        # argparse hands a subcommand's arguments to the subcommand's parser through this method, so each parser
+        # rewrites only the flags it knows (tests/test_cli_spelling.py checks that this still holds)
+        return super().parse_known_args(self.with_hyphens(sys.argv[1:] if args is None else list(args)), namespace)
+
+    def with_hyphens(self, args: List[str]) -> List[str]:
+        """`args` with `--a_b[=v]` written `--a-b[=v]` where `--a-b` is a flag of this parser; nothing after `--`."""
+        known = self._option_string_actions  # argparse's table of every option string (groups included)
+        out = []
+        for i, token in enumerate(args):
+            if token == '--':
+                return out + args[i:]
+            name, eq, value = token.partition('=')
+            if name.startswith('--') and '_' in name and name not in known:
+                hyphens = '--' + name[2:].replace('_', '-')
+                if hyphens in known:
+                    token = hyphens + eq + value
+            out.append(token)
+        return out
 
     def error(self, message):
         self.print_usage(sys.stderr)
-        raise UsageError(message, command=self.prog)
+        raise UsageError(message + self.suggestion(message), command=self.prog)
+
+    def suggestion(self, message: str) -> str:
+        """' (did you mean X?)' for an unknown flag or command in argparse's `message`, else ''."""
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            close = difflib.get_close_matches(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)), n=1)
+            return f' (did you mean {close[0]}?)' if close else ''
+        unknown = re.match(r'unrecognized arguments: (.*)', message)
+        if not unknown:
+            return ''
+        flags = {_spelling(o): o for o in self._option_string_actions if o.startswith('--')}
+        hints = {}
+        for token in unknown.group(1).split():
+            if token.startswith('-'):
+                close = difflib.get_close_matches(_spelling(token.split('=', 1)[0]), list(flags), n=1, cutoff=0.6)
+                if close:
+                    hints[token] = flags[close[0]]
+        if len(hints) == 1:
+            return f' (did you mean {next(iter(hints.values()))}?)'
+        return f' (did you mean {", ".join(f"{v} for {k}" for k, v in hints.items())}?)' if hints else ''
+
+
+def _spelling(flag: str) -> str:
+    """A flag compared by its words: `--Output_Dir`, `--output-dir` and `--outputdir` differ only in spelling."""
+    return flag.lstrip('-').lower().replace('_', '-')
+
+
+def parser_of(prog: str, default: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The parser of command `prog` (`swift-vora data build`) from the last `build_parser()`, else `default`."""
+    return _PARSERS.get(prog, default)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,8 +153,8 @@ def _main(argv: List[str]) -> int:
             if isinstance(getattr(args, 'overrides', None), list) and all('=' in a and not a.startswith('-')
                                                                              for a in rest):
                 args.overrides.extend(rest)
-            else:
-                parser.error(f'unrecognized arguments: {" ".join(rest)}')
+            else:  # argparse hands the leftovers up to the top parser: the command's own parser says what it knows
+                parser_of(_command_name(args), parser).error(f'unrecognized arguments: {" ".join(rest)}')
         command = _command_name(args)
         if args.version:
             from .. import __version__
@@ -159,6 +228,8 @@ def _command_name(args) -> str:
         parts.append(args.command)
     if getattr(args, 'data_command', None):
         parts.append(args.data_command)
+    if getattr(args, 'recipes_command', None):
+        parts.append(args.recipes_command)
     return ' '.join(parts)
 
 

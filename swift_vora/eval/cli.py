@@ -11,7 +11,7 @@ import sys
 from collections import Counter
 
 from .. import jsonl
-from ..cli_values import nonnegative_int, number, positive_int
+from ..cli_values import OUTPUT_DIR_FLAGS, nonnegative_int, number, positive_int
 from ..errors import InvalidInput, UsageError
 from ..json_output import dumps
 
@@ -32,9 +32,11 @@ def register_commands(subparsers) -> None:
     p.add_argument('--infer-backend', choices=['auto', 'transformers', 'vllm'], default='auto')
     p.add_argument('--max-new-tokens', type=positive_int(1_000_000), default=64, metavar='N')
     p.add_argument('--json', action='store_true', help='print the metrics as one JSON object')
-    p.add_argument('--out-dir', metavar='DIR', help='write metrics.json, report.md and plots/*.png here')
+    p.add_argument(*OUTPUT_DIR_FLAGS, dest='out_dir', metavar='DIR',
+                   help='write metrics.json, report.md, overview.png and plots/*.png here, when the evaluation '
+                        'succeeds (ms-swift\'s name; --out-dir and --out are the older ones)')
     p.add_argument('--max-plots', type=nonnegative_int(100_000), default=20, metavar='N',
-                   help='at most N timeline plots in --out-dir, worst videos first (default 20; 0: none)')
+                   help='at most N timeline plots in --output_dir, worst videos first (default 20; 0: none)')
     p.add_argument('--strict', action='store_true', help='exit 1 also on missing predictions or unknown ids')
     p.set_defaults(handler=run_eval)
 
@@ -58,8 +60,8 @@ def run_eval(args) -> int:
     from .evaluate import COUNT_KEYS, SUMMARY_KEYS, InputError, evaluate
     _check_readable(args.annotations, '--annotations')
     # Every path is checked before anything is created or launched: a typo must leave no directory behind.
-    if args.out_dir is not None:  # '' included: an empty path is an error, not "no --out-dir"
-        check_output_dir(args.out_dir, [args.annotations], what='--out-dir')
+    if args.out_dir is not None:  # '' included: an empty path is an error, not "no --output_dir"
+        check_output_dir(args.out_dir, [args.annotations], what='--output_dir')
     if args.model or args.adapters:
         from .inference import InferenceError, run_inference
         for flag, path, marker in (('--model', args.model, 'config.json'),
@@ -122,9 +124,9 @@ def run_eval(args) -> int:
     code = EXIT_INVALID if invalid or (args.strict and (m['missing_predictions'] or m['unknown_ids'])) else EXIT_OK
     if args.out_dir:
         # Written last and only on success: an evaluation that exits 1 (invalid lines, --strict) or whose stdout
-        # cannot be written leaves an earlier --out-dir exactly as it was.
+        # cannot be written leaves an earlier --output_dir exactly as it was.
         if code != EXIT_OK:
-            print(f'swift-vora eval: --out-dir {args.out_dir} not written (exit {code}: fix the lines above; any '
+            print(f'swift-vora eval: --output_dir {args.out_dir} not written (exit {code}: fix the lines above; any '
                   'earlier report there is left as it was)', file=sys.stderr)
             return code
         from ..outputs import flush_stdout

@@ -1,4 +1,4 @@
-"""`--out-dir` output of `swift-vora eval`: metrics.json, report.md, overview.png and one PNG timeline per video.
+"""`--output_dir` output of `swift-vora eval`: metrics.json, report.md, overview.png and one PNG timeline per video.
 
 Plots are drawn with matplotlib's Agg canvas directly (no pyplot, no display, no global backend
 switch). `overview.png` is the whole set in one figure: the per-video IoU distribution and how far predicted
@@ -33,22 +33,22 @@ def write_outputs(result: EvalResult, out_dir: str, max_plots: int = DEFAULT_MAX
             return write_outputs(result, out_dir, max_plots, inputs, own)
     sources = inputs or {}
     protected = [path for path in sources.values() if path]
-    check_output_dir(out_dir, protected, what='--out-dir')
+    check_output_dir(out_dir, protected, what='--output_dir')
     metrics_path = os.path.join(out_dir, 'metrics.json')
-    stage.write_text(metrics_path, dumps(result.metrics, indent=2) + '\n', protected, '--out-dir file')
+    stage.write_text(metrics_path, dumps(result.metrics, indent=2) + '\n', protected, '--output_dir file')
     chosen = choose_timelines(result, max(0, max_plots))
     overview_path = os.path.join(out_dir, 'overview.png')
     overview = overall_summary(result)
-    stage.write_with(overview_path, lambda tmp: plot_overview(result, overview, tmp), protected, '--out-dir file')
+    stage.write_with(overview_path, lambda tmp: plot_overview(result, overview, tmp), protected, '--output_dir file')
     plots = []
     for i, key in enumerate(chosen):
         path = os.path.join(out_dir, 'plots', f'{i:03d}_{_safe(key)}.png')
-        stage.write_with(path, lambda tmp, key=key: plot_timeline(result, key, tmp), protected, '--out-dir file')
+        stage.write_with(path, lambda tmp, key=key: plot_timeline(result, key, tmp), protected, '--output_dir file')
         plots.append(path)
     report_path = os.path.join(out_dir, 'report.md')
     stage.write_text(report_path, render_markdown(result, [os.path.relpath(p, out_dir) for p in plots], chosen,
                                                   sources, overview, os.path.relpath(overview_path, out_dir)),
-                     protected, '--out-dir file')
+                     protected, '--output_dir file')
     return {'metrics': metrics_path, 'report': report_path, 'plots': plots, 'overview': overview_path}
 
 
