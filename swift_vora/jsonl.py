@@ -54,9 +54,37 @@ def _parse_float(text: str) -> float:
 def loads(text: str) -> Any:
     """`json.loads` with numbers too large for a float read as `Oversized` (never an exception for a big number).
 
-    Raises `json.JSONDecodeError` (a ValueError) for text that is not JSON and `RecursionError` for nesting
-    deeper than the interpreter allows."""
-    return json.loads(text, parse_int=_parse_int, parse_float=_parse_float)
+    Raises `json.JSONDecodeError` (a ValueError) for text that is not JSON, also for a string that holds a lone
+    UTF-16 surrogate (`"\\ud800"` is valid JSON but not text: it cannot be printed, written or drawn, and failed
+    later with an encoding error naming nothing), and `RecursionError` for nesting deeper than the interpreter
+    allows."""
+    value = json.loads(text, parse_int=_parse_int, parse_float=_parse_float)
+    if '\\u' in text:  # only an escape makes a surrogate (UTF-8 text decodes to none)
+        _check_text(value, text)
+    return value
+
+
+def _check_text(value: Any, doc: str) -> None:
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, str) and not _is_text(node):
+            where = max(doc.lower().find('\\ud'), 0)
+            raise json.JSONDecodeError('a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not '
+                                       'text', doc, where)
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode('utf-8')
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class Line(NamedTuple):

@@ -263,3 +263,24 @@ def test_the_issue_example_plans_200_frames():
     rc, out, err = run_cli('train', CPU_TINY, f'model.path={TINY_VL}', 'video.min_frames=300', 'video.max_frames=256',
                            '--dry-run')
     assert rc == 2 and "key 'video.min_frames' (300) is above 'video.max_frames' (256)" in err
+
+
+# ---- strings that are not text -------------------------------------------------------------------------------------
+def test_a_lone_surrogate_is_one_invalid_line_not_a_crash_later(workspace):
+    """`"\\ud800"` is valid JSON but not text: it failed when printed (data build) or drawn (eval --output_dir)."""
+    (workspace / 'sur.jsonl').write_text('{"id": "a\\ud800", "video": "v.mp4", "duration": 30, "windows": [[1, 9]]}\n'
+                                         '{"id": "b", "video": "v.mp4", "duration": 30, "windows": [[1, 9]], '
+                                         '"query": "\\ud83d\\ude00 a pair is one character"}\n')
+    rc, out, err = run_cli('data', 'build', 'sur.jsonl', 'o.jsonl', '--no-probe', '--json')
+    report = _strict_json(out)
+    assert rc == 0 and report['valid'] == 1 and report['rejected'][0]['line'] == 1
+    assert 'lone UTF-16 surrogate' in report['rejected'][0]['reason']
+    (workspace / 'ps.jsonl').write_text('{"id": "b", "response": "[[1, 9]] \\udc00"}\n')
+    (workspace / 'as.jsonl').write_text('{"id": "b", "duration": 30, "windows": [[1, 9]]}\n')
+    rc, out, err = run_cli('eval', '--annotations', 'as.jsonl', '--predictions', 'ps.jsonl', '--output_dir', 'rep')
+    assert rc == 1 and 'ps.jsonl:1: not JSON: a string holds a lone UTF-16 surrogate' in err, err
+
+
+def test_a_recipe_string_that_is_not_text_is_named():
+    rc, _, err = run_cli('train', CPU_TINY, f'model.path={TINY_VL}', 'env.NOTE="\\ud800"', '--dry-run')
+    assert rc == 2 and "key 'env.NOTE' holds a lone UTF-16 surrogate" in err

@@ -311,22 +311,37 @@ def _check_size(values: Dict[str, Any], where: str) -> None:
 
 def _check_finite(values: Dict[str, Any], where: str) -> None:
     """Every number inside the free-form keys (`swift_args`, `extra_args`, `env`, `deepspeed.zero_optimization`, ...)
-    is finite, and so is every string of `swift_args`/`extra_args` that reads as a number; RecipeError naming the
-    entry otherwise (`.nan` there was passed into the command as `nan`)."""
-    def walk(node: Any, path: str, text_too: bool) -> None:
-        if isinstance(node, float) and not math.isfinite(node):
+    is finite, and so is every string of `swift_args`/`extra_args` that reads as a number; every string is text;
+    RecipeError naming the entry otherwise (`.nan` there was passed into the command as `nan`)."""
+    def walk(node: Any, path: str, free: bool, text_too: bool) -> None:
+        if free and isinstance(node, float) and not math.isfinite(node):
             raise RecipeError(f'{where}: key {path!r} must be a finite number, got {_show(node)}')
-        if text_too and isinstance(node, str) and _reads_as_non_finite(node):
-            raise RecipeError(f'{where}: key {path!r} must be a finite number, got {_show(node)}')
+        if isinstance(node, str):
+            if text_too and _reads_as_non_finite(node):
+                raise RecipeError(f'{where}: key {path!r} must be a finite number, got {_show(node)}')
+            if not _is_text(node):  # "\ud800" in YAML: no argv, environment or file can carry it
+                raise RecipeError(f'{where}: key {path!r} holds a lone UTF-16 surrogate, which is not text')
         if isinstance(node, dict):
             for k, v in node.items():
-                walk(v, f'{path}.{k}', text_too)
+                if isinstance(k, str) and not _is_text(k):
+                    raise RecipeError(f'{where}: a key under {path!r} holds a lone UTF-16 surrogate, which is not '
+                                      'text')
+                walk(v, f'{path}.{k}', free, text_too)
         elif isinstance(node, list):
             for i, v in enumerate(node):
-                walk(v, f'{path}[{i}]', text_too)
+                walk(v, f'{path}[{i}]', free, text_too)
 
-    for key in (*FREE_DICTS, 'extra_args', 'guards.callbacks'):
-        walk(values.get(key), key, key in NUMERIC_TEXT_KEYS)
+    free_keys = (*FREE_DICTS, 'extra_args', 'guards.callbacks')
+    for key, value in values.items():
+        walk(value, key, key in free_keys, key in NUMERIC_TEXT_KEYS)
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode('utf-8')
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _reads_as_non_finite(text: str) -> bool:
