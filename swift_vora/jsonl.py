@@ -98,7 +98,12 @@ def read_lines(path: str, max_bytes: Optional[int] = None, errors: str = 'strict
     one line held in memory. `errors='replace'` decodes bytes that are not UTF-8 as U+FFFD instead of giving up
     the line."""
     with open(path, 'rb') as handle:
-        yield from read_stream(handle, max_bytes, errors)
+        try:
+            yield from read_stream(handle, max_bytes, errors)
+        except OSError as exc:  # an I/O error while reading carries no file name: name it
+            if exc.filename is not None:
+                raise
+            raise OSError(exc.errno, exc.strerror or str(exc), path) from None
 
 
 def read_stream(handle: BinaryIO, max_bytes: Optional[int] = None, errors: str = 'strict') -> Iterator[Line]:

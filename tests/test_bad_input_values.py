@@ -284,3 +284,18 @@ def test_a_lone_surrogate_is_one_invalid_line_not_a_crash_later(workspace):
 def test_a_recipe_string_that_is_not_text_is_named():
     rc, _, err = run_cli('train', CPU_TINY, f'model.path={TINY_VL}', 'env.NOTE="\\ud800"', '--dry-run')
     assert rc == 2 and "key 'env.NOTE' holds a lone UTF-16 surrogate" in err
+
+
+def test_a_read_error_names_the_file(workspace, monkeypatch):
+    import errno
+
+    from swift_vora import jsonl
+    real = jsonl.read_stream
+
+    def failing(handle, *args):
+        yield from list(real(handle, *args))[:1]
+        raise OSError(errno.EIO, os.strerror(errno.EIO))  # a disk that fails half-way, as the kernel says it
+
+    monkeypatch.setattr(jsonl, 'read_stream', failing)
+    rc, _, err = run_cli('data', 'check', 'a.jsonl', '--no-probe')
+    assert rc == 2 and err.strip() == f'swift-vora data check: a.jsonl: {os.strerror(errno.EIO)}', err
