@@ -39,11 +39,11 @@ def register_commands(subparsers) -> None:
                    'h200x1, 3060x4, ...); see docs/backends.md')
     p.add_argument('overrides', nargs='*', metavar='key=value',
                    help='dotted recipe keys, YAML values: video.max_frames=16 model.path=/models/x train.max_steps=10')
+    p.add_argument(*OUTPUT_DIR_FLAGS, dest='output_dir', metavar='DIR', default=None,
+                   help='where the run writes (the recipe key train.output_dir; --output_dir as in swift sft)')
     p.add_argument('--dry-run', action='store_true', help='print the plan, the exact command and generated files; '
                    'launch nothing')
     p.add_argument('--json', action='store_true', help='with --dry-run: one JSON object (plan, argv, env, files)')
-    p.add_argument(*OUTPUT_DIR_FLAGS, dest='output_dir', metavar='DIR', default=None,
-                   help='where the run writes (the recipe key train.output_dir; --output_dir as in swift sft)')
     p.set_defaults(handler=cmd_train)
 
 
