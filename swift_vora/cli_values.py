@@ -10,6 +10,10 @@ import argparse
 import math
 from typing import Callable, Optional
 
+# The output folder's flag, one name for every command that writes one (`eval`, `demo`, `train`): ms-swift's
+# `--output_dir` (the parser reads underscores as hyphens), then the names `eval` and `demo` had before (issue #33).
+OUTPUT_DIR_FLAGS = ('--output-dir', '--out-dir', '--out')
+
 
 def number(minimum: Optional[float] = None, maximum: Optional[float] = None, *, above: bool = False,
            integer: bool = False, allow_zero: bool = False) -> Callable[[str], float]:

@@ -13,7 +13,6 @@ Window settings come from `SWIFT_VORA_WINDOW`, `SWIFT_VORA_STRIDE`, `SWIFT_VORA_
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -21,7 +20,7 @@ from swift.dataset import DatasetMeta, register_dataset
 from swift.dataset.loader import DatasetLoader
 from swift.utils import get_logger
 
-from . import patches, switches
+from . import jsonl, patches, switches
 from .budget import VideoBudget
 
 logger = get_logger()
@@ -103,22 +102,21 @@ def looks_like_annotations(path: str, max_lines: int = 5) -> bool:
     if not path.endswith(ANNOTATION_SUFFIXES) or not os.path.isfile(path):
         return False
     seen = 0
-    with open(path, encoding='utf-8') as f:
-        for line in f:
-            if not line.strip():
-                continue
-            seen += 1
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                if seen >= max_lines:
-                    return False
-                continue
-            if isinstance(row, dict) and 'messages' not in row and (
-                    {'video', 'windows'} <= row.keys() or {'vid', 'relevant_windows'} <= row.keys()):
-                return True
+    for _, line, _ in jsonl.read_lines(path, errors='replace'):
+        if line is None or not line.strip():
+            continue
+        seen += 1
+        try:
+            row = jsonl.loads(line)
+        except (ValueError, RecursionError):  # not JSON (or nested absurdly deep): look at the next line
             if seen >= max_lines:
                 return False
+            continue
+        if isinstance(row, dict) and 'messages' not in row and (
+                {'video', 'windows'} <= row.keys() or {'vid', 'relevant_windows'} <= row.keys()):
+            return True
+        if seen >= max_lines:
+            return False
     return False
 
 

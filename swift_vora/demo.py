@@ -27,7 +27,7 @@ import time
 from typing import Dict, List
 
 from .budget import VideoBudget
-from .cli_values import positive_int
+from .cli_values import OUTPUT_DIR_FLAGS, positive_int
 from .offline import OFFLINE_ENV, swift_argv
 
 DEMO_BUDGET = VideoBudget(fps=1.0, min_frames=4, max_frames=8, pair_tokens=16, min_pair_tokens=4)
@@ -38,7 +38,9 @@ LEARNED_MARGIN = 0.25  # R1@0.5 above the shuffled control by this much (and no 
 
 def register_commands(subparsers) -> None:
     p = subparsers.add_parser('demo', help='tiny model + synthetic videos: build, train, infer, report (CPU)')
-    p.add_argument('--out', default='swift_vora_demo', help='working directory (default: ./swift_vora_demo)')
+    p.add_argument(*OUTPUT_DIR_FLAGS, dest='out', default='swift_vora_demo', metavar='DIR',
+                   help='working directory (default: ./swift_vora_demo; ms-swift\'s name; --out-dir and --out are the '
+                        'older ones)')
     p.add_argument('--train-videos', type=positive_int(1000), default=24,
                    help='training clips, each with at least one event')
     p.add_argument('--eval-videos', type=positive_int(1000), default=8,
@@ -93,11 +95,11 @@ def r1_at(result, threshold: float = 0.5) -> float:
 def score_against_control(annotations: str, predictions: str, control_path: str):
     """(real EvalResult, control EvalResult): the answers scored against their clips and against others'."""
     from .eval.evaluate import evaluate
+    from .outputs import write_text_atomic
     with open(annotations) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    with open(control_path, 'w') as f:
-        for row in derange_windows(rows):
-            f.write(json.dumps(row) + '\n')
+    write_text_atomic(control_path, ''.join(json.dumps(row) + '\n' for row in derange_windows(rows)),
+                      what='control annotations')
     real, _ = evaluate(annotations, predictions)
     control, _ = evaluate(control_path, predictions)
     return real, control
@@ -110,7 +112,7 @@ def run_demo(args) -> int:
     from .progress import swift_training_status
 
     started = time.time()
-    out = os.path.abspath(check_output_dir(args.out, what='--out'))
+    out = os.path.abspath(check_output_dir(args.out, what='--output_dir'))
     os.makedirs(out, exist_ok=True)
     model_dir, train_ann, eval_ann = _inputs(out, args)
     env = {**os.environ, **OFFLINE_ENV, 'TOKENIZERS_PARALLELISM': 'false', **DEMO_BUDGET.to_env(), **DEMO_WINDOW,

@@ -37,3 +37,12 @@ class InvalidInput(CliError):
 
 class OutputPathError(UsageError):
     """An output path would destroy an input or something that is not a regular file (exit 2)."""
+
+
+class Terminated(BaseException):
+    """SIGTERM / SIGHUP arrived while a command wrote its outputs (raised by swift_vora.outputs' handler after it
+    removed the temporary files). A BaseException, so that no `except Exception` takes it for a bug."""
+
+    def __init__(self, signum: int):
+        super().__init__(f'signal {signum}')
+        self.signum = signum

@@ -6,17 +6,21 @@ Rules (issue #19, docs/errors.md):
 - an output never replaces something that is not a regular file: a device (`/dev/full`), a FIFO, a
   directory or a symlink is refused rather than swapped for a regular file by the rename;
 - a file is written to a temporary file in the same directory and renamed over the target, so a
-  failed run leaves the old file (or nothing), never half an output.
+  failed run leaves the old file (or nothing), never half an output; the files of one command are staged
+  together (`staged()`) and renamed only when it succeeds, and SIGTERM removes the temporary files
+  (`enable_signal_cleanup`, issue #33).
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import stat
 import tempfile
-from typing import Iterable, Iterator, Optional, TextIO
+import threading
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, TextIO, Tuple
 
-from .errors import OutputPathError, UsageError
+from .errors import OutputPathError, Terminated, UsageError
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -101,33 +105,244 @@ def _check_parent(parent: str, what: str, path: str) -> None:
         raise OutputPathError(f'{what} {path}: directory {probe} is not writable')
 
 
+# ---- staged writes: every file a command writes, renamed over its target only when the command succeeds ---------
+class Staging:
+    """The files of one command: each is written to a temporary file next to its target (`.NAME.XXXX.tmp`), and
+    `commit` renames them over their targets, `discard` removes them. A command that fails half-way (an exception,
+    a full disk, SIGTERM with `enable_signal_cleanup`) therefore leaves every earlier output exactly as it was,
+    and no temporary file. Folders made for the files are removed again on discard when they stay empty.
+
+    Use `staged()`, which commits when its block ends normally and discards when it raises."""
+
+    def __init__(self) -> None:
+        self._files: List[Tuple[str, str, str]] = []  # (temporary, target, what)
+        self._made_dirs: List[str] = []
+
+    def temp_path(self, path: str, inputs: Iterable[Optional[str]] = (), what: str = 'output') -> str:
+        """A temporary file (created, empty) that `commit` renames to `path`; for writers that take a path."""
+        path = check_output_file(os.fspath(path), inputs, what)
+        if any(os.path.abspath(target) == os.path.abspath(path) for _, target, _ in self._files):
+            raise OutputPathError(f'{what} {path} is written twice by one command')
+        directory = os.path.dirname(os.path.abspath(path))
+        self._makedirs(directory, what, path)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f'.{os.path.basename(path)}.', suffix='.tmp', dir=directory)
+        except OSError as exc:
+            raise _named(exc, path, what) from None
+        os.close(fd)
+        _track(tmp)
+        self._files.append((tmp, path, what))
+        return tmp
+
+    @contextlib.contextmanager
+    def open(self, path: str, inputs: Iterable[Optional[str]] = (), what: str = 'output') -> Iterator[TextIO]:
+        """A text handle on a new temporary file for `path` (UTF-8); flushed and synced when the block ends. An
+        OSError while writing (a full disk) names `path`."""
+        tmp = self.temp_path(path, inputs, what)
+        try:
+            with open(tmp, 'w', encoding='utf-8') as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            raise _named(exc, path, what) from None
+
+    def write_with(self, path: str, writer: Callable[[str], Any], inputs: Iterable[Optional[str]] = (),
+                   what: str = 'output') -> str:
+        """`writer(temporary_path)` writes the file (matplotlib's savefig, a copy); an OSError names `path`."""
+        tmp = self.temp_path(path, inputs, what)
+        try:
+            writer(tmp)
+        except OSError as exc:
+            raise _named(exc, path, what) from None
+        return path
+
+    def write_text(self, path: str, text: str, inputs: Iterable[Optional[str]] = (), what: str = 'output') -> str:
+        with self.open(path, inputs, what) as handle:
+            handle.write(text)
+        return path
+
+    def commit(self) -> None:
+        """Rename every temporary file over its target (in the order written), with the umask's permissions."""
+        mode = 0o666 & ~_umask()
+        try:
+            while self._files:
+                tmp, target, what = self._files[0]
+                try:
+                    os.chmod(tmp, mode)
+                    os.replace(tmp, target)
+                except OSError as exc:
+                    raise _named(exc, target, what) from None
+                _untrack(tmp)
+                self._files.pop(0)
+        except BaseException:
+            self.discard()  # the files not renamed yet
+            raise
+        self._made_dirs.clear()  # they hold the outputs now
+
+    def discard(self) -> None:
+        """Remove every temporary file not yet renamed, and the folders made for them when they are empty."""
+        for tmp, _, _ in self._files:
+            _remove(tmp)
+        self._files.clear()
+        for directory in reversed(self._made_dirs):
+            try:
+                os.rmdir(directory)
+            except OSError:  # not empty (something else was written there) or already gone
+                pass
+        self._made_dirs.clear()
+
+    def _makedirs(self, directory: str, what: str, path: str) -> None:
+        missing = []
+        probe = directory
+        while not os.path.isdir(probe):
+            missing.append(probe)
+            up = os.path.dirname(probe)
+            if up == probe:
+                break
+            probe = up
+        for folder in reversed(missing):
+            try:
+                os.mkdir(folder)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise _named(exc, path, what) from None
+            self._made_dirs.append(folder)
+
+
+@contextlib.contextmanager
+def staged() -> Iterator[Staging]:
+    """A `Staging` committed when the block ends normally and discarded when it raises (SIGTERM included)."""
+    stage = Staging()
+    try:
+        yield stage
+    except BaseException:
+        stage.discard()
+        raise
+    stage.commit()
+
+
 @contextlib.contextmanager
 def atomic_text_writer(path: str, inputs: Iterable[Optional[str]] = (), what: str = 'output') -> Iterator[TextIO]:
     """Open a temporary file next to `path` for writing text; on success rename it over `path`.
 
     `path` is checked with `check_output_file` first. On any exception the temporary file is removed
-    and `path` is left as it was."""
-    check_output_file(path, inputs, what)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp_path = tempfile.mkstemp(prefix=f'.{os.path.basename(path)}.', suffix='.tmp', dir=directory)
-    try:
-        with os.fdopen(fd, 'w', encoding='utf-8') as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp_path, 0o666 & ~_umask())
-        os.replace(tmp_path, path)
-    finally:
-        if os.path.exists(tmp_path):  # only when writing or renaming failed
-            os.remove(tmp_path)
+    and `path` is left as it was (a staging of one file)."""
+    with staged() as stage, stage.open(path, inputs, what) as handle:
+        yield handle
 
 
 def write_text_atomic(path: str, text: str, inputs: Iterable[Optional[str]] = (), what: str = 'output') -> str:
     """Write `text` to `path` atomically (see `atomic_text_writer`); return `path`."""
-    with atomic_text_writer(path, inputs, what) as handle:
-        handle.write(text)
+    with staged() as stage:
+        stage.write_text(path, text, inputs, what)
     return path
+
+
+def _named(exc: OSError, path: str, what: str) -> OSError:
+    """`exc` naming the output it failed on: a write to a full disk raises `[Errno 28]` with no file name."""
+    named = OSError(exc.errno, f'{exc.strerror or exc}; {what} not written', path)
+    return named
+
+
+# ---- stdout: a write that fails names it ---------------------------------------------------------------------------
+class StdoutError(OSError):
+    """Writing stdout failed (`> /dev/full`, a full disk): the printed output is incomplete."""
+
+
+class CheckedStdout:
+    """`sys.stdout` whose failed writes raise `StdoutError` naming stdout (a plain print to a full disk raises a bare
+    `[Errno 28]`); a closed pipe stays a BrokenPipeError, which the CLI ends quietly. Everything else is delegated."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self.failed: Optional[StdoutError] = None  # sticky: argparse's help swallows an OSError from write()
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            self.failed = _stdout_error(exc)
+            raise self.failed from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            self.failed = _stdout_error(exc)
+        if self.failed is not None:
+            raise self.failed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def flush_stdout() -> None:
+    """Push what was printed out now, so that a command whose stdout cannot be written fails before it commits
+    its files (and never exits 0 with a truncated output)."""
+    import sys
+    stream = sys.stdout
+    (stream if isinstance(stream, CheckedStdout) else CheckedStdout(stream)).flush()
+
+
+def _stdout_error(exc: OSError) -> StdoutError:
+    return StdoutError(exc.errno, f'{exc.strerror or exc}; the output printed there is incomplete', 'stdout')
+
+
+# ---- SIGTERM: temporary files are removed, not left behind --------------------------------------------------------
+CLEANUP_SIGNALS = tuple(getattr(signal, name) for name in ('SIGTERM', 'SIGHUP') if hasattr(signal, name))
+_live: Dict[str, None] = {}  # temporary files being written, in order
+_previous: Dict[int, Any] = {}  # signal -> the handler ours replaced, while ours is installed
+_cleanup_enabled = False
+
+
+def enable_signal_cleanup() -> None:
+    """From now on, SIGTERM or SIGHUP while a staged file is written removes every temporary file and raises
+    `Terminated` (the `swift-vora` entry point turns it into exit 128 + signal). Only the process's main thread
+    can install a handler; library use inside another program (ms-swift) leaves that program's handlers alone."""
+    global _cleanup_enabled
+    _cleanup_enabled = True
+
+
+def live_temporaries() -> List[str]:
+    return list(_live)
+
+
+def _track(tmp: str) -> None:
+    _live[tmp] = None
+    if _cleanup_enabled and not _previous and threading.current_thread() is threading.main_thread():
+        for signum in CLEANUP_SIGNALS:
+            _previous[signum] = signal.signal(signum, _on_signal)
+
+
+def _untrack(tmp: str) -> None:
+    _live.pop(tmp, None)
+    if not _live and _previous and threading.current_thread() is threading.main_thread():
+        for signum, handler in _previous.items():
+            signal.signal(signum, handler)
+        _previous.clear()
+
+
+def _remove(tmp: str) -> None:
+    try:
+        os.remove(tmp)
+    except FileNotFoundError:
+        pass
+    _untrack(tmp)
+
+
+def _on_signal(signum, frame) -> None:
+    for tmp in list(_live):  # here first: the exception below may land where no block discards
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+    raise Terminated(signum)
 
 
 def _umask() -> int:

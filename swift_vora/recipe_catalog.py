@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from typing import Dict, List, Optional
 
@@ -128,8 +127,14 @@ def cmd_recipes(args) -> int:
     if not os.path.isdir(parent):
         _err(f'{dest}: folder {parent} does not exist')
         return EXIT_USAGE
-    shutil.copyfile(path, dest)
-    print(f'copied {recipe_name(path)} to {dest}; train it with: swift-vora train {dest} --dry-run')
+    from .outputs import flush_stdout, staged
+    with open(path, encoding='utf-8') as f:
+        text = f.read()
+    # Staged: a copy that fails half-way (a full disk) leaves no truncated recipe for `train` to accept later.
+    with staged() as stage:
+        stage.write_text(dest, text, [path], 'recipe copy')
+        print(f'copied {recipe_name(path)} to {dest}; train it with: swift-vora train {dest} --dry-run')
+        flush_stdout()
     return EXIT_OK
 
 

@@ -17,10 +17,13 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import os
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 PREFIX = 'SWIFT_VORA_'
+COUNT_MAX = 10 ** 9  # no count a switch takes comes near; a 5000-digit one is refused, not carried along
+WEEK_S = 7 * 24 * 3600.0
 ON = ('1', 'true', 'yes', 'on')
 OFF = ('0', 'false', 'no', 'off')
 KINDS = ('flag', 'count', 'number', 'seconds', 'choice', 'text', 'path')
@@ -41,6 +44,9 @@ class Switch(NamedTuple):
     aliases: Tuple[Tuple[str, str], ...] = ()  # kind 'choice': other spellings -> a choice
     unit: str = ''  # kind 'count': what is counted (for the error message)
     where: str = ''  # the module that reads it
+    # kinds 'count', 'number', 'seconds': (lowest, highest, lowest allowed itself); every value is also finite.
+    # The video budget's and the windows' are the recipe's RANGES for the same keys (tests/test_switches.py).
+    bounds: Tuple[float, float, bool] = (0, COUNT_MAX, True)
 
 
 # The defaults of the video budget and of the windows are the table's: swift_vora/budget.py's VideoBudget and
@@ -57,14 +63,18 @@ GUARD_NAMES = ('fingerprint', 'zero3_load', 'memory', 'coverage', 'supervision',
 def _budget(field: str, help: str) -> Switch:
     default = BUDGET_DEFAULTS[field]
     if field == 'fps':
-        return Switch(PREFIX + 'FPS', 'number', default, help, 'video.fps', where='budget.py')
+        return Switch(PREFIX + 'FPS', 'number', default, help, 'video.fps', where='budget.py', bounds=(0, 240, False))
     unit = 'tokens' if 'tokens' in field else 'frames'
-    return Switch(PREFIX + field.upper(), 'count', default, help, f'video.{field}', unit=unit, where='budget.py')
+    highest = 100_000 if unit == 'frames' else 1_000_000  # a frame pair of 0 tokens would plan "fits"
+    return Switch(PREFIX + field.upper(), 'count', default, help, f'video.{field}', unit=unit, where='budget.py',
+                  bounds=(1, highest, True))
 
 
 def _window(field: str, help: str) -> Switch:
     kind = 'number' if field == 'min_event' else 'seconds'  # min_event has no 'none': 0 keeps every sliver
-    return Switch(PREFIX + field.upper(), kind, WINDOW_DEFAULTS[field], help, f'data.{field}', where='dataset.py')
+    bounds = {'window': (1, WEEK_S, True), 'stride': (0.1, WEEK_S, True), 'min_event': (0, 3600, True)}[field]
+    return Switch(PREFIX + field.upper(), kind, WINDOW_DEFAULTS[field], help, f'data.{field}', where='dataset.py',
+                  bounds=bounds)
 
 
 def _guard_switches() -> List[Switch]:
@@ -82,7 +92,7 @@ def _table() -> Tuple[Switch, ...]:
         _budget('pair_tokens', 'max tokens per frame pair (resolution)'),
         _budget('min_pair_tokens', 'lowest resolution a frame pair may be shrunk to'),
         Switch(PREFIX + 'MAX_VIDEO_TOKENS', 'count', None, 'hard cap on one clip\'s video tokens (0 or none: no cap)',
-               'video.max_video_tokens', unit='tokens', where='budget.py'),
+               'video.max_video_tokens', unit='tokens', where='budget.py', bounds=(1, 100_000_000, True)),
         _window('window', 'clip length in seconds (0 or none: whole videos)'),
         _window('stride', 'distance between clip starts in seconds (none: the window)'),
         _window('min_event', 'event slivers shorter than this (seconds) at clip edges are dropped'),
@@ -111,7 +121,7 @@ def _table() -> Tuple[Switch, ...]:
                aliases=tuple((k, 'never') for k in OFF) + tuple((k, 'always') for k in ON),
                where='guards/zero3_load.py'),
         Switch(PREFIX + 'VERIFY_TIMEOUT', 'number', 1800.0, 'seconds the adapter reload may take',
-               where='guards/verify_adapter.py'),
+               where='guards/verify_adapter.py', bounds=(0, WEEK_S, False)),
         Switch(PREFIX + 'RECIPE', 'path', None, 'the recipe file hashed into fingerprint.json',
                'the recipe file itself', where='guards/fingerprint.py'),
         Switch(PREFIX + 'RECIPE_OVERRIDES', 'text', None, 'JSON list of the key=value overrides applied over the '
@@ -235,33 +245,48 @@ def parse(name: str, raw: Optional[str]) -> Any:
             return True
         if lower in OFF:
             return False
-        raise SwitchError(f'{name}={text!r}: expected one of {", ".join(ON + OFF)}')
+        raise SwitchError(f'{name}={_shown(text)}: expected one of {", ".join(ON + OFF)}')
     if s.kind == 'count':
         if name == PREFIX + 'MAX_VIDEO_TOKENS' and lower in ('none', '0'):
             return None
         try:
-            value = int(text)
+            value = int(text) if len(text) <= 30 else None  # 5000 digits: refused here, not by int()'s limit
         except ValueError:
-            raise SwitchError(f'{name}={text!r}: expected a whole number of {s.unit}') from None
-        if value < 0:
-            raise SwitchError(f'{name}={text!r}: expected 0 or more {s.unit}')
-        return value
+            value = None
+        if value is None:
+            raise SwitchError(f'{name}={_shown(text)}: expected a whole number of {s.unit}')
+        return _in_bounds(s, value, text)
     if s.kind in ('number', 'seconds'):
         if s.kind == 'seconds' and lower in ('none', '0'):
             return None
         try:
             value = float(text)
         except ValueError:
-            raise SwitchError(f'{name}={text!r}: expected a number') from None
-        if not value >= 0:
-            raise SwitchError(f'{name}={text!r}: expected a number >= 0')
-        return value
+            raise SwitchError(f'{name}={_shown(text)}: expected a number') from None
+        if not math.isfinite(value):  # inf would be planned with and printed as Infinity, which is not JSON
+            raise SwitchError(f'{name}={_shown(text)}: expected a finite number')
+        return _in_bounds(s, value, text)
     if s.kind == 'choice':
         value = dict(s.aliases).get(lower, lower)
         if value not in s.choices:
-            raise SwitchError(f'{name}={lower!r}: expected one of {", ".join(s.choices)}')
+            raise SwitchError(f'{name}={_shown(lower)}: expected one of {", ".join(s.choices)}')
         return value
     return text if s.kind == 'text' else str(raw)
+
+
+def _in_bounds(s: Switch, value, text: str):
+    low, high, low_ok = s.bounds
+    if value < low or (value == low and not low_ok) or value > high:
+        what = f' {s.unit}' if s.unit else ''
+        raise SwitchError(f'{s.name}={_shown(text)}: expected {">=" if low_ok else ">"} {low:g} and <= {high:g}{what}'
+                          + (' (0 or none: no cap)' if s.name == PREFIX + 'MAX_VIDEO_TOKENS' else '')
+                          + (' (0 or none: whole videos)' if s.name == PREFIX + 'WINDOW' else ''))
+    return value
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """`text` quoted for a message, shortened: a variable may hold thousands of characters."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f'...({len(text)} characters)'
 
 
 def read(name: str, environ: Optional[Mapping[str, str]] = None) -> Any:

@@ -137,3 +137,12 @@ def guards_ddp_run(tiny_model_dir, guard_sft, tmp_path_factory):
     tmp = tmp_path_factory.mktemp('guards_ddp')
     rows = guard_sft.text_rows(tmp / 'rows.jsonl', 3)
     return guard_sft(tiny_model_dir, rows, tmp / 'out', nproc=2, env={'SWIFT_VORA_ZERO3_LOAD': 'always'})
+
+
+# --- bad-input tests (tests/test_bad_input*.py; the harness is tests/cli_harness.py) -----------------------
+@pytest.fixture
+def workspace(tmp_path, monkeypatch):
+    """A directory holding one valid file of each input kind; the working directory is moved there."""
+    from cli_harness import write_inputs
+    monkeypatch.chdir(tmp_path)
+    return write_inputs(tmp_path)

@@ -40,6 +40,7 @@ def plan_request(recipe: Recipe) -> PlanRequest:
         offload=recipe['deepspeed.offload'] or 'none', quant=recipe['train.quantization'], ep=recipe['megatron.ep'],
         tp=recipe['megatron.tp'],
         micro_batch=recipe['train.micro_batch'], fps=float(budget.fps), max_frames=frames,
+        min_frames=min(int(budget.min_frames), frames),
         pack_length=recipe['data.max_length'] if recipe['train.packing'] == 'dataset' else None,
         frame_tokens=pair_tokens, clip_seconds=clip, lora_rank=recipe['train.lora_rank'],
         lora_targets=_lora_targets(recipe), nodes=recipe['nodes'],

@@ -268,7 +268,95 @@ CHOICES = {
 OFF_KEYS = tuple(key for key, allowed in CHOICES.items() if 'off' in allowed)
 
 
+# A recipe holds about a hundred values. YAML aliases let a few lines stand for billions of them ("billion laughs":
+# nine aliases of nine aliases ...), which cost nothing to load but exhaust memory when the launch turns them into
+# argv, JSON or environment strings; so the values a recipe stands for, aliases expanded, are counted first.
+MAX_RECIPE_VALUES = 100_000
+MAX_RECIPE_CHARS = 1024 * 1024  # a recipe file is a few kilobytes
+# Keys whose values go into the launched command or its files as text: a string that reads as a non-finite number
+# (`nan`, `inf`, `1e400`) would reach ms-swift's float arguments as one.
+NUMERIC_TEXT_KEYS = ('swift_args', 'extra_args')
+
+
+def _check_size(values: Dict[str, Any], where: str) -> None:
+    """RecipeError naming the key whose value expands (YAML aliases followed) past MAX_RECIPE_VALUES, or refers to
+    itself. Linear in the nodes as loaded: the size of a shared node is computed once."""
+    sizes: Dict[int, int] = {}
+    open_nodes = set()
+
+    def size(node: Any, path: str) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        if id(node) in open_nodes:
+            raise RecipeError(f'{where}: key {path!r} contains itself (a YAML alias inside its own anchor)')
+        open_nodes.add(id(node))
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        total = 1
+        for k, v in items:
+            total += size(v, f'{path}.{k}' if isinstance(node, dict) else f'{path}[{k}]')
+            if total > MAX_RECIPE_VALUES:
+                raise RecipeError(f'{where}: key {path!r} stands for more than {MAX_RECIPE_VALUES:,} values once its '
+                                  'YAML aliases are expanded; a recipe is not that large (write the values out)')
+        open_nodes.discard(id(node))
+        sizes[id(node)] = total
+        return total
+
+    total = 0
+    for key, value in values.items():
+        total += size(value, key)
+        if total > MAX_RECIPE_VALUES:
+            raise RecipeError(f'{where}: the recipe stands for more than {MAX_RECIPE_VALUES:,} values once its YAML '
+                              f'aliases are expanded (at key {key!r})')
+
+
+def _check_finite(values: Dict[str, Any], where: str) -> None:
+    """Every number inside the free-form keys (`swift_args`, `extra_args`, `env`, `deepspeed.zero_optimization`, ...)
+    is finite, and so is every string of `swift_args`/`extra_args` that reads as a number; every string is text;
+    RecipeError naming the entry otherwise (`.nan` there was passed into the command as `nan`)."""
+    def walk(node: Any, path: str, free: bool, text_too: bool) -> None:
+        if free and isinstance(node, float) and not math.isfinite(node):
+            raise RecipeError(f'{where}: key {path!r} must be a finite number, got {_show(node)}')
+        if isinstance(node, str):
+            if text_too and _reads_as_non_finite(node):
+                raise RecipeError(f'{where}: key {path!r} must be a finite number, got {_show(node)}')
+            if not _is_text(node):  # "\ud800" in YAML: no argv, environment or file can carry it
+                raise RecipeError(f'{where}: key {path!r} holds a lone UTF-16 surrogate, which is not text')
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if isinstance(k, str) and not _is_text(k):
+                    raise RecipeError(f'{where}: a key under {path!r} holds a lone UTF-16 surrogate, which is not '
+                                      'text')
+                walk(v, f'{path}.{k}', free, text_too)
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f'{path}[{i}]', free, text_too)
+
+    free_keys = (*FREE_DICTS, 'extra_args', 'guards.callbacks')
+    for key, value in values.items():
+        walk(value, key, key in free_keys, key in NUMERIC_TEXT_KEYS)
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode('utf-8')
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _reads_as_non_finite(text: str) -> bool:
+    try:
+        return not math.isfinite(float(text.strip()))
+    except ValueError:
+        return False
+
+
 def _check(values: Dict[str, Any], where: str) -> None:
+    _check_size(values, where)
+    _check_finite(values, where)
     for key, (types, default) in SCHEMA.items():
         value = values.get(key, REQUIRED)
         if value is REQUIRED:
@@ -315,6 +403,10 @@ def _check(values: Dict[str, Any], where: str) -> None:
         if value < low or (value == low and not low_ok) or value > high:
             raise RecipeError(f'{where}: key {key!r} must be {">=" if low_ok else ">"} {low:g} and <= {high:g}, '
                               f'got {_show(value)}')
+    if values['video.min_frames'] > values['video.max_frames']:
+        raise RecipeError(f'{where}: key \'video.min_frames\' ({values["video.min_frames"]}) is above '
+                          f'\'video.max_frames\' ({values["video.max_frames"]}): the template would sample '
+                          f'{values["video.min_frames"]} frames, past the cap; lower the minimum or raise the cap')
     if values['data.window'] and values['data.window'] < 1:
         raise RecipeError(f'{where}: key \'data.window\' must be 0/null (whole video) or at least 1 s, '
                           f'got {values["data.window"]!r}')
@@ -351,6 +443,47 @@ def _type_names(types: tuple) -> str:
     return ' or '.join(names.get(t, t.__name__) for t in types)
 
 
+def _load_yaml(text: str) -> Any:
+    """`yaml.safe_load` (YAML 1.1, no tags beyond the safe ones), except that a number too large for a float
+    (`1e400`, an integer of thousands of digits, which made PyYAML's int() raise) is read as an infinite number that
+    remembers its text (swift_vora.jsonl.Oversized), for the range checks to refuse by its key."""
+    import yaml
+    return yaml.load(text, Loader=_bounded_loader())  # noqa: S506 - a SafeLoader subclass
+
+
+_LOADER = None
+
+
+def _bounded_loader():
+    global _LOADER
+    if _LOADER is None:
+        import yaml
+
+        from ..jsonl import MAX_INT_DIGITS, Oversized
+
+        class BoundedSafeLoader(yaml.SafeLoader):
+            pass
+
+        def construct_int(loader, node):
+            text = loader.construct_scalar(node)
+            digits = text.replace('_', '').lstrip('+-')
+            if len(digits) > MAX_INT_DIGITS:
+                return Oversized(text)
+            return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+        def construct_float(loader, node):
+            value = yaml.SafeLoader.construct_yaml_float(loader, node)
+            text = loader.construct_scalar(node)
+            if math.isinf(value) and not text.lower().lstrip('+-').startswith('.inf'):
+                return Oversized(text)
+            return value
+
+        BoundedSafeLoader.add_constructor('tag:yaml.org,2002:int', construct_int)
+        BoundedSafeLoader.add_constructor('tag:yaml.org,2002:float', construct_float)
+        _LOADER = BoundedSafeLoader
+    return _LOADER
+
+
 def parse_override(text: str) -> Tuple[str, Any]:
     """`key=value` -> (dotted key, YAML-parsed value)."""
     import yaml
@@ -361,7 +494,7 @@ def parse_override(text: str) -> Tuple[str, Any]:
     if not key:
         raise RecipeError(f'override {_show(text)}: empty key')
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = _load_yaml(raw) if raw.strip() else None
     except RecursionError:
         raise RecipeError(f'override {_show(text)}: value nested too deeply') from None
     except yaml.YAMLError as e:
@@ -389,7 +522,10 @@ def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
         raise RecipeError(f'{path}: no such recipe file')
     try:
         with open(path, encoding='utf-8') as f:
-            doc = yaml.safe_load(f)
+            text = f.read(MAX_RECIPE_CHARS + 1)
+        if len(text) > MAX_RECIPE_CHARS:
+            raise RecipeError(f'{path}: larger than {MAX_RECIPE_CHARS:,} characters; a recipe is a few kilobytes')
+        doc = _load_yaml(text)
     except UnicodeDecodeError as e:
         raise RecipeError(f'{path}: not a text (UTF-8) file (byte {e.start}); a recipe is YAML') from None
     except RecursionError:

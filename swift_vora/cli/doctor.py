@@ -64,7 +64,7 @@ def render_doctor(rep: Dict[str, Any]) -> str:
         out.append(f'host RAM (/proc/meminfo): {h["mem_total_gib"]:.2f} GiB total, '
                    f'{h["mem_available_gib"] or 0:.2f} GiB available')
     else:
-        out.append('host RAM: /proc/meminfo not readable')
+        out.append(f'host RAM: {h.get("source") or "/proc/meminfo"} not readable')
     if rep.get('host_limit_gib') is not None:
         out.append(f'plan with: {rep["host_limit_gib"]:.2f} GiB host RAM ({rep["host_limit_source"]})')
     c = rep['cpus']

@@ -125,6 +125,10 @@ def sample_budget(args, environ=None):
         given = ', '.join(f'{k}={environ[k]!r}' for k in bad)
         raise ValueError(f'the video budget in the environment is not valid ({given}): {e}') from e
     budget = budget.updated({k: v for k, v in flags.items() if v is not None})
+    if budget.min_frames > budget.max_frames:
+        raise ValueError(f'--min-frames {budget.min_frames} is above --max-frames {budget.max_frames} (flags or '
+                         f'SWIFT_VORA_MIN_FRAMES/MAX_FRAMES): the template would sample {budget.min_frames} frames, '
+                         'past the cap; lower the minimum or raise the cap')
     window = args.window
     if window is None and switches.given(ENV_PREFIX + 'WINDOW', environ):
         window = switches.read(ENV_PREFIX + 'WINDOW', environ)
@@ -153,7 +157,8 @@ def request_from_args(args, budget: VideoBudget, window: float) -> PlanRequest:
         model=args.model, hardware=args.hardware, tuner=args.tuner, backend=args.backend, offload=args.offload,
         quant=args.quant, ep=args.ep, tp=args.tp, micro_batch=args.micro_batch, seq_len=args.seq_len,
         pack_length=args.pack_length,
-        fps=float(budget.fps), max_frames=frames, frame_tokens=pair_tokens, clip_seconds=window,
+        fps=float(budget.fps), max_frames=frames, min_frames=min(int(budget.min_frames), frames),
+        frame_tokens=pair_tokens, clip_seconds=window,
         text_tokens=C.DEFAULT_PROMPT_TOKENS + answer, supervised_tokens=answer,
         lora_rank=args.lora_rank if args.lora_rank is not None else C.DEFAULT_LORA_RANK,
         lora_targets=args.lora_targets, nodes=args.nodes,

@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -21,6 +22,7 @@ from ..backends.common import launch_record, missing_rendezvous
 from ..backends.deepspeed import launch_dir
 from ..backends.planning import plan_recipe
 from ..backends.recipe import RecipeError, load_recipe
+from ..cli_values import OUTPUT_DIR_FLAGS
 from ..errors import CliError
 from ..json_output import dumps
 from ..plan.model_spec import UnsupportedModel
@@ -37,6 +39,8 @@ def register_commands(subparsers) -> None:
                    'h200x1, 3060x4, ...); see docs/backends.md')
     p.add_argument('overrides', nargs='*', metavar='key=value',
                    help='dotted recipe keys, YAML values: video.max_frames=16 model.path=/models/x train.max_steps=10')
+    p.add_argument(*OUTPUT_DIR_FLAGS, dest='output_dir', metavar='DIR', default=None,
+                   help='where the run writes (the recipe key train.output_dir; --output_dir as in swift sft)')
     p.add_argument('--dry-run', action='store_true', help='print the plan, the exact command and generated files; '
                    'launch nothing')
     p.add_argument('--json', action='store_true', help='with --dry-run: one JSON object (plan, argv, env, files)')
@@ -126,8 +130,11 @@ def _err(msg: str) -> None:
 
 def _load(args):
     from ..recipe_catalog import resolve_recipe
+    overrides = list(args.overrides)
+    if args.output_dir is not None:  # the flag is the key, applied last; JSON quotes keep the path one YAML string
+        overrides.append(f'train.output_dir={json.dumps(args.output_dir)}')
     try:
-        return load_recipe(resolve_recipe(args.recipe), args.overrides)
+        return load_recipe(resolve_recipe(args.recipe), overrides)
     except FileNotFoundError as e:  # neither a file nor a shipped recipe's name
         raise CliError(str(e), EXIT_USAGE) from None
     except RecipeError as e:

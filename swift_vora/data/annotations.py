@@ -17,13 +17,14 @@ clamped to the duration (float noise from tools that write `duration` and `end` 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from .. import intervals
+from .. import intervals, jsonl
 from . import qvhighlights
 from .probe import VideoInfo, VideoProbeError, check_file, probe_video
 
@@ -148,14 +149,14 @@ def load_annotations(path: str, video_root: Optional[str] = None, probe: bool = 
     report = AnnotationReport(source=source)
     probes: Dict[str, Any] = {}  # video path -> VideoInfo or VideoProbeError; a video may serve many lines
     first_line_of_id: Dict[str, int] = {}
-    for number, text in _read_lines(source):
+    for number, text, unreadable in jsonl.read_lines(source):
         if text is not None and not text.strip():
             report.blank_lines += 1
             continue
         report.total += 1
         try:
             if text is None:
-                raise _Problem(None, 'not valid UTF-8 text')
+                raise _Problem(None, unreadable)
             ann, warning, before = _validate_text(text, number, source, video_root, base_dir, probe,
                                                   check_files, tolerance, probes)
             if ann.id in first_line_of_id:
@@ -212,36 +213,29 @@ def validate_record(record: Any, line: int = 0, source: str = '<row>', video_roo
     return ann
 
 
-def write_jsonl(records: Iterable[Dict[str, Any]], out_path: str, inputs: Iterable[Optional[str]] = ()) -> int:
-    """Write one JSON object per line atomically (`outputs.atomic_text_writer`: never over one of
-    `inputs`, never over a device or a symlink, no half-written file on failure); return the count."""
-    from ..outputs import atomic_text_writer
+def write_jsonl(records: Iterable[Dict[str, Any]], out_path: str, inputs: Iterable[Optional[str]] = (),
+                stage=None) -> int:
+    """Write one JSON object per line atomically (`outputs.Staging`: never over one of `inputs`, never over a
+    device or a symlink, no half-written file on failure); return the count. With `stage` (an
+    `outputs.Staging`), the file is renamed into place when the caller commits it, else at once."""
+    from ..outputs import staged
 
     count = 0
-    with atomic_text_writer(os.fspath(out_path), inputs) as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + '\n')
-            count += 1
+    with contextlib.ExitStack() as stack:
+        if stage is None:
+            stage = stack.enter_context(staged())
+        with stage.open(os.fspath(out_path), inputs, 'OUT.jsonl') as handle:
+            for record in records:
+                handle.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + '\n')
+                count += 1
     return count
 
 
 # --- internals -------------------------------------------------------------------------------------
 
-def _read_lines(path: str) -> Iterable[Tuple[int, Optional[str]]]:
-    """Yield (1-based line number, text or None if not UTF-8); a UTF-8 byte-order mark is ignored."""
-    with open(path, 'rb') as handle:
-        for number, raw in enumerate(handle, 1):
-            if number == 1 and raw.startswith(b'\xef\xbb\xbf'):
-                raw = raw[3:]
-            try:
-                yield number, raw.decode('utf-8')
-            except UnicodeDecodeError:
-                yield number, None
-
-
 def _validate_text(text, line, source, video_root, base_dir, probe, check_files, tolerance, probes):
     try:
-        record = json.loads(text)
+        record = jsonl.loads(text)
     except json.JSONDecodeError as exc:
         raise _Problem(None, f'not valid JSON: {exc.msg} (column {exc.colno})') from None
     except RecursionError:
@@ -384,10 +378,21 @@ def _check_windows(raw, duration: float, tolerance: float) -> List[Tuple[float, 
 def _number(raw, field_name: str, what: str, index: Optional[int] = None) -> float:
     if isinstance(raw, bool) or not isinstance(raw, (int, float)):
         raise _Problem(field_name, f'{what} is not a number: {_short(raw)}', index)
-    value = float(raw)
+    try:
+        value = float(raw)
+    except OverflowError:  # an int past float range (a row built in code; the JSON reader makes it inf)
+        value = math.inf
     if not math.isfinite(value):
-        raise _Problem(field_name, f'{what} is not a finite number: {raw}', index)
+        raise _Problem(field_name, f'{what} is not a finite number: {_long_number(raw)}', index)
     return value
+
+
+def _long_number(raw) -> str:
+    """A number for a message, shortened: an integer may have hundreds of digits."""
+    text = str(raw)  # an oversized float (swift_vora.jsonl.Oversized) is shortened already
+    if not isinstance(raw, int) or len(text) <= 24:
+        return text
+    return f'{text[:12]}...({len(text.lstrip("-"))} digits)'
 
 
 def _invalid(problem: _Problem, line: int, source: str, ann_id: Optional[str]) -> Invalid:
@@ -404,7 +409,7 @@ def _id_of(text: Optional[str]) -> Optional[str]:
     if text is None:
         return None
     try:
-        record = json.loads(text)
+        record = jsonl.loads(text)
     except (json.JSONDecodeError, RecursionError):
         return None
     if not isinstance(record, dict):

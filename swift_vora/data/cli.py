@@ -91,7 +91,7 @@ def _check(args) -> int:
 
 
 def _build(args) -> int:
-    from ..outputs import check_output_file
+    from ..outputs import check_output_file, flush_stdout, staged
     from .annotations import AnnotationError
     from .rows import build_rows
     from .windowing import WindowConfig
@@ -102,28 +102,44 @@ def _build(args) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     check_output_file(args.out, [_readable(args.annotations)], what='OUT.jsonl')
-    try:
-        report = build_rows(args.annotations, args.out, config, video_root=args.video_root, strict=args.strict,
-                            probe=not args.no_probe)
-    except AnnotationError as exc:
-        raise InvalidInput(f'stopped (--strict) at {exc}; nothing written') from None
-    _emit(report.to_json() if args.json else report.summary(), args.json)
-    if report.rows_in and not report.valid:
-        print('swift-vora data build: no valid rows', file=sys.stderr)
-        return EXIT_INVALID
+    # OUT is renamed into place last, after the report reached stdout: a failure anywhere before (no valid row, a
+    # full disk, SIGTERM, stdout that cannot be written) leaves an existing OUT exactly as it was.
+    with staged() as stage:
+        try:
+            report = build_rows(args.annotations, args.out, config, video_root=args.video_root, strict=args.strict,
+                                probe=not args.no_probe, stage=stage)
+        except AnnotationError as exc:
+            raise InvalidInput(f'stopped (--strict) at {exc}; nothing written') from None
+        failed = bool(report.rows_in and not report.valid)
+        if failed:
+            stage.discard()
+            report.written = False
+        _emit(report.to_json() if args.json else report.summary(), args.json)
+        if failed:
+            print(f'swift-vora data build: no valid rows; nothing written ({args.out} left as it was)',
+                  file=sys.stderr)
+            return EXIT_INVALID
+        flush_stdout()
     return EXIT_OK
 
 
 def _convert(args) -> int:
-    from ..outputs import check_output_file
+    from ..outputs import check_output_file, flush_stdout, staged
     from .convert import convert_file
 
     check_output_file(args.out, [_readable(args.input)], what='OUT.jsonl')
-    report = convert_file(args.input, args.out, video_root=args.video_root)
-    _emit(report.to_json() if args.json else report.summary(), args.json)
-    if report.lines - report.blank_lines and not report.converted:
-        print('swift-vora data convert-qvhighlights: no line could be converted', file=sys.stderr)
-        return EXIT_INVALID
+    with staged() as stage:  # as in `data build`: OUT is replaced last, and only by something
+        report = convert_file(args.input, args.out, video_root=args.video_root, stage=stage)
+        failed = bool(report.lines - report.blank_lines and not report.converted)
+        if failed:
+            stage.discard()
+            report.written = False
+        _emit(report.to_json() if args.json else report.summary(), args.json)
+        if failed:
+            print(f'swift-vora data convert-qvhighlights: no line could be converted; nothing written ({args.out} '
+                  'left as it was)', file=sys.stderr)
+            return EXIT_INVALID
+        flush_stdout()
     return EXIT_OK
 
 

@@ -84,8 +84,8 @@ def saliency_problem(record: Dict[str, Any], duration: float) -> Optional[Tuple[
 
 
 def _short(value: Any, limit: int = 40) -> str:
-    try:
-        text = json.dumps(value)
+    try:  # a float as repr: an oversized number shows as written (swift_vora.jsonl.Oversized), not as Infinity
+        text = repr(value) if isinstance(value, float) else json.dumps(value)
     except (TypeError, ValueError):
         text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + '...'

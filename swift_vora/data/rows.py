@@ -52,9 +52,11 @@ class BuildReport:
     slivers_dropped: int = 0
     overlaps_merged: int = 0
     warnings: List[str] = field(default_factory=list)
+    written: bool = True  # False: nothing valid, so OUT was left as it was
 
     def to_json(self) -> Dict[str, Any]:
-        return {'source': self.source, 'out': self.out, 'rows_in': self.rows_in, 'valid': self.valid,
+        return {'source': self.source, 'out': self.out, 'written': self.written, 'rows_in': self.rows_in,
+                'valid': self.valid,
                 'rejected': [bad.to_json() for bad in self.rejected], 'samples_out': self.samples_out,
                 'empty_answers': self.empty_answers, 'slivers_dropped': self.slivers_dropped,
                 'overlaps_merged': self.overlaps_merged, 'blank_lines': self.blank_lines,
@@ -71,16 +73,18 @@ class BuildReport:
                   'after clipping to a window)',
                   f'overlapping windows merged: {self.overlaps_merged}']
         lines += [f'warning: {text}' for text in self.warnings]
-        lines.append(f'wrote {self.out}')
+        lines.append(f'wrote {self.out}' if self.written else f'nothing written: {self.out} left as it was')
         return '\n'.join(lines)
 
 
 def build_rows(annotations_path: str, out_path: str, config: Optional[WindowConfig] = None,
-               video_root: Optional[str] = None, strict: bool = False, probe: bool = True) -> BuildReport:
+               video_root: Optional[str] = None, strict: bool = False, probe: bool = True,
+               stage=None) -> BuildReport:
     """Validate an annotation file, window every valid video and write one ms-swift row per clip.
 
     With `strict`, the first invalid line raises `AnnotationError` and nothing is written; otherwise
-    invalid lines are skipped and listed in the report. The output is written atomically.
+    invalid lines are skipped and listed in the report. The output is written atomically; with `stage` (an
+    `outputs.Staging`) it is renamed into place only when the caller commits.
     """
     config = config or WindowConfig()
     loaded = load_annotations(annotations_path, video_root=video_root, probe=probe, strict=strict)
@@ -97,5 +101,5 @@ def build_rows(annotations_path: str, out_path: str, config: Optional[WindowConf
 
     # The videos are inputs too: `data build a.jsonl clip.mp4` must not replace a video with rows.
     inputs = [annotations_path] + sorted({annotation.video for annotation in loaded.rows})
-    report.samples_out = write_jsonl(rows(), out_path, inputs=inputs)
+    report.samples_out = write_jsonl(rows(), out_path, inputs=inputs, stage=stage)
     return report

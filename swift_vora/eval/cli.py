@@ -6,13 +6,12 @@ response that did not parse); 2 usage error (a file that cannot be opened).
 """
 from __future__ import annotations
 
-import io
-import json
 import os
 import sys
 from collections import Counter
 
-from ..cli_values import nonnegative_int, number, positive_int
+from .. import jsonl
+from ..cli_values import OUTPUT_DIR_FLAGS, nonnegative_int, number, positive_int
 from ..errors import InvalidInput, UsageError
 from ..json_output import dumps
 
@@ -34,9 +33,11 @@ def register_commands(subparsers) -> None:
     p.add_argument('--max-new-tokens', type=positive_int(1_000_000), default=None, metavar='N',
                    help='answer tokens per clip (default: the checkpoint\'s, from its longest trained answer, else 64)')
     p.add_argument('--json', action='store_true', help='print the metrics as one JSON object')
-    p.add_argument('--out-dir', metavar='DIR', help='write metrics.json, report.md and plots/*.png here')
+    p.add_argument(*OUTPUT_DIR_FLAGS, dest='out_dir', metavar='DIR',
+                   help='write metrics.json, report.md, overview.png and plots/*.png here, when the evaluation '
+                        'succeeds (ms-swift\'s name; --out-dir and --out are the older ones)')
     p.add_argument('--max-plots', type=nonnegative_int(100_000), default=20, metavar='N',
-                   help='at most N timeline plots in --out-dir, worst videos first (default 20; 0: none)')
+                   help='at most N timeline plots in --output_dir, worst videos first (default 20; 0: none)')
     p.add_argument('--strict', action='store_true', help='exit 1 also on missing predictions or unknown ids')
     p.set_defaults(handler=run_eval)
 
@@ -60,8 +61,8 @@ def run_eval(args) -> int:
     from .evaluate import COUNT_KEYS, SUMMARY_KEYS, InputError, evaluate
     _check_readable(args.annotations, '--annotations')
     # Every path is checked before anything is created or launched: a typo must leave no directory behind.
-    if args.out_dir is not None:  # '' included: an empty path is an error, not "no --out-dir"
-        check_output_dir(args.out_dir, [args.annotations], what='--out-dir')
+    if args.out_dir is not None:  # '' included: an empty path is an error, not "no --output_dir"
+        check_output_dir(args.out_dir, [args.annotations], what='--output_dir')
     if args.model or args.adapters:
         from .inference import InferenceError, run_inference
         for flag, path, marker in (('--model', args.model, 'config.json'),
@@ -94,12 +95,6 @@ def run_eval(args) -> int:
             print(f"  {args.annotations}:{p['line']}: {p['reason']}", file=sys.stderr)
         return EXIT_INVALID
     m = result.metrics
-    if args.out_dir:
-        from .report import write_outputs
-        written = write_outputs(result, args.out_dir, max_plots=args.max_plots,
-                                inputs={'annotations': args.annotations, 'predictions': args.predictions})
-        print(f"swift-vora eval: wrote {written['metrics']}, {written['report']}, {written['overview']} and "
-              f"{len(written['plots'])} timeline(s)", file=sys.stderr)
     if args.json:
         print(dumps(m))
     else:
@@ -119,15 +114,30 @@ def run_eval(args) -> int:
         problems.append(f"{m['unknown_ids']} prediction id(s) not in the annotations, ignored "
                         f"(first: {', '.join(m['problems']['unknown'][:5])})")
     if invalid:
-        problems.append(f'{len(invalid)} invalid prediction line(s), ignored (first: line {invalid[0]["line"]}: '
-                        f'{invalid[0]["reason"]})')
+        problems.append(f'{len(invalid)} invalid prediction line(s) in {args.predictions}, ignored (their queries '
+                        'score 0):')
     for line in problems:
         print(f'swift-vora eval: {line}', file=sys.stderr)
-    if invalid:
-        return EXIT_INVALID
-    if args.strict and (m['missing_predictions'] or m['unknown_ids']):
-        return EXIT_INVALID
-    return EXIT_OK
+    for p in invalid[:20]:
+        print(f"  {args.predictions}:{p['line']}: {p['reason']}", file=sys.stderr)
+    if len(invalid) > 20:
+        print(f'  ... and {len(invalid) - 20} more (all of them: --json, problems.invalid_lines)', file=sys.stderr)
+    code = EXIT_INVALID if invalid or (args.strict and (m['missing_predictions'] or m['unknown_ids'])) else EXIT_OK
+    if args.out_dir:
+        # Written last and only on success: an evaluation that exits 1 (invalid lines, --strict) or whose stdout
+        # cannot be written leaves an earlier --output_dir exactly as it was.
+        if code != EXIT_OK:
+            print(f'swift-vora eval: --output_dir {args.out_dir} not written (exit {code}: fix the lines above; any '
+                  'earlier report there is left as it was)', file=sys.stderr)
+            return code
+        from ..outputs import flush_stdout
+        from .report import write_outputs
+        flush_stdout()
+        written = write_outputs(result, args.out_dir, max_plots=args.max_plots,
+                                inputs={'annotations': args.annotations, 'predictions': args.predictions})
+        print(f"swift-vora eval: wrote {written['metrics']}, {written['report']}, {written['overview']} and "
+              f"{len(written['plots'])} timeline(s)", file=sys.stderr)
+    return code
 
 
 def _check_readable(path: str, flag: str) -> None:
@@ -140,11 +150,16 @@ def _kinds(kinds: dict) -> str:
 
 
 # ---- parse --------------------------------------------------------------------------------------
+# A stdin line longer than this is not read into memory: it is a `too_long` failure either way (parse_answer refuses
+# more than MAX_TEXT_CHARS characters; a JSON string may escape each one in up to 12 bytes).
+MAX_STDIN_LINE_BYTES = 12 * 1_000_000 + 64
+
+
 def _decode_line(line: str):
     """A line is a JSON string; be kind to a JSON object with `response`/`text`, or raw text."""
     stripped = line.strip()
     try:
-        value = json.loads(stripped)
+        value = jsonl.loads(stripped)
     except (ValueError, RecursionError):  # not JSON (or absurdly nested): parse the raw text
         return line.rstrip('\r\n')
     if isinstance(value, str):
@@ -156,20 +171,27 @@ def _decode_line(line: str):
     return stripped  # a bare JSON array/number: parse its text
 
 
+def _too_long():
+    from ..answer_parser import ParseResult
+    return ParseResult(windows=[], ok=False, failure='too_long', flags=['input_capped'])
+
+
 def run_parse(args) -> int:
     from ..answer_parser import parse_answer
     if args.text is not None:
         texts = args.text
-    else:  # bytes that are not UTF-8 must not stop the stream: decode with replacement characters
-        stream = io.TextIOWrapper(sys.stdin.buffer, encoding='utf-8', errors='replace') \
-            if hasattr(sys.stdin, 'buffer') else sys.stdin
-        texts = (_decode_line(line) for line in stream)
+    elif hasattr(sys.stdin, 'buffer'):  # bytes that are not UTF-8 must not stop the stream: replacement characters
+        texts = (_decode_line(line.text) if line.text is not None else None
+                 for line in jsonl.read_stream(sys.stdin.buffer, MAX_STDIN_LINE_BYTES, errors='replace'))
+    else:  # a replaced stdin (tests): text already
+        texts = (_decode_line(line) for line in sys.stdin)
     n = ok = 0
     failures: Counter = Counter()
     repairs: Counter = Counter()
     for text in texts:
         n += 1
-        res = parse_answer(text, duration=args.duration)
+        # None: a line too long to read, refused as parse_answer refuses any answer past MAX_TEXT_CHARS
+        res = parse_answer(text, duration=args.duration) if text is not None else _too_long()
         if res.ok:
             ok += 1
         else:

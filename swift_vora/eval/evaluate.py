@@ -22,11 +22,11 @@ evaluator's order matters for R1 and the 10-window cut).
 from __future__ import annotations
 
 import bisect
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .. import jsonl
 from ..answer_parser import REPAIR_NAMES, parse_answer
 from ..intervals import merge
 from . import metrics as M
@@ -82,14 +82,18 @@ class EvalResult:
 def read_jsonl(path: str) -> List[Tuple[int, object]]:
     """(1-based line, decoded value or an Exception) for every non-blank line."""
     out = []
-    with open(path, 'r', encoding='utf-8', errors='replace') as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append((i, json.loads(line)))
-            except (ValueError, RecursionError) as exc:
-                out.append((i, ValueError(str(exc)[:200])))
+    for i, line, unreadable in jsonl.read_lines(path, errors='replace'):
+        if line is None:
+            out.append((i, ValueError(unreadable)))
+            continue
+        if not line.strip():
+            continue
+        try:
+            out.append((i, jsonl.loads(line)))
+        except RecursionError:
+            out.append((i, ValueError('nested too deeply')))
+        except ValueError as exc:
+            out.append((i, ValueError(str(exc)[:200])))
     return out
 
 
@@ -97,9 +101,23 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _windows_ok(ws) -> bool:
-    return isinstance(ws, list) and all(isinstance(w, (list, tuple)) and len(w) >= 2 and _finite(w[0])
-                                        and _finite(w[1]) for w in ws)
+def _pred_windows_problem(ws) -> Optional[str]:
+    """Why `pred_relevant_windows` cannot be scored, naming the field and the window; None when it can.
+
+    Windows are used as given (no clamping, no swapping: that is for raw model text), so a reversed or
+    zero-length window is invalid input rather than something to guess about: it overlaps nothing, and the
+    official formula divides 0 by 0 on it."""
+    if not isinstance(ws, list):
+        return "field 'pred_relevant_windows': expected [[start, end(, score)], ...]"
+    for i, w in enumerate(ws):
+        where = f"field 'pred_relevant_windows'[{i}]"
+        if not (isinstance(w, (list, tuple)) and len(w) in (2, 3)):
+            return f'{where}: expected [start, end] or [start, end, score]'
+        if not all(_finite(x) for x in w):
+            return f'{where}: start, end and score must be finite numbers'
+        if not w[0] < w[1]:
+            return f'{where}: start {w[0]!r} >= end {w[1]!r} (a window must end after it starts)'
+    return None
 
 
 def load_annotations(path: str) -> Tuple[str, Dict[str, Annotation]]:
@@ -221,14 +239,17 @@ def _checked_row(line: int, row: Any, anns: Dict[str, Annotation]):
     key = str(key)
     if 'pred_relevant_windows' not in row and 'response' not in row and 'pred_saliency_scores' not in row:
         return bad('needs pred_relevant_windows, response or pred_saliency_scores', key)
-    if 'pred_relevant_windows' in row and not _windows_ok(row['pred_relevant_windows']):
-        return bad('pred_relevant_windows must be [[start, end(, score)], ...]', key)
+    problem = _pred_windows_problem(row['pred_relevant_windows']) if 'pred_relevant_windows' in row else None
+    if problem:
+        return bad(problem, key)
     sal = row.get('pred_saliency_scores')
     if sal is not None and not (isinstance(sal, list) and all(_finite(x) for x in sal)):
-        return bad('pred_saliency_scores must be a list of numbers', key)
+        return bad("field 'pred_saliency_scores': expected a list of finite numbers", key)
+    for keys in (OFFSET_KEYS, END_KEYS, CLIP_LENGTH_KEYS):
+        name = next((k for k in keys if row.get(k) is not None), None)
+        if name is not None and not _finite(row[name]):
+            return bad(f"field '{name}': expected a finite number of seconds", key)
     offset, end, clip_len = _first(row, OFFSET_KEYS), _first(row, END_KEYS), _first(row, CLIP_LENGTH_KEYS)
-    if any(v is not None and not _finite(v) for v in (offset, end, clip_len)):
-        return bad('clip_start/clip_end/clip_duration must be numbers', key)
     if key not in anns:
         return key, UNKNOWN_ID, None
     reason = _clip_problem(offset, end, clip_len, anns[key].duration)

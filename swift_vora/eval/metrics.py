@@ -24,7 +24,11 @@ re-implemented here (not copied) and checked against it to 0.01 by
 Where we differ, on purpose (upstream cannot evaluate these inputs: it asserts that every query has a
 prediction and crashes on an empty window list): a query without a prediction, or whose prediction is
 empty (a parse failure), scores 0 for R1 and AP and counts as a miss; a query without saliency scores
-scores 0 for HL-mAP and HIT@1. Buckets without a query give `None`.
+scores 0 for HL-mAP and HIT@1. Buckets without a query give `None`. A zero-length or reversed window
+(`end <= start`) has IoU 0 with every window and keeps no second, so every score stays in [0, 100]
+(upstream divides 0 by 0 there, and the NaN passed its threshold test: MR-mAP 100 for `[[10, 0]]`).
+`swift-vora eval` refuses such a window in `pred_relevant_windows` as an invalid prediction line before
+scoring (docs/eval.md); the rule here keeps the library functions bounded for any caller.
 
 All percentages are rounded to two decimals, as upstream (`float(f"{100 * v:.2f}")`).
 """
@@ -61,12 +65,17 @@ def pct(value: Optional[float]) -> Optional[float]:
 
 # ---- moment retrieval ---------------------------------------------------------------------------
 def _cross_iou(windows: np.ndarray, gts: np.ndarray) -> np.ndarray:
-    """(P, G) IoU of each window with each ground-truth window (true union), upstream's formula."""
+    """(P, G) IoU of each window with each ground-truth window (true union), upstream's formula.
+
+    A pair without a positive union (a zero-length or reversed window) has IoU 0: upstream's 0/0 is NaN, and a
+    NaN fails the `iou < threshold` test that ends the match search, so it matched at every threshold (MR-mAP 100
+    for `[[10, 0]]`)."""
     inter = np.clip(np.minimum(windows[:, None, 1], gts[None, :, 1]) - np.maximum(windows[:, None, 0], gts[None, :, 0]),
                     0, None)
     union = (windows[:, 1] - windows[:, 0])[:, None] + (gts[:, 1] - gts[:, 0])[None, :] - inter
+    proper = (windows[:, 1] > windows[:, 0])[:, None] & (gts[:, 1] > gts[:, 0])[None, :] & (union > 0)
     with np.errstate(divide='ignore', invalid='ignore'):
-        return inter / union
+        return np.where(proper, inter / np.where(proper, union, 1.0), 0.0)
 
 
 def detection_ap(gt_windows: Sequence[Window], pred_windows: Sequence[ScoredWindow],
@@ -119,6 +128,8 @@ def top1_iou(gt_windows: Sequence[Window], pred_windows: Sequence[ScoredWindow])
     if not pred_windows or not gt_windows:
         return 0.0
     s, e = float(pred_windows[0][0]), float(pred_windows[0][1])
+    if not e > s:  # a zero-length or reversed window overlaps nothing
+        return 0.0
     gts = np.asarray([[float(w[0]), float(w[1])] for w in gt_windows], dtype=float)
     best = gts[int(np.argmax(_cross_iou(np.asarray([[s, e]]), gts)[0]))]
     inter = max(0.0, min(e, best[1]) - max(s, best[0]))
@@ -264,9 +275,10 @@ def qvhighlights_metrics(gt_rows: Sequence[Mapping], windows: Mapping[str, Seque
 def video_keep_scores(gt: Iterable[Window], pred: Iterable[Window]) -> dict:
     """Seconds and ratios for one video. Conventions when a side is empty: precision of an empty
     prediction, recall of an empty ground truth and IoU/F1 of two empty sets are 1 when both sides are
-    empty and 0 otherwise."""
-    g, _ = merge((float(w[0]), float(w[1])) for w in gt)
-    p, _ = merge((float(w[0]), float(w[1])) for w in pred)
+    empty and 0 otherwise. A zero-length or reversed window keeps no second (it would count negative seconds and
+    push precision past 100 %)."""
+    g, _ = merge(w for w in ((float(w[0]), float(w[1])) for w in gt) if w[1] > w[0])
+    p, _ = merge(w for w in ((float(w[0]), float(w[1])) for w in pred) if w[1] > w[0])
     g_len, p_len = total_length(g), total_length(p)
     inter = overlap_seconds(g, p)
     union = g_len + p_len - inter

@@ -1,4 +1,4 @@
-"""`--out-dir` output of `swift-vora eval`: metrics.json, report.md, overview.png and one PNG timeline per video.
+"""`--output_dir` output of `swift-vora eval`: metrics.json, report.md, overview.png and one PNG timeline per video.
 
 Plots are drawn with matplotlib's Agg canvas directly (no pyplot, no display, no global backend
 switch). `overview.png` is the whole set in one figure: the per-video IoU distribution and how far predicted
@@ -15,39 +15,40 @@ from typing import List, Optional, Tuple
 
 from ..intervals import iou
 from ..json_output import dumps
-from ..outputs import check_output_dir, write_text_atomic
+from ..outputs import Staging, check_output_dir, staged
 from .evaluate import COUNT_KEYS, SUMMARY_KEYS, EvalResult
 
 DEFAULT_MAX_PLOTS = 20
 
 
 def write_outputs(result: EvalResult, out_dir: str, max_plots: int = DEFAULT_MAX_PLOTS,
-                  inputs: Optional[dict] = None) -> dict:
+                  inputs: Optional[dict] = None, stage: Optional[Staging] = None) -> dict:
     """Write metrics.json, report.md and plots/*.png; return {'metrics': path, 'report': path, 'plots': [...]}.
 
-    `inputs` ({'annotations': path, ...}) are named in the report and never overwritten."""
+    `inputs` ({'annotations': path, ...}) are named in the report and never overwritten. The files are staged
+    (swift_vora.outputs): with `stage` they are renamed into `out_dir` when the caller commits, else together at
+    the end, so a failure half-way (a full disk, a plot that cannot be drawn) leaves the folder as it was."""
+    if stage is None:
+        with staged() as own:
+            return write_outputs(result, out_dir, max_plots, inputs, own)
     sources = inputs or {}
     protected = [path for path in sources.values() if path]
-    check_output_dir(out_dir, protected, what='--out-dir')
-    os.makedirs(out_dir, exist_ok=True)
+    check_output_dir(out_dir, protected, what='--output_dir')
     metrics_path = os.path.join(out_dir, 'metrics.json')
-    write_text_atomic(metrics_path, dumps(result.metrics, indent=2) + '\n', protected)
+    stage.write_text(metrics_path, dumps(result.metrics, indent=2) + '\n', protected, '--output_dir file')
     chosen = choose_timelines(result, max(0, max_plots))
     overview_path = os.path.join(out_dir, 'overview.png')
     overview = overall_summary(result)
-    plot_overview(result, overview, overview_path)
+    stage.write_with(overview_path, lambda tmp: plot_overview(result, overview, tmp), protected, '--output_dir file')
     plots = []
-    if chosen:
-        plot_dir = os.path.join(out_dir, 'plots')
-        os.makedirs(plot_dir, exist_ok=True)
-        for i, key in enumerate(chosen):
-            path = os.path.join(plot_dir, f'{i:03d}_{_safe(key)}.png')
-            plot_timeline(result, key, path)
-            plots.append(path)
+    for i, key in enumerate(chosen):
+        path = os.path.join(out_dir, 'plots', f'{i:03d}_{_safe(key)}.png')
+        stage.write_with(path, lambda tmp, key=key: plot_timeline(result, key, tmp), protected, '--output_dir file')
+        plots.append(path)
     report_path = os.path.join(out_dir, 'report.md')
-    write_text_atomic(report_path, render_markdown(result, [os.path.relpath(p, out_dir) for p in plots], chosen,
-                                                   sources, overview, os.path.relpath(overview_path, out_dir)),
-                      protected)
+    stage.write_text(report_path, render_markdown(result, [os.path.relpath(p, out_dir) for p in plots], chosen,
+                                                  sources, overview, os.path.relpath(overview_path, out_dir)),
+                     protected, '--output_dir file')
     return {'metrics': metrics_path, 'report': report_path, 'plots': plots, 'overview': overview_path}
 
 
@@ -152,7 +153,7 @@ def plot_overview(result: EvalResult, summary: dict, path: str) -> None:
     fig.suptitle(f"{summary['answered']} of {summary['videos']} videos answered ({m.get('parse_failures', 0)} parse "
                  f"failures, {m.get('missing_predictions', 0)} missing); mIoU {_fmt(m.get('mIoU'))} %", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, bbox_inches='tight')
+    fig.savefig(path, bbox_inches='tight', format='png')  # format: `path` may be a staged .tmp file
 
 
 def _fmt(v) -> str:
@@ -289,4 +290,4 @@ def plot_timeline(result: EvalResult, key: str, path: str) -> None:
     ax.set_title(f"{title}\nIoU {100 * iou:.1f}  kept-F1 {100 * pv['f1']:.1f}", fontsize=9)
     ax.legend(handles=handles, loc='upper center', bbox_to_anchor=(0.5, -0.3), fontsize=7, ncol=len(handles),
               frameon=False)
-    fig.savefig(path, bbox_inches='tight')
+    fig.savefig(path, bbox_inches='tight', format='png')  # format: `path` may be a staged .tmp file

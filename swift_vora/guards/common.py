@@ -89,12 +89,10 @@ def output_dir(trainer) -> str:
 
 
 def write_json(path: str, data: Any) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f'{path}.tmp{os.getpid()}'
-    with open(tmp, 'w') as f:
-        json.dump(data, f, indent=2, default=str)
-        f.write('\n')
-    os.replace(tmp, path)
+    """`data` as JSON at `path`, written as every swift-vora output is (swift_vora.outputs: a temporary file renamed
+    over it; no half-written report after a crash)."""
+    from ..outputs import write_text_atomic
+    write_text_atomic(path, json.dumps(data, indent=2, default=str) + '\n', what='guard report')
 
 
 def append_jsonl(path: str, row: Dict[str, Any]) -> None:

@@ -173,6 +173,7 @@ _BUDGET = _VideoBudget()
 DEFAULT_CLIP_SECONDS = float(_WindowConfig().window)  # clip (window) length: the dataset's default window
 DEFAULT_FPS = float(_BUDGET.fps)  # frames per second of clip (video.fps / SWIFT_VORA_FPS)
 DEFAULT_MAX_FRAMES = int(_BUDGET.max_frames)  # frame cap per clip (video.max_frames / SWIFT_VORA_MAX_FRAMES)
+DEFAULT_MIN_FRAMES = int(_BUDGET.min_frames)  # never fewer frames per clip (video.min_frames)
 DEFAULT_FRAME_TOKENS = int(_BUDGET.pair_tokens)  # tokens per frame pair (video.pair_tokens / SWIFT_VORA_PAIR_TOKENS)
 TIMESTAMP_TOKENS_PER_GROUP = 8  # "<t seconds>" text (~6 tokens) + vision start/end per frame pair [fit]
 DEFAULT_PROMPT_TOKENS = 96  # system + user prompt around the video

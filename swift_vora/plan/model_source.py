@@ -197,11 +197,20 @@ def load_config(path: str) -> Dict[str, Any]:
     return read_config_file(p)
 
 
+MAX_CONFIG_CHARS = 16 * 1024 * 1024
+
+
 def read_config_file(p: str) -> Dict[str, Any]:
     """Parse one config.json; a syntax error or a non-object names the file (and the line)."""
+    from .. import jsonl
     try:
         with open(p, encoding='utf-8') as f:
-            cfg = json.load(f)
+            text = f.read(MAX_CONFIG_CHARS + 1)  # bounded: a config.json is kilobytes, the path may name anything
+        if len(text) > MAX_CONFIG_CHARS:
+            raise ConfigError(f'{p}: larger than {MAX_CONFIG_CHARS} characters; not a config.json')
+        cfg = jsonl.loads(text)  # a number too large for a float is read as infinite, and refused where it is used
+    except RecursionError:
+        raise ConfigError(f'{p}: nested too deeply to be a config.json') from None
     except json.JSONDecodeError as e:
         raise ConfigError(f'{p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})') from e
     except UnicodeDecodeError as e:

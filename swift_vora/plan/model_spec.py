@@ -19,6 +19,7 @@ naming the field and the file.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional
 
@@ -35,6 +36,9 @@ COMPONENTS = ('embeddings', 'attention', 'linear_attention', 'dense_mlp', 'exper
 #  all-linear-except-experts  what plain `swift sft --target_modules all-linear` reaches on a transformers-5 MoE: the
 #                           fused experts are nn.Parameters, not nn.Linear, so find_all_linears does not see them.
 #  attention                q/k/v/o and the linear-attention projections only.
+# The largest count a config.json may state (layers, widths, vocabulary, experts): far above any real model, low
+# enough that the planner's arithmetic on it stays finite.
+MAX_CONFIG_INT = 10 ** 12
 LORA_TARGETS = ('all-linear', 'all-linear-except-experts', 'attention')
 TUNERS = ('lora', 'full', 'selective')
 
@@ -415,8 +419,10 @@ class _Cfg:
                 return 0
             raise ConfigError(f'{self.where}: config lacks {self.prefix + key!r}, which the planner needs to count '
                               f'the model')
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < 0:
-            raise ConfigError(f'{self.where}: {self.prefix + key!r} must be a non-negative integer (got {v!r})')
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or int(v) != v or v < 0
+                or v > MAX_CONFIG_INT):
+            raise ConfigError(f'{self.where}: {self.prefix + key!r} must be a non-negative integer up to '
+                              f'{MAX_CONFIG_INT:.0e} (got {v!r})')
         return int(v)
 
     def require(self, key: str) -> int:
@@ -424,7 +430,10 @@ class _Cfg:
         if not self.has(key):
             raise ConfigError(f'{self.where}: config lacks {self.prefix + key!r}; a config.json must state the '
                               f'model\'s size (is this a complete config.json of a decoder model?)')
-        return self.int(key)
+        value = self.int(key)
+        if value < 1:  # a model of 0 layers or width has nothing to count (and emptied later max() calls)
+            raise ConfigError(f'{self.where}: {self.prefix + key!r} must be at least 1 (got {value})')
+        return value
 
 
 def _model_type(cfg: Dict[str, Any], where: str) -> str:

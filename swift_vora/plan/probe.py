@@ -12,6 +12,7 @@ import math
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -32,12 +33,33 @@ def cgroup_root(root: Optional[str] = None) -> str:
     return root or switches.read('SWIFT_VORA_CGROUP_ROOT') or DEFAULT_CGROUP_ROOT
 
 
+# The files probed are a few kilobytes (/proc/meminfo ~1.5 kB); a path switch may name anything, /dev/zero
+# included, so at most this much is read.
+MAX_PROBE_BYTES = 1024 * 1024
+
+
 def _read(path: str) -> Optional[str]:
+    """The text of a small kernel file, or None when it cannot be read; never more than MAX_PROBE_BYTES (a device
+    such as /dev/zero given as SWIFT_VORA_MEMINFO or cgroup file is read that far, found not to be one, and
+    ignored); only regular files (what /proc and /sys files are) are opened."""
     try:
-        with open(path, encoding='utf-8') as f:
-            return f.read().strip()
-    except (OSError, UnicodeDecodeError):
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a device or a FIFO (whose open() would wait for a writer)
+            return None
+        with open(path, 'rb') as f:
+            data = f.read(MAX_PROBE_BYTES + 1)
+    except OSError:
         return None
+    if len(data) > MAX_PROBE_BYTES:
+        return None
+    try:
+        return data.decode('utf-8').strip()
+    except UnicodeDecodeError:
+        return None
+
+
+def _count(text: Optional[str]) -> Optional[int]:
+    """A byte or event count a kernel file holds, or None (absent, not ASCII digits, more than 20 digits)."""
+    return int(text) if text and text.isascii() and text.isdigit() and len(text) <= 20 else None
 
 
 def _parse_limit(text: Optional[str]) -> Tuple[bool, Optional[int]]:
@@ -49,6 +71,8 @@ def _parse_limit(text: Optional[str]) -> Tuple[bool, Optional[int]]:
     try:
         v = int(text)
     except ValueError:
+        return False, None
+    if v < 0:
         return False, None
     if v >= UNLIMITED_THRESHOLD:
         return True, None
@@ -120,8 +144,8 @@ def probe_memory(root: Optional[str] = None, proc_self_cgroup: str = '/proc/self
         cur = _read(os.path.join(d0, 'memory.current'))
         peak = _read(os.path.join(d0, 'memory.peak'))
         events = _parse_kv(_read(os.path.join(d0, 'memory.events')))
-        res['usage_bytes'] = int(cur) if cur and cur.isdigit() else None
-        res['peak_bytes'] = int(peak) if peak and peak.isdigit() else None
+        res['usage_bytes'] = _count(cur)
+        res['peak_bytes'] = _count(peak)
         res['oom_kill'] = events.get('oom_kill')
         res['oom'] = events.get('oom')
     elif v1_dirs:
@@ -135,11 +159,11 @@ def probe_memory(root: Optional[str] = None, proc_self_cgroup: str = '/proc/self
         cur = _read(os.path.join(d0, 'memory.usage_in_bytes'))
         peak = _read(os.path.join(d0, 'memory.max_usage_in_bytes'))
         oomc = _parse_kv(_read(os.path.join(d0, 'memory.oom_control')))
-        res['usage_bytes'] = int(cur) if cur and cur.isdigit() else None
-        res['peak_bytes'] = int(peak) if peak and peak.isdigit() else None
+        res['usage_bytes'] = _count(cur)
+        res['peak_bytes'] = _count(peak)
         res['oom_kill'] = oomc.get('oom_kill')
         fc = _read(os.path.join(d0, 'memory.failcnt'))
-        res['failcnt'] = int(fc) if fc and fc.isdigit() else None
+        res['failcnt'] = _count(fc)
     else:
         return res
     if best is not None:
@@ -160,7 +184,8 @@ def probe_meminfo(path: Optional[str] = None) -> Dict[str, Any]:
     vals: Dict[str, int] = {}
     for line in (_read(path) or '').splitlines():
         parts = line.replace(':', ' ').split()
-        if len(parts) >= 2 and parts[1].isdigit():
+        # isascii: '²'.isdigit() is true; 20 digits: an int() of a 5000-digit field would raise
+        if len(parts) >= 2 and parts[1].isascii() and parts[1].isdigit() and len(parts[1]) <= 20:
             vals[parts[0]] = int(parts[1]) * (1024 if len(parts) > 2 and parts[2] == 'kB' else 1)
     total, avail = vals.get('MemTotal'), vals.get('MemAvailable')
     return {'source': path, 'mem_total_bytes': total, 'mem_available_bytes': avail,
@@ -182,7 +207,7 @@ def probe_cpus(root: Optional[str] = None) -> Dict[str, Any]:
         if len(parts) == 2 and parts[0] != 'max':
             try:
                 quota = int(parts[0]) / int(parts[1])
-            except (ValueError, ZeroDivisionError):
+            except (ValueError, ZeroDivisionError, OverflowError):  # OverflowError: 400-digit numbers
                 quota = None
     else:
         for d in ('cpu', 'cpu,cpuacct'):
@@ -193,7 +218,7 @@ def probe_cpus(root: Optional[str] = None) -> Dict[str, Any]:
                     qv, pv = int(qs), int(ps)
                     if qv > 0 and pv > 0:
                         quota = qv / pv
-                except ValueError:
+                except (ValueError, OverflowError):
                     pass
                 break
     count = affinity
@@ -295,6 +320,9 @@ def doctor_report(root: Optional[str] = None, meminfo_path: Optional[str] = None
     if mem.get('oom_kill'):
         warnings.append(f'{mem["oom_kill"]} past OOM kill(s) recorded in this cgroup ({mem["cgroup_version"]} '
                         f'memory.events / memory.oom_control).')
+    if total is None:  # e.g. SWIFT_VORA_MEMINFO names a device, a FIFO or a file of another shape
+        warnings.append(f'{meminfo["source"]}: no MemTotal read (not a regular meminfo file of at most '
+                        f'{MAX_PROBE_BYTES} bytes); host RAM unknown')
     if mem['status'] == 'none found':
         warnings.append('no cgroup memory limit file found (memory.max / memory.limit_in_bytes): using '
                         '/proc/meminfo as the host RAM limit.')

@@ -34,6 +34,7 @@ class PlanRequest:
     seq_len: Optional[int] = None  # tokens per sample; when given, the sample is treated as text only
     fps: float = C.DEFAULT_FPS  # video budget (ignored when seq_len is given)
     max_frames: int = C.DEFAULT_MAX_FRAMES
+    min_frames: int = C.DEFAULT_MIN_FRAMES  # the template samples at least this many frames (video.min_frames)
     frame_tokens: int = C.DEFAULT_FRAME_TOKENS  # LLM tokens per frame pair (video.pair_tokens)
     clip_seconds: float = C.DEFAULT_CLIP_SECONDS
     text_tokens: int = C.DEFAULT_PROMPT_TOKENS + C.DEFAULT_ANSWER_TOKENS  # prompt + answer around the video
@@ -56,7 +57,7 @@ class PlanRequest:
         for name, val, allowed in checks:
             if val not in allowed:
                 raise ValueError(f'{name} must be one of {", ".join(allowed)} (got {val!r})')
-        for name in ('micro_batch', 'lora_rank', 'nodes', 'max_frames', 'frame_tokens'):
+        for name in ('micro_batch', 'lora_rank', 'nodes', 'max_frames', 'min_frames', 'frame_tokens'):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f'{name} must be >= 1')
         for name in ('ep', 'tp', 'seq_len', 'pack_length'):

@@ -36,8 +36,9 @@ def resolve_tokens(req: PlanRequest, spec: ModelSpec) -> Tuple[VideoTokens, List
     kw = {}
     if v is not None:
         kw = dict(patch_size=v.patch_size, merge_size=v.spatial_merge_size, temporal_patch_size=v.temporal_patch_size)
+    # min_frames too: the template samples at least that many (`--min-frames 200` on a 60 s clip at 2 fps is 200)
     tok = video_tokens(req.clip_seconds, req.fps, req.max_frames, req.frame_tokens, text_tokens=req.text_tokens,
-                       supervised_tokens=req.supervised_tokens, **kw)
+                       supervised_tokens=req.supervised_tokens, min_frames=req.min_frames, **kw)
     if v is None:
         notes.append(f'{spec.model_type} has no vision tower: the {tok.total_tokens}-token video budget is counted '
                      f'as text')
