@@ -83,7 +83,10 @@ TARGET_PARAMETERS = ['mlp.experts.gate_up_proj', 'mlp.experts.down_proj']
 GOAL = {'speedup': 2.0, 'memory_ratio': 0.65, 'plan_error': 0.10}
 # Full depth (issue #30): >= 12,000 tokens/s for swift-vora at 64 frames, MFU (active) >= 0.25, plan within 10 %
 GOAL_FULL = {'tokens_per_s': 12000, 'mfu': 0.25, 'plan_error': 0.10}
-MICRO_BATCH_VARIANTS = {'vora_unsloth_mb2': 2, 'vora_unsloth_mb4': 4}
+MICRO_BATCH_VARIANTS = {'vora_unsloth_mb2': 2, 'vora_unsloth_mb4': 4, 'vora_unsloth_mb8': 8}
+# The expert GEMM path at the winning micro-batch: Unsloth's grouped-GEMM Triton kernels instead of torch's
+# grouped_mm (its default where torch has it); the runner records which one Unsloth chose (`runner.moe_backend`).
+MOE_BACKEND_VARIANTS = {'vora_unsloth_mb4_triton': (4, 'unsloth_triton')}
 
 
 def budget(smoke: bool) -> Dict[str, Any]:
@@ -564,6 +567,11 @@ def main(argv=None) -> int:
             elif name in MICRO_BATCH_VARIANTS:  # more samples (tokens per expert GEMM) per micro-batch
                 result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
                                   extra_overrides=[f'train.micro_batch={MICRO_BATCH_VARIANTS[name]}'])
+            elif name in MOE_BACKEND_VARIANTS:
+                micro_batch, moe_backend = MOE_BACKEND_VARIANTS[name]
+                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
+                                  extra_env={'UNSLOTH_MOE_BACKEND': moe_backend},
+                                  extra_overrides=[f'train.micro_batch={micro_batch}'])
             elif name == 'swift_peft':
                 result = run_swift(name, args, b, inputs, work, 'peft', TARGET_MODULES, TARGET_PARAMETERS)
             elif name == 'swift_peft_attn':
