@@ -223,7 +223,7 @@ def budget_env(args) -> Dict[str, str]:
 
 def train_command(args, model: str, dataset: str, out_dir: str) -> List[str]:
     cmd = swift_cmd() + ['sft', '--custom_register_path', 'swift_vora', '--model', model, '--model_type', 'qwen3_vl',
-                         '--template', 'video_ora', '--dataset', dataset, '--tuner_type', 'full',
+                         '--template', 'video_ora', '--dataset', dataset, '--tuner_type', args.tuner,
                          '--freeze_vit', 'false', '--freeze_aligner', 'false', '--attn_impl', 'sdpa',
                          '--per_device_train_batch_size', str(args.batch), '--gradient_accumulation_steps', '1',
                          '--learning_rate', str(args.lr), '--lr_scheduler_type', 'cosine', '--warmup_ratio', '0.05',
@@ -235,6 +235,9 @@ def train_command(args, model: str, dataset: str, out_dir: str) -> List[str]:
                          '--gradient_checkpointing', 'false', '--dataloader_num_workers', str(args.workers),
                          '--dataset_num_proc', '1', '--max_length', '2048', '--seed', str(args.seed),
                          '--data_seed', str(args.seed)]
+    if args.tuner == 'lora':  # every linear of the LLM; the tower and merger then stay frozen (swift's default)
+        cmd += ['--target_modules', 'all-linear', '--lora_rank', str(args.lora_rank), '--lora_alpha',
+                str(2 * args.lora_rank)]
     if args.workers > 0:
         cmd += ['--dataloader_persistent_workers', 'true', '--dataloader_prefetch_factor', '4']
     cmd += ['--max_steps', str(args.max_steps)]
@@ -245,13 +248,38 @@ def train_command(args, model: str, dataset: str, out_dir: str) -> List[str]:
     return cmd
 
 
-def infer_command(args, ckpt: str, dataset: str, result_path: str) -> List[str]:
-    cmd = swift_cmd() + ['infer', '--custom_register_path', 'swift_vora', '--model', ckpt, '--model_type', 'qwen3_vl',
+def infer_command(args, ckpt: str, dataset: str, result_path: str, base_model: Optional[str] = None) -> List[str]:
+    """swift infer on a full checkpoint, or (LoRA: `base_model` given) on the base with the adapter."""
+    weights = ['--model', base_model, '--adapters', ckpt] if base_model else ['--model', ckpt]
+    cmd = swift_cmd() + ['infer', '--custom_register_path', 'swift_vora', *weights, '--model_type', 'qwen3_vl',
                          '--template', 'video_ora', '--val_dataset', dataset, '--infer_backend', 'transformers',
                          '--max_new_tokens', '48', '--temperature', '0', '--max_batch_size', str(args.infer_batch),
                          '--result_path', result_path, '--torch_dtype', 'float32',
                          '--attn_impl', 'sdpa', '--dataset_num_proc', '1']
     return cmd
+
+
+def run_env(name: str, env: Dict[str, str], smoke: bool) -> Dict[str, str]:
+    """The environment of run `name`: normal_fp8 adds FP8 frozen base weights (emulated casts on the CPU smoke)."""
+    if name != 'normal_fp8':
+        return env
+    return {**env, 'SWIFT_VORA_FP8': 'frozen_base', **({'SWIFT_VORA_FP8_EMULATE': '1'} if smoke else {})}
+
+
+def fp8_comparison(results: Dict[str, Dict[str, Any]], work: str) -> Optional[Dict[str, Any]]:
+    """normal_fp8 against normal: R1@0.5 of both and the largest relative difference of their logged losses."""
+    if 'normal_fp8' not in results or 'normal' not in results:
+        return None
+
+    def losses(name):
+        return [float(r['loss']) for r in read_jsonl(os.path.join(work, name, 'output', 'logging.jsonl'))
+                if 'loss' in r]
+    fp8, bf16 = losses('normal_fp8'), losses('normal')
+    pairs = [(a, b) for a, b in zip(fp8, bf16) if b]
+    return {'r1_at_0_5_fp8': results['normal_fp8'].get('score', {}).get('r1_at_0_5'),
+            'r1_at_0_5_bf16': results['normal'].get('score', {}).get('r1_at_0_5'),
+            'loss_max_rel_diff_vs_bf16': round(max(abs(a - b) / abs(b) for a, b in pairs), 5) if pairs else None,
+            'logged_steps_compared': len(pairs)}
 
 
 def start_train(name, args, model, dataset, work, env):
@@ -270,10 +298,11 @@ def wait_soft(proc, deadline_at: Optional[float]) -> Any:
 
 
 def find_checkpoint(out_dir: str) -> Optional[str]:
-    """The newest complete checkpoint (weights written), or None."""
+    """The newest complete checkpoint (weights or a LoRA adapter written), or None."""
     ckpts = sorted(glob.glob(os.path.join(out_dir, 'checkpoint-*')),
                    key=lambda p: int(p.rsplit('-', 1)[1]) if p.rsplit('-', 1)[1].isdigit() else -1)
-    ckpts = [c for c in ckpts if os.path.isfile(os.path.join(c, 'config.json'))
+    ckpts = [c for c in ckpts if (os.path.isfile(os.path.join(c, 'config.json'))
+                                  or os.path.isfile(os.path.join(c, 'adapter_config.json')))
              and glob.glob(os.path.join(c, '*.safetensors'))]
     return ckpts[-1] if ckpts else None
 
@@ -313,7 +342,12 @@ def main(argv=None) -> int:
     parser.add_argument('--workers', type=int, default=None, help='DataLoader workers per run (default: cores/2 - 1)')
     parser.add_argument('--infer-batch', type=int, default=64)
     parser.add_argument('--logging-steps', type=int, default=None)
-    parser.add_argument('--runs', default='normal,shuffled')
+    parser.add_argument('--runs', default='normal,shuffled',
+                        help='normal, shuffled, and normal_fp8: the normal labels with SWIFT_VORA_FP8=frozen_base '
+                             '(--tuner lora; its losses are compared with normal\'s step by step)')
+    parser.add_argument('--tuner', choices=('full', 'lora'), default='full',
+                        help='full (the default task setting) or lora (what FP8 frozen base weights need)')
+    parser.add_argument('--lora-rank', type=int, default=64)
     parser.add_argument('--sequential', action='store_true', help='run the two trainings one after the other')
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--deadline', type=float, default=None,
@@ -356,6 +390,10 @@ def main(argv=None) -> int:
     shuffled_rows = derange(train_rows, args.seed + 3)
     datasets = {'normal': write_jsonl(train_rows, os.path.join(data, 'train.jsonl')),
                 'shuffled': write_jsonl(shuffled_rows, os.path.join(data, 'train_shuffled.jsonl'))}
+    datasets['normal_fp8'] = datasets['normal']
+    unknown = [r for r in runs if r not in datasets]
+    if unknown or ('normal_fp8' in runs and args.tuner != 'lora'):
+        raise SystemExit(f'--runs {args.runs}: runs are {", ".join(datasets)}; normal_fp8 needs --tuner lora')
     test_path = write_jsonl(test_rows, os.path.join(data, 'test.jsonl'))
     model = os.path.join(work, f'model-{args.shape}')
     build_model(model, args.shape, 'float32', seed=args.seed)
@@ -371,7 +409,7 @@ def main(argv=None) -> int:
     t_train0 = time.time()
     procs = []
     for name in runs:
-        cmd, log, proc = start_train(name, args, model, datasets[name], work, env)
+        cmd, log, proc = start_train(name, args, model, datasets[name], work, run_env(name, env, smoke))
         results[name] = {'train_command': cmdline(cmd, budget_env(args)), 'train_log': log}
         procs.append((name, proc, log))
         if args.sequential:
@@ -395,7 +433,7 @@ def main(argv=None) -> int:
         result_path = os.path.join(work, name, 'infer.jsonl')
         if os.path.exists(result_path):
             os.remove(result_path)
-        cmd = infer_command(args, ckpt, test_path, result_path)
+        cmd = infer_command(args, ckpt, test_path, result_path, base_model=model if args.tuner == 'lora' else None)
         log = os.path.join(work, name, 'infer.log')
         results[name].update({'infer_command': cmdline(cmd, budget_env(args)), 'result_path': result_path,
                               'infer_log': log})
@@ -446,9 +484,10 @@ def main(argv=None) -> int:
                  'train_videos': len(train_rows), 'test_videos': len(test_rows),
                  'train_windows': len(windowed_answers(train_rows, args.window)),
                  'budget_env': budget_env(args)},
-        'model': {'shape': args.shape, 'dir': model, 'tuner': 'full', 'epochs': args.epochs,
+        'model': {'shape': args.shape, 'dir': model, 'tuner': args.tuner, 'epochs': args.epochs,
                   'max_steps': args.max_steps, 'batch': args.batch, 'lr': args.lr},
         'encode_log': encode_summary,
+        'fp8': fp8_comparison(results, work),
         'runs': results,
         'seconds': {'data_and_model': round(t_data, 1), 'training': round(t_train, 1),
                     'total': round(time.time() - t0, 1)},

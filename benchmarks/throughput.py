@@ -532,6 +532,7 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
     # flash_attention_2/3/4), and the GPU machine has no flash-attn wheel for its torch. swift-vora's `vora_varlen`
     # attention (swift_vora/speed/packed_attention.py) is the way round it.
     packed = ('--padding_free', 'true', '--attn_impl', 'vora_varlen')
+    fp8_env = {'SWIFT_VORA_FP8': 'frozen_base', **({'SWIFT_VORA_FP8_EMULATE': '1'} if smoke else {})}
     return {
         'baseline': {'env': baseline_env, 'plugins': [], 'template': [], 'dataset': 'rows',
                      'flags': ['--gradient_checkpointing', 'true', '--dataloader_num_workers', str(workers_baseline)]},
@@ -616,6 +617,13 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
                                     'SWIFT_VORA_MAX_FRAMES': str(2 * int(vora_env['SWIFT_VORA_MAX_FRAMES']))},
                          other_budget=True),
         'cal_zero3': vora(True, '--deepspeed', 'zero3', env={'NPROC_PER_NODE': '1'}),
+        # FP8 GEMMs for the frozen base linears (swift_vora/speed/fp8_frozen.py, torchao), each next to its bf16
+        # twin (FP8_TWINS): the same flags, seed and samples, so the logged losses compare step by step
+        # (`loss_max_rel_diff_vs_bf16`). On the CPU smoke the casts are emulated (no speed, the wiring only).
+        **{fp8: {**spec, 'env': {**spec['env'], **fp8_env}} for fp8, spec in (
+            ('vora_gc_fp8', vora(True, env={'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'})),
+            ('vora_gc_compile_fp8', vora(True, env=compile_env)),
+            ('vora_compile_mb4_fp8', vora(False, env=compile_env, batch_size=mb)))},
     }
 
 
@@ -869,6 +877,8 @@ def summarize_variant(name, vdir, args, command, wall, profile, batch_size: int 
         'encoded_samples_logged': len(enc),
         'wall_s': round(wall, 1),
         'log': os.path.relpath(os.path.join(vdir, 'sft.log'), vdir),
+        # swift's logged training losses (every --logging_steps): what an FP8 variant is compared on
+        'losses': [r['loss'] for r in swift_log if isinstance(r.get('loss'), (int, float))],
     }
     vora_enc = read_jsonl(os.path.join(vdir, 'vora_encode.jsonl'))
     if vora_enc:
@@ -1059,6 +1069,7 @@ def main(argv=None) -> int:
                       f'per sample, baseline {base["tokens_per_sample"]} ({base["video_tokens_per_sample"]})',
                       file=sys.stderr)
 
+    compare_fp8(results)
     shape_name = 'tiny' if smoke else '2b'
     mfu = {}
     flops = None
@@ -1110,6 +1121,30 @@ def main(argv=None) -> int:
                                                'total_wall_s')}, indent=1))
     print(f'wrote {path}')
     return 1 if errors else 0
+
+
+# An FP8 variant and the bf16 variant it is the twin of (same flags, seed and samples; SWIFT_VORA_FP8 added)
+FP8_TWINS = {'vora_gc_fp8': 'vora_gc', 'vora_gc_compile_fp8': 'vora_gc_compile',
+             'vora_compile_mb4_fp8': 'vora_compile_mb4'}
+
+
+def loss_max_rel_diff(fp8: List[float], bf16: List[float]) -> Optional[float]:
+    """The largest relative difference of the logged losses, step by step (None without a common step)."""
+    pairs = [(a, b) for a, b in zip(fp8, bf16) if b]
+    return round(max(abs(a - b) / abs(b) for a, b in pairs), 5) if pairs else None
+
+
+def compare_fp8(results: Dict[str, Dict[str, Any]]) -> None:
+    """`fp8: true` on every FP8 variant and, where its bf16 twin ran in the same call, the largest relative
+    difference of their logged losses (the issue's 'within 2 % at every logged step')."""
+    for name, twin in FP8_TWINS.items():
+        if name not in results:
+            continue
+        results[name]['fp8'] = True
+        results[name]['fp8_twin'] = twin
+        if twin in results:
+            results[name]['loss_max_rel_diff_vs_bf16'] = loss_max_rel_diff(results[name].get('losses', []),
+                                                                           results[twin].get('losses', []))
 
 
 HEADLINE_RULE = ('memory budget = the peak reserved memory of `baseline` (plain swift sft as gpu-machine.md runs it); '

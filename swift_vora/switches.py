@@ -143,6 +143,12 @@ def _table() -> Tuple[Switch, ...]:
                'uncompiled decoder layers: off | attention (save attention outputs) | matmul (save matmul and '
                'attention outputs); the pointwise ops are recomputed', choices=('off', 'attention', 'matmul'),
                aliases=off_aliases, where='speed/selective_checkpoint.py'),
+        Switch(PREFIX + 'FP8', 'choice', 'off', 'FP8 GEMMs (torchao) for the frozen base linears of the decoder '
+               'layers, weights held in FP8: off | frozen_base (GPUs with compute capability 8.9+; not under '
+               'ZeRO-3, Megatron or Unsloth)', 'train.fp8', choices=('off', 'frozen_base'), aliases=off_aliases,
+               where='speed/fp8_frozen.py'),
+        Switch(PREFIX + 'FP8_EMULATE', 'flag', False, 'with FP8 on: emulate the FP8 casts in high precision where '
+               'there are no FP8 tensor cores (checks on a CPU; no speed)', where='speed/fp8_frozen.py'),
         Switch(PREFIX + 'VIT_ATTENTION', 'choice', 'batched', 'vision attention: batched (one call per layer, no '
                'sync) | transformers', choices=('batched', 'transformers'), where='speed/vit_attention.py'),
         Switch(PREFIX + 'PATCH_EMBED', 'choice', 'gemm', 'vision patch embedding: gemm (the stride == kernel Conv3d '

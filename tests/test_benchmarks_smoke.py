@@ -65,6 +65,23 @@ def test_learnability_smoke(tmp_path):
     assert res['encode_log']['frames'] == [16] and res['encode_log']['video_tokens'] == [96]
 
 
+@pytest.mark.slow
+def test_learnability_smoke_trains_lora_on_an_fp8_base_next_to_bf16(tmp_path):
+    """The FP8 lever end to end under real `swift sft` (casts emulated on the CPU): the plugin's callback converts
+    the decoder's frozen linears at train begin, the LoRA run trains and infers, and the losses are compared."""
+    pytest.importorskip('torchao', reason='torchao is the FP8 library (pip install -e .[test] brings it)')
+    res = _run_smoke('learnability.py', tmp_path, '--tuner', 'lora', '--runs', 'normal,normal_fp8')
+    for name in ('normal', 'normal_fp8'):
+        assert 'error' not in res['runs'][name], res['runs'][name]
+        assert res['runs'][name]['score']['clips'] == 4 and '--adapters' in res['runs'][name]['infer_command']
+    report = json.loads((tmp_path / 'work' / 'normal_fp8' / 'output' / 'fp8.json').read_text())
+    assert report['converted'] > 0 and report['emulated'] is True
+    assert report['weight_gib_after'] < report['weight_gib_before']
+    assert not (tmp_path / 'work' / 'normal' / 'output' / 'fp8.json').exists()  # the bf16 twin stays bf16
+    fp8 = res['fp8']
+    assert fp8['logged_steps_compared'] >= 1 and fp8['loss_max_rel_diff_vs_bf16'] < 0.05
+
+
 # ---- fast checks of the pure parts -------------------------------------------------------------------------------
 
 def test_flops_formula_matches_the_note():

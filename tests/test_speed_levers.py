@@ -10,7 +10,7 @@ from swift_vora import speed
 def test_table_matches_the_modules():
     assert {lever.name for lever in speed.LEVERS} == {
         'compile_layers', 'vit_attention', 'lora_autocast', 'host_overhead', 'shape_bucket', 'pixel_dtype',
-        'video_decode', 'selective_checkpoint', 'packed_attention', 'patch_embed'}
+        'video_decode', 'selective_checkpoint', 'packed_attention', 'patch_embed', 'fp8_frozen'}
     for lever in speed.LEVERS:
         assert lever.module.ENV == lever.switch, lever.name
         if lever.callback:
@@ -25,6 +25,8 @@ def test_table_matches_the_modules():
     ({'SWIFT_VORA_PIXEL_DTYPE': 'float32', 'SWIFT_VORA_LORA_AUTOCAST_INPUTS': 'off'}, ['host_overhead']),
     ({'SWIFT_VORA_SELECTIVE_CHECKPOINT': 'attention'},
      ['lora_autocast', 'host_overhead', 'selective_checkpoint', 'pixel_dtype']),
+    ({'SWIFT_VORA_FP8': 'frozen_base', 'SWIFT_VORA_COMPILE': 'layers'},  # FP8 first: compiled with its layers in
+     ['lora_autocast', 'host_overhead', 'fp8_frozen', 'compile_layers', 'pixel_dtype']),
 ])
 def test_defaults_and_switches_of_the_callback_levers(env, on):
     assert [lever.name for lever in speed.callback_levers() if lever.enabled(env)] == on
@@ -39,6 +41,7 @@ def test_plugin_appends_lever_callbacks_after_guards(monkeypatch):
     monkeypatch.setenv('SWIFT_VORA_GUARDS', 'none')
     monkeypatch.setenv('SWIFT_VORA_COMPILE', 'layers')
     monkeypatch.setenv('SWIFT_VORA_SELECTIVE_CHECKPOINT', 'matmul')
+    monkeypatch.setenv('SWIFT_VORA_FP8', 'frozen_base')
 
     class FakeTrainer:
         pass

@@ -70,6 +70,8 @@ SWIFT_SET=(
   typing-inspection==0.4.5 addict==2.4.0 binpacking==2.0.1 dacite==1.9.2 hjson==3.1.0
   # py-spy: sampling profiler for benchmarks/throughput.py (binary in /tmp/site/bin).
   py-spy==0.4.3
+  # torchao: the FP8 casts and scaled products of train.fp8=frozen_base (swift_vora/speed/fp8_frozen.py); 3.4 MB
+  torchao==0.18.0
   # liger-kernel: Triton RMSNorm / RoPE / fused linear cross entropy (`--use_liger_kernel true`; Triton is in the
   # image with torch). Pure Python, 0.9 MB.
   liger-kernel==0.8.5

@@ -164,6 +164,8 @@ def build_swift_sft_launch(view: PlanView, recipe: Recipe, environ: Optional[Map
             notes.append('train.compile with train.liger_kernel: Liger\'s kernels break the compiled layers into '
                          'many graphs, measured slower than the compiled layers without Liger (docs/benchmarks.md); '
                          'choose one')
+    if recipe['train.fp8'] != 'off':  # the plan refused it where it cannot run (plan/rules.py)
+        env['SWIFT_VORA_FP8'] = recipe['train.fp8']
     # Grow CUDA segments instead of caching fixed blocks: the same allocations in less reserved memory
     # (docs/benchmarks.md); a value the user set wins.
     if 'PYTORCH_CUDA_ALLOC_CONF' not in env and not (os.environ if environ is None else environ).get(

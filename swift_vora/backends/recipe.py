@@ -94,6 +94,10 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     # (docs/benchmarks.md); the first step pays the compile. Not applied under DeepSpeed; measured slower with
     # liger_kernel.
     'train.compile': ((str, ), 'off'),
+    # FP8 GEMMs for the frozen base linears of the decoder, their weights held in FP8 (swift_vora/speed/fp8_frozen.py,
+    # torchao): off | frozen_base. LoRA on the ddp or deepspeed_zero2 backend, GPUs with FP8 tensor cores (compute
+    # capability 8.9+: 4090, L40S, H100, H200, 5090); the plan refuses it elsewhere with the reason.
+    'train.fp8': ((str, ), 'off'),
     # Pack samples into rows instead of padding them (swift_vora/speed/packed_attention.py): off | micro_batch
     # (swift sft --padding_free: each micro-batch is one row) | dataset (--packing: rows filled up to max_length
     # from the whole dataset). Attention stays within each sample; with train.attn_impl sdpa it runs as
@@ -259,6 +263,7 @@ CHOICES = {
     'train.quantization': ('none', '4bit'),
     'train.dtype': ('bfloat16', 'float16', 'float32'),
     'train.compile': switches.switch('SWIFT_VORA_COMPILE').choices,
+    'train.fp8': switches.switch('SWIFT_VORA_FP8').choices,
     'train.packing': ('off', 'micro_batch', 'dataset'),
     'deepspeed.offload': (None, 'none', 'cpu'),
     'megatron.recompute': ('full', 'selective', 'none'),

@@ -23,7 +23,7 @@ from ..json_output import dumps
 from ..plan import constants as C
 from ..plan.backend import AUTO, Backend
 from ..plan.hardware import PROFILES, resolve
-from ..plan.memory import BACKENDS, COMPILE_MODES, VISION_MODES
+from ..plan.memory import BACKENDS, COMPILE_MODES, FP8_MODES, VISION_MODES
 from ..plan.model_source import load_model_spec
 from ..plan.model_spec import LORA_TARGETS, TUNERS, UnsupportedModel
 from ..plan.request import CHECKPOINTS, Plan, PlanRequest
@@ -79,6 +79,9 @@ def register_commands(subparsers) -> None:
     t.add_argument('--compile', choices=COMPILE_MODES, default='off',
                    help='layers = the decoder layers under torch.compile (recipe train.compile; applied by the ddp '
                         'backend only, planned with its measured activation memory)')
+    t.add_argument('--fp8', choices=FP8_MODES, default='off',
+                   help='frozen_base = the decoder\'s frozen base linears held and multiplied in FP8 (recipe '
+                        'train.fp8; LoRA on the ddp backend, GPUs with compute capability 8.9+)')
     t.add_argument('--vision-mode', choices=VISION_MODES, default=None,
                    help='frozen vision tower: no_grad (default; measured with ms-swift 4.6 + transformers 5.17) or '
                         'checkpointed_requires_grad')
@@ -163,7 +166,7 @@ def request_from_args(args, budget: VideoBudget, window: float) -> PlanRequest:
         lora_rank=args.lora_rank if args.lora_rank is not None else C.DEFAULT_LORA_RANK,
         lora_targets=args.lora_targets, nodes=args.nodes,
         gradient_checkpointing=not args.no_gradient_checkpointing, compile=args.compile, checkpoints=args.checkpoints,
-        samples_per_epoch=args.samples,
+        fp8=args.fp8, samples_per_epoch=args.samples,
         vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT)
 
 
@@ -184,7 +187,7 @@ def stand_in_recipe(args, budget: VideoBudget, window: float, hw) -> Recipe:
                   'micro_batch': args.micro_batch,
                   'target_modules': 'attention' if args.lora_targets == 'attention' else 'all-linear',
                   'gradient_checkpointing': not args.no_gradient_checkpointing, 'compile': args.compile,
-                  **({'packing': 'dataset'} if pack else {})},
+                  'fp8': args.fp8, **({'packing': 'dataset'} if pack else {})},
         'deepspeed': {'offload': args.offload},
         'megatron': {'ep': args.ep, 'tp': args.tp},
     }

@@ -34,7 +34,7 @@ def _evaluate(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardwa
               ep: Optional[int] = None, tp: Optional[int] = None):
     ep = ep if ep is not None else (choose_ep(spec, hw.world) if backend == Backend.MEGATRON_EP_LORA else 1)
     tp = tp if tp is not None else 1
-    if check_refusal(spec, hw.world, req, backend, ep, tp):
+    if check_refusal(spec, hw.world, req, backend, ep, tp, hw):
         return None
     est, _ = estimate_for(spec, tokens, req, hw, backend, ep, tp)
     gpu_ok, host_ok = fits(est, hw)
@@ -44,6 +44,7 @@ def _evaluate(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardwa
 def _alt_dict(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend,
               est: MemoryEstimate, ep: int, tp: int, label: str) -> Dict[str, Any]:
     return {'label': label, 'backend': backend, 'tuner': req.tuner, 'offload': req.offload, 'quant': req.quant,
+            'fp8': req.fp8,
             'micro_batch': req.micro_batch, 'pack_length': req.pack_length, 'num_gpus': hw.num_gpus,
             'nodes': hw.nodes, 'ep': ep, 'tp': tp,
             'gpu_mem_gib': hw.gpu_mem_gib, 'gpu_peak_gib': round(est.gpu_peak / C.GiB, 2),

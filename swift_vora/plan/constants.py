@@ -35,6 +35,8 @@ BYTES_MEGATRON_PARAM_AND_GRAD = 6
 # bitsandbytes NF4 with double quantization: 4 bits + 8-bit absmax per 64-block + fp32 second-level constants
 # (QLoRA paper: ~0.127 bits of constants per parameter). Applies to the LLM's linear weights only.
 BYTES_NF4 = 0.5 + 0.127 / 8
+# train.fp8=frozen_base: e4m3 weights with one fp32 scale per tensor (swift_vora/speed/fp8_frozen.py) [derived]
+BYTES_FP8 = 1
 
 # ------------------------------------------------------------------------------------------------------------
 # DeepSpeed (swift/config/zero2.json, zero3.json, *_offload.json of ms-swift 4.6.0)

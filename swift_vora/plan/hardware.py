@@ -25,6 +25,9 @@ class Hardware:
     gpu_name: str = ''
     source: str = 'profile'  # 'profile' | 'custom' | 'probed'
     bf16: Optional[bool] = None  # probed: every GPU computes in bf16 (compute capability >= 8.0); None: unknown
+    # FP8 tensor cores on every GPU (compute capability >= 8.9): from the GPU's class for a profile, probed for
+    # local; None: unknown (custom hardware)
+    fp8: Optional[bool] = None
     host_ram_source: str = ''
     notes: List[str] = field(default_factory=list)
 
@@ -37,7 +40,7 @@ class Hardware:
         return Hardware(name=f'{num_gpus} x {self.gpu_name or "GPU"} ({self.gpu_mem_gib:g} GiB)', num_gpus=num_gpus,
                         gpu_mem_gib=self.gpu_mem_gib, host_ram_gib=self.host_ram_gib,
                         nodes=self.nodes if nodes is None else nodes, gpu_name=self.gpu_name, source=self.source,
-                        host_ram_source=self.host_ram_source)
+                        host_ram_source=self.host_ram_source, fp8=self.fp8)
 
     def describe(self) -> str:
         nodes = f' x {self.nodes} nodes' if self.nodes > 1 else ''
@@ -67,6 +70,25 @@ GPU_GIB = {
     'RTX 3060': 11.76, 'RTX 3090': 23.69, 'RTX 4090': 23.65, 'RTX 5090': 31.36, 'L40S': 44.39,
     'A100 40GB': 39.39, 'A100 80GB': 79.15, 'H100 80GB': 79.11, 'H200': 139.8,
 }
+# Compute capability of each GPU class (NVIDIA's CUDA GPUs table): FP8 tensor cores from 8.9 (Ada, Hopper, Blackwell)
+GPU_CAPABILITY = {
+    'RTX 3060': (8, 6), 'RTX 3090': (8, 6), 'RTX 4090': (8, 9), 'RTX 5090': (12, 0), 'L40S': (8, 9),
+    'A100 40GB': (8, 0), 'A100 80GB': (8, 0), 'H100 80GB': (9, 0), 'H200': (9, 0),
+}
+FP8_CAPABILITY = (8, 9)
+
+
+def parse_capability(text) -> Optional[tuple]:
+    """'8.9' -> (8, 9); None for what is not a capability (nvidia-smi's '[N/A]')."""
+    major, _, minor = str(text or '').partition('.')
+    return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
+
+
+def has_fp8(gpu_name: str) -> Optional[bool]:
+    cap = GPU_CAPABILITY.get(gpu_name)
+    return None if cap is None else cap >= FP8_CAPABILITY
+
+
 H200_GIB = GPU_GIB['H200']  # torch total_memory of one H200 (141 GB HBM3e) on the lent machine
 _DGX = 'DGX-class node (assumption)'
 # name -> (gpus, GiB per GPU, host GiB, GPU name, host source note). Host RAM is an assumption unless said
@@ -121,7 +143,7 @@ def profile(name: str) -> Hardware:
     if name in PROFILES:
         n, mem, host, gname, note = PROFILES[name]
         return Hardware(name=name, num_gpus=n, gpu_mem_gib=mem, host_ram_gib=host, gpu_name=gname, source='profile',
-                        host_ram_source=note)
+                        host_ram_source=note, fp8=has_fp8(gname))
     gpu_class, _, count = name.rpartition('x')
     if gpu_class in GPU_CLASSES and count.isdigit():
         key, counts, per_gpu, cap = GPU_CLASSES[gpu_class]
@@ -137,7 +159,7 @@ def generic(gpu_class: str, count: int) -> Hardware:
     key, _, per_gpu, cap = GPU_CLASSES[gpu_class]
     host = min(cap, per_gpu * count)
     return Hardware(name=f'{gpu_class}x{count}', num_gpus=count, gpu_mem_gib=GPU_GIB[key], host_ram_gib=host,
-                    gpu_name=key, source='profile',
+                    gpu_name=key, source='profile', fp8=has_fp8(key),
                     host_ram_source=f'assumed {host:.0f} GiB ({per_gpu:.0f} GiB per {key}; give --host-ram-gib)')
 
 
@@ -213,8 +235,10 @@ def local(use_torch: bool = False, cgroup_root: Optional[str] = None) -> Hardwar
                          f'can allocate somewhat less (`swift-vora doctor` probes with torch)')
     caps = [x.get('compute_capability') for x in gpus]
     bf16 = all(float(c) >= 8.0 for c in caps) if gpus and all(caps) else None
+    parsed = [parse_capability(c) for c in caps]
+    fp8 = all(c >= FP8_CAPABILITY for c in parsed) if gpus and all(parsed) else None
     return Hardware(name='local', num_gpus=len(gpus), gpu_mem_gib=mem_gib, host_ram_gib=lim,
-                    gpu_name=', '.join(names), source='probed', host_ram_source=src, notes=notes, bf16=bf16)
+                    gpu_name=', '.join(names), source='probed', host_ram_source=src, notes=notes, bf16=bf16, fp8=fp8)
 
 
 # A probed GPU may report a little less than the profile's figure (another driver, ECC on): that much is accepted.

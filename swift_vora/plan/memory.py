@@ -33,6 +33,12 @@ DEEPSPEED_BACKENDS = DEEPSPEED
 VISION_MODES = ('checkpointed_requires_grad', 'no_grad')
 # recipe train.compile: the values of its switch, SWIFT_VORA_COMPILE (swift_vora/speed/compile_layers.py)
 COMPILE_MODES = switches.switch('SWIFT_VORA_COMPILE').choices
+# recipe train.fp8: the values of its switch, SWIFT_VORA_FP8 (swift_vora/speed/fp8_frozen.py)
+FP8_MODES = switches.switch('SWIFT_VORA_FP8').choices
+# What swift_vora/speed/fp8_frozen.py converts: the frozen nn.Linear layers of the decoder (not the fused experts, the
+# embeddings, the LM head or the vision tower) whose dimensions torch._scaled_mm takes
+FP8_COMPONENTS = ('attention', 'linear_attention', 'dense_mlp', 'shared_expert')
+FP8_DIM_MULTIPLE = 16
 PHASES = ('load', 'first_step', 'steady')
 
 
@@ -56,6 +62,8 @@ class TrainSetup:
     # the decoder layers compiled (train.compile=layers; applied by swift sft without DeepSpeed, with the CUDA
     # allocator's expandable segments): fewer saved activations, little fragmentation
     compiled_layers: bool = False
+    # the decoder's frozen base linears held and multiplied in FP8 (train.fp8=frozen_base; LoRA, ddp / ZeRO-2)
+    fp8: bool = False
     vision_mode: str = C.VISION_MODE_DEFAULT
     logits_positions: str = 'auto'  # 'auto' (the backend's default) | 'supervised' | 'all'
     dataloader_workers: int = C.HOST_DATALOADER_WORKERS
@@ -100,15 +108,30 @@ class MemoryEstimate:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-def _weight_bytes(spec: ModelSpec, quant: str) -> Dict[str, float]:
-    """bf16 (or NF4 for the LLM's linear weights) bytes of the base model, by component."""
+def fp8_eligible(g) -> bool:
+    """Whether train.fp8=frozen_base holds this parameter group in FP8 (what speed/fp8_frozen.py converts)."""
+    return (g.linear and g.tower == 'llm' and g.experts == 1 and g.component in FP8_COMPONENTS
+            and g.in_features % FP8_DIM_MULTIPLE == 0 and g.out_features % FP8_DIM_MULTIPLE == 0)
+
+
+def _weight_bytes(spec: ModelSpec, quant: str, fp8: bool = False) -> Dict[str, float]:
+    """bf16 (or NF4 for the LLM's linear weights, or FP8 for the decoder's frozen linears) bytes of the base model,
+    by component."""
     out: Dict[str, float] = {}
     for g in spec.groups:
         per = C.BYTES_BF16
         if quant == '4bit' and g.linear and g.tower == 'llm' and g.component not in ('lm_head', ):
             per = C.BYTES_NF4
+        elif fp8 and fp8_eligible(g):
+            per = C.BYTES_FP8  # the bias stays bf16: a rounding error at this scale
         out[g.component] = out.get(g.component, 0.0) + g.total * per
     return out
+
+
+def fp8_saving(spec: ModelSpec) -> float:
+    """Bytes the FP8 copies save against bf16: what the load phase holds more (the model loads in bf16 and is
+    converted at train begin)."""
+    return sum(_weight_bytes(spec, 'none').values()) - sum(_weight_bytes(spec, 'none', fp8=True).values())
 
 
 def _trainable_by_component(spec: ModelSpec, s: TrainSetup) -> Dict[str, int]:
@@ -143,12 +166,13 @@ def _model_states(spec: ModelSpec, s: TrainSetup):
     gpu: Dict[str, float] = {}
     host: Dict[str, float] = {}
     notes: List[str] = []
-    wb = _weight_bytes(spec, s.quant)
+    wb = _weight_bytes(spec, s.quant, s.fp8)
     W = sum(wb.values())
     tr = _trainable_by_component(spec, s)
     T = sum(tr.values())
     lora = s.tuner == 'lora'
     wname = 'weights (frozen base, NF4 + bf16)' if s.quant == '4bit' else (
+        'weights (frozen base, FP8 linears + bf16)' if s.fp8 else
         'weights (frozen base, bf16)' if lora else 'weights (bf16)')
     comp_bytes: Dict[str, float] = {c: 0.0 for c in wb}
 
@@ -376,6 +400,13 @@ def estimate(spec: ModelSpec, tokens: VideoTokens, setup: TrainSetup) -> MemoryE
     ms_gpu, ms_host, comp_bytes, T, notes = _model_states(spec, s)
     act_gpu, act_host, act_notes = _activations(spec, s, tokens)
     notes += act_notes
+    if s.fp8:
+        # torch._scaled_mm takes its second operand column-major: the input gradient's product (grad @ W) makes a
+        # transposed FP8 copy of the weight for the call (torchao's preprocess_addmm), one linear at a time
+        largest = max((g.out_features * g.in_features for g in spec.groups if fp8_eligible(g)), default=0)
+        act_gpu['FP8: transposed weight of one linear (backward, transient)'] = largest * C.BYTES_FP8
+        notes.append('train.fp8=frozen_base: the decoder\'s frozen linears are held and multiplied in FP8 after the '
+                     'model loads in bf16 (the load phase holds the bf16 weights)')
 
     gpu: Dict[str, float] = {}
     gpu.update(ms_gpu)
@@ -407,7 +438,7 @@ def estimate(spec: ModelSpec, tokens: VideoTokens, setup: TrainSetup) -> MemoryE
     temp = C.ADAM_STEP_TEMP_FRACTION * optim if s.backend in (Backend.DDP, Backend.UNSLOTH_SPLIT_LORA) else 0.0
     load_w = sum(v for k, v in ms_gpu.items() if k.startswith('weights') or k.startswith('LoRA adapters'))
     moments = {
-        'load': total(load_w, 0.0, 0.0, 0.0),
+        'load': total(load_w + (fp8_saving(spec) if s.fp8 else 0.0), 0.0, 0.0, 0.0),
         'first_fwd_bwd': total(weights, 0.0, dynamic, act_total),
         'step': total(weights, optim + temp, dynamic, 0.0),
         'steady_fwd_bwd': total(weights, optim, dynamic, act_total),

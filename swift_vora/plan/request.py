@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Union
 from . import constants as C
 from .backend import AUTO, Backend
 from .hardware import Hardware
-from .memory import BACKENDS, COMPILE_MODES, VISION_MODES
+from .memory import BACKENDS, COMPILE_MODES, FP8_MODES, VISION_MODES
 from .model_spec import LORA_TARGETS, TUNERS, ModelSpec
 
 BACKEND_CHOICES = (AUTO, ) + BACKENDS
@@ -47,13 +47,15 @@ class PlanRequest:
     checkpoints: str = 'auto'
     samples_per_epoch: Optional[int] = None  # windowed samples of the dataset (train counts them): hours per epoch
     compile: str = 'off'  # off | layers (recipe train.compile: the decoder layers under torch.compile)
+    fp8: str = 'off'  # off | frozen_base (recipe train.fp8: the decoder's frozen base linears in FP8)
     vision_mode: str = C.VISION_MODE_DEFAULT  # no_grad (measured default) | checkpointed_requires_grad
 
     def validate(self) -> None:
         checks = [('tuner', self.tuner, TUNERS), ('backend', self.backend, BACKEND_CHOICES),
                   ('offload', self.offload, OFFLOADS), ('quant', self.quant, QUANTS),
                   ('lora_targets', self.lora_targets, LORA_TARGETS), ('vision_mode', self.vision_mode, VISION_MODES),
-                  ('compile', self.compile, COMPILE_MODES), ('checkpoints', self.checkpoints, CHECKPOINTS)]
+                  ('compile', self.compile, COMPILE_MODES), ('checkpoints', self.checkpoints, CHECKPOINTS),
+                  ('fp8', self.fp8, FP8_MODES)]
         for name, val, allowed in checks:
             if val not in allowed:
                 raise ValueError(f'{name} must be one of {", ".join(allowed)} (got {val!r})')
@@ -103,6 +105,7 @@ class Plan:
     assumptions: List[str] = field(default_factory=list)
     config_source: Dict[str, Any] = field(default_factory=dict)  # where config.json came from (model_source)
     checkpoints: Optional[str] = None  # unsloth_split_lora: where the layer checkpoints live, 'gpu' | 'host'
+    fp8: str = 'off'  # off | frozen_base: the decoder's frozen base linears computed and held in FP8
     # speed (plan/speed.py): from the model's FLOPs and an efficiency measured on an H200; est_source says which
     est_tokens_per_s: Optional[float] = None
     est_samples_per_s: Optional[float] = None
@@ -131,4 +134,5 @@ def alternative_plan(plan: Plan, alternative: Dict[str, Any]) -> Plan:
                 host_peak_gib=a['host_peak_gib'], reasons=[], breakdown={}, command=[], num_gpus=a['num_gpus'],
                 nodes=a['nodes'], tuner=a['tuner'], offload=a['offload'], quant=a['quant'], ep=a['ep'], tp=a['tp'],
                 micro_batch=a['micro_batch'], lora_rank=plan.lora_rank, tokens=plan.tokens, model=plan.model,
-                gpu_capacity_gib=a['gpu_mem_gib'], spec=plan.spec, checkpoints=a.get('checkpoints'))
+                gpu_capacity_gib=a['gpu_mem_gib'], spec=plan.spec, checkpoints=a.get('checkpoints'),
+                fp8=a.get('fp8', 'off'))

@@ -16,6 +16,7 @@ import math
 from typing import Optional, Tuple
 
 from .backend import Backend
+from .hardware import Hardware
 from .memory import DEEPSPEED_BACKENDS
 from .model_spec import ModelSpec
 from .request import PlanRequest
@@ -48,11 +49,18 @@ REFUSAL_RULES = {
     'ep-needs-moe': 'expert parallelism for a dense model',
     'ep-divides': 'an EP size that does not divide both the expert count and the GPU count',
     'tp-divides': 'a TP size that does not divide the GPU count and the attention heads',
+    'fp8-needs-lora': 'FP8 frozen base weights with a tuner that trains the base weights',
+    'fp8-quant': 'FP8 frozen base weights with a 4-bit base',
+    'fp8-backend': 'FP8 frozen base weights with a backend other than ddp (ZeRO, Megatron, Unsloth: not shown to work)',
+    'fp8-gpu': 'FP8 frozen base weights on a GPU without FP8 tensor cores (compute capability below 8.9)',
 }
 
 
-def auto_backend(spec: ModelSpec, world: int, tuner: str) -> Tuple[Backend, str]:
+def auto_backend(spec: ModelSpec, world: int, tuner: str, fp8: str = 'off') -> Tuple[Backend, str]:
     """(backend, why) for backend=auto."""
+    if not spec.is_moe and fp8 != 'off' and tuner == 'lora':
+        return Backend.DDP, ('dense model with FP8 frozen base weights -> ddp (the FP8 layers are not shown to work '
+                             'under DeepSpeed)')
     if not spec.is_moe:
         return Backend.DEEPSPEED_ZERO3, 'dense model -> DeepSpeed ZeRO-3 (the dense default, from 1 to N GPUs)'
     if world <= 1:
@@ -85,9 +93,12 @@ def _moe_alternative(spec: ModelSpec, world: int) -> str:
 
 
 def check_refusal(spec: ModelSpec, world: int, req: PlanRequest, backend: Backend, ep: int,
-                  tp: int) -> Optional[Tuple[str, str, str]]:
+                  tp: int, hw: Optional[Hardware] = None) -> Optional[Tuple[str, str, str]]:
     """(rule id, reason, alternative) if the combination is refused, else None."""
     moe = spec.is_moe
+    refused = _fp8_refusal(req, backend, hw) if req.fp8 != 'off' else None
+    if refused:
+        return refused
     if req.quant == '4bit' and moe:
         return ('qlora-moe', f'{spec.model_type} is a MoE model: bitsandbytes 4-bit does not quantize the fused 3-D '
                 'expert tensors (nn.Parameters, not nn.Linear), and the MoE paths here (Unsloth split LoRA, Megatron '
@@ -132,4 +143,26 @@ def check_refusal(spec: ModelSpec, world: int, req: PlanRequest, backend: Backen
         if world % tp or spec.num_heads % tp or spec.num_kv_heads % tp:
             return ('tp-divides', f'TP {tp} must divide the {world} GPUs, the {spec.num_heads} attention heads and '
                     f'the {spec.num_kv_heads} KV heads', '--tp 1')
+    return None
+
+
+def _fp8_refusal(req: PlanRequest, backend: Backend, hw: Optional[Hardware]) -> Optional[Tuple[str, str, str]]:
+    """train.fp8=frozen_base where it cannot run or was not shown to (swift_vora/speed/fp8_frozen.py)."""
+    if req.tuner != 'lora':
+        return ('fp8-needs-lora', f'--fp8 {req.fp8} computes the frozen base weights in FP8; {req.tuner} training '
+                'updates them (FP8 training of the weights themselves is not offered)', '--tuner lora, or --fp8 off')
+    if req.quant != 'none':
+        return ('fp8-quant', f'the frozen base is held either in {req.quant} or in FP8, not both',
+                '--quant none --fp8 frozen_base (1 byte per weight), or --fp8 off')
+    if backend != Backend.DDP:
+        why = {Backend.DEEPSPEED_ZERO3: 'ZeRO-3 partitions the weights and gathers them per module, which the FP8 '
+                                        'copies would bypass',
+               Backend.MEGATRON_EP_LORA: 'Megatron builds its own (Transformer Engine) layers',
+               Backend.UNSLOTH_SPLIT_LORA: 'Unsloth patches its own layers and kernels'}.get(
+            backend, f'{backend} was not measured with it')
+        return ('fp8-backend', f'--fp8 {req.fp8} is applied to swift sft\'s PEFT model on the ddp backend; {why}',
+                '--backend ddp --fp8 frozen_base, or --fp8 off')
+    if hw is not None and hw.num_gpus and hw.fp8 is False:
+        return ('fp8-gpu', f'{hw.gpu_name or "this GPU"} has no FP8 tensor cores (compute capability below 8.9: '
+                'Ampere and older); FP8 GEMMs need Ada, Hopper or Blackwell', '--fp8 off (bf16)')
     return None

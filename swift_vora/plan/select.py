@@ -19,7 +19,7 @@ from .backend import AUTO, Backend
 from .fit import checkpoint_sentence, checkpoints_of, estimate_for, fits, gb, gb_and_gib, gib, param_count, train_setup
 from .hardware import Hardware
 from .hardware import resolve as resolve_hardware
-from .memory import DEEPSPEED_BACKENDS, MemoryEstimate, estimate
+from .memory import DEEPSPEED_BACKENDS, MemoryEstimate, estimate, fp8_saving
 from .model_source import load_model_spec
 from .model_spec import ModelSpec
 from .request import Plan, PlanRequest
@@ -114,6 +114,25 @@ def memory_to_spare(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: 
             f'per optimizer step unless train.grad_accum is lowered to match.')
 
 
+def fp8_offer(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend,
+              est: MemoryEstimate) -> Optional[str]:
+    """A sentence offering FP8 frozen base weights where this GPU has FP8 tensor cores and the ddp + FP8 plan fits
+    (dense LoRA on a bf16 base); None elsewhere."""
+    if req.fp8 != 'off' or req.tuner != 'lora' or req.quant != 'none' or spec.is_moe or hw.fp8 is not True:
+        return None
+    r = replace(req, fp8='frozen_base', backend=Backend.DDP)
+    if check_refusal(spec, hw.world, r, Backend.DDP, 1, 1, hw):
+        return None
+    fp8_est, _ = estimate_for(spec, tokens, r, hw, Backend.DDP, 1, 1)
+    if not all(fits(fp8_est, hw)):
+        return None
+    saved = fp8_saving(spec)
+    return (f'{hw.gpu_name} has FP8 tensor cores: train.fp8: frozen_base (--fp8 frozen_base, on ddp) holds the '
+            f'decoder\'s frozen linears in FP8 ({gib(saved)} less than bf16) and multiplies them in FP8 -- peak '
+            f'{gib(fp8_est.gpu_peak)} against {gib(est.gpu_peak)} with {backend}; its speed and its learning are not '
+            f'measured here yet (docs/benchmarks.md).')
+
+
 def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: Optional[Hardware] = None,
               search_alternatives: bool = True) -> Plan:
     """Decide backend and verdict for `request`. Reads config.json only (unless `spec` is given).
@@ -129,13 +148,14 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
     backend, why = _backend(req, spec, world)
     tp = req.tp or 1
     ep = req.ep if req.ep is not None else (choose_ep(spec, world) if backend == Backend.MEGATRON_EP_LORA else 1)
-    base = dict(num_gpus=hw.num_gpus, nodes=hw.nodes, tuner=req.tuner, offload=req.offload, quant=req.quant, ep=ep,
-                tp=tp, micro_batch=req.micro_batch, lora_rank=req.lora_rank, lora_targets=req.lora_targets,
+    base = dict(num_gpus=hw.num_gpus, nodes=hw.nodes, tuner=req.tuner, offload=req.offload, quant=req.quant,
+                fp8=req.fp8, ep=ep, tp=tp, micro_batch=req.micro_batch, lora_rank=req.lora_rank,
+                lora_targets=req.lora_targets,
                 tokens=tokens.to_dict(), model=spec.summary(), hardware=hw.to_dict(),
                 gpu_capacity_gib=hw.gpu_mem_gib, host_limit_gib=hw.host_ram_gib,
                 host_limit_source=hw.host_ram_source, config_source=_config_source(spec, req.model), spec=spec)
 
-    refusal = check_refusal(spec, world, req, backend, ep, tp)
+    refusal = check_refusal(spec, world, req, backend, ep, tp, hw)
     if refusal:
         rule, reason, alt = refusal
         reasons = [f'Refused by rule {rule} ({REFUSAL_RULES[rule]}): {reason}.', f'Alternative: {alt}.']
@@ -157,6 +177,9 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
         reasons.append(where)
     pace = speed.for_setup(spec, tokens, est.setup, hw.gpu_name)
     reasons.append(speed.describe(pace, req.samples_per_epoch))
+    offer = fp8_offer(spec, tokens, req, hw, backend, est)
+    if offer:
+        reasons.append(offer)
     alternatives: List[Dict[str, Any]] = []
     if verdict == 'does_not_fit' and search_alternatives:
         found = find_alternatives(spec, tokens, req, hw, (backend, ep, tp))
@@ -190,7 +213,7 @@ def _hardware(req: PlanRequest, hardware: Optional[Hardware]) -> Hardware:
 def _backend(req: PlanRequest, spec: ModelSpec, world: int) -> Tuple[Backend, str]:
     """(backend, the first reason: why this one)."""
     if req.backend == AUTO:
-        backend, why = auto_backend(spec, world, req.tuner)
+        backend, why = auto_backend(spec, world, req.tuner, req.fp8)
         return backend, f'backend auto -> {backend}: {why}.'
     return Backend(req.backend), f'backend {req.backend} (as requested).'
 
