@@ -167,3 +167,25 @@ def test_guard_callbacks_resolve_in_megatron_swift(megatron_parser_available):
     assert results[0]['unknown_callbacks'] == []
     with pytest.raises(ValueError, match=r"megatron_callbacks_map has no \['vora_coverage'\]"):
         validate_argv([['--model', 'x', '--custom_register_path', 'swift_vora', '--callbacks', 'vora_coverage']])
+
+
+def test_cross_entropy_implementation_reaches_megatron_sft_and_the_plan():
+    """megatron.cross_entropy_fusion_impl is passed to megatron sft (the fusion on) and planned with: TE's fused
+    cross entropy keeps only the bf16 logits, so the same recipe plans less GPU memory."""
+    recipe = load_recipe(H200X8, [f'model.path={MOE_35B}'])
+    native = plan_recipe(recipe)
+    te_recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', 'megatron.cross_entropy_fusion_impl=te'])
+    te = plan_recipe(te_recipe)
+    assert te.gpu_peak_gib < native.gpu_peak_gib - 1
+    for plan, recipe, impl in ((native, recipe, 'native'), (te, te_recipe, 'te')):
+        argv = build_launch(plan, recipe, environ={}).argv
+        assert flag(argv, '--cross_entropy_fusion_impl') == impl
+        assert flag(argv, '--cross_entropy_loss_fusion') == 'true'
+
+
+def test_cross_entropy_implementation_is_checked_and_not_set_twice():
+    from swift_vora.backends.recipe import RecipeError
+    with pytest.raises(RecipeError, match='cross_entropy_fusion_impl'):
+        load_recipe(H200X8, [f'model.path={MOE_35B}', 'megatron.cross_entropy_fusion_impl=liger'])
+    with pytest.raises(RecipeError, match='megatron.cross_entropy_fusion_impl'):
+        load_recipe(H200X8, [f'model.path={MOE_35B}', 'swift_args={cross_entropy_fusion_impl: te}'])

@@ -79,6 +79,10 @@ def register_commands(subparsers) -> None:
     t.add_argument('--compile', choices=COMPILE_MODES, default='off',
                    help='layers = the decoder layers under torch.compile (recipe train.compile; applied by the ddp '
                         'backend only, planned with its measured activation memory)')
+    t.add_argument('--cross-entropy', choices=C.MEGATRON_CROSS_ENTROPY, default=C.MEGATRON_CROSS_ENTROPY_DEFAULT,
+                   help='megatron_ep_lora\'s loss (recipe megatron.cross_entropy_fusion_impl): native = Megatron\'s '
+                        'fused vocab-parallel cross entropy (ms-swift\'s default; an fp32 softmax of every '
+                        'position), te = Transformer Engine\'s (bf16 logits only)')
     t.add_argument('--vision-mode', choices=VISION_MODES, default=None,
                    help='frozen vision tower: no_grad (default; measured with ms-swift 4.6 + transformers 5.17) or '
                         'checkpointed_requires_grad')
@@ -163,7 +167,7 @@ def request_from_args(args, budget: VideoBudget, window: float) -> PlanRequest:
         lora_rank=args.lora_rank if args.lora_rank is not None else C.DEFAULT_LORA_RANK,
         lora_targets=args.lora_targets, nodes=args.nodes,
         gradient_checkpointing=not args.no_gradient_checkpointing, compile=args.compile, checkpoints=args.checkpoints,
-        samples_per_epoch=args.samples,
+        samples_per_epoch=args.samples, cross_entropy=args.cross_entropy,
         vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT)
 
 
@@ -186,7 +190,7 @@ def stand_in_recipe(args, budget: VideoBudget, window: float, hw) -> Recipe:
                   'gradient_checkpointing': not args.no_gradient_checkpointing, 'compile': args.compile,
                   **({'packing': 'dataset'} if pack else {})},
         'deepspeed': {'offload': args.offload},
-        'megatron': {'ep': args.ep, 'tp': args.tp},
+        'megatron': {'ep': args.ep, 'tp': args.tp, 'cross_entropy_fusion_impl': args.cross_entropy},
     }
     return recipe_from_dict(doc, where='<plan request>')
 

@@ -48,12 +48,15 @@ class PlanRequest:
     samples_per_epoch: Optional[int] = None  # windowed samples of the dataset (train counts them): hours per epoch
     compile: str = 'off'  # off | layers (recipe train.compile: the decoder layers under torch.compile)
     vision_mode: str = C.VISION_MODE_DEFAULT  # no_grad (measured default) | checkpointed_requires_grad
+    # megatron_ep_lora's loss (recipe megatron.cross_entropy_fusion_impl): native (ms-swift's default) | te
+    cross_entropy: str = C.MEGATRON_CROSS_ENTROPY_DEFAULT
 
     def validate(self) -> None:
         checks = [('tuner', self.tuner, TUNERS), ('backend', self.backend, BACKEND_CHOICES),
                   ('offload', self.offload, OFFLOADS), ('quant', self.quant, QUANTS),
                   ('lora_targets', self.lora_targets, LORA_TARGETS), ('vision_mode', self.vision_mode, VISION_MODES),
-                  ('compile', self.compile, COMPILE_MODES), ('checkpoints', self.checkpoints, CHECKPOINTS)]
+                  ('compile', self.compile, COMPILE_MODES), ('checkpoints', self.checkpoints, CHECKPOINTS),
+                  ('cross_entropy', self.cross_entropy, C.MEGATRON_CROSS_ENTROPY)]
         for name, val, allowed in checks:
             if val not in allowed:
                 raise ValueError(f'{name} must be one of {", ".join(allowed)} (got {val!r})')
