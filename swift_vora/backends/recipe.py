@@ -117,7 +117,7 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'megatron.recompute_num_layers': ((int, ), 1),  # layers per recompute chunk (uniform method)
     'megatron.moe_grouped_gemm': ((bool, ), True),  # one grouped GEMM for all local experts
     'megatron.moe_permute_fusion': ((bool, ), True),  # fused token permutation (needs TE >= 2.1)
-    # native: Megatron's fused vocab-parallel CE (ms-swift's default; 6 bytes per position x vocab) | te: TE's fused
+    # native: Megatron's fused vocab-parallel CE (ms-swift's default; 10 bytes per position x vocab) | te: TE's fused
     # CE (2 bytes per position x vocab; swift_vora/plan/constants.py)
     'megatron.cross_entropy_fusion_impl': ((str, ), 'native'),
     'megatron.attention_backend': ((str, ), 'fused'),  # TE cuDNN attention; flash needs flash-attn (none: torch 2.11)

@@ -122,12 +122,13 @@ LOGITS_BYTES_HF = 10
 #     layer's bf16 logits (2) and their fp32 copy (.float(), tensor_parallel/cross_entropy.py:28; 4) are alive at once;
 #     max-subtraction, exp and the division into the softmax are in place on that copy (cross_entropy.py:45, 65, 80),
 #     which is saved for backward (fused_cross_entropy.py:119) while the bf16 logits, saved by nobody (the output
-#     layer keeps its input and weight), are freed. Backward: the gradient is formed in place in the fp32 softmax and
-#     cast to a new bf16 tensor (fused_cross_entropy.py:82) before the softmax is released: fp32 4 + bf16 2.
-#     Peak 6 bytes per position x vocab / TP at the end of forward and again at the start of backward. The
-#     unfused path (cross_entropy_loss_fusion false) holds the same tensors. The fused helpers run under
-#     torch.compile (megatron/core/jit.py:21); a temporary its kernels might add is not counted (unmeasured). [derived]
-LOGITS_BYTES_MEGATRON_NATIVE = 6
+#     layer keeps its input and weight), are freed: 6 bytes. Backward (calculate_gradients, fused_cross_entropy.py:
+#     66-84): the helpers run under torch.compile (jit_fuser, megatron/core/jit.py:21), and inductor functionalises
+#     the in-place index_put/mul on the saved softmax: its output code allocates a new fp32 [positions, vocab] buffer
+#     and the bf16 gradient while the fp32 softmax is alive (benchmarks/megatron_ce_memory.py; read on CPU inductor,
+#     torch 2.14: the forward helpers allocate only the fp32 copy). Peak 4 + 4 + 2 = 10 bytes per position x
+#     vocab / TP at the start of backward. [derived; the CUDA kernels of torch 2.11 unverified]
+LOGITS_BYTES_MEGATRON_NATIVE = 10
 #   te: Transformer Engine's parallel_cross_entropy (transformer_engine/pytorch/cross_entropy.py, Triton kernels in
 #     transformer_engine/pytorch/triton/cross_entropy.py): an online softmax over the bf16 logits with 3 fp32 values
 #     per position; the bf16 logits are the only vocab-sized tensor, saved for backward and overwritten in place by
