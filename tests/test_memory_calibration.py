@@ -41,12 +41,13 @@ def test_every_row_is_in_or_out_of_sample_and_unchecked_rows_say_why():
     assert {r['id'] for r in mod.ROWS if r['sample'] == 'in'} == mod.IN_SAMPLE
 
 
-def test_megatron_rows_are_computed_and_a_checked_one_outside_fails_the_check():
-    """Rows 23-27 (the one H200 Megatron run, ms-swift's published LoRA examples) are predicted and their error
-    reported like every other; were one of them checked while outside ±10 %, --check would fail on it."""
+def test_megatron_and_published_rows_are_computed_and_a_checked_one_outside_fails_the_check():
+    """Rows 23-28 (the one H200 Megatron run, ms-swift's published Megatron LoRA examples and its dense ZeRO-3
+    full-SFT benchmark) are predicted and their error reported like every other; were one of them checked while
+    outside ±10 %, --check would fail on it."""
     mod = load_table()
     rows = {r['id']: r for r in mod.table([r for r in mod.ROWS if r['id'] >= 23])}
-    assert set(rows) == {23, 24, 25, 26, 27}
+    assert set(rows) == {23, 24, 25, 26, 27, 28}
     assert rows[23]['measured'] == {'reserved': 6.39}  # Megatron-SWIFT logs reserved only
     assert rows[24]['measured'] == {'device': 62.0}  # "2 * 62GiB" in examples/megatron/lora/moe.sh
     for r in rows.values():
@@ -58,7 +59,7 @@ def test_megatron_rows_are_computed_and_a_checked_one_outside_fails_the_check():
 
 
 def test_published_figures_name_their_source():
-    with open(os.path.join(ROOT, 'benchmarks', 'results', 'megatron-published-ms-swift.json')) as f:
+    with open(os.path.join(ROOT, 'benchmarks', 'results', 'ms-swift-published.json')) as f:
         data = json.load(f)
     for key, conf in data['configurations'].items():
         assert conf['url'].startswith('https://github.com/modelscope/ms-swift/blob/'), key
