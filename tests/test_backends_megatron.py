@@ -92,7 +92,8 @@ def test_generated_argv_parses_with_megatron_swift_arguments(megatron_parser_ava
     argvs = [launch_for().argv[2:], launch_for('megatron.tp=2', 'megatron.recompute=selective').argv[2:],
              launch_for('model.type=qwen3_vl_moe', model=MOE_30B_VL).argv[2:],
              launch_for('model.type=qwen3_vl_moe', 'train.packing=micro_batch', model=MOE_30B_VL).argv[2:],
-             launch_for('model.type=qwen3_vl_moe', 'train.packing=dataset', model=MOE_30B_VL).argv[2:]]
+             launch_for('model.type=qwen3_vl_moe', 'train.packing=dataset', model=MOE_30B_VL).argv[2:],
+             launch_for('megatron.cross_entropy_fusion_impl=te').argv[2:]]
     results = validate_argv(argvs)
     values = results[0]['values']
     assert values['expert_model_parallel_size'] == 8 and values['tuner_type'] == 'lora'
@@ -109,6 +110,9 @@ def test_generated_argv_parses_with_megatron_swift_arguments(megatron_parser_ava
     # ms-swift's Qwen3.5-MoE example; an attention-only MoE packs anywhere)
     assert values['padding_free'] is False and results[3]['values']['padding_free'] is True
     assert results[4]['values']['packing'] is True
+    # the loss the plan counts is the one Megatron-SWIFT is told to use
+    assert values['cross_entropy_loss_fusion'] is True and values['cross_entropy_fusion_impl'] == 'native'
+    assert results[5]['values']['cross_entropy_fusion_impl'] == 'te'
     # the check is real: a flag Megatron-SWIFT does not have is reported
     with pytest.raises(ValueError, match='no_such_flag'):
         validate_argv([['--model', 'x', '--no_such_flag', '1']])
