@@ -13,6 +13,12 @@ counters per phase; the throughput benchmark resets them at `on_train_begin`), s
 larger of the planner's `first_step` and `steady` phases; `scope='run'` rows measured from process start (the
 memory guard never resets), so they are compared with the largest phase including `load`.
 Allocated is torch.cuda.max_memory_allocated, reserved is torch.cuda.max_memory_reserved (swift's `memory(GiB)`).
+A Megatron run records reserved only (Megatron-SWIFT's `memory(GiB)`, never reset: scope 'run'); a published
+figure (`device`) is compared with the planner's whole-device figure (reserved + CUDA context + NCCL buffers).
+
+Every row says whether it is in-sample (`sample: 'in'`: a constant was fitted or chosen from it) or out-of-sample;
+the README's accuracy claim counts the out-of-sample rows only. `check: False` rows are reported, not checked, and
+say why (`reported_only`): what they measured is not what the planner predicts.
 """
 from __future__ import annotations
 
@@ -39,6 +45,17 @@ CR = ['--vision-mode', 'checkpointed_requires_grad']  # the harness makes the Vi
 VIDEO_24K = ['--clip-seconds', '32', '--fps', '2', '--max-frames', '64', '--frame-tokens', '768']
 
 # The MoE benchmark's full-depth sample (64 frames x 220 tokens per frame pair as its clips encode, 16 answer tokens)
+# Rows in-sample: a constant was fitted to or chosen from them (docs/memory-model.md, "What is in-sample").
+IN_SAMPLE = {1, 3, 5, 8, 12, 13, 14, 15, 16, 17}
+PUBLISHED = 'ms-swift-published.json'  # figures ms-swift publishes, with where each comes from
+# The published Megatron-SWIFT LoRA examples (benchmarks/results/ms-swift-published.json): the planner's
+# upper bound for their packed micro-batches, 8 samples x max_length 2048.
+PUBLISHED_PLAN = ['--gpu-mem-gib', '139.8', '--host-ram-gib', '2000', '--backend', 'megatron_ep_lora',
+                  '--micro-batch', '8', '--seq-len', '2048', '--lora-rank', '8']
+PUBLISHED_WHY = ('the sample lengths of the measured steps are not published: padding-free micro-batches of 8 '
+                 'samples of up to 2,048 tokens, planned at the upper bound (16,384 tokens; the logits and the layer '
+                 'working set scale with it); nor is what the figure reads (nvidia-smi, reserved, rounded) or the GPU')
+
 UNSLOTH_FULL = [*H200, '--backend', 'unsloth_split_lora', '--tuner', 'lora', '--lora-rank', '16', '--frame-tokens',
                 '220', '--clip-seconds', '32', '--answer-tokens', '16']
 
@@ -137,7 +154,50 @@ ROWS: List[Dict[str, Any]] = [
           ('vora_unsloth_mb2', 2, 'gpu', 'checkpoints on the GPU, micro-batch 2'),
           ('vora_unsloth_mb4', 4, 'gpu', 'checkpoints on the GPU, micro-batch 4'),
           ('vora_unsloth_offload', 1, 'host', 'offloaded checkpoints')), start=1)),
+    # --- Megatron-SWIFT. Row 23: the one H200 run (2026-12-01); LOGITS_BYTES_MEGATRON was fitted to it until it was
+    # derived from the sources (2026-12-02): out of sample now. Rows 24-27: published by ms-swift, not measured here.
+    {'id': 23, 'what': 'random Qwen3-VL-MoE (4 layers, hidden 512, 16 experts top-4, vocab 151,936), Megatron-SWIFT '
+                       'LoRA r16 via `swift-vora train recipes/h200x8.yaml` on one H200 (EP 1), full recompute, '
+                       'padding-free, <= 2,143 tok (megatron_smoke; memory(GiB) = max reserved of the process)',
+     'source': ('megatron-h200-2026-12-01.json', None), 'scope': 'run', 'model': 'megatron_smoke_qwen3_vl_moe',
+     'plan': [*H200_HW, '--backend', 'megatron_ep_lora', '--ep', '1', '--tp', '1', '--lora-rank', '16',
+              '--seq-len', '2143'],
+     'check': False,
+     'reported_only': 'its memory(GiB) is the reserved peak of the whole process: 3.95 GiB at steps 1-2 and 6.39 '
+                      'from step 3, a jump of two fp32 logits blocks at ~2,140 positions (2 x 1.21 GiB) while the '
+                      'samples\' lengths varied (2,118-2,143 tokens), consistent with cached segments of earlier '
+                      'lengths, which the caching allocator frees before it reports out of memory; the allocated peak '
+                      'was not '
+                      'recorded, and the fragmentation constant is not fitted to Megatron (docs/memory-model.md)'},
+    *({'id': 24 + i, 'what': f'{what} (ms-swift {fname}: "{figure}")', 'source': (PUBLISHED, key), 'scope': 'device',
+       'model': model, 'plan': ['--gpus', str(gpus), '--ep', str(ep), '--tp', str(tp), *PUBLISHED_PLAN],
+       'check': False, 'reported_only': PUBLISHED_WHY}
+      for i, (key, model, gpus, ep, tp, fname, figure, what) in enumerate((
+          ('qwen3_30b_a3b_lora_ep2', 'qwen3_moe_30b_a3b', 2, 2, 1, 'examples/megatron/lora/moe.sh',
+           '2 * 62GiB', 'Qwen3-30B-A3B, Megatron-SWIFT LoRA r8 all-linear, 2 GPUs EP 2, micro-batch 8 x <= 2,048 tok'),
+          ('qwen3_30b_a3b_instruct_2507_lora_ep2_capacity2', 'qwen3_moe_30b_a3b', 2, 2, 1,
+           'examples/megatron/mcore_bridge/lora/moe.sh', '50GiB',
+           'Qwen3-30B-A3B-Instruct-2507, as 24 with expert capacity factor 2'),
+          ('qwen3_30b_a3b_base_lora_ep2_loss_scale', 'qwen3_moe_30b_a3b', 2, 2, 1,
+           'examples/megatron/lora/loss_scale.sh', '2 * 60GiB', 'Qwen3-30B-A3B-Base, as 24 (function-calling data)'),
+          ('qwen3_235b_a22b_lora_tp4_ep8', 'qwen3_moe_235b_a22b', 8, 8, 4, 'examples/megatron/lora/qwen3_235b.sh',
+           '8 * 80GiB', 'Qwen3-235B-A22B-Instruct-2507, Megatron-SWIFT LoRA r8 all-linear, 8 GPUs TP 4 EP 8, '
+           'micro-batch 8 x <= 2,048 tok')))),
+    # --- published by ms-swift, dense: the full-SFT benchmark of its Megatron-SWIFT quick-start page (no Megatron) ---
+    {'id': 28, 'what': 'Qwen2.5-14B, full SFT, swift sft --deepspeed zero3, 8 x A800, GC, rows packed to 8,192 tok of '
+                       'R1-distill data (ms-swift Megatron-SWIFT/Quick-start.md benchmark: "8*58GB")',
+     'source': (PUBLISHED, 'qwen2_5_14b_full_zero3_8k'), 'scope': 'device', 'model': 'qwen2_5_14b',
+     'plan': ['--gpus', '8', '--gpu-mem-gib', '80', '--host-ram-gib', '2000', '--backend', 'deepspeed_zero3',
+              '--tuner', 'full', '--seq-len', '8192', '--answer-tokens', '8191'],
+     'check': False,
+     'reported_only': 'planned with every position of the packed row supervised (the data\'s long reasoning answers '
+                      'dominate; the fraction is not published: at the 32 answer tokens the planner assumes by '
+                      'default the plan is 28 % below the figure), and the figure\'s unit and reading are not '
+                      'published (GB in the table, GiB in the scripts)'},
 ]
+for _row in ROWS:
+    _row['sample'] = 'in' if _row['id'] in IN_SAMPLE else 'out'
+    _row.setdefault('check', True)
 # Row 6 of the first calibration (throughput `vora_gc`) is the same planner input as row 5 and measured the same
 # peak; it is listed in docs/memory-model.md but not counted as a distinct configuration.
 
@@ -156,10 +216,14 @@ def _moe_config() -> str:
 
 
 def measured(source) -> Dict[str, float]:
-    """(allocated, reserved) peak GiB of one recorded run."""
+    """Peak GiB of one recorded run: allocated and reserved, reserved only (Megatron) or the device (published)."""
     fname, key = source
     with open(os.path.join(RESULTS, fname)) as f:
         data = json.load(f)
+    if fname == PUBLISHED:
+        return {'device': float(data['configurations'][key]['gib_per_gpu'])}
+    if data.get('backend') == 'megatron_ep_lora':  # Megatron-SWIFT logs max_memory_reserved only
+        return {'reserved': data['peak_reserved_gib']}
     if data.get('benchmark') in ('throughput', 'moe_throughput'):
         v = data['variants'][key]
         return {'allocated': v['peak_allocated_gib'], 'reserved': v['peak_reserved_gib']}
@@ -171,40 +235,76 @@ def measured(source) -> Dict[str, float]:
     return {'allocated': data['peak_allocated_gib'], 'reserved': data['peak_reserved_gib']}
 
 
+def model_path(row) -> str:
+    if row.get('model') == MOE:
+        return _moe_config()
+    return os.path.join(CONFIGS, f'{row["model"]}.json') if row.get('model') else M2B
+
+
 def predicted(row) -> Dict[str, float]:
     from swift_vora.cli.plan import plan_from_argv
-    model = _moe_config() if row.get('model') == MOE else M2B
-    plan = plan_from_argv(['--model', model, *row['plan']])
+    plan = plan_from_argv(['--model', model_path(row), *row['plan']])
     names = ('first_step', 'steady') if row['scope'] == 'training' else ('load', 'first_step', 'steady')
     phases = [plan.phases[n] for n in names]
     return {'allocated': max(p['gpu_allocated_gib'] for p in phases),
-            'reserved': max(p['gpu_reserved_gib'] for p in phases)}
+            'reserved': max(p['gpu_reserved_gib'] for p in phases),
+            'device': max(p['gpu_gib'] for p in phases)}
 
 
 def table(rows=None) -> List[Dict[str, Any]]:
     out = []
     for row in sorted(rows or ROWS, key=lambda r: r['id']):
         m, p = measured(row['source']), predicted(row)
-        err = {k: (p[k] - m[k]) / m[k] for k in ('allocated', 'reserved')}
+        p = {k: p[k] for k in m}  # what was measured is what is compared
+        err = {k: (p[k] - m[k]) / m[k] for k in m}
+        model = ('<35B-A3B, merger 2048>' if row.get('model') == MOE else
+                 os.path.relpath(model_path(row), REPO))
         out.append({'id': row['id'], 'what': row['what'], 'measured': m, 'predicted': p, 'error': err,
-                    'within': all(abs(e) <= TOLERANCE for e in err.values()),
-                    'command': 'swift-vora plan --model ' + ('<35B-A3B, merger 2048>' if row.get('model') else
-                                                             'tests/fixtures/configs/qwen3_vl_2b.json')
-                    + ' ' + ' '.join(row['plan']), 'source': f'benchmarks/results/{row["source"][0]}'})
+                    'within': all(abs(e) <= TOLERANCE for e in err.values()), 'sample': row['sample'],
+                    'check': row['check'], 'reported_only': row.get('reported_only'),
+                    'command': f'swift-vora plan --model {model} ' + ' '.join(row['plan']),
+                    'source': f'benchmarks/results/{row["source"][0]}'})
     return out
 
 
+def _pair(d) -> str:
+    if 'allocated' in d:
+        return f'{d["allocated"]:.2f} / {d["reserved"]:.2f}'
+    return f'— / {d["reserved"]:.2f}' if 'reserved' in d else f'{d["device"]:.2f} (device)'
+
+
+def _errors(e) -> str:
+    if 'allocated' in e:
+        return f'{100 * e["allocated"]:+.1f} / {100 * e["reserved"]:+.1f}'
+    return f'— / {100 * e["reserved"]:+.1f}' if 'reserved' in e else f'{100 * e["device"]:+.1f} (device)'
+
+
 def render(rows) -> str:
-    lines = ['| # | configuration | predicted alloc / reserved GiB | measured alloc / reserved GiB | '
-             'error alloc / reserved % | within ±10 % |', '|---|---|---|---|---|---|']
+    lines = ['| # | configuration | sample | predicted alloc / reserved GiB | measured alloc / reserved GiB | '
+             'error alloc / reserved % | within ±10 % |', '|---|---|---|---|---|---|---|']
     for r in rows:
-        p, m, e = r['predicted'], r['measured'], r['error']
-        lines.append(f'| {r["id"]} | {r["what"]} | {p["allocated"]:.2f} / {p["reserved"]:.2f} | '
-                     f'{m["allocated"]:.2f} / {m["reserved"]:.2f} | {100 * e["allocated"]:+.1f} / '
-                     f'{100 * e["reserved"]:+.1f} | {"yes" if r["within"] else "**no**"} |')
-    n_in = sum(r['within'] for r in rows)
-    lines.append(f'\n{n_in} of {len(rows)} rows within ±{100 * TOLERANCE:.0f} %.')
+        verdict = 'yes' if r['within'] else '**no**'
+        if not r['check']:
+            verdict += ' (reported only)'
+        lines.append(f'| {r["id"]} | {r["what"]} | {"in" if r["sample"] == "in" else "out"} | '
+                     f'{_pair(r["predicted"])} | {_pair(r["measured"])} | {_errors(r["error"])} | {verdict} |')
+    checked = [r for r in rows if r['check']]
+    out = [r for r in checked if r['sample'] == 'out']
+    lines.append(f'\n{sum(r["within"] for r in checked)} of {len(checked)} checked rows within '
+                 f'±{100 * TOLERANCE:.0f} %; out of sample: {sum(r["within"] for r in out)} of {len(out)}. '
+                 f'Reported only (not checked), and why:\n')
+    reasons: Dict[str, List[str]] = {}
+    for r in rows:
+        if not r['check']:
+            reasons.setdefault(r['reported_only'], []).append(str(r['id']))
+    for why, ids in reasons.items():
+        lines.append(f'- row{"s" if len(ids) > 1 else ""} {", ".join(ids)}: {why}.')
     return '\n'.join(lines)
+
+
+def check_failures(rows) -> List[Dict[str, Any]]:
+    """The checked rows outside the tolerance (reported-only rows are never failures)."""
+    return [r for r in rows if r['check'] and not r['within']]
 
 
 def main(argv=None) -> int:
@@ -215,7 +315,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, REPO)
     rows = table()
     print(json.dumps(rows, indent=1) if args.json else render(rows))
-    return 1 if args.check and not all(r['within'] for r in rows) else 0
+    return 1 if args.check and check_failures(rows) else 0
 
 
 if __name__ == '__main__':

@@ -92,7 +92,8 @@ def test_generated_argv_parses_with_megatron_swift_arguments(megatron_parser_ava
     argvs = [launch_for().argv[2:], launch_for('megatron.tp=2', 'megatron.recompute=selective').argv[2:],
              launch_for('model.type=qwen3_vl_moe', model=MOE_30B_VL).argv[2:],
              launch_for('model.type=qwen3_vl_moe', 'train.packing=micro_batch', model=MOE_30B_VL).argv[2:],
-             launch_for('model.type=qwen3_vl_moe', 'train.packing=dataset', model=MOE_30B_VL).argv[2:]]
+             launch_for('model.type=qwen3_vl_moe', 'train.packing=dataset', model=MOE_30B_VL).argv[2:],
+             launch_for('megatron.cross_entropy_fusion_impl=te').argv[2:]]
     results = validate_argv(argvs)
     values = results[0]['values']
     assert values['expert_model_parallel_size'] == 8 and values['tuner_type'] == 'lora'
@@ -109,6 +110,9 @@ def test_generated_argv_parses_with_megatron_swift_arguments(megatron_parser_ava
     # ms-swift's Qwen3.5-MoE example; an attention-only MoE packs anywhere)
     assert values['padding_free'] is False and results[3]['values']['padding_free'] is True
     assert results[4]['values']['packing'] is True
+    # the loss the plan counts is the one Megatron-SWIFT is told to use
+    assert values['cross_entropy_loss_fusion'] is True and values['cross_entropy_fusion_impl'] == 'native'
+    assert results[5]['values']['cross_entropy_fusion_impl'] == 'te'
     # the check is real: a flag Megatron-SWIFT does not have is reported
     with pytest.raises(ValueError, match='no_such_flag'):
         validate_argv([['--model', 'x', '--no_such_flag', '1']])
@@ -167,3 +171,25 @@ def test_guard_callbacks_resolve_in_megatron_swift(megatron_parser_available):
     assert results[0]['unknown_callbacks'] == []
     with pytest.raises(ValueError, match=r"megatron_callbacks_map has no \['vora_coverage'\]"):
         validate_argv([['--model', 'x', '--custom_register_path', 'swift_vora', '--callbacks', 'vora_coverage']])
+
+
+def test_cross_entropy_implementation_reaches_megatron_sft_and_the_plan():
+    """megatron.cross_entropy_fusion_impl is passed to megatron sft (the fusion on) and planned with: TE's fused
+    cross entropy keeps only the bf16 logits, so the same recipe plans less GPU memory."""
+    recipe = load_recipe(H200X8, [f'model.path={MOE_35B}'])
+    native = plan_recipe(recipe)
+    te_recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', 'megatron.cross_entropy_fusion_impl=te'])
+    te = plan_recipe(te_recipe)
+    assert te.gpu_peak_gib < native.gpu_peak_gib - 1
+    for plan, recipe, impl in ((native, recipe, 'native'), (te, te_recipe, 'te')):
+        argv = build_launch(plan, recipe, environ={}).argv
+        assert flag(argv, '--cross_entropy_fusion_impl') == impl
+        assert flag(argv, '--cross_entropy_loss_fusion') == 'true'
+
+
+def test_cross_entropy_implementation_is_checked_and_not_set_twice():
+    from swift_vora.backends.recipe import RecipeError
+    with pytest.raises(RecipeError, match='cross_entropy_fusion_impl'):
+        load_recipe(H200X8, [f'model.path={MOE_35B}', 'megatron.cross_entropy_fusion_impl=liger'])
+    with pytest.raises(RecipeError, match='megatron.cross_entropy_fusion_impl'):
+        load_recipe(H200X8, [f'model.path={MOE_35B}', 'swift_args={cross_entropy_fusion_impl: te}'])

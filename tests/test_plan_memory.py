@@ -145,3 +145,30 @@ def test_compile_modes_agree_with_the_recipe_and_the_lever():
     from swift_vora.plan.memory import COMPILE_MODES
     from swift_vora.speed import compile_layers
     assert COMPILE_MODES == compile_layers.MODES == tuple(CHOICES['train.compile'])
+
+
+def test_megatron_cross_entropy_implementation_sets_the_logits_term():
+    """Megatron computes every position's logits, split by TP: native (fp32 softmax + bf16) holds 6 bytes per
+    position x vocab, TE's fused cross entropy 2 (constants.py derives both); the plan says which."""
+    tok = text_only_tokens(4096)
+    peaks = {}
+    for tp in (1, 2):
+        for ce in ('native', 'te'):
+            e = est(MOE, tokens=tok, backend='megatron_ep_lora', gpus_per_node=8, ep=8, tp=tp, cross_entropy=ce)
+            (label, value), = [(k, v) for k, v in e.gpu.items() if k.startswith('logits')]
+            assert value == pytest.approx(tok.total_tokens * MOE.vocab_size * C.LOGITS_BYTES_MEGATRON[ce] / tp)
+            assert ('TE fused' in label) == (ce == 'te')
+            peaks[tp, ce] = e.gpu_peak
+        assert peaks[tp, 'te'] < peaks[tp, 'native']
+    with pytest.raises(ValueError, match='cross entropy'):
+        est(MOE, tokens=tok, backend='megatron_ep_lora', gpus_per_node=8, ep=8, cross_entropy='liger')
+
+
+def test_plan_cli_cross_entropy_flag_changes_the_megatron_plan():
+    from swift_vora.cli.plan import plan_from_argv
+    args = ['--model', os.path.join(CONFIGS, 'qwen3_moe_30b_a3b.json'), '--gpus', '8', '--gpu-mem-gib', '139.8',
+            '--backend', 'megatron_ep_lora', '--ep', '8', '--seq-len', '8192']
+    native, default, te = (plan_from_argv(args + extra) for extra in (['--cross-entropy', 'native'], [],
+                                                                       ['--cross-entropy', 'te']))
+    assert default.gpu_peak_gib == native.gpu_peak_gib  # ms-swift's default
+    assert te.gpu_peak_gib < native.gpu_peak_gib

@@ -24,7 +24,7 @@ EXPECTED = {
     'cpu-tiny': ('tiny', 'ddp'),
 }
 MEMORY_KNOBS = ('max_frames', 'pair_tokens', 'micro_batch', 'per_device_train_batch_size', 'gradient_checkpointing',
-                'lora_rank', 'max_length', 'window', 'offload', 'recompute')
+                'lora_rank', 'max_length', 'window', 'offload', 'recompute', 'cross_entropy_fusion_impl')
 
 
 @pytest.fixture(scope='module')

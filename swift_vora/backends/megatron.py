@@ -112,6 +112,8 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
     argv += ['--micro_batch_size', str(view.micro_batch), '--global_batch_size', str(global_batch),
              '--freeze_llm', 'false', '--freeze_vit', bool_arg(recipe['train.freeze_vit']), '--freeze_aligner', 'true',
              '--bf16', 'true', '--attention_backend', recipe['megatron.attention_backend'],
+             '--cross_entropy_loss_fusion', 'true',
+             '--cross_entropy_fusion_impl', recipe['megatron.cross_entropy_fusion_impl'],
              '--lr', f'{recipe["train.lr"]:g}', '--min_lr', f'{recipe["train.lr"] / 10:g}',
              '--lr_warmup_fraction', f'{recipe["train.warmup_ratio"]:g}']
     argv += megatron_packing_args(recipe, view)  # Megatron-SWIFT is padding-free unless told: each value spelt out

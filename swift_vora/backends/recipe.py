@@ -121,6 +121,9 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'megatron.recompute_num_layers': ((int, ), 1),  # layers per recompute chunk (uniform method)
     'megatron.moe_grouped_gemm': ((bool, ), True),  # one grouped GEMM for all local experts
     'megatron.moe_permute_fusion': ((bool, ), True),  # fused token permutation (needs TE >= 2.1)
+    # native: Megatron's fused vocab-parallel CE (ms-swift's default; 10 bytes per position x vocab) | te: TE's fused
+    # CE (2 bytes per position x vocab; swift_vora/plan/constants.py)
+    'megatron.cross_entropy_fusion_impl': ((str, ), 'native'),
     'megatron.attention_backend': ((str, ), 'fused'),  # TE cuDNN attention; flash needs flash-attn (none: torch 2.11)
     'megatron.merge_lora': ((bool, ), True),  # save checkpoint-N-merged (HF safetensors, LoRA merged)
     # --- Unsloth (MoE on one GPU; python -m swift_vora.backends.unsloth_runner) -----------------------------
@@ -169,6 +172,9 @@ MODELLED_ARGS: Dict[str, str] = {
                                   'freeze_vit', 'attn_impl', 'output_dir', 'add_version', 'seed', 'max_length',
                                   'dataset', 'strict')},
     'padding_free': 'train.packing', 'packing': 'train.packing',
+    # the plan's logits term depends on the loss (megatron sft gets both, the fusion always on)
+    'cross_entropy_fusion_impl': 'megatron.cross_entropy_fusion_impl',
+    'cross_entropy_loss_fusion': 'megatron.cross_entropy_fusion_impl',
     **{k.split('.', 1)[1]: k for k in ALIASES},
     'quant_method': 'train.quantization', 'quant_bits': 'train.quantization', 'deepspeed': 'train.backend',
     'template': 'the video_ora template (always)', 'custom_register_path': 'the plugin (always)',
@@ -267,6 +273,7 @@ CHOICES = {
     'train.packing': ('off', 'micro_batch', 'dataset'),
     'deepspeed.offload': (None, 'none', 'cpu'),
     'megatron.recompute': ('full', 'selective', 'none'),
+    'megatron.cross_entropy_fusion_impl': ('native', 'te'),  # ms-swift 4.6 MegatronArguments' Literal
 }
 # Keys with an 'off' choice: PyYAML's safe_load (YAML 1.1) turns `packing: off` and `train.packing=off` into False
 # before the recipe sees them.

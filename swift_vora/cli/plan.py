@@ -82,6 +82,10 @@ def register_commands(subparsers) -> None:
     t.add_argument('--fp8', choices=FP8_MODES, default='off',
                    help='frozen_base = the decoder\'s frozen base linears held and multiplied in FP8 (recipe '
                         'train.fp8; LoRA on the ddp backend, GPUs with compute capability 8.9+)')
+    t.add_argument('--cross-entropy', choices=C.MEGATRON_CROSS_ENTROPY, default=C.MEGATRON_CROSS_ENTROPY_DEFAULT,
+                   help='megatron_ep_lora\'s loss (recipe megatron.cross_entropy_fusion_impl): native = Megatron\'s '
+                        'fused vocab-parallel cross entropy (ms-swift\'s default; an fp32 softmax of every '
+                        'position), te = Transformer Engine\'s (bf16 logits only)')
     t.add_argument('--vision-mode', choices=VISION_MODES, default=None,
                    help='frozen vision tower: no_grad (default; measured with ms-swift 4.6 + transformers 5.17) or '
                         'checkpointed_requires_grad')
@@ -166,7 +170,7 @@ def request_from_args(args, budget: VideoBudget, window: float) -> PlanRequest:
         lora_rank=args.lora_rank if args.lora_rank is not None else C.DEFAULT_LORA_RANK,
         lora_targets=args.lora_targets, nodes=args.nodes,
         gradient_checkpointing=not args.no_gradient_checkpointing, compile=args.compile, checkpoints=args.checkpoints,
-        fp8=args.fp8, samples_per_epoch=args.samples,
+        fp8=args.fp8, samples_per_epoch=args.samples, cross_entropy=args.cross_entropy,
         vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT)
 
 
@@ -189,7 +193,7 @@ def stand_in_recipe(args, budget: VideoBudget, window: float, hw) -> Recipe:
                   'gradient_checkpointing': not args.no_gradient_checkpointing, 'compile': args.compile,
                   'fp8': args.fp8, **({'packing': 'dataset'} if pack else {})},
         'deepspeed': {'offload': args.offload},
-        'megatron': {'ep': args.ep, 'tp': args.tp},
+        'megatron': {'ep': args.ep, 'tp': args.tp, 'cross_entropy_fusion_impl': args.cross_entropy},
     }
     return recipe_from_dict(doc, where='<plan request>')
 

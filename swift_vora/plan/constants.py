@@ -114,12 +114,39 @@ VISION_MODE_DEFAULT = 'no_grad'
 # ------------------------------------------------------------------------------------------------------------
 # HF path: bf16 logits (2) + fp32 upcast in the loss (4) + fp32 grad of the logits (4) per position x vocab.
 LOGITS_BYTES_HF = 10
-# Megatron-SWIFT (ms-swift 4.6, megatron-core 0.16.1, TE 2.11) computes every position's logits, split by TP. Its
-# cross entropy alone holds bf16 logits (2) + the fp32 copy it turns into the softmax (4) + the bf16 grad (2); the
-# peak measured on an H200 is twice that: a random Qwen3-VL-MoE whose 2,130-token samples x 151,936 vocab dominate
-# its memory peaked at 6.39 GiB reserved (benchmarks/results/megatron-h200-2026-12-01.json), i.e. ~17 bytes per
-# position x vocab once the rest of the plan is subtracted [fit to that one run; the extra copies were not traced].
-LOGITS_BYTES_MEGATRON = 17
+# Megatron-SWIFT (ms-swift 4.6.0, megatron-core 0.16.1, mcore-bridge 1.6.5) computes the logits of every position
+# (mcore_bridge/model/gpt_model.py:587 runs the output layer on all hidden states; there is no logits_to_keep), split
+# by TP, and hands them with the labels to compute_language_model_loss (gpt_model.py:613). ms-swift turns the fused
+# loss on (swift/megatron/arguments/megatron_args.py:516-517: cross_entropy_loss_fusion=True,
+# cross_entropy_fusion_impl='native'; 'te' is the other value), which picks (megatron/core/models/common/
+# language_module/language_module.py:140-167):
+#   native: fused_vocab_parallel_cross_entropy (megatron/core/fusions/fused_cross_entropy.py). Forward: the output
+#     layer's bf16 logits (2) and their fp32 copy (.float(), tensor_parallel/cross_entropy.py:28; 4) are alive at once;
+#     max-subtraction, exp and the division into the softmax are in place on that copy (cross_entropy.py:45, 65, 80),
+#     which is saved for backward (fused_cross_entropy.py:119) while the bf16 logits, saved by nobody (the output
+#     layer keeps its input and weight), are freed: 6 bytes. Backward (calculate_gradients, fused_cross_entropy.py:
+#     66-84): the helpers run under torch.compile (jit_fuser, megatron/core/jit.py:21), and inductor functionalises
+#     the in-place index_put/mul on the saved softmax: its output code allocates a new fp32 [positions, vocab] buffer
+#     and the bf16 gradient while the fp32 softmax is alive (benchmarks/megatron_ce_memory.py; read on CPU inductor,
+#     torch 2.14: the forward helpers allocate only the fp32 copy). Peak 4 + 4 + 2 = 10 bytes per position x
+#     vocab / TP at the start of backward. [derived; the CUDA kernels of torch 2.11 unverified]
+LOGITS_BYTES_MEGATRON_NATIVE = 10
+#   te: Transformer Engine's parallel_cross_entropy (transformer_engine/pytorch/cross_entropy.py, Triton kernels in
+#     transformer_engine/pytorch/triton/cross_entropy.py): an online softmax over the bf16 logits with 3 fp32 values
+#     per position; the bf16 logits are the only vocab-sized tensor, saved for backward and overwritten in place by
+#     their gradient (cross_entropy_backward_kernel stores grad_input into X_ptr): 2 bytes per position x vocab / TP.
+#     [derived]
+LOGITS_BYTES_MEGATRON_TE = 2
+LOGITS_BYTES_MEGATRON = {'native': LOGITS_BYTES_MEGATRON_NATIVE, 'te': LOGITS_BYTES_MEGATRON_TE}  # by CE impl
+MEGATRON_CROSS_ENTROPY = ('native', 'te')  # --cross_entropy_fusion_impl values of ms-swift 4.6
+MEGATRON_CROSS_ENTROPY_DEFAULT = 'native'  # ms-swift 4.6's default
+# Until 2026-12-02 this was one constant, 17, fitted to the single one-H200 run of a random Qwen3-VL-MoE (hidden 512,
+# 2,130 tokens, vocab 151,936; benchmarks/results/megatron-h200-2026-12-01.json). That run's memory(GiB) is
+# torch.cuda.max_memory_reserved over the whole process: 3.95 GiB at steps 1-2 and 6.39 GiB from step 3, a jump the
+# size of two fp32 logits blocks (2 x 1.21 GiB) while the samples' lengths varied (2,118 / 2,130 / 2,143 tokens) --
+# consistent with the caching allocator keeping vocab-sized segments of earlier lengths (reserved, not allocated),
+# not settled: its allocated peak was not recorded. docs/memory-model.md, "Megatron-SWIFT".
+# The TE kernels were read at NVIDIA/TransformerEngine 02965d2 (2025); TE 2.11's were not checked line by line.
 # Unsloth's fused/chunked cross entropy never materialises full fp32 logits: bytes per position x vocab [fit]
 LOGITS_BYTES_UNSLOTH = 2
 # ms-swift 4.6 with transformers>=5 projects only the positions that carry labels (Seq2SeqTrainer ->

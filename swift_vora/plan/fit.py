@@ -48,6 +48,7 @@ def train_setup(req: PlanRequest, hw: Hardware, backend: Backend, ep: int, tp: i
                       # swift-vora compiles the layers under swift sft without DeepSpeed only (compile_layers.py)
                       compiled_layers=req.compile == 'layers' and backend == Backend.DDP,
                       fp8=req.fp8 == 'frozen_base',
+                      cross_entropy=req.cross_entropy,
                       zero3_max_live_params=(C.ZERO3_MAX_LIVE_PARAMS_SMALL_GPU
                                              if hw.gpu_mem_gib <= C.ZERO3_SMALL_GPU_GIB else C.ZERO3_MAX_LIVE_PARAMS))
 

@@ -62,10 +62,12 @@ class TrainSetup:
     # the decoder layers compiled (train.compile=layers; applied by swift sft without DeepSpeed, with the CUDA
     # allocator's expandable segments): fewer saved activations, little fragmentation
     compiled_layers: bool = False
-    # the decoder's frozen base linears held and multiplied in FP8 (train.fp8=frozen_base; LoRA, ddp / ZeRO-2)
+    # the decoder's frozen base linears held and multiplied in FP8 (train.fp8=frozen_base; LoRA on ddp)
     fp8: bool = False
     vision_mode: str = C.VISION_MODE_DEFAULT
     logits_positions: str = 'auto'  # 'auto' (the backend's default) | 'supervised' | 'all'
+    # megatron_ep_lora: --cross_entropy_fusion_impl (recipe megatron.cross_entropy_fusion_impl): native | te
+    cross_entropy: str = C.MEGATRON_CROSS_ENTROPY_DEFAULT
     dataloader_workers: int = C.HOST_DATALOADER_WORKERS
     zero3_max_live_params: float = C.ZERO3_MAX_LIVE_PARAMS  # the generated DeepSpeed JSON's value
 
@@ -237,6 +239,16 @@ def _model_states(spec: ModelSpec, s: TrainSetup):
                 if lora:
                     comp_bytes[c] += C.BYTES_BF16 * n / (N if z3 else 1)
     elif b == Backend.MEGATRON_EP_LORA:
+        # What Megatron-SWIFT 4.6 holds besides activations and logits (all in the allocator unless said):
+        # - bf16 weights, dense parts / TP, routed experts / EP (expert_tensor_parallel_size 1); the frozen vision
+        #   tower replicated (swift's --freeze_vit, no grad buffer for it);
+        # - the DDP grad buffer: an fp32 main grad per trainable parameter (main_grads_dtype fp32,
+        #   swift/megatron/arguments/megatron_args.py:525; accumulate_allreduce_grads_in_fp32) -- LoRA adapters only
+        #   under LoRA (frozen parameters get no buffer, megatron/core/distributed/distributed_data_parallel.py);
+        # - the distributed optimizer (use_distributed_optimizer True): fp32 main params + Adam m, v of the
+        #   trainable parameters, sharded over the data-parallel ranks of their group;
+        # - outside the allocator: the CUDA context and cuBLAS/TE workspaces (CUDA_CONTEXT_GIB; TE's GEMM workspace
+        #   is 32 MiB per stream) and NCCL's buffers.
         dp_dense = max(1, N // max(1, s.tp))
         dp_exp = max(1, N // max(1, s.ep))
         w = 0.0
@@ -376,8 +388,11 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
         mode = 'all' if s.backend == Backend.MEGATRON_EP_LORA else 'supervised'
     positions = (tok.supervised_tokens + 1) * b if mode == 'supervised' else seq
     if s.backend == Backend.MEGATRON_EP_LORA:
-        logits = positions * spec.vocab_size * C.LOGITS_BYTES_MEGATRON / max(1, s.tp)
-        label = 'logits + loss (all positions, vocab-parallel)'
+        if s.cross_entropy not in C.LOGITS_BYTES_MEGATRON:
+            raise ValueError(f'unknown Megatron cross entropy {s.cross_entropy!r}')
+        logits = positions * spec.vocab_size * C.LOGITS_BYTES_MEGATRON[s.cross_entropy] / max(1, s.tp)
+        label = ('logits + loss (all positions, vocab-parallel, TE fused cross entropy)' if s.cross_entropy == 'te'
+                 else 'logits + loss (all positions, vocab-parallel, fp32 softmax)')
     elif s.backend == Backend.UNSLOTH_SPLIT_LORA:
         logits = positions * spec.vocab_size * C.LOGITS_BYTES_UNSLOTH
         label = 'logits + loss (supervised suffix, fused CE)' if mode == 'supervised' else 'logits + loss (fused CE)'

@@ -49,13 +49,16 @@ class PlanRequest:
     compile: str = 'off'  # off | layers (recipe train.compile: the decoder layers under torch.compile)
     fp8: str = 'off'  # off | frozen_base (recipe train.fp8: the decoder's frozen base linears in FP8)
     vision_mode: str = C.VISION_MODE_DEFAULT  # no_grad (measured default) | checkpointed_requires_grad
+    # megatron_ep_lora's loss (recipe megatron.cross_entropy_fusion_impl): native (ms-swift's default) | te
+    cross_entropy: str = C.MEGATRON_CROSS_ENTROPY_DEFAULT
 
     def validate(self) -> None:
         checks = [('tuner', self.tuner, TUNERS), ('backend', self.backend, BACKEND_CHOICES),
                   ('offload', self.offload, OFFLOADS), ('quant', self.quant, QUANTS),
                   ('lora_targets', self.lora_targets, LORA_TARGETS), ('vision_mode', self.vision_mode, VISION_MODES),
                   ('compile', self.compile, COMPILE_MODES), ('checkpoints', self.checkpoints, CHECKPOINTS),
-                  ('fp8', self.fp8, FP8_MODES)]
+                  ('fp8', self.fp8, FP8_MODES),
+                  ('cross_entropy', self.cross_entropy, C.MEGATRON_CROSS_ENTROPY)]
         for name, val, allowed in checks:
             if val not in allowed:
                 raise ValueError(f'{name} must be one of {", ".join(allowed)} (got {val!r})')

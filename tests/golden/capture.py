@@ -95,7 +95,7 @@ def cases(tmp: str) -> List[Tuple[str, List[str]]]:
     with open(moe, 'w') as f:
         json.dump(cfg, f)
     for row in sorted(calibration.ROWS, key=lambda r: r['id']):
-        model = moe if row.get('model') == calibration.MOE else calibration.M2B
+        model = moe if row.get('model') == calibration.MOE else calibration.model_path(row)
         out.append((f'plan-calibration-{row["id"]:02d}', ['plan', '--model', model, *row['plan'], '--json']))
     return out + EXTRA_CASES
 
