@@ -73,13 +73,15 @@ def _check_text(value: Any, doc: str) -> None:
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
-        elif isinstance(node, str) and not _is_text(node):
+        elif isinstance(node, str) and not is_text(node):
             where = max(doc.lower().find('\\ud'), 0)
             raise json.JSONDecodeError('a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not '
                                        'text', doc, where)
 
 
-def _is_text(value: str) -> bool:
+def is_text(value: str) -> bool:
+    """Whether `value` is text (encodes as UTF-8): a lone UTF-16 surrogate is not, and no file, argv or environment
+    can carry it."""
     try:
         value.encode('utf-8')
     except UnicodeEncodeError:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Tuple
 
 from .. import switches
+from ..jsonl import is_text
 from ..plan.backend import AUTO, Backend
 
 REQUIRED = object()
@@ -334,11 +335,11 @@ def _check_finite(values: Dict[str, Any], where: str) -> None:
         if isinstance(node, str):
             if text_too and _reads_as_non_finite(node):
                 raise RecipeError(f'{where}: key {path!r} must be a finite number, got {_show(node)}')
-            if not _is_text(node):  # "\ud800" in YAML: no argv, environment or file can carry it
+            if not is_text(node):  # "\ud800" in YAML: no argv, environment or file can carry it
                 raise RecipeError(f'{where}: key {path!r} holds a lone UTF-16 surrogate, which is not text')
         if isinstance(node, dict):
             for k, v in node.items():
-                if isinstance(k, str) and not _is_text(k):
+                if isinstance(k, str) and not is_text(k):
                     raise RecipeError(f'{where}: a key under {path!r} holds a lone UTF-16 surrogate, which is not '
                                       'text')
                 walk(v, f'{path}.{k}', free, text_too)
@@ -349,14 +350,6 @@ def _check_finite(values: Dict[str, Any], where: str) -> None:
     free_keys = (*FREE_DICTS, 'extra_args', 'guards.callbacks')
     for key, value in values.items():
         walk(value, key, key in free_keys, key in NUMERIC_TEXT_KEYS)
-
-
-def _is_text(value: str) -> bool:
-    try:
-        value.encode('utf-8')
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _reads_as_non_finite(text: str) -> bool:
