@@ -206,9 +206,21 @@ def summarize_megatron(name: str, out: str, plan_json: Dict[str, Any], args, wal
             'tokens_per_sample': tokens_per_sample,
             'losses': [float(r['loss']) for r in records if isinstance(r.get('loss'), (int, float))],
             'argv': (plan_json.get('launch') or {}).get('argv'), 'wall_s': round(wall, 1),
-            'guard_files': sorted(os.path.basename(p) for p in glob.glob(os.path.join(rdir, '*.json'))
-                                  if os.path.basename(p) in ('fingerprint.json', 'lora_update.json',
-                                                             'memory.json', 'memory_phases.json'))}
+            'guard_files': guard_files(out, rdir)}
+
+
+GUARD_FILES = {'fingerprint': 'fingerprint.json', 'memory': 'memory_phases.rank*.jsonl',
+               'lora_update': 'lora_update.json'}
+
+
+def guard_files(out: str, rdir: str) -> Dict[str, Optional[str]]:
+    """The report each Megatron guard wrote (swift_vora/guards/megatron.py), under the run folder or the output
+    folder; None for a guard that wrote nothing."""
+    found: Dict[str, Optional[str]] = {}
+    for guard, pattern in GUARD_FILES.items():
+        paths = sorted(glob.glob(os.path.join(rdir, pattern)) + glob.glob(os.path.join(out, pattern)))
+        found[guard] = os.path.relpath(paths[0], out) if paths else None
+    return found
 
 
 def flagship_report(out: str, model: str, plan_path: str, args, vdir: str) -> Dict[str, Any]:
@@ -270,6 +282,12 @@ def assemble(payload: Dict[str, Any]) -> Dict[str, Any]:
         top['failures'] = [f'{FLAGSHIP} (the item-1 run) did not report: '
                            f'{(variants.get(FLAGSHIP) or {}).get("failed", "not run")}'[:500]]
     mg = variants.get(FLAGSHIP) or {}
+    if flagship:
+        top['guard_files'] = mg.get('guard_files')
+        silent = [g for g, path in (mg.get('guard_files') or {}).items() if path is None]
+        if silent or not mg.get('guard_files'):
+            top['failures'] = list(top.get('failures') or []) + [
+                f'guards {", ".join(silent) or "(none recorded)"} wrote no report under megatron sft']
     for key in VARIANT_KEYS:  # the flagship's measured numbers (its report computes a mean; ours the median)
         if mg.get(key) is not None:
             top[key] = mg[key]

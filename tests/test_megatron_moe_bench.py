@@ -5,6 +5,7 @@ Megatron-SWIFT's logging.jsonl, and the result file's keys.
 Why no end-to-end CPU run: `megatron sft` needs transformer_engine (CUDA only) to build any model, and the MoE
 router/dispatcher call torch.cuda in forward (shared/notes/megatron-te.md), so the launch is checked up to its argv
 and the measurement code on records in Megatron-SWIFT's format; the GPU phase runs the rest."""
+import json
 import os
 import sys
 
@@ -103,7 +104,9 @@ def test_result_file_keys_and_backend_ratio():
     report = {k: None for k in mm.REPORT_KEYS} | {'failures': [], 'backend': 'megatron_ep_lora', 'merged_loads': True}
     payload = {'date': '2026-12-03', 'variants': {
         'mg_base': {'tokens_per_s': 9000.0, 'median_step_s': 3.6, 'peak_reserved_gib': 60.0, 'planned_peak_gib': 63.0,
-                    'plan_error': -0.02, 'report': report},
+                    'plan_error': -0.02, 'report': report,
+                    'guard_files': {'fingerprint': 'v0/fingerprint.json', 'memory': 'v0/memory_phases.rank0.jsonl',
+                                    'lora_update': 'v0/lora_update.json'}},
         'mg_te_ce': {'tokens_per_s': 10000.0, 'median_step_s': 3.2, 'peak_reserved_gib': 40.0},
         'vora_unsloth_best': {'tokens_per_s': 12500.0, 'median_step_s': 2.6, 'peak_reserved_gib': 45.0},
         'swift_peft': {'failed': 'out of time'}}}
@@ -113,5 +116,8 @@ def test_result_file_keys_and_backend_ratio():
         assert set(mm.VARIANT_KEYS) <= set(result)
     ratio = final['backend_ratio']
     assert ratio['megatron_variant'] == 'mg_te_ce' and ratio['megatron_over_unsloth'] == 0.8
+    silent = json.loads(json.dumps(payload))
+    silent['variants']['mg_base']['guard_files']['lora_update'] = None
+    assert mm.assemble(silent)['failures'] == ['guards lora_update wrote no report under megatron sft']
     no_flagship = mm.assemble({'variants': {'mg_base': {'failed': 'TE import failed'}}})
     assert 'TE import failed' in no_flagship['failures'][0] and no_flagship['backend_ratio'] is None

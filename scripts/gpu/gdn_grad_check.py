@@ -5,10 +5,10 @@ mcore-bridge's GatedDeltaNet calls them, at the Qwen3.5/3.6-MoE 35B-A3B shape (3
 
     python scripts/gpu/gdn_grad_check.py [--seq 8192] [--out gdn-grad-check.json]
 
-Two checks: the kernel in fp32 against the reference in fp32 (tolerance 1e-2: a wrong tile, fla #640, gives errors
-of order 1) and in bf16 against the fp32 reference (tolerance 5e-2). Exit 0 when both pass, 1 otherwise, 2 when
-the vendored fla is not installed (unsloth_zoo missing). Prints and writes the relative errors, the GPU, Triton and
-which kernel ran.
+Two checks: the kernel in bf16 (what training runs) against the reference in fp32 (tolerance 5e-2) -- must run and
+pass -- and in fp32 against fp32 (tolerance 1e-2; recorded as not run if the kernel refuses fp32 inputs). Exit 0
+when they pass, 1 otherwise, 2 when the vendored fla is not installed (unsloth_zoo missing). Prints and writes the
+relative errors, the GPU, Triton and which kernel ran.
 """
 from __future__ import annotations
 
@@ -43,16 +43,22 @@ def main(argv=None) -> int:
     shape = dict(seq=args.seq, heads=args.heads, head_dim=args.head_dim, device='cuda')
     result = {'gpu': torch.cuda.get_device_name(), 'capability': list(torch.cuda.get_device_capability()),
               'torch': torch.__version__, 'triton': triton.__version__, 'kernel': chunk_gated_delta_rule.__module__,
-              'vendored_dir': path, 'hopper_fix': mf.HOPPER_FIX_MARK in vars(sys.modules['fla.ops.common.chunk_o']),
+              'vendored_dir': path,
+              'hopper_fix': getattr(sys.modules.get('fla.ops.common.chunk_o'), mf.HOPPER_FIX_MARK, None) is not None,
               'checks': {}}
-    for name, dtype, tolerance in (('fp32', torch.float32, 0.01), ('bf16', torch.bfloat16, 0.05)):
+    for name, dtype, tolerance in (('bf16', torch.bfloat16, 0.05), ('fp32', torch.float32, 0.01)):
         t0 = time.time()
-        check = mf.gradient_check(chunk_gated_delta_rule, l2norm, torch_chunk_gated_delta_rule, dtype=dtype,
-                                  reference_dtype=torch.float32, tolerance=tolerance, **shape)
+        try:
+            check = mf.gradient_check(chunk_gated_delta_rule, l2norm, torch_chunk_gated_delta_rule, dtype=dtype,
+                                      reference_dtype=torch.float32, tolerance=tolerance, **shape)
+        except RuntimeError as e:  # a dtype the kernel does not take is recorded, not a wrong gradient
+            check = {'ok': None, 'error': f'{type(e).__name__}: {str(e)[:500]}'}
         check['seconds'] = round(time.time() - t0, 1)
         result['checks'][name] = check
-        print(f'{name}: ok={check["ok"]} {json.dumps(check["rel_error"])} ({check["seconds"]} s)', flush=True)
-    result['ok'] = all(c['ok'] for c in result['checks'].values())
+        print(f'{name}: ok={check["ok"]} {json.dumps(check.get("rel_error") or check.get("error"))} '
+              f'({check["seconds"]} s)', flush=True)
+    # bf16 (what training runs) must have run and passed; fp32 must pass if it ran
+    result['ok'] = result['checks']['bf16']['ok'] is True and result['checks']['fp32']['ok'] is not False
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, 'w') as f:
         json.dump(result, f, indent=2)

@@ -117,8 +117,9 @@ def probe_device() -> Tuple[Optional[bool], Optional[str]]:
     hopper = None
     try:
         import torch
-        if torch.cuda.is_available():
-            hopper = torch.cuda.get_device_capability()[0] == 9
+        if torch.cuda.is_available():  # this rank's GPU (torchrun's LOCAL_RANK), before Megatron sets the device
+            index = int(os.environ.get('LOCAL_RANK', '0') or 0) % max(1, torch.cuda.device_count())
+            hopper = torch.cuda.get_device_capability(index)[0] == 9
     except ImportError:
         hopper = None
     try:
@@ -268,7 +269,9 @@ def _inputs(batch: int, seq: int, heads: int, head_dim: int, device: str, dtype,
         return (torch.randn(*shape, generator=gen) * scale).to(device)
     q, k, v = (rand(batch, seq, heads, head_dim).to(dtype) for _ in range(3))
     alpha = rand(batch, seq, heads)
-    g = -torch.nn.functional.softplus(alpha.float())  # log decay <= 0, fp32 as mcore-bridge passes it
+    # log decay <= 0, fp32 as mcore-bridge passes it; mostly slow (~-0.05 a token), so the state carries across
+    # chunks and the inter-chunk backward (fla #640's kernel) matters
+    g = -torch.nn.functional.softplus(alpha.float() - 3.0)
     beta = rand(batch, seq, heads).sigmoid().to(dtype)
     return q, k, v, g, beta
 
