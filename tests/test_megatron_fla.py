@@ -73,6 +73,7 @@ def clean_fla(monkeypatch):
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(patches._checked, 'megatron_gdn_fla', None)
     monkeypatch.setitem(patches._checked, 'mcore_bridge_gdn_fla', None)
+    monkeypatch.setattr(mf, '_last', None)
     monkeypatch.delenv('FLA_TILELANG', raising=False)
     monkeypatch.delenv('FLA_INTRACARD_CP', raising=False)
     yield
@@ -145,6 +146,15 @@ def test_nothing_happens_unless_the_launch_asked(monkeypatch, clean_fla):
     assert mf.install_from_env({}) is None
     assert mf.install_from_env({mf.ENV: 'off'}) is None
     assert mf.install_from_env({mf.ENV: '0'}) is None
+
+
+def test_decided_once_per_process(monkeypatch, clean_fla):
+    calls = []
+    monkeypatch.setattr(mf, '_last', None)
+    monkeypatch.setattr(mf, 'install', lambda mode: calls.append(mode) or mf.decide(mode, None, None, None, False))
+    first = mf.install_from_env({mf.ENV: 'auto'})
+    monkeypatch.setattr(mf, '_last', first)  # what install() records
+    assert mf.install_from_env({mf.ENV: 'auto'}) is first and calls == ['auto']
 
 
 def test_the_switch_refuses_a_bad_value():

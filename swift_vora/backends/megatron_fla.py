@@ -120,6 +120,8 @@ def probe_device() -> Tuple[Optional[bool], Optional[str]]:
         if torch.cuda.is_available():  # this rank's GPU (torchrun's LOCAL_RANK), before Megatron sets the device
             index = int(os.environ.get('LOCAL_RANK', '0') or 0) % max(1, torch.cuda.device_count())
             hopper = torch.cuda.get_device_capability(index)[0] == 9
+    except RuntimeError:  # CUDA present but not usable from this process: unknown, as without a GPU
+        hopper = None
     except ImportError:
         hopper = None
     try:
@@ -248,6 +250,8 @@ def install_from_env(environ: Optional[Dict[str, str]] = None) -> Optional[Decis
     mode = switches.read(ENV, environ)
     if mode == 'off':
         return None
+    if _last is not None:  # decided once per process; a forked DataLoader worker inherits the parent's decision
+        return _last  # (and must not probe CUDA again: it cannot be re-initialised in a forked child)
     return install(mode)
 
 
