@@ -37,8 +37,10 @@ Expected wall time on the H200 (fresh machine, 8-layer checkpoint 16.4 GB): mode
 DeltaNet gradient check ~1-2 min (scripts/gpu/gdn_grad_check.py, run by the phase first), per Megatron variant
 ~2-3 min (load + convert ~60-90 s, first step (Triton autotune of the Gated DeltaNet kernels) ~60 s, 12 steps),
 the flagship +3 min (merged save, merge_for_vllm.sh's copy and check, merged load), vora_unsloth_best ~5 min (its
-first step autotunes ~225 s on a fresh machine), swift_peft ~2 min. The default list is ~18 min: run it through
-scripts/gpu/background.sh (run_all.sh's megatron_moe phase does) and wait from back-to-back calls.
+first step autotunes ~225 s on a fresh machine), swift_peft ~2 min. The default list puts the side-by-side first
+(mg_base, mg_te_ce, vora_unsloth_best, swift_peft: ~15 min), then mg_selective and mg_mb2; with `--deadline 840` the
+run ends within ~15-17 min. Run it through scripts/gpu/background.sh and wait from back-to-back calls
+(docs/backends.md lists the calls).
 """
 from __future__ import annotations
 

@@ -22,12 +22,12 @@
 #                 megatron-h200-<date>.json. Needs scripts/gpu/setup_megatron.sh's inputs: .te0, .te1, .te2 carried
 #                 by three earlier back-to-back calls, then carry [".whl/swift", ".whl/megatron"] (docs/backends.md)
 #   megatron_ep   scripts/gpu/megatron_ep.sh: the same with EP=2 over two GPUs (refuses on fewer GPUs, exit 4)
-#   megatron_moe  issue #31: Megatron-SWIFT LoRA on the Qwen3.5-MoE 35B-A3B shape cut to 8 layers, side by side with
-#                 swift-vora's Unsloth path and plain swift PEFT (benchmarks/megatron_moe.py; its docstring budgets each
-#                 variant). First scripts/gpu/gdn_grad_check.py (the Gated DeltaNet kernel Megatron will bind, against
-#                 the PyTorch reference). Needs the Megatron set installed by an earlier call (setup_megatron.sh install,
-#                 carry [".te0", ".whl/megatron"] with the slim TE wheel) and carry [".whl/swift", ".whl/moe"]. Longer than
-#                 one call (~20 min): run it through scripts/gpu/background.sh (docs/backends.md has the call list)
+#   megatron_moe  issue #31: Megatron-SWIFT LoRA on the Qwen3.5-MoE 35B-A3B shape cut to 8 layers, side by side
+#                 with swift-vora's Unsloth path and plain swift PEFT (benchmarks/megatron_moe.py budgets each
+#                 variant). First scripts/gpu/gdn_grad_check.py (the Gated DeltaNet kernel Megatron will bind against
+#                 the PyTorch reference). Needs the Megatron set installed by an earlier call (setup_megatron.sh
+#                 install, carry [".te0", ".whl/megatron", ".whl/moe"], the slim TE wheel) and carry [".whl/swift"].
+#                 ~18-20 min with --deadline 840: run it through scripts/gpu/background.sh (docs/backends.md)
 # Example: `bash scripts/gpu/run_all.sh throughput --variants baseline,vora,vora_gc`.
 #
 # $OUT receives (the tool returns at most 8 files): run.log (all output), each phase's results JSON
