@@ -51,13 +51,16 @@ def _vendored_tree(root, hopper_fix=True):
     """A stand-in for unsloth_zoo/_vendored/fla: the three modules mcore-bridge and megatron-core take from fla."""
     pkg = root / 'unsloth_zoo'
     fla = pkg / '_vendored' / 'fla'
-    for sub in ('modules', 'ops', 'ops/gated_delta_rule', 'ops/common'):
+    for sub in ('modules', 'ops', 'ops/gated_delta_rule', 'ops/common', 'utils'):
         (fla / sub).mkdir(parents=True, exist_ok=True)
         (fla / sub / '__init__.py').write_text('')
     # executing unsloth_zoo's __init__ would apply Unsloth's patches: the lookup must not run it
     (pkg / '__init__.py').write_text('raise RuntimeError("unsloth_zoo/__init__.py must not run")\n')
     (fla / '__init__.py').write_text('__version__ = "0.5.1"\n')
-    (fla / 'modules' / 'l2norm.py').write_text('def l2norm(x):\n    return ("vendored l2norm", x)\n')
+    # as the real tree's fla/utils/_decorators.py does: its version read through unsloth_zoo's package path
+    (fla / 'utils' / '__init__.py').write_text('from unsloth_zoo._vendored.fla import __version__\n')
+    (fla / 'modules' / 'l2norm.py').write_text(
+        'import fla.utils\n\ndef l2norm(x):\n    return ("vendored l2norm", x)\n')
     (fla / 'ops' / 'gated_delta_rule' / '__init__.py').write_text(
         'from fla.ops.common.chunk_o import kernel as chunk_gated_delta_rule\n')
     (fla / 'ops' / 'common' / 'chunk_o.py').write_text(
@@ -69,7 +72,7 @@ def _vendored_tree(root, hopper_fix=True):
 @pytest.fixture
 def clean_fla(monkeypatch):
     """sys.modules without any fla, restored afterwards; the inventory's two patches decided as known."""
-    for name in [n for n in sys.modules if n == 'fla' or n.startswith('fla.')]:
+    for name in [n for n in sys.modules if n == 'fla' or n.startswith(('fla.', 'unsloth_zoo'))]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(patches._checked, 'megatron_gdn_fla', None)
     monkeypatch.setitem(patches._checked, 'mcore_bridge_gdn_fla', None)
@@ -77,7 +80,7 @@ def clean_fla(monkeypatch):
     monkeypatch.delenv('FLA_TILELANG', raising=False)
     monkeypatch.delenv('FLA_INTRACARD_CP', raising=False)
     yield
-    for name in [n for n in sys.modules if n == 'fla' or n.startswith('fla.')]:
+    for name in [n for n in sys.modules if n == 'fla' or n.startswith(('fla.', 'unsloth_zoo'))]:
         sys.modules.pop(name, None)
 
 
@@ -110,6 +113,7 @@ def test_install_binds_the_vendored_kernels(tmp_path, clean_fla):
                           log=logged.append)
     assert decision.action == 'vendored'
     assert mf.bound_fla_dir() == os.path.abspath(path)
+    assert 'unsloth_zoo' not in sys.modules and sys.modules[mf.VENDOR_ALIAS] is sys.modules['fla']
     for module in modules.values():
         assert module.l2norm(1) == ('vendored l2norm', 1) and module.chunk_gated_delta_rule() == 'vendored'
         assert module.causal_conv1d is None  # left as imported: mcore-bridge's exact F.conv1d path

@@ -19,7 +19,8 @@ What this module does, in the `megatron sft` process only (swift_registry.regist
 is built), and only when the launch asked for it (`SWIFT_VORA_MEGATRON_FLA`, set to `auto` by
 backends/megatron.py for a model with linear-attention layers):
 1. registers unsloth_zoo's vendored fla as the top-level `fla` package (located with `importlib.util.find_spec`,
-   which does not run unsloth_zoo's __init__: none of Unsloth's patches are applied);
+   which does not run unsloth_zoo's __init__; the one import of `unsloth_zoo._vendored.fla` inside the tree is
+   answered by the registered module, so none of Unsloth's patches are applied);
 2. rebinds the module globals the two GatedDeltaNet modules read at call time: `l2norm`, `chunk_gated_delta_rule`
    (and `HAVE_FLA = True` in megatron-core). `causal_conv1d` is left as imported: with fla absent it is None and
    mcore-bridge runs its exact `F.conv1d` path (padded rows; the recipe's packing=off -- packed rows need fla's
@@ -63,6 +64,7 @@ PATCH_NAMES = {MEGATRON_GDN: 'megatron_gdn_fla', MCORE_BRIDGE_GDN: 'mcore_bridge
 # unsloth_zoo's Hopper fix of fla #640: the tile probe in its vendored chunk_o.py (backends/unsloth_runner.py's
 # fla_hopper_workaround() looks for the same name on the bound module).
 HOPPER_FIX_MARK = '_is_hopper_tensor'
+VENDOR_ALIAS = 'unsloth_zoo._vendored.fla'  # the name the vendored tree imports its own version from
 BAD_TRITON = ((3, 4, 0), (3, 7, 1))  # fla #640: [low, high)
 
 
@@ -185,6 +187,12 @@ def register_vendored(path: str) -> Any:
     spec = importlib.util.spec_from_file_location('fla', init, submodule_search_locations=[path])
     module = importlib.util.module_from_spec(spec)
     sys.modules['fla'] = module
+    # The vendored fla/utils/_decorators.py reads its version as `from unsloth_zoo._vendored.fla import __version__`:
+    # answered by this module, so that import never runs unsloth_zoo's __init__ (Unsloth's patches, allocator
+    # settings). A name already imported stays as it is.
+    alias = VENDOR_ALIAS not in sys.modules
+    if alias:
+        sys.modules[VENDOR_ALIAS] = module
     # The vendored snapshot has no TileLang / intra-card CP backends (unsloth_zoo sets the same two switches).
     os.environ.setdefault('FLA_TILELANG', '0')
     os.environ.setdefault('FLA_INTRACARD_CP', '0')
@@ -195,6 +203,8 @@ def register_vendored(path: str) -> Any:
     except Exception:  # any failure: put back what was there, then re-raise (the caller refuses)
         for k in [k for k in sys.modules if k == 'fla' or k.startswith('fla.')]:
             sys.modules.pop(k, None)
+        if alias:
+            sys.modules.pop(VENDOR_ALIAS, None)
         sys.modules.update(saved)
         raise
     return module
