@@ -49,6 +49,10 @@ VIT_ATTENTION_SOURCE = _same_source('2afc2f9fa3ebd677')  # the four classes shar
 DEEPSTACK_PARAMS = ('self', 'hidden_states', 'visual_pos_masks', 'visual_embeds')
 DEEPSTACK_SOURCE = _same_source('07178743d3d5ebc3')
 # torch's two-line Conv3d.forward, the same in the local wheel and the H200 image (printed there in run 16)
+# megatron-core 0.16.1's GatedDeltaNet.forward (mcore-bridge 1.6.5's override takes the same)
+MEGATRON_GDN_FORWARD_PARAMS = ('self', 'hidden_states', 'attention_mask', 'key_value_states', 'inference_context',
+                               'attention_bias', 'packed_seq_params', 'sequence_len_offset', 'inference_params',
+                               'kwargs')
 CONV3D_FORWARD_SOURCE = {version: '91cbbd182f3c8657' for version in ('2.14.1', '2.11.0', '2.11.0+cu130')}
 
 
@@ -65,6 +69,9 @@ class Patch(NamedTuple):
     uses: Tuple[str, ...] = ()  # names the original's source must contain (attributes our code relies on)
     # on an upstream the inventory does not know: skip (warn once, upstream's code runs) | refuse (PatchRefused)
     policy: str = 'skip'
+    # modules the target's module imports that a CPU machine cannot have (transformer_engine): where they are
+    # missing, tests/test_patched_upstream.py reads the target's source file instead of importing it
+    needs: Tuple[str, ...] = ()
 
 
 PATCHES = (
@@ -163,6 +170,16 @@ PATCHES = (
           ('ele', 'image_patch_size', 'return_video_sample_fps', 'return_video_metadata'), 'video_reader.py',
           'FORCE_QWENVL_VIDEO_READER=decord (or torchcodec): a reader qwen_vl_utils has itself',
           'tests/test_video_reader.py', uses=('get_video_reader_backend()', 'VIDEO_READER_BACKENDS[')),
+    # Gated DeltaNet under `megatron sft` (backends/megatron_fla.py): the flash-linear-attention globals both
+    # GatedDeltaNet modules read at call time, pointed at unsloth_zoo's vendored fla (correct on Hopper with Triton
+    # < 3.7.1, fla #640); `HAVE_FLA` is what megatron-core's __init__ checks
+    Patch('megatron_gdn_fla', 'megatron.core.ssm.gated_delta_net:GatedDeltaNet.forward', 'megatron-core', 'sets',
+          MEGATRON_GDN_FORWARD_PARAMS, 'backends/megatron_fla.py', 'SWIFT_VORA_MEGATRON_FLA=off',
+          'tests/test_megatron_fla.py', uses=('l2norm(', 'chunk_gated_delta_rule(')),
+    Patch('mcore_bridge_gdn_fla', 'mcore_bridge.model.modules.gated_delta_net:GatedDeltaNet.forward', 'mcore-bridge',
+          'sets', MEGATRON_GDN_FORWARD_PARAMS, 'backends/megatron_fla.py',
+          'SWIFT_VORA_MEGATRON_FLA=off', 'tests/test_megatron_fla.py',
+          uses=('l2norm(', 'chunk_gated_delta_rule(', 'causal_conv1d is None'), needs=('transformer_engine', )),
 )
 BY_NAME = {patch.name: patch for patch in PATCHES}
 

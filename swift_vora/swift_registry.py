@@ -108,4 +108,8 @@ def register_megatron_callbacks() -> bool:
         # MegatronCallback second: events ms-swift adds later fall back to its no-ops
         megatron_callbacks_map.setdefault(PREFIX + name, type(guard.__name__, (guard, MegatronCallback),
                                                               {'__module__': guard.__module__}))
+    # Gated DeltaNet models: the flash-linear-attention kernels that are correct on this GPU (only when the launch
+    # set SWIFT_VORA_MEGATRON_FLA; a refusal stops here, before the model loads)
+    from .backends import megatron_fla
+    megatron_fla.install_from_env()
     return True

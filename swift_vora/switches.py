@@ -180,6 +180,11 @@ def _table() -> Tuple[Switch, ...]:
         Switch(PREFIX + 'CACHE_DIR', 'path', None, 'Unsloth runner: the folder under which Triton, inductor and '
                'Unsloth keep compiled kernels and autotuning results between launches (unset: $XDG_CACHE_HOME/'
                'swift_vora, else ~/.cache/swift_vora)', where='backends/kernel_cache.py'),
+        Switch(PREFIX + 'MEGATRON_FLA', 'choice', 'off', 'megatron sft, Gated DeltaNet models: which flash-linear-'
+               'attention the GatedDeltaNet layers bind -- off (upstream\'s imports) | auto (unsloth_zoo\'s vendored '
+               'fla on a Hopper GPU with Triton < 3.7.1, refused without it; set by the launch for such models) | '
+               'vendored', choices=('off', 'auto', 'vendored'), aliases=off_aliases,
+               where='backends/megatron_fla.py'),
         # --- benchmark and GPU-script tools (not read by the plugin) --------------------------------------------
         Switch(PREFIX + 'BENCH_DIR', 'path', None, 'benchmarks/throughput.py: where its probes write', None,
                where='benchmarks/throughput.py'),

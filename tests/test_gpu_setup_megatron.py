@@ -116,3 +116,18 @@ def test_without_sha256sums_it_says_what_to_carry(tmp_path):
     (tmp_path / 'whl').mkdir()
     proc = run(tmp_path, 'assemble')
     assert proc.returncode == 1 and 'fetch_wheels.sh megatron' in proc.stderr
+
+
+def test_a_slim_wheel_in_one_part_installs(carried):
+    """fetch_wheels.sh's default (scripts/gpu/slim_te.py): the whole core wheel in .te0 alone, one device call."""
+    tmp_path, data = carried
+    core = tmp_path / CORE
+    for i in range(3):
+        for path in (tmp_path / f'.te{i}').iterdir():
+            path.unlink()
+    (tmp_path / '.te0' / f'{CORE}.part0').write_bytes(data)
+    (tmp_path / 'whl' / 'SHA256SUMS').write_text(f'{sha256(core)}  {CORE}\n{sha256(core)}  .te0/{CORE}.part0\n')
+    proc = run(tmp_path, 'install')
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / 'work' / CORE).read_bytes() == data
+    assert (tmp_path / 'site' / 'transformer_engine' / 'common' / '__init__.py').is_file()

@@ -6,6 +6,7 @@ relies on are in its source, and for a patch that replaces a body, the original'
 equivalence test was written against (per tested version). An upgrade that moves or changes a target fails here,
 naming the patch and the test to re-run; at run time the same check skips the patch (one warning) or refuses to run,
 and fingerprint.json records what was decided."""
+import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -22,6 +23,23 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_target_matches_the_installed_version(patch):
     """What `patches.applicable` decides when a patch is applied, here for every patch on the installed versions:
     an upgrade that moves or changes a target fails here first, naming the patch and the test to re-run."""
+    missing = [m for m in patch.needs if importlib.util.find_spec(m) is None]
+    if missing:  # e.g. transformer_engine (CUDA only): the target's source file, read without importing it
+        module, qualname = patch.target.split(':')
+        spec = importlib.util.find_spec(module.split('.')[0])
+        assert spec is not None, f'{patch.name}: {patch.package} is not installed'
+        path = Path(spec.submodule_search_locations[0], *module.split('.')[1:]).with_suffix('.py')
+        source = path.read_text()
+        cls, method = qualname.split('.')
+        assert f'class {cls}(' in source and f'def {method}(' in source, f'{patch.name}: {patch.target} not in {path}'
+        body = source[source.index(f'class {cls}('):]
+        params = re.search(rf'def {method}\((.*?)\):', body, re.S).group(1)
+        names = tuple(p.split(':')[0].split('=')[0].strip().lstrip('*') for p in params.split(',')
+                      if p.strip() and p.strip() != '*')
+        assert names == patch.params, f'{patch.name}: {patch.target} takes {names}'
+        unused = [u for u in patch.uses if u not in body]
+        assert not unused, f'{patch.name}: {patch.target} no longer uses {unused}'
+        return
     why = patches.mismatch(patch)
     assert why is None, (f'{patch.name}: {why} ({patch.package} {patches.installed_version(patch.package)}); re-run '
                          f'{patch.proof}, then record the new version (and source hash) in swift_vora/patches.py')

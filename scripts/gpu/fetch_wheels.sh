@@ -9,9 +9,10 @@
 #   bash scripts/gpu/fetch_wheels.sh moe        # .whl/moe: what benchmarks/moe_throughput.py adds to .whl/swift --
 #                                               # unsloth, unsloth_zoo, bitsandbytes (slimmed, from the unsloth set)
 #                                               # and flash-linear-attention (fla-core + flash-linear-attention)
-#   bash scripts/gpu/fetch_wheels.sh megatron   # .whl/megatron + .te0/.te1/.te2: Megatron-SWIFT with Transformer Engine
-#                                               # (not part of `all`: it downloads torch 2.11 + CUDA 13 headers to
-#                                               # build TE's torch extension, ~4 GB under .build/)
+#   bash scripts/gpu/fetch_wheels.sh megatron   # .whl/megatron + .te0 (slim TE, one part): Megatron-SWIFT with
+#                                               # Transformer Engine (not part of `all`: it downloads torch 2.11 +
+#                                               # CUDA 13 headers to build TE's torch extension, ~4 GB under .build/)
+#   TE_SLIM=0 bash scripts/gpu/fetch_wheels.sh megatron   # the untouched 171 MiB TE wheel in three parts .te0-.te2
 #
 # Layout (all under the git-ignored .whl/):
 #   .whl/swift/*.whl        installed on the GPU machine by scripts/gpu/setup_env.sh (`--target /tmp/site`)
@@ -21,8 +22,9 @@
 #   .whl/moe/*.whl          Unsloth without its trl/datasets pins (ms-swift's trl 0.29.1 satisfies it) + fla
 #   .whl/megatron/*.whl     megatron-core, mcore-bridge, peft 0.20, TE's meta wheel and its torch extension (built
 #                           here from the sdist) + SHA256SUMS of the TE core wheel and its three parts
-#   .te0/ .te1/ .te2/       the TE core wheel (171 MiB) split into 57 MiB parts, one per device call
-#                           (scripts/gpu/setup_megatron.sh reassembles, checks and installs them)
+#   .te0/ [.te1/ .te2/]     the TE core wheel in 57 MiB parts, one per device call (scripts/gpu/setup_megatron.sh
+#                           reassembles, checks and installs them): by default the sm_90-only slim wheel
+#                           (scripts/gpu/slim_te.py: 27.7 MiB, one part); TE_SLIM=0: the 171 MiB original, three
 #   .whl/_orig/             untouched downloads the slimmed wheels were made from, and the whole TE core wheel
 #                           (does not travel)
 #   .build/                 the Python 3.12 + torch 2.11 environment that builds TE's torch extension (does not travel)
@@ -137,7 +139,13 @@ TE_VERSION=2.11.0
 TE_CORE="transformer_engine_cu13-${TE_VERSION}-py3-none-manylinux_2_28_x86_64.whl"
 TE_CORE_SHA256=62febd0422cc9003f1048f97be75f4a05d6e43092baf28a5ff6b857b638181c0
 TE_CORE_BYTES=179248112
-TE_PART_SIZE=57M          # 3 parts; each travels alone with the repository (<= 64 MiB per device call)
+TE_PART_SIZE=57M          # each part travels alone with the repository (<= 64 MiB per device call)
+# TE_SLIM=1 (default): scripts/gpu/slim_te.py zeroes the device code of every GPU architecture but sm_90 (H200/H100)
+# in libtransformer_engine.so (442 of the wheel's 445 MiB unpacked): 171 MiB -> 27.7 MiB, ONE device call instead of
+# three. setup_megatron.sh then runs TE kernels on the GPU before anything else (a GPU of another architecture would
+# find no kernel there: use TE_SLIM=0, or TE_KEEP_SM=<sm> for that one).
+TE_SLIM="${TE_SLIM:-1}"
+TE_KEEP_SM="${TE_KEEP_SM:-90}"
 MEGATRON_SET=(megatron-core==0.16.1 mcore-bridge==1.6.5 peft==0.20.0 transformer-engine==$TE_VERSION)
 
 # TE's torch extension has no wheel on PyPI: build it from its sdist against torch 2.11.0 (PyPI's build is the
@@ -173,23 +181,31 @@ if [ "$WHAT" = megatron ]; then
   if [ "$got" != "$TE_CORE_SHA256" ] || [ "$(stat -c %s "$ORIG/$TE_CORE")" != "$TE_CORE_BYTES" ]; then
     echo "fetch_wheels: $ORIG/$TE_CORE is not the wheel seen working (sha256 $got)" >&2; exit 1
   fi
+  core="$ORIG/$TE_CORE" core_sha="$TE_CORE_SHA256"
+  if [ "$TE_SLIM" = 1 ]; then
+    rm -rf "$ORIG/te_slim"
+    "$PY" "$ROOT/scripts/gpu/slim_te.py" "$ORIG/$TE_CORE" "$ORIG/te_slim" --keep-sm "$TE_KEEP_SM" --keep-ptx "$TE_KEEP_SM"
+    core="$ORIG/te_slim/$TE_CORE" core_sha="$(sha256sum "$core" | cut -d' ' -f1)"
+  fi
   # One part per git-ignored folder: each device call carries one of them; they accumulate on the warm machine.
   rm -rf "$ROOT"/.te0 "$ROOT"/.te1 "$ROOT"/.te2 "$ROOT"/.te3
   tmp="$(mktemp -d)"
-  split -b "$TE_PART_SIZE" -d -a 1 "$ORIG/$TE_CORE" "$tmp/$TE_CORE.part"
-  [ "$(ls "$tmp" | wc -l)" = 3 ] || { echo "fetch_wheels: expected 3 TE parts, got $(ls "$tmp")" >&2; exit 1; }
+  split -b "$TE_PART_SIZE" -d -a 1 "$core" "$tmp/$TE_CORE.part"
+  n="$(ls "$tmp" | wc -l)"
   {
-    echo "$TE_CORE_SHA256  $TE_CORE"
-    for i in 0 1 2; do
+    echo "$core_sha  $TE_CORE"
+    for ((i = 0; i < n; i++)); do
       mkdir -p "$ROOT/.te$i" && mv "$tmp/$TE_CORE.part$i" "$ROOT/.te$i/"
       (cd "$ROOT" && sha256sum ".te$i/$TE_CORE.part$i")
     done
   } > "$MEGATRON/SHA256SUMS"
   rm -rf "$tmp"
+  echo "fetch_wheels: TE core wheel $([ "$TE_SLIM" = 1 ] && echo "slimmed to sm_$TE_KEEP_SM") in $n part(s):" \
+       "carry each .teN in its own device call (back to back), then .whl/megatron"
 fi
 
 echo "== sizes (one device call carries <= 64 MiB including the repository)"
-for d in "$SWIFT" "$BUILD" "$UNSLOTH" "$MOE" "$WHL/megatron" "$ROOT/.te0" "$ROOT/.te1" "$ROOT/.te2"; do
+for d in "$SWIFT" "$BUILD" "$UNSLOTH" "$MOE" "$WHL/megatron" "$ROOT"/.te[0-9]; do
   [ -d "$d" ] || continue
   n=$(find "$d" -maxdepth 1 -name '*.whl*' | wc -l)  # (ls of an empty folder would stop the script: pipefail)
   printf "%-28s %3s wheels/parts  %s\n" "${d#$ROOT/}" "$n" "$(du -sh "$d" | cut -f1)"

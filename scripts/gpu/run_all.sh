@@ -22,6 +22,12 @@
 #                 megatron-h200-<date>.json. Needs scripts/gpu/setup_megatron.sh's inputs: .te0, .te1, .te2 carried
 #                 by three earlier back-to-back calls, then carry [".whl/swift", ".whl/megatron"] (docs/backends.md)
 #   megatron_ep   scripts/gpu/megatron_ep.sh: the same with EP=2 over two GPUs (refuses on fewer GPUs, exit 4)
+#   megatron_moe  issue #31: Megatron-SWIFT LoRA on the Qwen3.5-MoE 35B-A3B shape cut to 8 layers, side by side
+#                 with swift-vora's Unsloth path and plain swift PEFT (benchmarks/megatron_moe.py budgets each
+#                 variant). First scripts/gpu/gdn_grad_check.py (the Gated DeltaNet kernel Megatron will bind against
+#                 the PyTorch reference). Needs the Megatron set installed by an earlier call (setup_megatron.sh
+#                 install, carry [".te0", ".whl/megatron", ".whl/moe"], the slim TE wheel) and carry [".whl/swift"].
+#                 ~18-20 min with --deadline 840: run it through scripts/gpu/background.sh (docs/backends.md)
 # Example: `bash scripts/gpu/run_all.sh throughput --variants baseline,vora,vora_gc`.
 #
 # $OUT receives (the tool returns at most 8 files): run.log (all output), each phase's results JSON
@@ -135,8 +141,22 @@ main() {
         then OUT="$LOGS/$phase" bash scripts/gpu/megatron_smoke.sh "$work" "$@" || rc=1
         else OUT="$LOGS/$phase" bash scripts/gpu/megatron_ep.sh "$work" "$@"; r=$?; [ $r = 0 ] || rc=$r
         fi;;
+      megatron_moe)
+        # Unsloth + unsloth_zoo (the vendored fla the Megatron run binds) + fla 0.6 aside; the Megatron set in its own
+        # folder, on PYTHONPATH for the Megatron processes only (benchmarks/megatron_moe.py --megatron-site): the
+        # Unsloth and swift PEFT variants keep the image's peft, as in the moe phase.
+        install_moe_wheels || { rc=1; continue; }
+        local msite="${SWIFT_VORA_MEGATRON_SITE:-$SCRATCH/site-megatron}"
+        ( source "$ROOT/scripts/gpu/setup_megatron.sh" all ) || { rc=1; continue; }
+        command -v megatron >/dev/null || { echo "megatron_moe: no \`megatron\` command on PATH"; rc=1; continue; }
+        mkdir -p "$LOGS/$phase"
+        PYTHONPATH="$msite:$PYTHONPATH" python3 scripts/gpu/gdn_grad_check.py --out "$OUT/gdn-grad-check.json" \
+          || { echo "megatron_moe: the Gated DeltaNet kernel does not match the PyTorch reference: no Megatron run"
+               rc=1; continue; }
+        work="$SCRATCH/swift_vora_megatron_moe"
+        python3 benchmarks/megatron_moe.py --out "$OUT" --work "$work" --megatron-site "$msite" "$@" || rc=1;;
       *) echo "unknown phase '$phase' (setup|throughput|learnability|calibrate|e2e|e2e_dense|multi_gpu_zero3|moe|"\
-"moe_full|unsloth|megatron|megatron_ep)"; rc=2;;
+"moe_full|unsloth|megatron|megatron_ep|megatron_moe)"; rc=2;;
     esac
     echo "== phase $phase done in $((SECONDS - t1)) s (rc so far $rc)"
     # Results JSON flat into $OUT; the logs into one archive (the 8-file limit).

@@ -7,9 +7,11 @@
 #   bash   scripts/gpu/setup_megatron.sh install    # assemble + install, no import check (no GPU needed)
 # Inside a function, source it with the mode spelled out: a bare `source` hands it the function's arguments.
 #
-# The TE core wheel (171 MiB) is larger than one device call carries (64 MiB), so it arrives as three parts in the
-# git-ignored folders .te0/ .te1/ .te2/ of the repository root, one per call, back to back: files of earlier calls
-# stay on the warm machine. .whl/megatron/SHA256SUMS (written by fetch_wheels.sh) lists the sha256 of each part and
+# The TE core wheel arrives in parts in the git-ignored folders .te0/ [.te1/ .te2/] of the repository root, one per
+# call, back to back: files of earlier calls stay on the warm machine. By default fetch_wheels.sh slims it to the H200's
+# sm_90 device code (scripts/gpu/slim_te.py, 27.7 MiB: one part, one call); the untouched wheel (TE_SLIM=0, 171 MiB)
+# is larger than one device call carries (64 MiB) and comes in three. `all` runs TE's Linear and GroupedLinear on the
+# GPU after the import check (a slim wheel on another architecture stops there, saying how to fall back). .whl/megatron/SHA256SUMS (written by fetch_wheels.sh) lists the sha256 of each part and
 # of the whole wheel; any mismatch or missing part refuses (exit 1) before anything is installed.
 # All TE wheels (core, meta, torch extension) share the transformer_engine/ folder: they go in with the rest of the
 # set in ONE `pip install --target` (separate --target installs replace each other's transformer_engine/).
@@ -128,6 +130,18 @@ names = ['transformer-engine', 'transformer-engine-cu13', 'transformer-engine-to
          'peft']
 print('megatron set:', ' '.join(f'{n}={md.version(n)}' for n in names), '| torch', torch.__version__)
 assert peft.__version__.startswith('0.20'), f'peft {peft.__version__} from {peft.__file__}: ms-swift wants <0.21'
+if torch.cuda.is_available():  # TE's kernels load for this GPU (the slim wheel holds sm_90 code only)
+    try:
+        x = torch.randn(32, 64, device='cuda', dtype=torch.bfloat16, requires_grad=True)
+        te.Linear(64, 64, params_dtype=torch.bfloat16).cuda()(x).float().sum().backward()
+        te.GroupedLinear(2, 64, 64, params_dtype=torch.bfloat16).cuda()(x, [16, 16]).float().sum().backward()
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        sm = ''.join(map(str, torch.cuda.get_device_capability()))
+        raise SystemExit(f'TE kernels failed on {torch.cuda.get_device_name()} (sm_{sm}): {e}. A slim TE wheel '
+                         'holds one architecture: rerun scripts/gpu/fetch_wheels.sh megatron with TE_SLIM=0 (three '
+                         'parts) or TE_KEEP_SM=<sm>') from e
+    print('TE kernels (Linear, GroupedLinear fwd+bwd, bf16) ran on', torch.cuda.get_device_name())
 PYEOF
 )"
   rc=$?

@@ -31,6 +31,7 @@ from typing import Dict, List, Mapping, Optional
 
 from ..guards.registry import GUARDS, MEGATRON_GUARDS, enabled_guards
 from ..plan.backend import Backend
+from . import megatron_fla
 from .base import Launch, Launcher, LaunchUsageError, PlanView
 from .common import (
     bool_arg,
@@ -146,11 +147,19 @@ def build_megatron_launch(view: PlanView, recipe: Recipe, environ: Optional[Mapp
         raise LaunchUsageError('megatron_ep_lora trains LoRA (train.tuner=lora)')
     env = common_env(recipe, view, environ)
     env['CUDA_DEVICE_MAX_CONNECTIONS'] = '1'  # what swift/cli/_megatron/sft.py sets by default
+    source_environ = os.environ if environ is None else environ
+    if view.linear_attention_layers and megatron_fla.ENV not in env and megatron_fla.ENV not in source_environ:
+        # Gated DeltaNet layers: bind the flash-linear-attention that is correct on this GPU (backends/megatron_fla.py)
+        env[megatron_fla.ENV] = 'auto'
     child_environ = {**(os.environ if environ is None else environ), **env}  # what Launch.run gives the child
     argv = [console_script('megatron'), 'sft', *megatron_sft_args(view, recipe, child_environ)]
     notes = ['needs megatron-core, mcore-bridge and transformer_engine on the GPU machine (pip install '
              '"swift-vora[megatron]" transformer_engine[pytorch])',
              f'merged HF weights for vLLM: {recipe["train.output_dir"]}/[vN-.../]checkpoint-N-merged']
+    if env.get(megatron_fla.ENV) == 'auto':
+        notes.append(f'{view.linear_attention_layers} Gated DeltaNet layers: {megatron_fla.ENV}=auto binds '
+                     'unsloth_zoo\'s vendored flash-linear-attention on a Hopper GPU with Triton < 3.7.1 (fla #640), '
+                     'refuses without it (docs/backends.md)')
     skipped = guards_not_run(child_environ)
     if skipped:
         notes.append(f'guards {", ".join(skipped)} hook swift sft trainers only and do not run under megatron sft '

@@ -115,6 +115,9 @@ class Plan:
     est_samples_per_epoch: Optional[int] = None
     est_hours_per_epoch: Optional[float] = None  # None without a dataset to count
     est_source: str = ''
+    # MoE LoRA on one GPU where both unsloth_split_lora and megatron_ep_lora fit: what each costs and which is
+    # faster by measurement (plan/backend_ratio.py; status not_measured until a benchmark recorded it)
+    backend_choice: Optional[Dict[str, Any]] = None
     predicted: bool = True  # every number here is a prediction (constants.py), not a measurement
     # The model as the planner read it, for the launch: config.json is read once (not in the JSON: `model` is its
     # summary there)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import backend_ratio, speed
 from . import constants as C
-from . import speed
 from .alternatives import describe_alternative, find_alternatives
 from .backend import AUTO, Backend
 from .fit import checkpoint_sentence, checkpoints_of, estimate_for, fits, gb, gb_and_gib, gib, param_count, train_setup
@@ -23,7 +23,7 @@ from .memory import DEEPSPEED_BACKENDS, MemoryEstimate, estimate, fp8_saving
 from .model_source import load_model_spec
 from .model_spec import ModelSpec
 from .request import Plan, PlanRequest
-from .rules import REFUSAL_RULES, auto_backend, check_refusal, choose_ep
+from .rules import MEGATRON_SUPPORTED_MODEL_TYPES, REFUSAL_RULES, auto_backend, check_refusal, choose_ep
 from .video_budget import VideoTokens, text_only_tokens, video_tokens
 
 
@@ -167,11 +167,16 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
         return Plan(backend=backend, verdict='does_not_fit', gpu_peak_gib=None, host_peak_gib=None, reasons=reasons,
                     breakdown={}, command=[], **base)
 
+    choice = None
+    if _single_gpu_moe_lora(req, spec, world, backend):
+        choice, backend, why = _measured_choice(spec, tokens, req, hw, backend, why)
     asked_checkpoints = req.checkpoints
     est, req = estimate_for(spec, tokens, req, hw, backend, ep, tp)
     gpu_ok, host_ok = fits(est, hw)
     verdict = 'fits' if gpu_ok and host_ok else 'does_not_fit'
     reasons = [why, *_fit_reasons(spec, tokens, req, hw, backend, est)]
+    if choice:
+        reasons.append(choice['sentence'])
     where = checkpoint_sentence(spec, tokens, req, asked_checkpoints, hw, backend, est)
     if where:
         reasons.append(where)
@@ -197,7 +202,38 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
                 checkpoints=checkpoints_of(est), est_tokens_per_s=pace.tokens_per_s,
                 est_samples_per_s=pace.samples_per_s, est_samples_per_epoch=req.samples_per_epoch,
                 est_hours_per_epoch=speed.hours_per_epoch(req.samples_per_epoch, pace), est_source=pace.source,
-                **base)
+                backend_choice=choice, **base)
+
+
+def _single_gpu_moe_lora(req: PlanRequest, spec: ModelSpec, world: int, backend: Backend) -> bool:
+    """Both one-GPU MoE LoRA backends are candidates: a MoE model mcore-bridge supports, LoRA on a bf16 base, one
+    GPU, no parallel sizes asked, and one of the two backends (asked or auto-chosen)."""
+    return (world == 1 and spec.is_moe and req.tuner == 'lora' and req.quant == 'none' and req.offload == 'none'
+            and spec.model_type in MEGATRON_SUPPORTED_MODEL_TYPES and req.ep in (None, 1) and req.tp in (None, 1)
+            and backend in (Backend.UNSLOTH_SPLIT_LORA, Backend.MEGATRON_EP_LORA))
+
+
+def _measured_choice(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend,
+                     why: str) -> Tuple[Optional[Dict[str, Any]], Backend, str]:
+    """Where both one-GPU MoE LoRA backends fit: the cost of each, and the faster one by measurement
+    (plan/backend_ratio.py). `backend=auto` takes the measured faster one; not measured, the rule's choice stands.
+    (None, backend, why) unchanged when one of them does not fit."""
+    costs = {}
+    for candidate in (Backend.UNSLOTH_SPLIT_LORA, Backend.MEGATRON_EP_LORA):
+        est, _ = estimate_for(spec, tokens, req, hw, candidate, 1, 1)
+        gpu_ok, host_ok = fits(est, hw)
+        pace = speed.for_setup(spec, tokens, est.setup, hw.gpu_name)
+        costs[str(candidate)] = {'gpu_peak_gib': round(est.gpu_peak / C.GiB, 2), 'fits': gpu_ok and host_ok,
+                                 'est_tokens_per_s': pace.tokens_per_s, 'est_source': pace.source}
+    if not all(c['fits'] for c in costs.values()):
+        return None, backend, why
+    choice = backend_ratio.compare(spec.model_type, hw.gpu_name, str(backend), costs)
+    if req.backend == AUTO and choice['faster'] and choice['faster'] != str(backend):
+        backend = Backend(choice['faster'])
+        why = (f'backend auto -> {backend}: measured {choice["ratio"]:g}x the tokens/s of the other one-GPU MoE LoRA '
+               f'backend for {spec.model_type} on this GPU ({choice["source"]}).')
+        choice = backend_ratio.compare(spec.model_type, hw.gpu_name, str(backend), costs)
+    return choice, backend, why
 
 
 def _hardware(req: PlanRequest, hardware: Optional[Hardware]) -> Hardware:

@@ -1,0 +1,435 @@
+"""Megatron-SWIFT LoRA on the Qwen3.5-MoE 35B-A3B shape (8 layers) on one H200, side by side with swift-vora's
+Unsloth path and plain `swift sft` PEFT: same random checkpoint, same 64-frame clips as benchmarks/moe_throughput.py
+(its builders and measurement are reused, not copied).
+
+    python benchmarks/megatron_moe.py [--variants mg_base,mg_te_ce,...] [--steps 12]   # GPU machine:
+                                                                # scripts/gpu/run_all.sh megatron_moe
+    python benchmarks/megatron_moe.py --dry-run --model-dir CONFIG_OR_DIR               # CPU: the commands only
+
+Megatron variants: `swift-vora train recipes/h200x8.yaml` overridden to one H200 (hardware=h200x1, megatron.ep=1,
+tp=1) on the built model -- the planner, then `megatron sft` LoRA (mcore-bridge, TE grouped experts, Gated DeltaNet
+through the flash-linear-attention that swift_vora/backends/megatron_fla.py binds: unsloth_zoo's vendored copy on
+Hopper with Triton < 3.7.1). Every Megatron variant trains `--global-batch` samples per optimizer step (default 4):
+- `mg_base`: the recipe's own levers (full recompute, grouped GEMM, permute fusion, micro-batch 1, native cross
+  entropy). With `--flagship` (the default) it is also issue #31 item 1's run: merged checkpoint
+  (checkpoint-N-merged), scripts/merge_for_vllm.sh's expert check, scripts/gpu/megatron_report.py's checks (loss
+  falling, expert + attention LoRA, router untouched, merged loads in transformers, lora_update), the guard reports.
+- `mg_te_ce`: + `--cross_entropy_fusion_impl te` (TE's fused cross entropy over the 248k vocabulary).
+- `mg_selective`, `mg_norecompute`: megatron.recompute=selective (Megatron's core_attn recompute) / none.
+- `mg_no_grouped_gemm`, `mg_no_permute_fusion`: those two levers off.
+- `mg_mb2`, `mg_mb4`: micro-batch 2 / 4 (train.micro_batch; the same global batch).
+Others: `vora_unsloth_best` (swift-vora's Unsloth path in its best measured configuration: micro-batch 4, GPU-resident
+checkpoints, `unsloth.gradient_checkpointing=true`), `swift_peft` (moe_throughput's plain `swift sft` PEFT).
+
+Measured per variant (>= 10 measured steps: `--steps` 12, `--warmup-steps` 2): `tokens_per_s` = real tokens per
+step / the median step, `median_step_s`, `mean_step_s`, `peak_reserved_gib`, `planned_peak_gib`, `plan_error`
+(measured reserved peak / the plan's steady reserved - 1). Megatron's per-step times come from its logging.jsonl:
+`train_speed(s/it)` is the running mean since the first step, so step k ends at k * mean_k; its peak is
+`memory(GiB)` (torch.cuda.max_memory_reserved). Tokens per sample: the run's SWIFT_VORA_ENCODE_LOG.
+
+Results: `megatron-h200-moe-<date>.json` (`--name`): the flagship's keys as in megatron-h200-2026-12-01.json
+(backend, gpus, ep, tp, steps, losses, expert_lora_tensors, router_trainable, merged_loads, peak_reserved_gib,
+planned_peak_gib, tokens_per_s, ...) plus `variants` and `backend_ratio` (the fastest Megatron variant against the
+Unsloth one: what swift_vora/plan/backend_ratio.py's table records with `--record-ratio`). A partial file after every
+variant (`NAME-partial.json`): a call cut short still returns what ran.
+
+Expected wall time on the H200 (fresh machine, 8-layer checkpoint 16.4 GB): model 41 s, clips ~20 s, Gated
+DeltaNet gradient check ~1-2 min (scripts/gpu/gdn_grad_check.py, run by the phase first), per Megatron variant
+~2-3 min (load + convert ~60-90 s, first step (Triton autotune of the Gated DeltaNet kernels) ~60 s, 12 steps),
+the flagship +3 min (merged save, merge_for_vllm.sh's copy and check, merged load), vora_unsloth_best ~5 min (its
+first step autotunes ~225 s on a fresh machine), swift_peft ~2 min. The default list puts the side-by-side first
+(mg_base, mg_te_ce, vora_unsloth_best, swift_peft: ~15 min), then mg_selective and mg_mb2; with `--deadline 840` the
+run ends within ~15-17 min. Run it through scripts/gpu/background.sh and wait from back-to-back calls
+(docs/backends.md lists the calls).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import moe_throughput as mt  # noqa: E402  (the model and clip builders, the Unsloth and swift PEFT variants)
+import throughput as tp  # noqa: E402
+
+REPO = tp.REPO
+RECIPE = os.path.join(REPO, 'recipes', 'h200x8.yaml')
+# Megatron variants: recipe overrides on top of the one-GPU base (MEGATRON_LEVERS[name]).
+MEGATRON_LEVERS: Dict[str, List[str]] = {
+    'mg_base': [],
+    'mg_te_ce': ['extra_args=[--cross_entropy_loss_fusion, "true", --cross_entropy_fusion_impl, te]'],
+    'mg_selective': ['megatron.recompute=selective'],
+    'mg_norecompute': ['megatron.recompute=none'],
+    'mg_no_grouped_gemm': ['megatron.moe_grouped_gemm=false'],
+    'mg_no_permute_fusion': ['megatron.moe_permute_fusion=false'],
+    'mg_mb2': ['train.micro_batch=2'],
+    'mg_mb4': ['train.micro_batch=4'],
+}
+UNSLOTH_BEST = ['train.micro_batch=4', 'unsloth.gradient_checkpointing=true']
+DEFAULT_VARIANTS = 'mg_base,mg_te_ce,vora_unsloth_best,swift_peft,mg_selective,mg_mb2'
+FLAGSHIP = 'mg_base'
+# The result keys of megatron-h200-2026-12-01.json (scripts/gpu/megatron_report.py) every result file carries.
+REPORT_KEYS = ('backend', 'gpus', 'ep', 'tp', 'steps', 'losses', 'expert_lora_tensors', 'expert_lora_source',
+               'router_trainable', 'merged_loads', 'peak_reserved_gib', 'planned_peak_gib', 'tokens_per_s',
+               'weights_changed', 'weights_total', 'adapter_lora', 'failures', 'seconds_per_step',
+               'planned_reserved_gib', 'plan_error', 'lora_update')
+VARIANT_KEYS = ('tokens_per_s', 'median_step_s', 'peak_reserved_gib', 'planned_peak_gib', 'plan_error')
+
+
+# ---- the Megatron launch --------------------------------------------------------------------------------------------
+def megatron_overrides(name: str, args, b: Dict[str, Any], model: str, ann: str, out: str,
+                       flagship: bool) -> List[str]:
+    """`swift-vora train recipes/h200x8.yaml` overrides: one H200, EP 1, the moe_throughput budget, the lever."""
+    if name not in MEGATRON_LEVERS:
+        raise SystemExit(f'unknown Megatron variant {name!r} ({", ".join(MEGATRON_LEVERS)})')
+    return [f'model.path={model}', 'model.type=qwen3_5_moe', 'hardware=h200x1', 'host_ram_gib=128',
+            'megatron.ep=1', 'megatron.tp=1', f'megatron.global_batch={args.global_batch}',
+            f'data.dataset={ann}', f'data.window={b["clip_s"]:g}', f'data.stride={b["clip_s"]:g}', 'data.min_event=0.5',
+            f'video.fps={b["fps"]:g}', f'video.max_frames={b["max_frames"]}', f'video.pair_tokens={b["pair_tokens"]}',
+            f'video.min_pair_tokens={b["min_pair_tokens"]}', f'train.lora_rank={mt.LORA_RANK}',
+            f'train.lora_alpha={mt.LORA_ALPHA}', f'train.max_steps={args.steps}', f'train.save_steps={args.steps}',
+            'train.logging_steps=1', f'train.lr={args.lr:g}', f'train.output_dir={out}',
+            f'train.dataloader_workers={args.workers}',
+            f'megatron.merge_lora={"true" if flagship else "false"}', *MEGATRON_LEVERS[name]]
+
+
+def megatron_command(overrides: List[str], dry_run: bool = False) -> List[str]:
+    return [sys.executable, '-m', 'swift_vora', 'train', RECIPE, *overrides, *(['--dry-run', '--json'] if dry_run
+                                                                                else [])]
+
+
+def run_megatron(name: str, args, b, inputs, work: str, flagship: bool) -> Dict[str, Any]:
+    vdir = os.path.join(work, name)
+    shutil.rmtree(vdir, ignore_errors=True)
+    os.makedirs(vdir)
+    out = os.path.join(vdir, 'output')
+    overrides = megatron_overrides(name, args, b, inputs['model'], inputs['annotations'], out, flagship)
+    env = {'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True', 'SWIFT_VORA_LOG_FIRST': '1',
+           'NCCL_NVLS_ENABLE': '0', 'TORCH_SYMM_MEM_DISABLE_MULTICAST': '1', 'NVSHMEM_DISABLE_NVLS': '1'}
+    if not flagship:
+        env['SWIFT_VORA_GUARD_VERIFY_ADAPTER'] = 'off'
+    full_env = megatron_env(env, args.megatron_site)
+    plan_path = os.path.join(vdir, 'plan.json')
+    plan = subprocess.run(megatron_command(overrides, dry_run=True), capture_output=True, text=True, env=full_env,
+                          cwd=REPO)
+    with open(plan_path, 'w') as f:
+        f.write(plan.stdout)
+    if plan.returncode != 0:
+        raise SystemExit(f'{name}: swift-vora train --dry-run failed (rc {plan.returncode}): {plan.stderr[-2000:]}')
+    cmd = megatron_command(overrides)
+    log_path = os.path.join(vdir, 'train.log')
+    t0 = time.time()
+    proc = tp.run_logged(cmd, log_path, full_env, timeout=args.variant_timeout)
+    tp.wait_logged(proc, f'megatron sft ({name})', log_path)
+    result = summarize_megatron(name, out, json.loads(plan.stdout), args, time.time() - t0)
+    result['command'] = tp.cmdline(cmd, env)
+    result['gdn_kernel'] = gdn_kernel_line(log_path)
+    if flagship:
+        result['report'] = flagship_report(out, inputs['model'], plan_path, args, vdir)
+    return result
+
+
+def megatron_env(extra: Dict[str, str], site: str) -> Dict[str, str]:
+    """The Megatron processes' environment: the Megatron set's folder (TE, megatron-core, mcore-bridge, peft 0.20 --
+    scripts/gpu/setup_megatron.sh's --target) right after this checkout on PYTHONPATH, for them only: the Unsloth
+    and swift PEFT variants keep the image's peft, as in benchmarks/moe_throughput.py's runs."""
+    env = tp.base_env(extra)
+    if site:
+        rest = [p for p in env['PYTHONPATH'].split(os.pathsep) if p and p not in (REPO, site)]
+        env['PYTHONPATH'] = os.pathsep.join([REPO, site, *rest])
+    return env
+
+
+def gdn_kernel_line(log_path: str) -> Optional[str]:
+    """backends/megatron_fla.py's one line: which Gated DeltaNet kernel the run bound."""
+    with open(log_path, errors='replace') as f:
+        for line in f:
+            if 'Gated DeltaNet kernels (SWIFT_VORA_MEGATRON_FLA' in line:
+                return line.strip()[-400:]
+    return None
+
+
+def run_dir(out: str) -> str:
+    """The folder Megatron-SWIFT wrote logging.jsonl into (OUTPUT or OUTPUT/vN-...)."""
+    found = sorted(glob.glob(os.path.join(out, 'logging.jsonl')) + glob.glob(os.path.join(out, '*', 'logging.jsonl')))
+    if not found:
+        raise SystemExit(f'no logging.jsonl under {out}')
+    return os.path.dirname(found[-1])
+
+
+def megatron_step_stats(records: List[Dict[str, Any]], tokens_per_sample: Optional[float], global_batch: int,
+                        warmup: int) -> Dict[str, Any]:
+    """Per-step seconds from Megatron-SWIFT's running mean (`train_speed(s/it)` at `iteration` 'k/N': step k ends
+    at k * mean_k), the measured steps after `warmup`, and moe_throughput's step_stats on them."""
+    ends: Dict[int, float] = {}
+    for record in records:
+        speed, iteration = record.get('train_speed(s/it)'), str(record.get('iteration', ''))
+        if isinstance(speed, (int, float)) and '/' in iteration:
+            k = int(iteration.split('/')[0])
+            ends[k] = k * float(speed)
+    ks = sorted(ends)
+    if len(ks) <= warmup or ks != list(range(1, len(ks) + 1)):
+        raise SystemExit(f'Megatron logged steps {ks}: need every step from 1 (train.logging_steps=1) and more '
+                         f'than {warmup}')
+    seconds = [ends[k] - ends.get(k - 1, 0.0) for k in ks][warmup:]
+    tokens = (tokens_per_sample or 0.0) * global_batch
+    stats = mt.step_stats(seconds, [tokens] * len(seconds), [global_batch] * len(seconds))
+    stats['first_step_s'] = round(ends[1], 2)
+    if not tokens_per_sample:
+        stats['tokens_per_s'] = None
+    return stats
+
+
+def summarize_megatron(name: str, out: str, plan_json: Dict[str, Any], args, wall: float) -> Dict[str, Any]:
+    rdir = run_dir(out)
+    records = tp.read_jsonl(os.path.join(rdir, 'logging.jsonl'))
+    encode = tp.read_jsonl(os.path.join(out, 'encode_log.jsonl'))
+    encode = [r for r in encode if r.get('mode', 'train') == 'train' and r.get('total_tokens')]
+    tokens_per_sample = statistics.mean(r['total_tokens'] for r in encode) if encode else None
+    stats = megatron_step_stats(records, tokens_per_sample, args.global_batch, args.warmup_steps)
+    memory = [float(r['memory(GiB)']) for r in records if isinstance(r.get('memory(GiB)'), (int, float))]
+    plan = plan_json['plan']
+    steady = (plan.get('phases') or {}).get('steady') or {}
+    peak = max(memory) if memory else None
+    micro = plan_json.get('plan', {}).get('micro_batch')
+    return {**stats, 'variant': name, 'backend': plan['backend'], 'micro_batch': micro,
+            'global_batch': args.global_batch, 'warmup_steps': args.warmup_steps, 'steps': len(records),
+            'peak_reserved_gib': peak, 'planned_peak_gib': plan.get('gpu_peak_gib'),
+            'planned_reserved_gib': steady.get('gpu_reserved_gib'),
+            'plan_error': round(peak / steady['gpu_reserved_gib'] - 1, 3) if peak and steady.get('gpu_reserved_gib')
+            else None,
+            'tokens_per_sample': tokens_per_sample,
+            'losses': [float(r['loss']) for r in records if isinstance(r.get('loss'), (int, float))],
+            'argv': (plan_json.get('launch') or {}).get('argv'), 'wall_s': round(wall, 1),
+            'guard_files': guard_files(out, rdir)}
+
+
+GUARD_FILES = {'fingerprint': 'fingerprint.json', 'memory': 'memory_phases.rank*.jsonl',
+               'lora_update': 'lora_update.json'}
+
+
+def guard_files(out: str, rdir: str) -> Dict[str, Optional[str]]:
+    """The report each Megatron guard wrote (swift_vora/guards/megatron.py), under the run folder or the output
+    folder; None for a guard that wrote nothing."""
+    found: Dict[str, Optional[str]] = {}
+    for guard, pattern in GUARD_FILES.items():
+        paths = sorted(glob.glob(os.path.join(rdir, pattern)) + glob.glob(os.path.join(out, pattern)))
+        found[guard] = os.path.relpath(paths[0], out) if paths else None
+    return found
+
+
+def flagship_report(out: str, model: str, plan_path: str, args, vdir: str) -> Dict[str, Any]:
+    """Item 1's checks: merge_for_vllm.sh (Megatron: verifies checkpoint-N-merged, its expert check) and
+    scripts/gpu/megatron_report.py (loss, LoRA placement, router, merged load, lora_update)."""
+    rdir = run_dir(out)
+    ckpt = os.path.join(rdir, f'checkpoint-{args.steps}')
+    merged = ckpt + '-merged'
+    report: Dict[str, Any] = {'checkpoint': ckpt, 'merged': merged}
+    merge_log = os.path.join(vdir, 'merge_for_vllm.log')
+    with open(merge_log, 'w') as log:
+        rc = subprocess.run(['bash', os.path.join(REPO, 'scripts', 'merge_for_vllm.sh'), ckpt,
+                             os.path.join(vdir, 'vllm')], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                            env=megatron_env({}, args.megatron_site)).returncode
+    report['merge_for_vllm_rc'] = rc
+    with open(merge_log, errors='replace') as f:
+        report['merge_for_vllm_tail'] = f.read()[-1500:]
+    shutil.rmtree(os.path.join(vdir, 'vllm'), ignore_errors=True)  # a second 16 GB copy: the disk is 64 GiB
+    out_json = os.path.join(vdir, 'megatron-report.json')
+    proc = subprocess.run([sys.executable, os.path.join(REPO, 'scripts', 'gpu', 'megatron_report.py'), '--base', model,
+                           '--checkpoint', ckpt, '--merged', merged, '--plan', plan_path, '--encode-log',
+                           os.path.join(out, 'encode_log.jsonl'), '--gpus', '1', '--ep', '1', '--tp', '1',
+                           '--global-batch', str(args.global_batch), '--out', out_json],
+                          capture_output=True, text=True, cwd=REPO, env=megatron_env({}, args.megatron_site))
+    report['report_rc'] = proc.returncode
+    if os.path.isfile(out_json):
+        with open(out_json) as f:
+            report.update(json.load(f))
+    else:
+        report['failures'] = [f'megatron_report.py wrote nothing: {proc.stderr[-1500:]}']
+    if rc != 0:
+        report.setdefault('failures', []).append(f'scripts/merge_for_vllm.sh exited {rc} (see merge_for_vllm.log)')
+    return report
+
+
+# ---- the result file ----------------------------------------------------------------------------------------------
+def backend_ratio(variants: Dict[str, Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The fastest Megatron variant against the Unsloth one (tokens/s on median steps), both measured here."""
+    mg = {n: r for n, r in variants.items() if n in MEGATRON_LEVERS and r.get('tokens_per_s')}
+    un = variants.get('vora_unsloth_best') or {}
+    if not mg or not un.get('tokens_per_s'):
+        return None
+    best = max(mg, key=lambda n: mg[n]['tokens_per_s'])
+    return {'megatron_variant': best, 'unsloth_variant': 'vora_unsloth_best',
+            'megatron_tokens_per_s': mg[best]['tokens_per_s'], 'unsloth_tokens_per_s': un['tokens_per_s'],
+            'megatron_over_unsloth': round(mg[best]['tokens_per_s'] / un['tokens_per_s'], 3),
+            'megatron_peak_reserved_gib': mg[best].get('peak_reserved_gib'),
+            'unsloth_peak_reserved_gib': un.get('peak_reserved_gib'),
+            'megatron_levers': MEGATRON_LEVERS[best]}
+
+
+def assemble(payload: Dict[str, Any]) -> Dict[str, Any]:
+    """The result file: the flagship report's keys at the top (as megatron-h200-2026-12-01.json), the variants'
+    headline keys, the backend ratio."""
+    variants = payload['variants']
+    flagship = (variants.get(FLAGSHIP) or {}).get('report') or {}
+    top = {k: flagship.get(k) for k in REPORT_KEYS}
+    if not flagship:
+        top['failures'] = [f'{FLAGSHIP} (the item-1 run) did not report: '
+                           f'{(variants.get(FLAGSHIP) or {}).get("failed", "not run")}'[:500]]
+    mg = variants.get(FLAGSHIP) or {}
+    if flagship:
+        top['guard_files'] = mg.get('guard_files')
+        silent = [g for g, path in (mg.get('guard_files') or {}).items() if path is None]
+        if silent or not mg.get('guard_files'):
+            top['failures'] = list(top.get('failures') or []) + [
+                f'guards {", ".join(silent) or "(none recorded)"} wrote no report under megatron sft']
+    for key in VARIANT_KEYS:  # the flagship's measured numbers (its report computes a mean; ours the median)
+        if mg.get(key) is not None:
+            top[key] = mg[key]
+    for result in variants.values():
+        for key in VARIANT_KEYS:
+            result.setdefault(key, None)
+    return {**top, **{k: v for k, v in payload.items() if k != 'variants'},
+            'variants': variants, 'backend_ratio': backend_ratio(variants)}
+
+
+def write_partial(payload: Dict[str, Any], out: str, name: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f'{name}-partial.json'), 'w') as f:
+        json.dump({**assemble(json.loads(json.dumps(payload))), 'partial': True}, f, indent=2)
+        f.write('\n')
+
+
+# ---- main ---------------------------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--out', default=os.environ.get('OUT') or None)
+    parser.add_argument('--work', default=None)
+    parser.add_argument('--results-dir', default=os.path.join(REPO, 'benchmarks', 'results'))
+    parser.add_argument('--name', default='megatron-h200-moe')
+    parser.add_argument('--layers', type=int, default=8)
+    parser.add_argument('--model-dir', default=None, help='reuse a built checkpoint (dry run: a config.json path)')
+    parser.add_argument('--variants', default=DEFAULT_VARIANTS)
+    parser.add_argument('--no-flagship', action='store_true', help='mg_base without the merged export and checks')
+    parser.add_argument('--steps', type=int, default=12)
+    parser.add_argument('--warmup-steps', type=int, default=2)
+    parser.add_argument('--global-batch', type=int, default=4, help='samples per Megatron optimizer step')
+    parser.add_argument('--lr', type=float, default=1e-3,
+                        help='Megatron variants (item 1 checks that a random model\'s loss falls in 12 steps)')
+    parser.add_argument('--workers', type=int, default=4)
+    parser.add_argument('--clips', type=int, default=16)
+    parser.add_argument('--variant-timeout', type=float, default=900)
+    parser.add_argument('--deadline', type=float, default=None, help='seconds: skip variants that would start later')
+    parser.add_argument('--dry-run', action='store_true', help='print each Megatron variant\'s plan and argv (CPU)')
+    parser.add_argument('--megatron-site', default=tp.switch('SWIFT_VORA_MEGATRON_SITE') or '',
+                        help='folder holding the Megatron set (put on PYTHONPATH for the Megatron variants only)')
+    args = parser.parse_args(argv)
+    # moe_throughput's run_vora / run_swift read these
+    args.grad_accum, args.smoke, args.profile_step, args.spy_after, args.fla_path = 1, False, None, None, ''
+    args.torch_profile, args.sync_debug, args.flagship = [], [], False
+    return args
+
+
+def cut_config(config: str, layers: int, out_dir: str) -> str:
+    """The 35B-A3B config.json with `layers` decoder layers (the 3:1 pattern kept), as build_model builds it: what
+    the planner reads for the dry run (no weights)."""
+    with open(config) as f:
+        data = json.load(f)
+    text = data['text_config']
+    text['num_hidden_layers'] = layers
+    text['layer_types'] = text['layer_types'][:layers]
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, 'config.json')
+    with open(path, 'w') as f:
+        json.dump(data, f)
+    return path
+
+
+def dry_run(args) -> int:
+    """The argv of every Megatron variant, from `swift-vora train --dry-run --json` (runs on CPU)."""
+    b = mt.budget(False)
+    model = args.model_dir or cut_config(os.path.join(REPO, 'tests', 'fixtures', 'configs', 'qwen3_5_moe_35b_a3b.json'),
+                                         args.layers, os.path.join(args.work or '/tmp', 'megatron_moe_dry_run'))
+    failed = 0
+    names = list(MEGATRON_LEVERS) if args.variants == 'all' else [v for v in args.variants.split(',')
+                                                                   if v in MEGATRON_LEVERS]
+    for name in names:
+        cmd = megatron_command(megatron_overrides(name, args, b, model, 'data/train.jsonl', f'/tmp/{name}',
+                                                  name == FLAGSHIP and not args.no_flagship), dry_run=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=tp.base_env())
+        if proc.returncode != 0:
+            failed += 1
+            print(f'== {name}: rc {proc.returncode}: {proc.stderr[-1500:]}')
+            continue
+        plan = json.loads(proc.stdout)
+        print(f'== {name}: {plan["plan"]["backend"]} {plan["plan"]["verdict"]} {plan["plan"]["gpu_peak_gib"]} GiB; '
+              f'{plan["launch"]["env"].get("SWIFT_VORA_MEGATRON_FLA")}; ' + ' '.join(plan['launch']['argv'][1:]))
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.dry_run:
+        return dry_run(args)
+    t_start = time.time()
+    work = args.work or os.path.join(__import__('tempfile').gettempdir(), 'swift_vora_megatron_moe')
+    os.makedirs(work, exist_ok=True)
+    b = mt.budget(False)
+    model_dir = args.model_dir or os.path.join(work, 'model')
+    counts = mt.build_model(model_dir, '35b-a3b', args.layers, 'cuda' if tp.cuda_available() else 'cpu')
+    clips = tp.make_clips(os.path.join(work, 'clips'), args.clips, b['clip_s'], b['source_fps'], b['size'],
+                          workers=min(16, os.cpu_count() or 1))
+    inputs = {'model': model_dir, **tp.write_datasets(work, clips)}
+    payload: Dict[str, Any] = {
+        'benchmark': 'megatron_moe', 'model_family': 'qwen3_5_moe', 'date': tp.now_stamp(), 'machine': tp.hardware(),
+        'command': ' '.join(['python', 'benchmarks/megatron_moe.py'] + list(argv if argv is not None else
+                                                                             sys.argv[1:])),
+        'model': f'random Qwen3.5-MoE, 35B-A3B shape cut to {args.layers} layers (benchmarks/moe_throughput.py '
+                 f'build_model): {counts.get("total")} params',
+        'samples': f'{args.clips} synthetic {b["clip_s"]:g} s clips, {b["max_frames"]} frames at {b["fps"]:g} fps, '
+                   f'<= {b["pair_tokens"]} tokens per frame pair',
+        'launch': 'swift-vora train recipes/h200x8.yaml hardware=h200x1 megatron.ep=1 megatron.tp=1 ... '
+                  '(benchmarks/megatron_moe.py megatron_overrides)',
+        'lora': {'rank': mt.LORA_RANK, 'alpha': mt.LORA_ALPHA},
+        'steps_per_variant': args.steps, 'warmup_steps': args.warmup_steps, 'global_batch': args.global_batch,
+        'variants': {},
+    }
+    for name in [v for v in args.variants.split(',') if v]:
+        if args.deadline and time.time() - t_start > args.deadline:
+            payload['variants'][name] = {'skipped': f'deadline {args.deadline:.0f} s passed'}
+            continue
+        try:
+            if name in MEGATRON_LEVERS:
+                result = run_megatron(name, args, b, inputs, work, flagship=name == FLAGSHIP and not args.no_flagship)
+            elif name == 'vora_unsloth_best':
+                result = mt.run_vora(name, args, b, inputs, work, flagship=False, fla=False,
+                                     extra_overrides=UNSLOTH_BEST)
+                result['planned_peak_gib'] = (result.get('planned') or {}).get('gpu_peak_gib')
+                planned = (result.get('planned') or {}).get('gpu_reserved_gib')
+                result['plan_error'] = round(result['peak_reserved_gib'] / planned - 1, 3) \
+                    if planned and result.get('peak_reserved_gib') else None
+            elif name == 'swift_peft':
+                result = mt.run_swift(name, args, b, inputs, work, 'peft', mt.TARGET_MODULES, mt.TARGET_PARAMETERS)
+            else:
+                raise SystemExit(f'unknown variant {name!r}')
+        except (SystemExit, subprocess.CalledProcessError, RuntimeError, OSError, KeyError, ValueError) as error:
+            result = {'failed': str(error)[-3000:]}
+        payload['variants'][name] = result
+        print(f'== {name}: ' + json.dumps({k: result.get(k) for k in (*VARIANT_KEYS, 'first_step_s', 'failed')}),
+              flush=True)
+        write_partial(payload, args.out or work, args.name)
+    final = assemble(payload)
+    path = tp.write_results(final, args.results_dir, args.name, args.out)
+    print(f'results: {path}')
+    return 0 if not final.get('failures') else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Which MoE LoRA backend is faster on ONE GPU, by measurement: Megatron-SWIFT (megatron_ep_lora, EP 1) against
+swift-vora's Unsloth split LoRA (unsloth_split_lora), per model family and GPU.
+
+Where both backends fit one GPU (a MoE model, LoRA, a model type mcore-bridge supports), the plan's `backend_choice`
+says what each would cost (its predicted peak and estimated tokens/s) and which is faster with the ratio measured
+for this model family on this GPU and the result file it came from. `backend=auto` takes the measured faster one;
+an explicit backend is kept and the sentence says what the other would cost. With no measurement for the family and
+GPU the state is `not_measured`: the rule's default stands (plan/rules.py: Unsloth on one GPU) and the plan says the
+ratio is not measured yet -- no ratio is ever made up.
+
+The table is `backend_ratios.json` next to this module: one entry per (model family, GPU), written only from a
+result file of benchmarks/megatron_moe.py (its `backend_ratio`: the fastest Megatron variant against the Unsloth
+variant, tokens/s on median steps, on the same model and clips):
+
+    python -m swift_vora.plan.backend_ratio benchmarks/results/megatron-h200-moe-<date>.json   # record it
+    python -m swift_vora.plan.backend_ratio --show
+
+A result whose run failed a check (its `failures`), or which has no `backend_ratio`, is refused.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional
+
+TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'backend_ratios.json')
+MEGATRON, UNSLOTH = 'megatron_ep_lora', 'unsloth_split_lora'
+NOT_MEASURED, MEASURED = 'not_measured', 'measured'
+
+
+def gpu_key(gpu_name: str) -> str:
+    """'NVIDIA H200' / 'H200' / '1 x NVIDIA H200 (lent GPU machine)' -> 'H200' (the table's GPU key)."""
+    words = [w for w in gpu_name.replace('(', ' ').replace(')', ' ').split() if w.upper() not in ('NVIDIA', 'X')]
+    for word in words:
+        if any(ch.isdigit() for ch in word) and any(ch.isalpha() for ch in word):
+            return word.upper()
+    return ' '.join(words).upper()
+
+
+def load(path: Optional[str] = None) -> List[Dict[str, Any]]:
+    path = path or TABLE
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding='utf-8') as f:
+        return list(json.load(f).get('entries') or [])
+
+
+def lookup(model_type: str, gpu_name: str, path: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    gpu = gpu_key(gpu_name) if gpu_name else ''
+    for entry in load(path):
+        if entry['model_family'] == model_type and entry['gpu'] == gpu:
+            return entry
+    return None
+
+
+def entry_from_result(result: Dict[str, Any], source: str) -> Dict[str, Any]:
+    """The table entry a megatron_moe result file supports; ValueError when it supports none."""
+    ratio = result.get('backend_ratio')
+    if not ratio:
+        raise ValueError(f'{source}: no backend_ratio (both a Megatron and the Unsloth variant must have run)')
+    if result.get('failures'):
+        raise ValueError(f'{source}: the Megatron run failed its checks ({"; ".join(result["failures"])[:300]})')
+    machine = result.get('machine') or {}
+    gpu = machine.get('gpu_name') or machine.get('gpu') or (machine.get('gpus') or [''])[0] \
+        if isinstance(machine, dict) else str(machine)
+    if not gpu:
+        raise ValueError(f'{source}: the result names no GPU (machine)')
+    m, u = ratio['megatron_tokens_per_s'], ratio['unsloth_tokens_per_s']
+    faster = MEGATRON if m > u else UNSLOTH
+    return {'model_family': result.get('model_family', 'qwen3_5_moe'), 'gpu': gpu_key(str(gpu)), 'faster': faster,
+            'ratio': round(max(m, u) / min(m, u), 3),
+            'tokens_per_s': {MEGATRON: m, UNSLOTH: u},
+            'peak_reserved_gib': {MEGATRON: ratio.get('megatron_peak_reserved_gib'),
+                                  UNSLOTH: ratio.get('unsloth_peak_reserved_gib')},
+            'settings': {MEGATRON: ratio.get('megatron_variant'), UNSLOTH: ratio.get('unsloth_variant')},
+            'megatron_levers': ratio.get('megatron_levers'), 'model': result.get('model'),
+            'date': result.get('date'), 'source': source}
+
+
+def record(result_path: str, path: Optional[str] = None) -> Dict[str, Any]:
+    path = path or TABLE
+    with open(result_path, encoding='utf-8') as f:
+        result = json.load(f)
+    source = os.path.relpath(result_path, os.path.dirname(os.path.dirname(os.path.dirname(path))))
+    entry = entry_from_result(result, source)
+    entries = [e for e in load(path) if (e['model_family'], e['gpu']) != (entry['model_family'], entry['gpu'])]
+    with open(path, 'w', encoding='utf-8') as f:
+        json.dump({'entries': entries + [entry]}, f, indent=2)
+        f.write('\n')
+    return entry
+
+
+def compare(model_type: str, gpu_name: str, chosen: str, costs: Dict[str, Dict[str, Any]],
+            path: Optional[str] = None) -> Dict[str, Any]:
+    """The plan's `backend_choice`: `costs` is backend -> {gpu_peak_gib, fits, est_tokens_per_s}. `faster` is the
+    measured one (None when not measured); `sentence` says it, with the other's cost."""
+    entry = lookup(model_type, gpu_name, path)
+    other = UNSLOTH if chosen == MEGATRON else MEGATRON
+    o = costs[other]
+    cost = f'{other} would peak at {o["gpu_peak_gib"]} GiB (predicted)'
+    if o.get('est_tokens_per_s'):
+        cost += f', ~{o["est_tokens_per_s"]:,.0f} tokens/s estimated ({o.get("est_source") or "plan/speed.py"})'
+    if entry is None:
+        return {'status': NOT_MEASURED, 'compared': costs, 'faster': None, 'ratio': None, 'source': None,
+                'sentence': f'Both {UNSLOTH} and {MEGATRON} fit one GPU; which is faster for {model_type} on '
+                            f'{gpu_key(gpu_name) or "this GPU"} is not measured yet (benchmarks/megatron_moe.py '
+                            f'measures it, `python -m swift_vora.plan.backend_ratio RESULT` records it), so the '
+                            f'rule\'s default stands: {chosen}; {cost}.'}
+    faster, ratio = entry['faster'], entry['ratio']
+    slower = UNSLOTH if faster == MEGATRON else MEGATRON
+    measured = (f'{faster} measured {ratio:g}x the tokens/s of {slower} for {model_type} on {entry["gpu"]} '
+                f'({entry["tokens_per_s"][faster]:,.0f} vs {entry["tokens_per_s"][slower]:,.0f}; '
+                f'{entry["settings"][faster]} vs {entry["settings"][slower]}, {entry["source"]})')
+    return {'status': MEASURED, 'compared': costs, 'faster': faster, 'ratio': ratio, 'source': entry['source'],
+            'sentence': f'{measured}; {cost}.'}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog='python -m swift_vora.plan.backend_ratio', description=__doc__.split('\n')[0])
+    parser.add_argument('result', nargs='?', help='a benchmarks/megatron_moe.py result file to record')
+    parser.add_argument('--show', action='store_true')
+    parser.add_argument('--table', default=None, help='default: backend_ratios.json next to this module')
+    args = parser.parse_args(argv)
+    if args.result:
+        try:
+            entry = record(args.result, args.table)
+        except ValueError as e:
+            print(f'backend_ratio: not recorded: {e}', file=sys.stderr)
+            return 1
+        print(json.dumps(entry, indent=2))
+    if args.show or not args.result:
+        entries = load(args.table)
+        print(json.dumps(entries, indent=2) if entries else 'backend_ratios.json: no measurement yet (not_measured)')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

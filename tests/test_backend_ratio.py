@@ -1,0 +1,94 @@
+"""plan/backend_ratio.py and the planner's one-GPU MoE LoRA choice: not measured (the shipped state), the rule's
+default stands and the plan says so with the other's cost; measured, `auto` takes the faster one and names the
+ratio and its source; an explicit backend stays; the table is written only from a megatron_moe result that ran
+both paths and passed its checks."""
+import json
+import os
+
+import pytest
+
+from swift_vora.plan import backend_ratio as br
+from swift_vora.plan.request import PlanRequest
+from swift_vora.plan.select import make_plan
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MOE = os.path.join(REPO, 'tests', 'fixtures', 'configs', 'qwen3_5_moe_35b_a3b.json')
+
+
+def result(megatron=15000.0, unsloth=12000.0, failures=()):
+    return {'date': '2026-12-03', 'machine': {'gpu': 'NVIDIA H200', 'gpu_mem_gib': 139.8}, 'failures': list(failures),
+            'model': 'random Qwen3.5-MoE, 8 layers',
+            'backend_ratio': {'megatron_variant': 'mg_te_ce', 'unsloth_variant': 'vora_unsloth_best',
+                              'megatron_tokens_per_s': megatron, 'unsloth_tokens_per_s': unsloth,
+                              'megatron_over_unsloth': round(megatron / unsloth, 3),
+                              'megatron_peak_reserved_gib': 60.0, 'unsloth_peak_reserved_gib': 50.0,
+                              'megatron_levers': ['extra_args=[...]']}}
+
+
+def plan(table, backend='auto'):
+    req = PlanRequest(model=MOE, hardware='h200x1', backend=backend, max_frames=16)
+    import unittest.mock as mock
+    with mock.patch.object(br, 'TABLE', str(table)):
+        return make_plan(req)
+
+
+def test_the_shipped_table_has_no_measurement():
+    assert br.load() == [] and br.lookup('qwen3_5_moe', 'H200') is None
+
+
+def test_gpu_names_match_the_profile():
+    assert br.gpu_key('NVIDIA H200') == br.gpu_key('H200') == br.gpu_key('1 x NVIDIA H200 (lent GPU machine)') == 'H200'
+
+
+def test_not_measured_keeps_the_rule_and_says_what_the_other_costs(tmp_path):
+    p = plan(tmp_path / 'none.json')
+    assert p.backend == 'unsloth_split_lora' and p.verdict == 'fits'
+    choice = p.backend_choice
+    assert choice['status'] == br.NOT_MEASURED and choice['faster'] is None and choice['ratio'] is None
+    assert set(choice['compared']) == {br.MEGATRON, br.UNSLOTH} and all(c['fits'] for c in choice['compared'].values())
+    assert 'not measured yet' in choice['sentence'] and 'megatron_ep_lora would peak at' in choice['sentence']
+    assert choice['sentence'] in p.reasons
+
+
+def test_record_then_auto_takes_the_measured_faster_backend(tmp_path):
+    table = tmp_path / 'backend_ratios.json'
+    res = tmp_path / 'megatron-h200-moe-2026-12-03.json'
+    res.write_text(json.dumps(result(megatron=15000.0, unsloth=12000.0)))
+    entry = br.record(str(res), str(table))
+    assert entry['faster'] == br.MEGATRON and entry['ratio'] == 1.25 and entry['gpu'] == 'H200'
+    p = plan(table)
+    assert p.backend == 'megatron_ep_lora' and p.backend_choice['status'] == br.MEASURED
+    assert '1.25x' in p.reasons[0] and p.backend_choice['source'] == entry['source']
+    assert 'unsloth_split_lora would peak at' in p.backend_choice['sentence']
+    kept = plan(table, backend='unsloth_split_lora')  # asked for: kept, and told the other is faster
+    assert kept.backend == 'unsloth_split_lora' and kept.backend_choice['faster'] == br.MEGATRON
+
+
+def test_unsloth_faster_keeps_unsloth(tmp_path):
+    table = tmp_path / 'backend_ratios.json'
+    res = tmp_path / 'r.json'
+    res.write_text(json.dumps(result(megatron=9000.0, unsloth=12000.0)))
+    br.record(str(res), str(table))
+    p = plan(table)
+    assert p.backend == 'unsloth_split_lora' and p.backend_choice['faster'] == br.UNSLOTH
+    assert p.backend_choice['ratio'] == pytest.approx(1.333, abs=1e-3)
+
+
+def test_a_failed_or_one_sided_result_is_not_recorded(tmp_path):
+    table = tmp_path / 'backend_ratios.json'
+    bad = tmp_path / 'bad.json'
+    bad.write_text(json.dumps(result(failures=['loss did not fall'])))
+    with pytest.raises(ValueError, match='failed its checks'):
+        br.record(str(bad), str(table))
+    one = tmp_path / 'one.json'
+    one.write_text(json.dumps({**result(), 'backend_ratio': None}))
+    assert br.main([str(one), '--table', str(table)]) == 1
+    assert br.load(str(table)) == []
+
+
+def test_several_gpus_are_not_compared(tmp_path):
+    req = PlanRequest(model=MOE, hardware='h200x8', max_frames=16)
+    import unittest.mock as mock
+    with mock.patch.object(br, 'TABLE', str(tmp_path / 'none.json')):
+        p = make_plan(req)
+    assert p.backend == 'megatron_ep_lora' and p.backend_choice is None

@@ -1,0 +1,123 @@
+"""benchmarks/megatron_moe.py on CPU: the Megatron variants' launches (built by swift-vora from recipes/h200x8.yaml
+with the one-GPU overrides, parsed with Megatron-SWIFT's own argument class), the per-step times recovered from
+Megatron-SWIFT's logging.jsonl, and the result file's keys.
+
+Why no end-to-end CPU run: `megatron sft` needs transformer_engine (CUDA only) to build any model, and the MoE
+router/dispatcher call torch.cuda in forward (shared/notes/megatron-te.md), so the launch is checked up to its argv
+and the measurement code on records in Megatron-SWIFT's format; the GPU phase runs the rest."""
+import json
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
+sys.path.insert(0, os.path.join(REPO, 'tests'))
+import megatron_moe as mm  # noqa: E402
+import moe_throughput as mt  # noqa: E402
+
+CONFIG = os.path.join(REPO, 'tests', 'fixtures', 'configs', 'qwen3_5_moe_35b_a3b.json')
+
+
+@pytest.fixture(scope='module')
+def launches(tmp_path_factory):
+    from swift_vora.backends.launch import build_launch
+    from swift_vora.backends.planning import plan_recipe
+    from swift_vora.backends.recipe import load_recipe
+    args = mm.parse_args([])
+    model = mm.cut_config(CONFIG, args.layers, str(tmp_path_factory.mktemp('cfg')))
+    before = set(sys.modules)
+    found = {}
+    for name in mm.MEGATRON_LEVERS:
+        if name == 'mg_mb4':  # the planner says 8 layers at micro-batch 4 do not fit one H200 (its own check)
+            continue
+        recipe = load_recipe(mm.RECIPE, mm.megatron_overrides(name, args, mt.budget(False), model, 'data/train.jsonl',
+                                                              f'/tmp/{name}', name == mm.FLAGSHIP))
+        plan = plan_recipe(recipe)
+        assert plan.verdict == 'fits', (name, plan.reasons)
+        found[name] = build_launch(plan, recipe, environ={})
+    yield found
+    # mg_te_ce's extra_args are checked with Megatron-SWIFT's parser, whose import fails here without
+    # transformer_engine but leaves the lazy `swift.megatron` package in sys.modules: later tests would take this
+    # process for a `megatron sft` one (swift_registry.register_megatron_callbacks)
+    for name in set(sys.modules) - before:
+        if name.startswith(('swift.megatron', 'megatron', 'mcore_bridge')):
+            sys.modules.pop(name, None)
+
+
+def flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_every_lever_reaches_megatron_sft(launches):
+    base = launches['mg_base'].argv
+    assert flag(base, '--expert_model_parallel_size') == '1' and flag(base, '--global_batch_size') == '4'
+    assert flag(base, '--recompute_granularity') == 'full' and flag(base, '--merge_lora') == 'true'
+    assert flag(base, '--train_iters') == '12' and flag(base, '--logging_steps') == '1'
+    env = launches['mg_base'].env
+    assert env['NPROC_PER_NODE'] == '1' and env['SWIFT_VORA_MEGATRON_FLA'] == 'auto'
+    assert flag(launches['mg_te_ce'].argv, '--cross_entropy_fusion_impl') == 'te'
+    assert flag(launches['mg_te_ce'].argv, '--merge_lora') == 'false'  # only the flagship writes a merged copy
+    assert flag(launches['mg_selective'].argv, '--recompute_granularity') == 'selective'
+    assert flag(launches['mg_norecompute'].argv, '--recompute_granularity') == 'none'
+    assert flag(launches['mg_no_grouped_gemm'].argv, '--moe_grouped_gemm') == 'false'
+    assert flag(launches['mg_no_permute_fusion'].argv, '--moe_permute_fusion') == 'false'
+    assert flag(launches['mg_mb2'].argv, '--micro_batch_size') == '2'
+
+
+def test_the_argvs_parse_with_megatron_swift(launches):
+    import importlib.util
+    for name in ('megatron', 'mcore_bridge'):  # found, not imported (mcore_bridge imports transformer_engine): a
+        assert importlib.util.find_spec(name) is not None, name  # test dependency, checked in a subprocess below
+    from megatron_args import validate_argv
+    validate_argv([launch.argv[2:] for launch in launches.values()])
+
+
+def test_default_variants_are_known():
+    for name in mm.DEFAULT_VARIANTS.split(','):
+        assert name in mm.MEGATRON_LEVERS or name in ('vora_unsloth_best', 'swift_peft'), name
+    assert mm.FLAGSHIP in mm.DEFAULT_VARIANTS.split(',')
+
+
+def megatron_records(step_s, n=12):
+    """logging.jsonl lines as Megatron-SWIFT writes them: train_speed(s/it) is the running mean since step 1."""
+    ends, total = [], 0.0
+    for s in step_s:
+        total += s
+        ends.append(total)
+    return [{'loss': 10.0 - k * 0.1, 'iteration': f'{k}/{n}', 'memory(GiB)': 50.0 + k * 0.1,
+             'train_speed(s/it)': round(ends[k - 1] / k, 6)} for k in range(1, n + 1)]
+
+
+def test_step_times_from_the_running_mean():
+    steps = [30.0, 2.0] + [1.0, 1.2, 0.9, 1.1, 5.0, 1.0, 1.0, 0.95, 1.05, 1.0]
+    stats = mm.megatron_step_stats(megatron_records(steps), tokens_per_sample=8000, global_batch=4, warmup=2)
+    assert stats['step_s'] == pytest.approx(steps[2:], abs=1e-3)
+    assert stats['median_step_s'] == pytest.approx(1.0, abs=1e-3) and stats['first_step_s'] == 30.0
+    assert stats['tokens_per_s'] == pytest.approx(32000, rel=1e-3)  # 4 samples x 8000 tokens / the median step
+    with pytest.raises(SystemExit, match='every step'):
+        mm.megatron_step_stats(megatron_records(steps)[::2], 8000, 4, 2)  # logging_steps > 1: cannot be split
+
+
+def test_result_file_keys_and_backend_ratio():
+    report = {k: None for k in mm.REPORT_KEYS} | {'failures': [], 'backend': 'megatron_ep_lora', 'merged_loads': True}
+    payload = {'date': '2026-12-03', 'variants': {
+        'mg_base': {'tokens_per_s': 9000.0, 'median_step_s': 3.6, 'peak_reserved_gib': 60.0, 'planned_peak_gib': 63.0,
+                    'plan_error': -0.02, 'report': report,
+                    'guard_files': {'fingerprint': 'v0/fingerprint.json', 'memory': 'v0/memory_phases.rank0.jsonl',
+                                    'lora_update': 'v0/lora_update.json'}},
+        'mg_te_ce': {'tokens_per_s': 10000.0, 'median_step_s': 3.2, 'peak_reserved_gib': 40.0},
+        'vora_unsloth_best': {'tokens_per_s': 12500.0, 'median_step_s': 2.6, 'peak_reserved_gib': 45.0},
+        'swift_peft': {'failed': 'out of time'}}}
+    final = mm.assemble(payload)
+    assert set(mm.REPORT_KEYS) <= set(final) and final['tokens_per_s'] == 9000.0 and final['failures'] == []
+    for result in final['variants'].values():
+        assert set(mm.VARIANT_KEYS) <= set(result)
+    ratio = final['backend_ratio']
+    assert ratio['megatron_variant'] == 'mg_te_ce' and ratio['megatron_over_unsloth'] == 0.8
+    silent = json.loads(json.dumps(payload))
+    silent['variants']['mg_base']['guard_files']['lora_update'] = None
+    assert mm.assemble(silent)['failures'] == ['guards lora_update wrote no report under megatron sft']
+    no_flagship = mm.assemble({'variants': {'mg_base': {'failed': 'TE import failed'}}})
+    assert 'TE import failed' in no_flagship['failures'][0] and no_flagship['backend_ratio'] is None
