@@ -76,7 +76,7 @@ def test_learnability_smoke_trains_lora_on_an_fp8_base_next_to_bf16(tmp_path):
         assert res['runs'][name]['score']['clips'] == 4 and '--adapters' in res['runs'][name]['infer_command']
     report = json.loads((tmp_path / 'work' / 'normal_fp8' / 'output' / 'fp8.json').read_text())
     assert report['converted'] > 0 and report['emulated'] is True
-    assert report['weight_gib_after'] < report['weight_gib_before']
+    assert 0 < report['weight_bytes_after'] < report['weight_bytes_before']  # the tiny model's are < 1 MiB
     assert not (tmp_path / 'work' / 'normal' / 'output' / 'fp8.json').exists()  # the bf16 twin stays bf16
     fp8 = res['fp8']
     assert fp8['logged_steps_compared'] >= 1 and fp8['loss_max_rel_diff_vs_bf16'] < 0.05

@@ -205,7 +205,8 @@ def convert_frozen_linears(layers: List, emulate: bool = False) -> Dict[str, Any
                 bytes_after += new.weight_fp8_t._data.numel() * new.weight_fp8_t._data.element_size()
                 setattr(parent, name, new)
                 converted += 1
-    return {'converted': converted, 'kept_bf16': kept, 'weight_gib_before': round(bytes_before / 2**30, 3),
+    return {'converted': converted, 'kept_bf16': kept, 'weight_bytes_before': bytes_before,
+            'weight_bytes_after': bytes_after, 'weight_gib_before': round(bytes_before / 2**30, 3),
             'weight_gib_after': round(bytes_after / 2**30, 3), 'layers': len(layers), 'emulated': emulate}
 
 
