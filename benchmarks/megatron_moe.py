@@ -14,7 +14,8 @@ Hopper with Triton < 3.7.1). Every Megatron variant trains `--global-batch` samp
   entropy). With `--flagship` (the default) it is also issue #31 item 1's run: merged checkpoint
   (checkpoint-N-merged), scripts/merge_for_vllm.sh's expert check, scripts/gpu/megatron_report.py's checks (loss
   falling, expert + attention LoRA, router untouched, merged loads in transformers, lora_update), the guard reports.
-- `mg_te_ce`: + `--cross_entropy_fusion_impl te` (TE's fused cross entropy over the 248k vocabulary).
+- `mg_te_ce`: `megatron.cross_entropy_fusion_impl=te` (`--cross_entropy_fusion_impl te`: TE's fused cross entropy
+  over the 248k vocabulary, planned with its own logits bytes).
 - `mg_selective`, `mg_norecompute`: megatron.recompute=selective (Megatron's core_attn recompute) / none.
 - `mg_no_grouped_gemm`, `mg_no_permute_fusion`: those two levers off.
 - `mg_mb2`, `mg_mb4`: micro-batch 2 / 4 (train.micro_batch; the same global batch).
@@ -64,7 +65,7 @@ RECIPE = os.path.join(REPO, 'recipes', 'h200x8.yaml')
 # Megatron variants: recipe overrides on top of the one-GPU base (MEGATRON_LEVERS[name]).
 MEGATRON_LEVERS: Dict[str, List[str]] = {
     'mg_base': [],
-    'mg_te_ce': ['extra_args=[--cross_entropy_loss_fusion, "true", --cross_entropy_fusion_impl, te]'],
+    'mg_te_ce': ['megatron.cross_entropy_fusion_impl=te'],  # the recipe key: the plan's logits term follows it
     'mg_selective': ['megatron.recompute=selective'],
     'mg_norecompute': ['megatron.recompute=none'],
     'mg_no_grouped_gemm': ['megatron.moe_grouped_gemm=false'],

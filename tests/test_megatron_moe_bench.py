@@ -38,7 +38,7 @@ def launches(tmp_path_factory):
         assert plan.verdict == 'fits', (name, plan.reasons)
         found[name] = build_launch(plan, recipe, environ={})
     yield found
-    # mg_te_ce's extra_args are checked with Megatron-SWIFT's parser, whose import fails here without
+    # Planning a Megatron recipe may import Megatron-SWIFT's argument parser, whose import fails here without
     # transformer_engine but leaves the lazy `swift.megatron` package in sys.modules: later tests would take this
     # process for a `megatron sft` one (swift_registry.register_megatron_callbacks)
     for name in set(sys.modules) - before:
