@@ -337,6 +337,13 @@ def test_extra_args_cannot_switch_the_backend():
     assert build_launch(plan_recipe(recipe), recipe).argv[-2:] == ['--save_total_limit', '2']
 
 
+def test_extra_args_cannot_change_the_loss_the_megatron_plan_counted():
+    recipe = recipe_from_dict(dict(minimal(MOE_35B), hardware='h200x8',
+                                   extra_args=['--cross_entropy_fusion_impl', 'te']))
+    with pytest.raises(LaunchUsageError, match='cross_entropy_fusion_impl'):
+        build_launch(plan_recipe(recipe), recipe)
+
+
 def test_recipe_env_cannot_override_the_budget():
     recipe = recipe_from_dict(dict(minimal(), env={'SWIFT_VORA_MAX_FRAMES': '512'}))
     with pytest.raises(LaunchUsageError):

@@ -46,7 +46,9 @@ def launcher_for(backend: str) -> Launcher:
 # Flags the backend sets from the plan; `extra_args` may not change them (choose them in the recipe instead).
 RESERVED_FLAGS = ('--deepspeed', '--tuner_backend', '--model', '--model_type', '--template', '--custom_register_path',
                   '--external_plugins', '--expert_model_parallel_size', '--tensor_model_parallel_size',
-                  '--pipeline_model_parallel_size', '--tuner_type', '--output_dir', '--dataset')
+                  '--pipeline_model_parallel_size', '--tuner_type', '--output_dir', '--dataset',
+                  # the plan's Megatron logits term follows megatron.cross_entropy_fusion_impl
+                  '--cross_entropy_fusion_impl', '--cross_entropy_loss_fusion')
 
 # ---------------------------------------------------------------------------------------------------------------
 # MoE + ZeRO-3: refused on the final argv, whatever produced it
