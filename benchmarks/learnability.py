@@ -51,6 +51,7 @@ from throughput import (  # noqa: E402
     cmdline,
     cuda_available,
     hardware,
+    loss_max_rel_diff,
     read_jsonl,
     run_logged,
     swift_cmd,
@@ -275,11 +276,10 @@ def fp8_comparison(results: Dict[str, Dict[str, Any]], work: str) -> Optional[Di
         return [float(r['loss']) for r in read_jsonl(os.path.join(work, name, 'output', 'logging.jsonl'))
                 if 'loss' in r]
     fp8, bf16 = losses('normal_fp8'), losses('normal')
-    pairs = [(a, b) for a, b in zip(fp8, bf16) if b]
     return {'r1_at_0_5_fp8': results['normal_fp8'].get('score', {}).get('r1_at_0_5'),
             'r1_at_0_5_bf16': results['normal'].get('score', {}).get('r1_at_0_5'),
-            'loss_max_rel_diff_vs_bf16': round(max(abs(a - b) / abs(b) for a, b in pairs), 5) if pairs else None,
-            'logged_steps_compared': len(pairs)}
+            'loss_max_rel_diff_vs_bf16': loss_max_rel_diff(fp8, bf16),
+            'logged_steps_compared': sum(1 for _, b in zip(fp8, bf16) if b)}
 
 
 def start_train(name, args, model, dataset, work, env):

@@ -24,6 +24,7 @@ Megatron and Unsloth (their own layers).
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -80,7 +81,8 @@ def _mm_config(emulate: bool):
                           ScaledMMConfig(emulate, False, False, False))
 
 
-def _frozen_fp8_matmul():
+@functools.lru_cache(maxsize=None)
+def frozen_fp8_matmul():
     """The autograd function (built on first use: importing this module needs neither torch nor torchao)."""
     import torch
     from torchao.float8.config import e4m3_dtype, e5m2_dtype  # fnuz variants on ROCm
@@ -113,17 +115,9 @@ def _frozen_fp8_matmul():
     return FrozenFp8Matmul
 
 
-_MATMUL = None
-
-
-def _matmul():
-    global _MATMUL
-    if _MATMUL is None:
-        _MATMUL = _frozen_fp8_matmul()
-    return _MATMUL
-
-
-def _module_class():
+@functools.lru_cache(maxsize=None)
+def frozen_fp8_linear_class():
+    """The module class (built on first use, like the autograd function)."""
     import torch
 
     class FrozenFp8Linear(torch.nn.Module):
@@ -154,7 +148,7 @@ def _module_class():
             import torch
             if torch.is_autocast_enabled(x.device.type):
                 x = x.to(torch.get_autocast_dtype(x.device.type))
-            out = _matmul().apply(x, self.weight_fp8_t, self.mm_config)
+            out = frozen_fp8_matmul().apply(x, self.weight_fp8_t, self.mm_config)
             return out if self.bias is None else out + self.bias.to(out.dtype)
 
         def extra_repr(self) -> str:
@@ -162,16 +156,6 @@ def _module_class():
                     f'bias={self.bias is not None}, fp8=e4m3 tensorwise{", emulated" if self.emulate else ""}')
 
     return FrozenFp8Linear
-
-
-_CLASS = None
-
-
-def frozen_fp8_linear_class():
-    global _CLASS
-    if _CLASS is None:
-        _CLASS = _module_class()
-    return _CLASS
 
 
 def eligible(linear) -> Optional[str]:
