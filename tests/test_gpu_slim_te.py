@@ -68,3 +68,36 @@ def test_elf_sections_are_found():
     assert slim_te.find_section(data, '.nv_fatbin') is None
     with pytest.raises(ValueError, match='ELF64'):
         slim_te.find_section(b'MZ' + bytes(100), '.text')
+
+
+def test_a_repacked_wheel_keeps_a_record_pip_accepts(tmp_path):
+    """slim_wheel.repack, which both slimming scripts write through: removed files leave RECORD, a replaced file gets
+    its new hash and size, everything else is byte-identical; pip's own RECORD check (hash, size) passes."""
+    import base64
+    import hashlib
+    import zipfile
+
+    import slim_wheel
+
+    def line(name, data):
+        return f'{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()},' \
+               f'{len(data)}\n'
+    files = {'pkg/keep.py': b'x = 1\n', 'pkg/big.so': b'\x01' * 64, 'pkg/drop/me.txt': b'gone'}
+    src = tmp_path / 'in' / 'pkg-1.0-py3-none-any.whl'
+    src.parent.mkdir()
+    with zipfile.ZipFile(src, 'w') as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        z.writestr('pkg-1.0.dist-info/RECORD', ''.join(line(n, d) for n, d in files.items())
+                   + 'pkg-1.0.dist-info/RECORD,,\n')
+    dst = slim_wheel.repack(str(src), str(tmp_path / 'out'), 'test', remove={'pkg/drop/me.txt'},
+                            replace={'pkg/big.so': bytes(64)})
+    with zipfile.ZipFile(dst) as z:
+        names = set(z.namelist())
+        record = z.read('pkg-1.0.dist-info/RECORD').decode()
+        assert names == {'pkg/keep.py', 'pkg/big.so', 'pkg-1.0.dist-info/RECORD'}
+        assert z.read('pkg/keep.py') == files['pkg/keep.py'] and z.read('pkg/big.so') == bytes(64)
+    assert record == line('pkg/keep.py', files['pkg/keep.py']) + line('pkg/big.so', bytes(64)) \
+        + 'pkg-1.0.dist-info/RECORD,,\n'
+    with pytest.raises(SystemExit, match='OUT_DIR must differ'):
+        slim_wheel.repack(str(src), str(src.parent), 'test')

@@ -20,20 +20,21 @@ its payload. A container or entry that does not parse stops the script (exit 1) 
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
 import os
 import struct
 import sys
 import zipfile
 from typing import Dict, List, Optional, Tuple
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from slim_wheel import repack  # noqa: E402  (one way to rewrite a wheel with a consistent RECORD)
+
 FATBIN_MAGIC = 0xBA55ED50
 KIND = {1: 'ptx', 2: 'elf'}
 LIBRARY = 'transformer_engine/wheel_lib/libtransformer_engine.so'
 
 
-def find_section(data: bytes, name: str) -> Optional[Tuple[int, int]]:
+def find_section(data, name: str) -> Optional[Tuple[int, int]]:
     """(file offset, size) of ELF64 little-endian section `name`, None if absent."""
     if data[:4] != b'\x7fELF' or data[4] != 2 or data[5] != 1:
         raise ValueError('not an ELF64 little-endian file')
@@ -90,36 +91,15 @@ def zero_other_archs(data: bytearray, start: int, size: int, keep: Dict[str, set
     return stats
 
 
-def record_line(name: str, data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()
-    return f'{name},sha256={digest},{len(data)}'
-
-
 def slim(src: str, out_dir: str, keep_sm: List[int], keep_ptx: List[int]) -> str:
-    os.makedirs(out_dir, exist_ok=True)
-    dst = os.path.join(out_dir, os.path.basename(src))
-    if os.path.abspath(dst) == os.path.abspath(src):
-        raise SystemExit('slim_te: OUT_DIR must differ from the input wheel\'s folder')
     keep = {'elf': set(keep_sm), 'ptx': set(keep_ptx)}
     with zipfile.ZipFile(src) as zin:
         lib = bytearray(zin.read(LIBRARY))
-        section = find_section(bytes(lib[:4096]) + bytes(lib[4096:]), '.nv_fatbin')
-        if section is None:
-            raise SystemExit(f'slim_te: {LIBRARY} has no .nv_fatbin section')
-        stats = zero_other_archs(lib, section[0], section[1], keep)
-        tmp = dst + '.tmp'
-        with zipfile.ZipFile(tmp, 'w', zipfile.ZIP_DEFLATED, compresslevel=9) as zout:
-            for info in zin.infolist():
-                if info.filename == LIBRARY:
-                    data = bytes(lib)
-                elif info.filename.endswith('.dist-info/RECORD'):
-                    lines = zin.read(info.filename).decode().splitlines(keepends=True)
-                    data = ''.join(record_line(LIBRARY, bytes(lib)) + '\n' if ln.split(',', 1)[0] == LIBRARY else ln
-                                   for ln in lines).encode()
-                else:
-                    data = zin.read(info.filename)
-                zout.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
-    os.replace(tmp, dst)
+    section = find_section(lib, '.nv_fatbin')
+    if section is None:
+        raise SystemExit(f'slim_te: {LIBRARY} has no .nv_fatbin section')
+    stats = zero_other_archs(lib, section[0], section[1], keep)
+    dst = repack(src, out_dir, 'slim_te', replace={LIBRARY: bytes(lib)})
     mib = 2 ** 20
     for key, row in sorted(stats.items()):
         print(f'  {key:22s} {row["entries"]:4d} entries {row["bytes"] / mib:8.1f} MiB')
