@@ -185,7 +185,7 @@ def test_the_launch_asks_for_gated_deltanet_models_only():
 
 
 def _reference():
-    pytest.importorskip('megatron.core')
+    pytest.importorskip('megatron.core', reason='megatron-core comes with the test extras (pip install -e .[test])')
     from megatron.core.ssm.gated_delta_net import torch_chunk_gated_delta_rule
     return torch_chunk_gated_delta_rule
 
