@@ -1,7 +1,7 @@
 """The planner's predictions next to every peak measured on the H200, recomputed from the current code.
 
     python benchmarks/calibration_table.py            # markdown table (docs/memory-model.md carries a copy)
-    python benchmarks/calibration_table.py --check    # exit 1 when a row is outside +-10 %
+    python benchmarks/calibration_table.py --check    # exit 1 when a row is outside +-10 % (KNOWN_MISSES aside)
 
 Each row is one measured run (a JSON in benchmarks/results/, copied unchanged from the GPU machine) and the
 `swift-vora plan` arguments that describe what that run did. The prediction is recomputed here, so a change to a
@@ -194,7 +194,22 @@ ROWS: List[Dict[str, Any]] = [
                       'dominate; the fraction is not published: at the 32 answer tokens the planner assumes by '
                       'default the plan is 28 % below the figure), and the figure\'s unit and reading are not '
                       'published (GB in the table, GiB in the scripts)'},
+    # --- out of sample: the full 40 layers at micro-batch 8 (#30 call c, 2026-12-02). The benchmark killed the variant
+    # at its timeout while it saved the adapter, after its 12 steps: the peak comes from its kept train log
+    # (docs/runs/h200-moe-full/call-c-logs-moe_full.tgz) through `moe_throughput.py --summarize-logs` ---
+    {'id': 29, 'what': 'Qwen3.5-35B-A3B, all 40 layers, Unsloth split LoRA r16, checkpoints on the GPU, micro-batch 8 '
+                       '(moe_throughput vora_unsloth_mb8, call c, from its train log), 8 x 7,788 tok',
+     'source': ('derived-moe-h200-full-c-logs.json', 'vora_unsloth_mb8'), 'scope': 'training', 'model': MOE,
+     'plan': [*UNSLOTH_FULL, '--micro-batch', '8', '--checkpoints', 'gpu']},
 ]
+# Checked rows outside the tolerance, kept visible instead of refitted (a refit would make them in-sample): the
+# check fails on any other row outside, and on one of these coming back inside (then this list is out of date).
+KNOWN_MISSES = {
+    29: 'the Unsloth path\'s per-sample activations are over-predicted at full depth: the plan adds 4.8 GiB per '
+        'sample from micro-batch 1 to 8, the H200 measured 1.2 (1->2), 3.0 (2->4) and 3.6 (4->8) GiB per sample; '
+        'row 21 (micro-batch 4) was +9 %, row 29 (8) is +12 %. An over-prediction refuses a run near the top of '
+        'the GPU that would fit, never lets one run out of memory',
+}
 for _row in ROWS:
     _row['sample'] = 'in' if _row['id'] in IN_SAMPLE else 'out'
     _row.setdefault('check', True)
@@ -299,12 +314,26 @@ def render(rows) -> str:
             reasons.setdefault(r['reported_only'], []).append(str(r['id']))
     for why, ids in reasons.items():
         lines.append(f'- row{"s" if len(ids) > 1 else ""} {", ".join(ids)}: {why}.')
+    missed = [r for r in check_failures(rows) if r['id'] in KNOWN_MISSES]
+    if missed:
+        lines.append('\nChecked and outside ±10 %, kept visible rather than refitted:\n')
+        lines.extend(f'- row {r["id"]}: {KNOWN_MISSES[r["id"]]}.' for r in missed)
     return '\n'.join(lines)
 
 
 def check_failures(rows) -> List[Dict[str, Any]]:
     """The checked rows outside the tolerance (reported-only rows are never failures)."""
     return [r for r in rows if r['check'] and not r['within']]
+
+
+def unexpected(rows) -> List[str]:
+    """What --check fails on: a checked row outside the tolerance that KNOWN_MISSES does not list, or a listed one
+    now inside (the list is out of date)."""
+    outside = {r['id'] for r in check_failures(rows)}
+    present = {r['id'] for r in rows}
+    return ([f'row {i} outside ±{100 * TOLERANCE:.0f} %' for i in sorted(outside - set(KNOWN_MISSES))] +
+            [f'row {i} is listed in KNOWN_MISSES but within ±{100 * TOLERANCE:.0f} %'
+             for i in sorted((set(KNOWN_MISSES) & present) - outside)])
 
 
 def main(argv=None) -> int:
@@ -315,7 +344,10 @@ def main(argv=None) -> int:
     sys.path.insert(0, REPO)
     rows = table()
     print(json.dumps(rows, indent=1) if args.json else render(rows))
-    return 1 if args.check and check_failures(rows) else 0
+    problems = unexpected(rows)
+    for problem in problems if args.check else []:
+        print(f'check: {problem}', file=sys.stderr)
+    return 1 if args.check and problems else 0
 
 
 if __name__ == '__main__':

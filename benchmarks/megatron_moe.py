@@ -128,8 +128,10 @@ def run_megatron(name: str, args, b, inputs, work: str, flagship: bool) -> Dict[
     log_path = os.path.join(vdir, 'train.log')
     t0 = time.time()
     proc = tp.run_logged(cmd, log_path, full_env, timeout=args.variant_timeout)
-    tp.wait_logged(proc, f'megatron sft ({name})', log_path)
+    rc = tp.wait_logged(proc, f'megatron sft ({name})', log_path, measured=lambda: megatron_steps(out) >= args.steps)
     result = summarize_megatron(name, out, json.loads(plan.stdout), args, time.time() - t0)
+    if rc == 'timeout':
+        result['exit'] = tp.KILLED_AFTER_MEASURING
     result['command'] = tp.cmdline(cmd, env)
     result['gdn_kernel'] = gdn_kernel_line(log_path)
     if flagship:
@@ -163,6 +165,15 @@ def run_dir(out: str) -> str:
     if not found:
         raise SystemExit(f'no logging.jsonl under {out}')
     return os.path.dirname(found[-1])
+
+
+def megatron_steps(out: str) -> int:
+    """How many steps Megatron-SWIFT logged so far (0 before its logging.jsonl exists)."""
+    try:
+        records = tp.read_jsonl(os.path.join(run_dir(out), 'logging.jsonl'))
+    except SystemExit:
+        return 0
+    return sum(1 for r in records if '/' in str(r.get('iteration', '')))
 
 
 def megatron_step_stats(records: List[Dict[str, Any]], tokens_per_sample: Optional[float], global_batch: int,

@@ -20,13 +20,16 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')
 
 
 def load(pattern: str, results: str = RESULTS) -> List[Dict[str, Any]]:
+    """One entry per call: a call's `-partial.json` is left out when its final file (same command) is there too."""
     calls = []
     for path in sorted(glob.glob(os.path.join(results, pattern))):
         with open(path) as f:
             data = json.load(f)
         calls.append({'file': os.path.basename(path), 'date': data.get('date'), 'partial': bool(data.get('partial')),
-                      'layers': (data.get('model') or {}).get('layers'), 'variants': data.get('variants') or {}})
-    return calls
+                      'layers': (data.get('model') or {}).get('layers'), 'variants': data.get('variants') or {},
+                      'command': data.get('command')})
+    finished = {c['command'] for c in calls if not c['partial'] and c['command']}
+    return [c for c in calls if not (c['partial'] and c['command'] in finished)]
 
 
 def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:

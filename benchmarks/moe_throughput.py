@@ -190,8 +190,11 @@ def run_vora(name: str, args, b, inputs, work: str, flagship: bool, fla: bool,
     if args.spy_after:  # where the first step spends its time when it is slow (compile? autotune? the model?)
         spy_when_slow(proc, args.spy_after, os.path.join(vdir, 'py-spy-dump.txt'), log_path, FIRST_STEP_MARK,
                       FIRST_STEP_DONE)
-    tp.wait_logged(proc, f'swift-vora train ({name})', log_path)
+    rc = tp.wait_logged(proc, f'swift-vora train ({name})', log_path,
+                        measured=lambda: runner_steps(out, args) >= args.steps)
     result = summarize_runner(name, out, args, tp.cmdline(cmd, env), time.time() - t0)
+    if rc == 'timeout':
+        result['exit'] = tp.KILLED_AFTER_MEASURING
     if args.profile_step:
         result['profile'] = profile_summary(os.path.join(out, 'torch_profile.json'))
     if flagship:
@@ -291,8 +294,10 @@ def run_swift(name: str, args, b, inputs, work: str, tuner_backend: str, targets
     log_path = os.path.join(vdir, 'sft.log')
     t0 = time.time()
     proc = tp.run_logged(cmd, log_path, tp.base_env(env), timeout=args.variant_timeout)
-    tp.wait_logged(proc, f'swift sft ({name})', log_path)
+    rc = tp.wait_logged(proc, f'swift sft ({name})', log_path, measured=lambda: tp.progress_steps(vdir) >= args.steps)
     result = tp.summarize_variant(name, vdir, args, tp.cmdline(cmd, env), time.time() - t0, None)
+    if rc == 'timeout':
+        result['exit'] = tp.KILLED_AFTER_MEASURING
     result['samples_per_s_mean'] = result.pop('samples_per_s', None)
     result['tokens_per_s_mean'] = result.pop('tokens_per_s', None)
     result.update(swift_step_stats(vdir, args, tp.real_tokens(result)))
@@ -310,7 +315,13 @@ def swift_lora_counts(log_path: str) -> Dict[str, Any]:
     return found
 
 
-def summarize_runner(name: str, out: str, args, command: str, wall: float) -> Dict[str, Any]:
+def runner_steps(out: str, args) -> int:
+    """How many measured-or-warm-up steps the runner logged (train_log.jsonl; a profiled step does not count)."""
+    rows = tp.read_jsonl(os.path.join(out, 'train_log.jsonl'))
+    return sum(1 for r in rows if not args.profile_step or r.get('step', 0) < args.profile_step)
+
+
+def summarize_runner(name: str, out: str, args, command: Optional[str], wall: Optional[float]) -> Dict[str, Any]:
     """The runner's train_log.jsonl (CUDA-synchronised step times, tokens, data wait, peaks) -> the same keys as
     throughput.summarize_variant."""
     steps = tp.read_jsonl(os.path.join(out, 'train_log.jsonl'))
@@ -351,7 +362,7 @@ def summarize_runner(name: str, out: str, args, command: str, wall: float) -> Di
         'video_tokens_per_sample': tp._mean([r['video_tokens'] for r in encode]),
         'supervised_tokens_per_sample': tp._mean([r['supervised_tokens'] for r in encode]),
         'video_grid_thw': encode[0]['video_grid_thw'][0] if encode and encode[0].get('video_grid_thw') else None,
-        'losses': [r['loss'] for r in steps], 'wall_s': round(wall, 1),
+        'losses': [r['loss'] for r in steps], 'wall_s': round(wall, 1) if wall is not None else None,
         'runner': {k: run.get(k) for k in ('loader', 'split_lora', 'moe_backend', 'lora_tensors', 'expert_lora_tensors',
                                            'trainable_params', 'linear_attention_kernel')},
         'planned': read_plan(out),
@@ -501,6 +512,10 @@ def main(argv=None) -> int:
     parser.add_argument('--profile-step', type=int, default=None,
                         help='swift-vora variants: torch.profiler over that optimizer step (take it past --steps '
                              'measured ones: the run gets one more step)')
+    parser.add_argument('--summarize-logs', metavar='VARIANT_DIR', nargs='+', default=None,
+                        help="no run: the measured steps of swift-vora variants' kept logs (VARIANT_DIR/output/"
+                             "train_log.jsonl, e.g. from a logs-moe_full.tgz), printed as a result file's variants; "
+                             "with the run's --steps/--warmup-steps/--profile-step/--grad-accum")
     parser.add_argument('--spy-after', type=float, default=None,
                         help='seconds: py-spy stack dump of a swift-vora variant still running then (diagnosis)')
     args = parser.parse_args(argv)
@@ -513,6 +528,15 @@ def main(argv=None) -> int:
     args.workers = args.workers if args.workers is not None else (0 if smoke else 8)
     # summarize_variant (throughput.py) reads these
     args.torch_profile, args.sync_debug = [], []
+    if args.summarize_logs:  # derived figures, from logs a run kept (its result file stays as written)
+        variants = {}
+        for vdir in (d.rstrip('/') for d in args.summarize_logs):
+            variants[os.path.basename(vdir)] = summarize_runner(os.path.basename(vdir), os.path.join(vdir, 'output'),
+                                                                args, None, None)
+        print(json.dumps({'benchmark': 'moe_throughput', 'derived_from_logs': True,
+                          'command': 'python benchmarks/moe_throughput.py ' + ' '.join(argv or sys.argv[1:]),
+                          'steps': args.steps, 'warmup_steps': args.warmup_steps, 'variants': variants}, indent=1))
+        return 0
     t_start = time.time()
     work = args.work or os.path.join(__import__('tempfile').gettempdir(), 'swift_vora_moe')
     os.makedirs(work, exist_ok=True)

@@ -82,7 +82,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO_BATCH = 4  # the *_mb4 variants' --per_device_train_batch_size
@@ -184,12 +184,29 @@ def wait_or_kill(proc: subprocess.Popen, timeout: Optional[float], expired: str 
         proc._log.close()
 
 
-def wait_logged(proc: subprocess.Popen, what: str, log_path: str) -> None:
+KILLED_AFTER_MEASURING = 'killed at its timeout after every measured step was logged'
+
+
+def wait_logged(proc: subprocess.Popen, what: str, log_path: str,
+                measured: Optional[Callable[[], bool]] = None) -> Any:
+    """The exit code of a run_logged process; a failure raises SystemExit. A process killed at its timeout counts
+    when `measured()` says every measured step had been logged: what it was doing then (saving, a profiled step,
+    its workers' shutdown) is not measured (on the H200, 2026-12-02, two variants that had logged their 12 steps
+    were reported failed while they saved their adapter). Returns 'timeout' for those."""
     rc = wait_or_kill(proc, getattr(proc, '_timeout', None))
+    if rc == 'timeout' and measured is not None and measured():
+        print(f'--- {what}: {KILLED_AFTER_MEASURING}; its steps count', file=sys.stderr)
+        return rc
     if rc != 0:
         print(f'--- {what} failed (exit {rc}); last lines of {log_path}:', file=sys.stderr)
         print(tail(log_path, 60), file=sys.stderr)
         raise SystemExit(f'{what} failed (exit {rc}); see {log_path}')
+    return rc
+
+
+def progress_steps(vdir: str) -> int:
+    """How many optimizer steps the bench callback logged in VDIR/progress.jsonl."""
+    return sum(1 for r in read_jsonl(os.path.join(vdir, 'progress.jsonl')) if r.get('event') == 'step')
 
 
 def tail(path: str, n: int = 40) -> str:
@@ -732,10 +749,13 @@ def finish_variant(started: Dict[str, Any], args) -> Dict[str, Any]:
     proc = started['proc']
     if proc._timeout is not None:
         proc._timeout = max(1.0, proc._timeout - (time.time() - started['t0']))
-    wait_logged(proc, f'swift sft ({started["name"]})', started['log_path'])
+    rc = wait_logged(proc, f'swift sft ({started["name"]})', started['log_path'],
+                     measured=lambda: progress_steps(started['vdir']) >= args.steps)
     wall = time.time() - started['t0']
     result = summarize_variant(started['name'], started['vdir'], args, cmdline(started['cmd'], started['spec']['env']),
                                wall, started['profile'], batch_size=started['spec'].get('batch_size', 1))
+    if rc == 'timeout':
+        result['exit'] = KILLED_AFTER_MEASURING
     if started['gpu'] is not None:
         result['gpu_index'] = started['gpu']
     return result

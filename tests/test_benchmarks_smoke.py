@@ -247,3 +247,51 @@ def test_learnability_data_and_chance():
     levels = L.chance_levels([[[1.0, 3.0]], [[1.0, 3.0]], []], [[[1.0, 3.0]], [[5.0, 7.0]], []])
     assert levels['majority_answer'] == [[1.0, 3.0]]
     assert levels['majority_r1_at_0_5'] == 0.5 and levels['chance_r1_at_0_5'] == round(1 / 3, 4)
+
+
+_STEPS_THEN_HANG = '''
+import json, sys, time
+with open(sys.argv[1], "w") as f:
+    for step in range(1, int(sys.argv[2]) + 1):
+        f.write(json.dumps({"event": "step", "step": step}) + "\\n")
+        f.flush()
+time.sleep(120)  # still saving / shutting down when its timeout comes
+'''
+
+
+@pytest.mark.parametrize('logged, counts', [(4, True), (3, False)])
+def test_a_variant_killed_at_its_timeout_counts_only_when_every_measured_step_was_logged(tmp_path, logged, counts):
+    """A variant that logged its measured steps and was killed while saving is measured, marked, not 'failed';
+    one killed before its last measured step still fails (no partial measurement passes as a result)."""
+    import throughput as tp
+    progress = tmp_path / 'progress.jsonl'
+    proc = tp.run_logged([sys.executable, '-c', _STEPS_THEN_HANG, str(progress), str(logged)],
+                         str(tmp_path / 'sft.log'), dict(os.environ), timeout=3)
+    measured = lambda: tp.progress_steps(str(tmp_path)) >= 4  # noqa: E731 -- the benchmark's own check, steps=4
+    if counts:
+        assert tp.wait_logged(proc, 'swift sft (v)', str(tmp_path / 'sft.log'), measured=measured) == 'timeout'
+    else:
+        with pytest.raises(SystemExit, match='exit timeout'):
+            tp.wait_logged(proc, 'swift sft (v)', str(tmp_path / 'sft.log'), measured=measured)
+    assert proc.poll() is not None  # killed either way: nothing left running
+
+
+def test_summarize_logs_derives_a_killed_variants_steps_from_its_kept_train_log(tmp_path, capsys):
+    """`moe_throughput.py --summarize-logs`: the figures of a variant whose result entry says failed (killed while
+    saving) come from its kept train_log.jsonl by the benchmark's own summary, the profiled step left out."""
+    import moe_throughput
+    out = tmp_path / 'vora_unsloth_mb8' / 'output'
+    out.mkdir(parents=True)
+    seconds = [200.0]  # the cold first step, then 2 s steps with one slow one, then the (slower) profiled step 13
+    for dt in [2.0, 2.0, 2.0, 9.0] + [2.0] * 7 + [30.0]:
+        seconds.append(seconds[-1] + dt)
+    rows = [{'step': i + 1, 'loss': 1.0, 'samples': 8 * (i + 1), 'tokens': 8000 * (i + 1), 'data_wait_s': 0.0,
+             'seconds': t, 'max_memory_allocated_gib': 104.7, 'max_memory_reserved_gib': 109.5}
+            for i, t in enumerate(seconds)]
+    (out / 'train_log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    assert moe_throughput.main(['--summarize-logs', str(out.parent), '--profile-step', '13']) == 0
+    derived = json.loads(capsys.readouterr().out)
+    v = derived['variants']['vora_unsloth_mb8']
+    assert derived['derived_from_logs'] is True and v['steps'] == 12  # step 13 (profiled) is not counted
+    assert len(v['step_s']) == 10 and v['median_step_s'] == 2.0 and v['mean_step_s'] == 2.7
+    assert v['tokens_per_s'] == 4000.0 and v['peak_reserved_gib'] == 109.5 and v['micro_batch'] == 8

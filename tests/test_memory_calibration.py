@@ -19,12 +19,16 @@ def load_table():
     return mod
 
 
-def test_every_checked_peak_is_predicted_within_10_percent():
+def test_every_checked_peak_is_predicted_within_10_percent_but_the_listed_misses():
     mod = load_table()
     rows = mod.table()
     outside = [(r['id'], r['what'], {k: round(100 * v, 1) for k, v in r['error'].items()})
-               for r in mod.check_failures(rows)]
+               for r in mod.check_failures(rows) if r['id'] not in mod.KNOWN_MISSES]
     assert not outside, outside
+    assert not mod.unexpected(rows)  # a listed miss that came back inside must leave the list
+    for known in mod.KNOWN_MISSES:  # a miss is an out-of-sample checked row: never a fitted one, never hidden
+        row = next(r for r in rows if r['id'] == known)
+        assert row['sample'] == 'out' and row['check'] and not row['within']
     # the README's accuracy claim counts the out-of-sample checked rows only
     out = [r for r in rows if r['check'] and r['sample'] == 'out']
     with open(os.path.join(ROOT, 'README.md')) as f:
@@ -46,7 +50,7 @@ def test_megatron_and_published_rows_are_computed_and_a_checked_one_outside_fail
     full-SFT benchmark) are predicted and their error reported like every other; were one of them checked while
     outside ±10 %, --check would fail on it."""
     mod = load_table()
-    rows = {r['id']: r for r in mod.table([r for r in mod.ROWS if r['id'] >= 23])}
+    rows = {r['id']: r for r in mod.table([r for r in mod.ROWS if 23 <= r['id'] <= 28])}
     assert set(rows) == {23, 24, 25, 26, 27, 28}
     assert rows[23]['measured'] == {'reserved': 6.39}  # Megatron-SWIFT logs reserved only
     assert rows[24]['measured'] == {'device': 62.0}  # "2 * 62GiB" in examples/megatron/lora/moe.sh
@@ -85,3 +89,13 @@ def test_measured_values_come_from_the_recorded_files():
     assert m == {'allocated': 6.7, 'reserved': 7.17}
     m = mod.measured(('calibration-h200-2026-11-29.json', 'qwen3_vl_2b-lora8-video6k'))
     assert round(m['allocated'], 2) == 7.63 and round(m['reserved'], 2) == 8.05
+
+
+def test_the_check_fails_on_a_new_miss_and_on_a_listed_miss_that_is_fixed():
+    mod = load_table()
+    rows = mod.table([r for r in mod.ROWS if r['id'] in (21, 29)])
+    assert mod.unexpected(rows) == []
+    new_miss = [dict(rows[0], within=False), rows[1]]
+    assert mod.unexpected(new_miss) == ['row 21 outside ±10 %']
+    fixed = [rows[0], dict(rows[1], within=True)]
+    assert mod.unexpected(fixed) == ['row 29 is listed in KNOWN_MISSES but within ±10 %']

@@ -442,14 +442,18 @@ def test_moe_calls_derives_the_spread_and_speedups_from_the_result_files(tmp_pat
     sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
     import moe_calls
 
-    def call(name, variants, partial=False):
+    def call(name, variants, partial=False, command=None):
         (tmp_path / name).write_text(json.dumps({'date': 'd', 'partial': partial, 'model': {'layers': 40},
-                                                  'variants': variants}))
+                                                  'variants': variants, 'command': command}))
 
     call('moe-h200-full-a.json', {'swift_peft': {'tokens_per_s': 1000.0}, 'vora_unsloth': {'tokens_per_s': 5000.0},
                                   'vora_unsloth_mb4': {'tokens_per_s': 9000.0}, 'vora_x': {'failed': 'oom'}})
     call('moe-h200-full-b-partial.json', {'vora_unsloth_mb4': {'tokens_per_s': 9900.0}}, partial=True)
-    s = moe_calls.summarize(moe_calls.load('moe-h200-full*.json', str(tmp_path)))
+    # a call that finished leaves its partial file next to its final one: one call, not two
+    call('moe-h200-full-c-d.json', {'swift_peft': {'tokens_per_s': 1100.0}}, command='run c')
+    call('moe-h200-full-c-partial.json', {'swift_peft': {'tokens_per_s': 1100.0}}, partial=True, command='run c')
+    s = moe_calls.summarize(moe_calls.load('moe-h200-full-[ab]*.json', str(tmp_path)))
+    assert [c['file'] for c in moe_calls.load('moe-h200-full-c*.json', str(tmp_path))] == ['moe-h200-full-c-d.json']
     assert [c['file'] for c in s['calls']] == ['moe-h200-full-a.json', 'moe-h200-full-b-partial.json']
     assert s['variants']['vora_unsloth_mb4']['spread'] == 0.1 and s['variants']['swift_peft']['spread'] is None
     assert 'vora_x' not in s['variants']
