@@ -918,7 +918,28 @@ def summarize_variant(name, vdir, args, command, wall, profile, batch_size: int 
                 result[key] = json.load(f)
     if first is not None and 'gc_s' in last and 'gc_s' in first:
         result['gc_s_measured'] = round(last['gc_s'] - first['gc_s'], 3)
+    compile_stats = compile_counters_logged(os.path.join(vdir, 'sft.log'))
+    if compile_stats is not None:
+        result['compile'] = compile_stats
     return result
+
+
+def compile_counters_logged(log_path: str) -> Optional[Dict[str, Any]]:
+    """Dynamo's counters that compile_layers logs after step 1 (graphs, graph breaks by reason), or None: a graph
+    break inside the compiled layers is a slowdown the step times alone do not explain (the first FP8 run on the
+    H200 had 24)."""
+    import ast
+
+    from swift_vora.speed.compile_layers import COUNTERS_LOG_PREFIX
+    try:
+        with open(log_path, errors='replace') as f:
+            for line in f:
+                at = line.find(COUNTERS_LOG_PREFIX)
+                if at >= 0:
+                    return ast.literal_eval(line[at + len(COUNTERS_LOG_PREFIX):].strip())
+    except (OSError, ValueError, SyntaxError):
+        return None
+    return None
 
 
 def real_tokens(result: Dict[str, Any]) -> float:

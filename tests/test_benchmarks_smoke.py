@@ -295,3 +295,16 @@ def test_summarize_logs_derives_a_killed_variants_steps_from_its_kept_train_log(
     assert derived['derived_from_logs'] is True and v['steps'] == 12  # step 13 (profiled) is not counted
     assert len(v['step_s']) == 10 and v['median_step_s'] == 2.0 and v['mean_step_s'] == 2.7
     assert v['tokens_per_s'] == 4000.0 and v['peak_reserved_gib'] == 109.5 and v['micro_batch'] == 8
+
+
+def test_the_result_carries_dynamos_graph_breaks_from_the_compile_line(tmp_path):
+    """The counters compile_layers logs after step 1, read back from sft.log into the variant's result."""
+    import throughput as tp
+
+    from swift_vora.speed.compile_layers import COUNTERS_LOG_PREFIX  # the writer's own prefix
+    counters = {'unique_graphs': 32, 'graph_breaks': 24, 'graph_break_reasons': {'builtins.__build_class__': 24}}
+    log = tmp_path / 'sft.log'
+    log.write_text(f'Train: 0%\n[INFO:swift] {COUNTERS_LOG_PREFIX}{counters}\nTrain: 7%\n')
+    assert tp.compile_counters_logged(str(log)) == counters
+    log.write_text('no compile line\n')
+    assert tp.compile_counters_logged(str(log)) is None

@@ -219,6 +219,9 @@ def compile_vision_blocks(blocks, backend: str = 'inductor', inductor_mode: str 
     return len(blocks)
 
 
+COUNTERS_LOG_PREFIX = 'swift-vora compile: after step 1: '  # benchmarks/throughput.py reads the line back
+
+
 def compile_counters() -> dict:
     """What dynamo did so far: graphs compiled and graph breaks (by reason) -- logged after step 1."""
     from torch._dynamo.utils import counters
@@ -273,4 +276,4 @@ class CompileDecoderLayers(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if (self.compiled or self.compiled_vision) and state.global_step == 1:
-            logger.info(f'swift-vora compile: after step 1: {compile_counters()}')
+            logger.info(f'{COUNTERS_LOG_PREFIX}{compile_counters()}')
