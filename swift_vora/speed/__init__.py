@@ -43,12 +43,13 @@ LEVERS = (
     Lever('lora_autocast', 'SWIFT_VORA_LORA_AUTOCAST_INPUTS',
           'callback at train begin: PEFT\'s input cast switched off on LoRA layers under autocast',
           'LoraAutocastInputs'),
-    Lever('host_overhead', 'SWIFT_VORA_HOST_OVERHEAD',
-          'callback at train begin: FLOPs count, DeepStack merge, train(), token accuracy', 'HostOverhead'),
-    # before compile_layers: the layers are compiled with their FP8 linears in them
+    # before host_overhead and compile_layers: the modules are swapped before anything looks at them (the layers are
+    # compiled with their FP8 linears in them)
     Lever('fp8_frozen', 'SWIFT_VORA_FP8',
           'callback at train begin: the decoder\'s frozen base linears compute in FP8, weights held in FP8',
           'Fp8FrozenBase'),
+    Lever('host_overhead', 'SWIFT_VORA_HOST_OVERHEAD',
+          'callback at train begin: FLOPs count, DeepStack merge, train(), token accuracy', 'HostOverhead'),
     Lever('compile_layers', 'SWIFT_VORA_COMPILE',
           'callback at train begin: decoder layers and vision blocks compiled in place (not under DeepSpeed)',
           'CompileDecoderLayers'),

@@ -35,6 +35,7 @@ leaves all four untouched).
 from __future__ import annotations
 
 import logging
+import weakref
 
 from swift.callbacks import TrainerCallback
 
@@ -70,19 +71,26 @@ def count_parameters_once(trainer) -> None:
 def skip_repeated_train_mode(model) -> bool:
     """Make `model.train()` return at once while every module still has the flag the last full call left it with.
 
-    Returns False when already installed."""
+    The modules are remembered by weak reference, as the last full call found them: a lever that swaps modules
+    after this is installed (fp8_frozen replaces the frozen linears) neither keeps the replaced ones -- and their
+    weights -- alive, nor leaves its new ones out of train(): a module gone since takes the full call, which
+    looks again. Returns False when already installed."""
     original = model.train
     if patches.patched_by(original) or not patches.applicable('train_mode'):
         return False
-    modules = list(model.modules())
-    state = {'flags': None}  # every module's `training` after the last full train(True)
+    state = {'modules': None, 'flags': None}  # after the last full train(True): each module and its `training`
 
     def train(mode: bool = True):
-        flags = state['flags']
-        if mode is True and flags is not None and all(m.training is f for m, f in zip(modules, flags)):
-            return model
+        if mode is True and state['modules'] is not None:
+            live = [ref() for ref in state['modules']]
+            if all(m is not None and m.training is f for m, f in zip(live, state['flags'])):
+                return model
         result = original(mode)
-        state['flags'] = [m.training for m in modules] if mode is True else None
+        if mode is True:
+            modules = list(model.modules())
+            state['modules'], state['flags'] = [weakref.ref(m) for m in modules], [m.training for m in modules]
+        else:
+            state['modules'] = state['flags'] = None
         return result
 
     model.train = patches.mark(train, 'train_mode', original)
