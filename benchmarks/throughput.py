@@ -894,7 +894,7 @@ def summarize_variant(name, vdir, args, command, wall, profile, batch_size: int 
         'tokens_per_sample_set': sorted(set(tokens)),
         'video_grid_thw': grids[0] if grids else None,
         'encoded_samples_logged': len(enc),
-        'wall_s': round(wall, 1),
+        'wall_s': round(wall, 1) if wall is not None else None,
         'log': os.path.relpath(os.path.join(vdir, 'sft.log'), vdir),
         # swift's logged training losses (every --logging_steps): what an FP8 variant is compared on
         'losses': [r['loss'] for r in swift_log if isinstance(r.get('loss'), (int, float))],
@@ -1025,6 +1025,10 @@ def main(argv=None) -> int:
     parser.add_argument('--name', default='throughput', help='results file name prefix (default throughput)')
     parser.add_argument('--model-dir', default=None, help='reuse a built model directory')
     parser.add_argument('--variant-timeout', type=float, default=None, help='seconds per swift sft (default none)')
+    parser.add_argument('--summarize-logs', metavar='VARIANT_DIR', nargs='+', default=None,
+                        help="no run: the measured steps of variants' kept logs (VARIANT_DIR/progress.jsonl, "
+                             "encode.jsonl, output/logging.jsonl, e.g. from a logs-throughput.tgz), printed as a "
+                             "result file's variants with the FP8 comparison; with the run's --steps/--warmup-steps")
     parser.add_argument('--deadline', type=float, default=None,
                         help='seconds from start after which running swift processes are killed and the results '
                              'so far written (run_all.sh sets it from the device tool\'s 10-minute limit)')
@@ -1040,6 +1044,18 @@ def main(argv=None) -> int:
     # --torch-profile profiles an extra step outside the window instead.
     args.profile_seconds = args.profile_seconds or 0
     specs = variant_specs(smoke, args.workers_baseline, args.workers_vora)
+    if args.summarize_logs:  # derived figures, from logs a run kept (its result file stays as written)
+        args.torch_profile, args.sync_debug = [], []
+        derived = {}
+        for vdir in (d.rstrip('/') for d in args.summarize_logs):
+            name = os.path.basename(vdir)
+            derived[name] = summarize_variant(name, vdir, args, None, None, None,
+                                              batch_size=(specs.get(name) or {}).get('batch_size', 1))
+        compare_fp8(derived)
+        print(json.dumps({'benchmark': 'throughput', 'derived_from_logs': True,
+                          'command': 'python benchmarks/throughput.py ' + ' '.join(argv or sys.argv[1:]),
+                          'steps': args.steps, 'warmup_steps': args.warmup_steps, 'variants': derived}, indent=1))
+        return 0
     variants = [v.strip() for v in args.variants.split(',') if v.strip()]
     unknown = [v for v in variants if v not in specs]
     if unknown:

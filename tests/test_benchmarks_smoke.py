@@ -308,3 +308,24 @@ def test_the_result_carries_dynamos_graph_breaks_from_the_compile_line(tmp_path)
     assert tp.compile_counters_logged(str(log)) == counters
     log.write_text('no compile line\n')
     assert tp.compile_counters_logged(str(log)) is None
+
+
+def test_throughput_summarize_logs_compares_an_fp8_variant_with_its_twin_from_kept_logs(tmp_path, capsys):
+    """`throughput.py --summarize-logs`: the kept logs of a twin killed after training and of its FP8 variant give
+    both rates and the largest relative loss difference, by the benchmark's own summary."""
+    import throughput as tp
+    for name, losses in (('vora_gc', [4.0, 3.0, 2.0]), ('vora_gc_fp8', [4.0, 3.06, 2.0])):
+        vdir = tmp_path / name
+        (vdir / 'output').mkdir(parents=True)
+        rows = [{'event': 'begin', 't': 0.0}] + [
+            {'event': 'step', 'step': i, 'samples': 4 * i, 't': 10.0 + i, 'data_wait_s': 0.0, 'max_allocated_gib': 6.0,
+             'max_reserved_gib': 6.3} for i in range(1, 4)]
+        (vdir / 'progress.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+        (vdir / 'encode.jsonl').write_text(json.dumps({'tokens': 100, 'video_tokens': 80, 'supervised': 4}) + '\n')
+        (vdir / 'output' / 'logging.jsonl').write_text(''.join(json.dumps({'loss': x}) + '\n' for x in losses))
+    assert tp.main(['--summarize-logs', str(tmp_path / 'vora_gc'), str(tmp_path / 'vora_gc_fp8'), '--steps', '3',
+                    '--warmup-steps', '1']) == 0
+    derived = json.loads(capsys.readouterr().out)
+    fp8, twin = derived['variants']['vora_gc_fp8'], derived['variants']['vora_gc']
+    assert derived['derived_from_logs'] is True and twin['samples_per_s'] == fp8['samples_per_s'] == 4.0
+    assert fp8['fp8'] is True and fp8['loss_max_rel_diff_vs_bf16'] == 0.02
