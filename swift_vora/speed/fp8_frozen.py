@@ -34,10 +34,14 @@ from swift.callbacks import TrainerCallback
 
 from .. import switches
 
+# One statement of each rule, shared with the plan (which must say in advance what this module will do):
+# FP8 tensor cores from compute capability 8.9 (Ada, Hopper, Blackwell); torch._scaled_mm takes weights whose two
+# dimensions are multiples of 16
+from ..plan.hardware import FP8_CAPABILITY as MIN_CAPABILITY
+from ..plan.memory import FP8_DIM_MULTIPLE as DIM_MULTIPLE
+
 ENV = 'SWIFT_VORA_FP8'
 EMULATE_ENV = 'SWIFT_VORA_FP8_EMULATE'
-MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.x, 12.x)
-DIM_MULTIPLE = 16  # torch._scaled_mm: both dimensions of the weight
 REPORT = 'fp8.json'
 logger = logging.getLogger('swift')
 
