@@ -149,6 +149,9 @@ def _table() -> Tuple[Switch, ...]:
                where='speed/fp8_frozen.py'),
         Switch(PREFIX + 'FP8_EMULATE', 'flag', False, 'with FP8 on: emulate the FP8 casts in high precision where '
                'there are no FP8 tensor cores (checks on a CPU; no speed)', where='speed/fp8_frozen.py'),
+        Switch(PREFIX + 'FP8_ACCUM', 'choice', 'fast', 'with FP8 on: accumulation of the forward FP8 GEMM: fast '
+               '(torchao\'s default recipe: Hopper\'s fast accumulation) | exact (full-precision accumulation, as '
+               'the input gradient always has)', choices=('fast', 'exact'), where='speed/fp8_frozen.py'),
         Switch(PREFIX + 'VIT_ATTENTION', 'choice', 'batched', 'vision attention: batched (one call per layer, no '
                'sync) | transformers', choices=('batched', 'transformers'), where='speed/vit_attention.py'),
         Switch(PREFIX + 'PATCH_EMBED', 'choice', 'gemm', 'vision patch embedding: gemm (the stride == kernel Conv3d '

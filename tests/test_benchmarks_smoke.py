@@ -85,16 +85,21 @@ def test_learnability_smoke_trains_lora_on_an_fp8_base_next_to_bf16(tmp_path):
 # ---- fast checks of the pure parts -------------------------------------------------------------------------------
 
 def test_fp8_variants_are_the_bf16_twins_plus_the_switch_and_their_losses_compared():
-    from throughput import compare_fp8, variant_specs
+    from throughput import FP8_TWIN_QUALIFIERS, compare_fp8, fp8_twin, variant_specs
     specs = variant_specs(smoke=False, workers_baseline=2, workers_vora=4)
-    for name in [n for n in specs if n.endswith('_fp8')]:
-        twin = specs[name[:-len('_fp8')]]
-        assert specs[name]['env'] == {**twin['env'], 'SWIFT_VORA_FP8': 'frozen_base'}, name
+    fp8_names = [n for n in specs if fp8_twin(n)]
+    assert {'vora_gc_compile_fp8', 'vora_gc_compile_fp8_exact'} <= set(fp8_names)
+    for name in fp8_names:
+        twin = specs[fp8_twin(name)]
+        setting = next((v for q, v in FP8_TWIN_QUALIFIERS.items() if name.endswith(q)), {})
+        assert specs[name]['env'] == {**twin['env'], 'SWIFT_VORA_FP8': 'frozen_base', **setting}, name
         assert {k: v for k, v in specs[name].items() if k != 'env'} == {k: v for k, v in twin.items() if k != 'env'}
+    assert fp8_twin('vora_gc_compile_fp8_exact') == 'vora_gc_compile' and fp8_twin('vora_gc') is None
     results = {'vora_gc': {'losses': [2.0, 1.5]}, 'vora_gc_fp8': {'losses': [2.02, 1.47]},
-               'vora_compile_mb4_fp8': {'losses': [2.0]}}
+               'vora_compile_mb4_fp8': {'losses': [2.0]}, 'vora_gc_fp8_exact': {'losses': [2.0, 1.53]}}
     compare_fp8(results)
     assert results['vora_gc_fp8']['fp8'] is True and results['vora_gc_fp8']['loss_max_rel_diff_vs_bf16'] == 0.02
+    assert results['vora_gc_fp8_exact']['loss_max_rel_diff_vs_bf16'] == 0.02
     assert 'loss_max_rel_diff_vs_bf16' not in results['vora_compile_mb4_fp8']  # its twin did not run
     assert 'fp8' not in results['vora_gc']
 

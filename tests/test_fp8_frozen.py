@@ -113,6 +113,20 @@ def _lora_model():
     return get_peft_model(Model(), LoraConfig(r=4, target_modules=['q_proj', 'up_proj'], lora_dropout=0.0))
 
 
+def test_the_forward_accumulates_fast_by_default_and_exactly_when_asked():
+    """SWIFT_VORA_FP8_ACCUM: the forward GEMM's accumulation (torch._scaled_mm's use_fast_accum); the input
+    gradient always accumulates exactly; fp8.json says which the run used."""
+    for environ, fast in (({}, True), ({'SWIFT_VORA_FP8_ACCUM': 'exact'}, False)):
+        assert fp8_frozen.fast_accumulation(environ) is fast
+        model = _lora_model()
+        done = fp8_frozen.convert_frozen_linears(list(model.base_model.model.layers), emulate=True, fast_accum=fast)
+        config = model.base_model.model.layers[0].q_proj.base_layer.mm_config
+        assert config.output.use_fast_accum is fast and config.grad_input.use_fast_accum is False
+        assert done['forward_accumulation'] == ('fast' if fast else 'exact')
+    with pytest.raises(ValueError, match='SWIFT_VORA_FP8_ACCUM'):
+        fp8_frozen.fast_accumulation({'SWIFT_VORA_FP8_ACCUM': 'fastest'})
+
+
 def test_the_replaced_weights_are_freed_and_one_still_held_elsewhere_is_reported():
     """Half the weight memory is the point: fp8.json says how many replaced bf16 weights something else still holds
     (on the H200 a module list taken before the swap held all 196: no saving, a higher peak)."""

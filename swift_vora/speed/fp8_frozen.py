@@ -42,6 +42,7 @@ from ..plan.memory import FP8_DIM_MULTIPLE as DIM_MULTIPLE
 
 ENV = 'SWIFT_VORA_FP8'
 EMULATE_ENV = 'SWIFT_VORA_FP8_EMULATE'
+ACCUM_ENV = 'SWIFT_VORA_FP8_ACCUM'
 REPORT = 'fp8.json'
 logger = logging.getLogger('swift')
 
@@ -62,6 +63,11 @@ def emulated(environ=None) -> bool:
     return bool(switches.read(EMULATE_ENV, environ))
 
 
+def fast_accumulation(environ=None) -> bool:
+    """Whether the forward GEMM accumulates fast (torchao's default recipe) or exactly (SWIFT_VORA_FP8_ACCUM)."""
+    return switches.read(ACCUM_ENV, environ) == 'fast'
+
+
 def gpu_supports_fp8(capability: Optional[Tuple[int, int]]) -> bool:
     return capability is not None and tuple(capability) >= MIN_CAPABILITY
 
@@ -77,12 +83,13 @@ def unsupported_reason(capability: Optional[Tuple[int, int]], name: str = 'this 
     return None
 
 
-def _mm_config(emulate: bool):
+def _mm_config(emulate: bool, fast_accum: bool = True):
     from torchao.float8.float8_training_tensor import LinearMMConfig, ScaledMMConfig
-    # (emulate, use_fast_accum, fp8_output, pad_inner_dim): fast accumulation in the forward as torchao's
-    # default recipe does; exact accumulation for the input gradient
-    return LinearMMConfig(ScaledMMConfig(emulate, True, False, False), ScaledMMConfig(emulate, False, False, False),
-                          ScaledMMConfig(emulate, False, False, False))
+    # (emulate, use_fast_accum, fp8_output, pad_inner_dim): the forward accumulates fast as torchao's default recipe
+    # does unless SWIFT_VORA_FP8_ACCUM=exact (the first H200 run's losses drifted 2.6 % from bf16's: a suspect);
+    # exact accumulation for the input gradient always
+    return LinearMMConfig(ScaledMMConfig(emulate, fast_accum, False, False),
+                          ScaledMMConfig(emulate, False, False, False), ScaledMMConfig(emulate, False, False, False))
 
 
 @functools.lru_cache(maxsize=None)
@@ -131,13 +138,13 @@ def frozen_fp8_linear_class():
     class FrozenFp8Linear(torch.nn.Module):
         """A frozen `nn.Linear` whose weight is held in FP8 (e4m3, one scale) and multiplied in FP8."""
 
-        def __init__(self, linear: torch.nn.Linear, emulate: bool = False):
+        def __init__(self, linear: torch.nn.Linear, emulate: bool = False, fast_accum: bool = True):
             super().__init__()
             from torchao.float8.config import e4m3_dtype
             from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
             from torchao.float8.float8_training_tensor import GemmInputRole
             self.in_features, self.out_features = linear.in_features, linear.out_features
-            self.mm_config = _mm_config(emulate)
+            self.mm_config = _mm_config(emulate, fast_accum)
             with torch.no_grad():
                 # W^T as a column-major view of the row-major W: the layout torch._scaled_mm takes second
                 self.weight_fp8_t = hp_tensor_to_float8_dynamic(linear.weight.detach().t(), e4m3_dtype,
@@ -177,10 +184,11 @@ def eligible(linear) -> Optional[str]:
     return None
 
 
-def convert_frozen_linears(layers: List, emulate: bool = False) -> Dict[str, Any]:
+def convert_frozen_linears(layers: List, emulate: bool = False, fast_accum: bool = True) -> Dict[str, Any]:
     """Replace every eligible frozen `nn.Linear` inside `layers` (in place). Returns what was done."""
     import gc
-    done, replaced = _swap_linears(layers, emulate)
+    done, replaced = _swap_linears(layers, emulate, fast_accum)
+    done['forward_accumulation'] = 'fast' if fast_accum else 'exact'
     gc.collect()
     # The saving is real only if nothing else holds the replaced bf16 weights (a module list taken before the swap
     # did on the H200, 2026-12-02: peak 1.2 GiB above bf16 instead of 1.3 below)
@@ -188,7 +196,7 @@ def convert_frozen_linears(layers: List, emulate: bool = False) -> Dict[str, Any
     return done
 
 
-def _swap_linears(layers: List, emulate: bool):
+def _swap_linears(layers: List, emulate: bool, fast_accum: bool):
     """(what was done, weak references to the replaced weights); returns before the caller looks for survivors,
     so none of its locals holds one."""
     import weakref
@@ -207,7 +215,7 @@ def _swap_linears(layers: List, emulate: bool):
                         kept[why] = kept.get(why, 0) + 1
                     continue
                 bytes_before += child.weight.numel() * child.weight.element_size()
-                new = cls(child, emulate=emulate)
+                new = cls(child, emulate=emulate, fast_accum=fast_accum)
                 bytes_after += new.weight_fp8_t._data.numel() * new.weight_fp8_t._data.element_size()
                 setattr(parent, name, new)
                 replaced.append(weakref.ref(child.weight))
@@ -243,7 +251,7 @@ def apply(model, environ=None, output_dir: Optional[str] = None) -> Dict[str, An
     if not layers:
         raise Fp8Unavailable('train.fp8=frozen_base: no decoder layers found in the model (a *DecoderLayer '
                              'ModuleList); nothing would run in FP8')
-    done = convert_frozen_linears(layers, emulate=emulate)
+    done = convert_frozen_linears(layers, emulate=emulate, fast_accum=fast_accumulation(environ))
     done['gpu'] = name
     done['capability'] = list(capability) if capability else None
     if output_dir:
