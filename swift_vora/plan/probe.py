@@ -120,6 +120,13 @@ def _candidate_dirs(base: str, own: Optional[str]) -> List[str]:
     return dirs
 
 
+# The same readings under each cgroup version's file names ('events': memory.events / memory.oom_control, both
+# key-value lines with oom_kill)
+CGROUP_V2_FILES = {'limit': 'memory.max', 'usage': 'memory.current', 'peak': 'memory.peak', 'events': 'memory.events'}
+CGROUP_V1_FILES = {'limit': 'memory.limit_in_bytes', 'usage': 'memory.usage_in_bytes',
+                   'peak': 'memory.max_usage_in_bytes', 'events': 'memory.oom_control'}
+
+
 def probe_memory(root: Optional[str] = None, proc_self_cgroup: str = '/proc/self/cgroup') -> Dict[str, Any]:
     """The container memory limit and usage from cgroup v2 or v1, or 'none found'.
 
@@ -129,43 +136,28 @@ def probe_memory(root: Optional[str] = None, proc_self_cgroup: str = '/proc/self
     res: Dict[str, Any] = {'cgroup_root': base, 'cgroup_version': None, 'limit_bytes': None, 'limit_gib': None,
                            'limit_file': None, 'usage_bytes': None, 'usage_gib': None, 'peak_bytes': None,
                            'oom_kill': None, 'oom': None, 'status': 'none found'}
-    v2_dirs = [d for d in _candidate_dirs(base, own.get('v2')) if os.path.exists(os.path.join(d, 'memory.max'))]
-    v1_base = os.path.join(base, 'memory')
-    v1_dirs = [d for d in _candidate_dirs(v1_base, own.get('memory'))
-               if os.path.exists(os.path.join(d, 'memory.limit_in_bytes'))]
-    if v2_dirs:
-        res['cgroup_version'] = 'v2'
-        best = None
-        for d in v2_dirs:
-            ok, lim = _parse_limit(_read(os.path.join(d, 'memory.max')))
-            if ok and lim is not None and (best is None or lim < best[0]):
-                best = (lim, os.path.join(d, 'memory.max'))
-        d0 = v2_dirs[0]
-        cur = _read(os.path.join(d0, 'memory.current'))
-        peak = _read(os.path.join(d0, 'memory.peak'))
-        events = _parse_kv(_read(os.path.join(d0, 'memory.events')))
-        res['usage_bytes'] = _count(cur)
-        res['peak_bytes'] = _count(peak)
-        res['oom_kill'] = events.get('oom_kill')
-        res['oom'] = events.get('oom')
-    elif v1_dirs:
-        res['cgroup_version'] = 'v1'
-        best = None
-        for d in v1_dirs:
-            ok, lim = _parse_limit(_read(os.path.join(d, 'memory.limit_in_bytes')))
-            if ok and lim is not None and (best is None or lim < best[0]):
-                best = (lim, os.path.join(d, 'memory.limit_in_bytes'))
-        d0 = v1_dirs[0]
-        cur = _read(os.path.join(d0, 'memory.usage_in_bytes'))
-        peak = _read(os.path.join(d0, 'memory.max_usage_in_bytes'))
-        oomc = _parse_kv(_read(os.path.join(d0, 'memory.oom_control')))
-        res['usage_bytes'] = _count(cur)
-        res['peak_bytes'] = _count(peak)
-        res['oom_kill'] = oomc.get('oom_kill')
-        fc = _read(os.path.join(d0, 'memory.failcnt'))
-        res['failcnt'] = _count(fc)
+    for version, root, own_path, files in (('v2', base, own.get('v2'), CGROUP_V2_FILES),
+                                           ('v1', os.path.join(base, 'memory'), own.get('memory'), CGROUP_V1_FILES)):
+        dirs = [d for d in _candidate_dirs(root, own_path) if os.path.exists(os.path.join(d, files['limit']))]
+        if dirs:  # v2 first: a host with both mounted is read as v2, as before
+            break
     else:
         return res
+    res['cgroup_version'] = version
+    best = None  # the tightest limit of the candidate folders: (bytes, file)
+    for d in dirs:
+        ok, lim = _parse_limit(_read(os.path.join(d, files['limit'])))
+        if ok and lim is not None and (best is None or lim < best[0]):
+            best = (lim, os.path.join(d, files['limit']))
+    d0 = dirs[0]
+    res['usage_bytes'] = _count(_read(os.path.join(d0, files['usage'])))
+    res['peak_bytes'] = _count(_read(os.path.join(d0, files['peak'])))
+    events = _parse_kv(_read(os.path.join(d0, files['events'])))
+    res['oom_kill'] = events.get('oom_kill')
+    if version == 'v2':
+        res['oom'] = events.get('oom')
+    else:
+        res['failcnt'] = _count(_read(os.path.join(d0, 'memory.failcnt')))
     if best is not None:
         res['limit_bytes'], res['limit_file'] = best
         res['limit_gib'] = round(best[0] / C.GiB, 2)
