@@ -61,7 +61,7 @@ def test_the_plan_offers_fp8_only_where_the_gpu_has_fp8_tensor_cores():
     def offer(plan):
         return [r for r in plan.reasons if 'train.fp8: frozen_base' in r]
     h200 = offer(planned('--hardware', 'h200x1'))
-    assert len(h200) == 1 and 'less than bf16' in h200[0] and 'not measured here yet' in h200[0]
+    assert len(h200) == 1 and 'less than bf16' in h200[0] and 'not yet shown faster' in h200[0]
     assert offer(planned('--hardware', '4090x1'))  # Ada: 8.9
     assert not offer(planned('--hardware', '3090x1')) and not offer(planned('--hardware', 'a100-80x1'))
     assert not offer(planned('--hardware', 'h200x1', '--fp8', 'frozen_base'))  # already on
