@@ -529,14 +529,9 @@ def main(argv=None) -> int:
     # summarize_variant (throughput.py) reads these
     args.torch_profile, args.sync_debug = [], []
     if args.summarize_logs:  # derived figures, from logs a run kept (its result file stays as written)
-        variants = {}
-        for vdir in (d.rstrip('/') for d in args.summarize_logs):
-            variants[os.path.basename(vdir)] = summarize_runner(os.path.basename(vdir), os.path.join(vdir, 'output'),
-                                                                args, None, None)
-        print(json.dumps({'benchmark': 'moe_throughput', 'derived_from_logs': True,
-                          'command': 'python benchmarks/moe_throughput.py ' + ' '.join(argv or sys.argv[1:]),
-                          'steps': args.steps, 'warmup_steps': args.warmup_steps, 'variants': variants}, indent=1))
-        return 0
+        variants = tp.summarize_kept_logs(args.summarize_logs, lambda name, vdir: summarize_runner(
+            name, os.path.join(vdir, 'output'), args, None, None))
+        return tp.print_derived('moe_throughput', argv, args, variants)
     t_start = time.time()
     work = args.work or os.path.join(__import__('tempfile').gettempdir(), 'swift_vora_moe')
     os.makedirs(work, exist_ok=True)

@@ -927,6 +927,21 @@ def summarize_variant(name, vdir, args, command, wall, profile, batch_size: int 
     return result
 
 
+def summarize_kept_logs(variant_dirs: List[str], summarize: Callable[[str, str], Dict[str, Any]]
+                        ) -> Dict[str, Dict[str, Any]]:
+    """--summarize-logs: each kept variant folder (named as its variant) through the benchmark's own summary."""
+    dirs = [d.rstrip('/') for d in variant_dirs]
+    return {os.path.basename(d): summarize(os.path.basename(d), d) for d in dirs}
+
+
+def print_derived(benchmark: str, argv: Optional[List[str]], args, variants: Dict[str, Dict[str, Any]]) -> int:
+    """Print --summarize-logs' result (kept as benchmarks/results/derived-*.json, never over the run's own file)."""
+    print(json.dumps({'benchmark': benchmark, 'derived_from_logs': True,
+                      'command': f'python benchmarks/{benchmark}.py ' + ' '.join(argv or sys.argv[1:]),
+                      'steps': args.steps, 'warmup_steps': args.warmup_steps, 'variants': variants}, indent=1))
+    return 0
+
+
 def compile_counters_logged(log_path: str) -> Optional[Dict[str, Any]]:
     """Dynamo's counters that compile_layers logs after step 1 (graphs, graph breaks by reason), or None: a graph
     break inside the compiled layers is a slowdown the step times alone do not explain (the first FP8 run on the
@@ -1049,16 +1064,10 @@ def main(argv=None) -> int:
     specs = variant_specs(smoke, args.workers_baseline, args.workers_vora)
     if args.summarize_logs:  # derived figures, from logs a run kept (its result file stays as written)
         args.torch_profile, args.sync_debug = [], []
-        derived = {}
-        for vdir in (d.rstrip('/') for d in args.summarize_logs):
-            name = os.path.basename(vdir)
-            derived[name] = summarize_variant(name, vdir, args, None, None, None,
-                                              batch_size=(specs.get(name) or {}).get('batch_size', 1))
+        derived = summarize_kept_logs(args.summarize_logs, lambda name, vdir: summarize_variant(
+            name, vdir, args, None, None, None, batch_size=(specs.get(name) or {}).get('batch_size', 1)))
         compare_fp8(derived)
-        print(json.dumps({'benchmark': 'throughput', 'derived_from_logs': True,
-                          'command': 'python benchmarks/throughput.py ' + ' '.join(argv or sys.argv[1:]),
-                          'steps': args.steps, 'warmup_steps': args.warmup_steps, 'variants': derived}, indent=1))
-        return 0
+        return print_derived('throughput', argv, args, derived)
     variants = [v.strip() for v in args.variants.split(',') if v.strip()]
     unknown = [v for v in variants if v not in specs]
     if unknown:
