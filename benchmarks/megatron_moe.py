@@ -35,8 +35,9 @@ Unsloth one: what swift_vora/plan/backend_ratio.py's table records with `--recor
 variant (`NAME-partial.json`): a call cut short still returns what ran.
 
 Expected wall time on the H200 (fresh machine, 8-layer checkpoint 16.4 GB): model 41 s, clips ~20 s, Gated
-DeltaNet gradient check ~1-2 min (scripts/gpu/gdn_grad_check.py, run by the phase first), per Megatron variant
-~2-3 min (load + convert ~60-90 s, first step (Triton autotune of the Gated DeltaNet kernels) ~60 s, 12 steps),
+DeltaNet gradient check ~2.5 min (scripts/gpu/gdn_grad_check.py, run by the phase first; 143 s measured), per
+Megatron variant ~2-3 min (load + convert ~60-90 s, first step ~60 s once the kernel cache is warm -- the first
+attempt, without the shared cache, averaged 147 s over its first two steps -- then 12 steps),
 the flagship +3 min (merged save, merge_for_vllm.sh's copy and check, merged load), vora_unsloth_best ~5 min (its
 first step autotunes ~225 s on a fresh machine), swift_peft ~2 min. The default list puts the side-by-side first
 (mg_base, mg_te_ce, vora_unsloth_best, swift_peft: ~15 min), then mg_selective and mg_mb2; with `--deadline 840` the

@@ -23,6 +23,7 @@ SWIFT_VORA_VIT_ATTENTION=transformers to skip it). The template applies the per-
 """
 from __future__ import annotations
 
+import os
 import sys
 
 _registered = False
@@ -108,8 +109,13 @@ def register_megatron_callbacks() -> bool:
         # MegatronCallback second: events ms-swift adds later fall back to its no-ops
         megatron_callbacks_map.setdefault(PREFIX + name, type(guard.__name__, (guard, MegatronCallback),
                                                               {'__module__': guard.__module__}))
+    # Compiled Triton kernels and autotuning timings persist across launches (and from scripts/gpu/gdn_grad_check.py
+    # into the run after it): without this every `megatron sft` process autotunes the Gated DeltaNet kernels again
+    # (two 147 s first steps on a fresh H200, 2026-12-02). Set before any kernel compiles; a user's value is kept.
+    from .backends import kernel_cache, megatron_fla
+    for key, value in kernel_cache.cache_env().items():
+        os.environ.setdefault(key, value)
     # Gated DeltaNet models: the flash-linear-attention kernels that are correct on this GPU (only when the launch
     # set SWIFT_VORA_MEGATRON_FLA; a refusal stops here, before the model loads)
-    from .backends import megatron_fla
     megatron_fla.install_from_env()
     return True

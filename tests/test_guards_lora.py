@@ -9,6 +9,8 @@ import pytest
 import swift  # noqa: F401  (a test dependency: pyproject [test])
 import torch
 
+from swift_vora.guards.lora_update import expert_group, split_unchanged
+
 
 class TinyNet(torch.nn.Module):
     def __init__(self):
@@ -155,3 +157,28 @@ def test_ddp_run_reports_all_updated(guards_ddp_run):
     report = json.load(open(os.path.join(guards_ddp_run['run_dir'], 'lora_update.json')))
     assert report['updated'] == report['of'] == 28
     assert 'swift-vora lora_update: 28 of 28 adapter tensors updated' in guards_ddp_run['log']
+
+
+@pytest.mark.parametrize('name, group', [
+    ('language_model.decoder.layers.3.mlp.experts.linear_fc1.lora_A.default.weight10',  # Megatron TE grouped
+     'language_model.decoder.layers.3.mlp.experts.linear_fc1.lora_A.default.weight*'),
+    ('pp1/ep3/decoder.layers.0.mlp.experts.linear_fc2.lora_B.default.weight0',  # expert rank 3 of stage 1
+     'pp1/decoder.layers.0.mlp.experts.linear_fc2.lora_B.default.weight*'),
+    ('model.layers.0.mlp.experts.17.gate_proj.lora_A.default.weight',  # HF per-expert modules
+     'model.layers.0.mlp.experts.*.gate_proj.lora_A.default.weight'),
+    ('model.layers.0.mlp.experts.gate_up_proj.lora_A.default.weight', None),  # fused 3-D: all experts in one
+    ('model.layers.0.self_attn.q_proj.lora_A.default.weight', None),
+    ('decoder.layers.0.self_attention.linear_qkv.lora_A.default.weight', None),
+])
+def test_expert_group_names_the_layer_an_expert_adapter_belongs_to(name, group):
+    assert expert_group(name) == group
+
+
+def test_unchanged_experts_pass_only_beside_a_moved_expert_of_their_layer():
+    grouped = 'decoder.layers.{}.mlp.experts.linear_fc1.lora_A.default.weight{}'
+    names = [grouped.format(0, 0), grouped.format(0, 1), grouped.format(1, 0), grouped.format(1, 1),
+             'decoder.layers.0.self_attention.linear_qkv.lora_A.default.weight']
+    changed = [True, False, False, False, False]  # layer 1's experts all unchanged, attention unchanged
+    stale, not_reached = split_unchanged(names, changed)
+    assert not_reached == [grouped.format(0, 1)]
+    assert stale == [grouped.format(1, 0), grouped.format(1, 1), names[4]]

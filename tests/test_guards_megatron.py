@@ -3,6 +3,7 @@
 `state.iteration += 1` / on_step_end), on a stand-in trainer with Megatron-style LoRA names (TE grouped experts:
 `...experts.linear_fc1.lora_A.default.weight0`). Megatron itself needs CUDA and Transformer Engine."""
 import json
+import os
 import subprocess
 import sys
 import types
@@ -141,19 +142,34 @@ def test_lora_update_all_updated_writes_counts(tmp_path, monkeypatch):
     assert report['requires_grad_false'] == []  # the frozen base weight is not a LoRA tensor
 
 
-def test_lora_update_stops_naming_an_expert_no_token_reached(tmp_path, monkeypatch):
+def test_lora_update_counts_an_expert_no_token_reached_without_stopping(tmp_path, monkeypatch):
+    # expert 1 gets no token: its adapter stays, expert 0 of the same grouped layer moved -> reported, not fatal
     monkeypatch.setenv('SWIFT_VORA_LORA_CHECK_STEPS', '2')
     trainer = FakeTrainer(tmp_path, lrs=[0.1], experts=(0,))
+    trainer.run([MegatronLoraUpdateGuard(trainer)], steps=3)
+    assert trainer.state.iteration == 3
+    report = json.loads((tmp_path / 'lora_update.json').read_text())
+    assert report['expert_tensors'] == 4 and report['expert_updated'] == 2 and report['updated'] == 4
+    assert report['not_updated'] == [] and report['experts_not_reached'] == 2
+    assert report['experts_not_reached_by_layer'] == {f'{EXPERTS}.lora_A.default.weight*': 1,
+                                                      f'{EXPERTS}.lora_B.default.weight*': 1}
+
+
+def test_lora_update_stops_when_no_expert_of_a_layer_moved(tmp_path, monkeypatch):
+    # no expert of the grouped layer moves (a frozen or disconnected grouped adapter): stop, naming them
+    monkeypatch.setenv('SWIFT_VORA_LORA_CHECK_STEPS', '2')
+    trainer = FakeTrainer(tmp_path, lrs=[0.1], experts=())
     guard = MegatronLoraUpdateGuard(trainer)
-    with pytest.raises(GuardError, match='4 of 6 LoRA tensors updated after 2 optimizer steps') as error:
+    with pytest.raises(GuardError, match='2 of 6 LoRA tensors updated after 2 optimizer steps') as error:
         trainer.run([guard], steps=3)
-    assert f'{EXPERTS}.lora_A.default.weight1' in str(error.value)
-    assert f'{EXPERTS}.lora_B.default.weight1' in str(error.value)
-    assert f'{EXPERTS}.lora_A.default.weight0' not in str(error.value)
+    for i in (0, 1):
+        assert f'{EXPERTS}.lora_A.default.weight{i}' in str(error.value)
+        assert f'{EXPERTS}.lora_B.default.weight{i}' in str(error.value)
+    assert f'{ATTENTION}.lora_A' not in str(error.value)
     assert trainer.state.iteration == 2  # stopped at the check, not at the end
     report = json.loads((tmp_path / 'lora_update.json').read_text())
-    assert report['expert_tensors'] == 4 and report['expert_updated'] == 2
-    assert sorted(report['not_updated']) == [f'{EXPERTS}.lora_A.default.weight1', f'{EXPERTS}.lora_B.default.weight1']
+    assert report['expert_updated'] == 0 and report['experts_not_reached'] == 0
+    assert len(report['not_updated']) == 4
 
 
 def test_lora_update_does_not_count_a_skipped_step(tmp_path, monkeypatch):
@@ -226,7 +242,17 @@ def test_plugin_registers_megatron_callbacks_inside_megatron(tmp_path, monkeypat
     callbacks.MegatronCallback = MegatronCallback
     monkeypatch.setitem(sys.modules, 'swift.megatron', types.ModuleType('swift.megatron'))
     monkeypatch.setitem(sys.modules, 'swift.megatron.callbacks', callbacks)
+    from swift_vora.backends import kernel_cache
+    monkeypatch.setenv('SWIFT_VORA_CACHE_DIR', str(tmp_path / 'cache'))
+    for key in kernel_cache.cache_env():  # set by the call below; restored (unset) after the test
+        monkeypatch.setenv(key, '')
+        monkeypatch.delenv(key)
+    monkeypatch.setenv('TORCHINDUCTOR_CACHE_DIR', str(tmp_path / 'mine'))  # a user's value is kept
     assert swift_registry.register_megatron_callbacks() is True
+    # the kernel caches persist across launches, as in the Unsloth runner (backends/kernel_cache.py)
+    assert os.environ['TRITON_CACHE_DIR'] == str(tmp_path / 'cache' / 'triton')
+    assert os.environ['TRITON_CACHE_AUTOTUNING'] == '1' and os.environ['FLA_CACHE_RESULTS'] == '1'
+    assert os.environ['TORCHINDUCTOR_CACHE_DIR'] == str(tmp_path / 'mine')
     registered = callbacks.megatron_callbacks_map
     assert set(registered) == {'print'} | {f'vora_{name}' for name in MEGATRON_GUARDS}
     assert set(MEGATRON_GUARDS) == {'fingerprint', 'memory', 'lora_update'}

@@ -46,6 +46,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -305,15 +306,21 @@ def gradient_check(kernel: Callable, l2norm: Callable, reference: Callable, *, b
     gen = torch.Generator(device='cpu').manual_seed(seed + 1)
     upstream_grad = torch.randn(batch, seq, heads, head_dim, generator=gen).to(device, dtype)
 
-    def run(fn, norm, cast):
+    seconds = {}
+
+    def run(label, fn, norm, cast):
+        start = time.perf_counter()
         leaves = [(t.detach().clone() if t is g else t.detach().to(cast)).requires_grad_(True)
                   for t in (q, k, v, g, beta)]
         out, _ = fn(norm(leaves[0]), norm(leaves[1]), leaves[2], g=leaves[3], beta=leaves[4], initial_state=None,
                     output_final_state=False, use_qk_l2norm_in_kernel=False)
         (out.float() * upstream_grad.float()).sum().backward()
+        if str(device).startswith('cuda'):
+            torch.cuda.synchronize()
+        seconds[label] = round(time.perf_counter() - start, 2)  # the kernel's includes its compile and autotune
         return [out.detach()] + [t.grad.detach() for t in leaves]
 
-    got, want = run(kernel, l2norm, dtype), run(reference, reference_l2norm, reference_dtype)
+    got, want = run('kernel_s', kernel, l2norm, dtype), run('reference_s', reference, reference_l2norm, reference_dtype)
     names = ('out', 'dq', 'dk', 'dv', 'dg', 'dbeta')
     errors = {}
     for name, a, b in zip(names, got, want):
@@ -322,4 +329,5 @@ def gradient_check(kernel: Callable, l2norm: Callable, reference: Callable, *, b
         errors[name] = round(float((a - b).norm() / b.norm().clamp_min(1e-12)), 6) if finite else float('inf')
     return {'shape': {'batch': batch, 'seq': seq, 'heads': heads, 'head_dim': head_dim, 'dtype': str(dtype),
                       'reference_dtype': str(reference_dtype)},
-            'tolerance': tolerance, 'rel_error': errors, 'ok': all(e <= tolerance for e in errors.values())}
+            'tolerance': tolerance, 'rel_error': errors, 'ok': all(e <= tolerance for e in errors.values()),
+            **seconds}

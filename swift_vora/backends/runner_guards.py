@@ -17,7 +17,13 @@ from typing import Any, Dict, List, Optional
 from .. import switches
 from ..guards.common import GuardError, append_jsonl, logger, write_json
 from ..guards.fingerprint import build_fingerprint
-from ..guards.lora_update import CHECK_STEPS_ENV, AdapterTracker, never_changed_error, update_summary
+from ..guards.lora_update import (
+    CHECK_STEPS_ENV,
+    AdapterTracker,
+    never_changed_error,
+    not_reached_note,
+    update_summary,
+)
 from ..guards.memory import EVERY_ENV, FIRST_ENV, is_oom, is_recorded_step, measure
 from ..guards.supervision import distribution
 from ..guards.verify_adapter import TIMEOUT_ENV as VERIFY_TIMEOUT_ENV
@@ -100,7 +106,8 @@ class RunnerGuards:
                   'source': 'float64 checksums of every LoRA tensor before training and after the counted steps'}
         write_json(os.path.join(self.output_dir, 'lora_update.json'), report)
         message = (f'{report["updated"]} of {report["tensors"]} adapter tensors updated after {self.counted_steps} '
-                   f'steps ({report["expert_updated"]} of {report["expert_tensors"]} on the experts)')
+                   f'steps ({report["expert_updated"]} of {report["expert_tensors"]} on the experts)'
+                   f'{not_reached_note(report["experts_not_reached"])}')
         logger.info(f'swift-vora lora_update: {message}.')
         if report['not_updated']:
             raise never_changed_error(message, report['not_updated'], 'check the freeze settings')

@@ -14,7 +14,8 @@ events not handled here) when it registers them inside a `megatron sft` process.
   `SWIFT_VORA_MEMORY_EVERY`. Without CUDA it records nothing.
 - lora_update: float64 checksums of every trainable LoRA tensor of every model chunk at train begin; after
   `SWIFT_VORA_LORA_CHECK_STEPS` steps that updated (learning rate > 0 -- Megatron's warm-up starts at 0 -- and
-  the scheduler advanced, i.e. the step was not skipped) every one must have changed, or the run stops naming
+  the scheduler advanced, i.e. the step was not skipped) every one must have changed -- an expert's, unless no
+  token reached it while another expert of its layer moved (guards/lora_update.py) -- or the run stops naming
   them. Ranks hold different tensors (pipeline stages, expert ranks), so they combine per-tensor flags by name
   with one object all-gather, the name qualified by the pipeline stage and, for expert tensors, the expert rank;
   a tensor counts as updated if any rank's copy changed (tensor-parallel shards; with a distributed optimizer
@@ -36,6 +37,7 @@ from .lora_update import (
     is_expert_tensor,
     never_changed_error,
     not_checked_note,
+    not_reached_note,
     update_summary,
 )
 from .memory import EVERY_ENV, FIRST_ENV, is_recorded_step, measure
@@ -259,7 +261,8 @@ class MegatronLoraUpdateGuard(MegatronGuard):
                             'criterion': 'float64 sum/L1/L2^2 of each trainable LoRA tensor, changed on any rank'})
         self._write()
         message = (f'{summary["updated"]} of {summary["tensors"]} LoRA tensors updated after {self.counted} optimizer '
-                   f'steps ({summary["expert_updated"]} of {summary["expert_tensors"]} on the experts)')
+                   f'steps ({summary["expert_updated"]} of {summary["expert_tensors"]} on the experts)'
+                   f'{not_reached_note(summary["experts_not_reached"])}')
         stale = summary['not_updated']
         if stale:
             raise never_changed_error(message, stale, 'check the freeze settings')
