@@ -201,6 +201,13 @@ ROWS: List[Dict[str, Any]] = [
                        '(moe_throughput vora_unsloth_mb8, call c, from its train log), 8 x 7,788 tok',
      'source': ('derived-moe-h200-full-c-logs.json', 'vora_unsloth_mb8'), 'scope': 'training', 'model': MOE,
      'plan': [*UNSLOTH_FULL, '--micro-batch', '8', '--checkpoints', 'gpu']},
+    # --- FP8 frozen base weights (train.fp8=frozen_base, issue #34), after its two bugs were fixed (2026-12-02):
+    # no constant was fitted to it (FP8 weights are planned at one byte each, plan/memory.py). Its bf16 twin in the
+    # same call repeats row 13's configuration and is not a row of its own ---
+    {'id': 30, 'what': '2B LoRA via swift-vora, GC, layers + vision blocks compiled, decoder\'s frozen linears in FP8 '
+                       '(throughput vora_gc_compile_fp8, run fp8-b), 6,528 tok',
+     'source': ('throughput-fp8-b-2026-12-02.json', 'vora_gc_compile_fp8'), 'scope': 'training',
+     'plan': [*COMPILED_2B, '--fp8', 'frozen_base']},
 ]
 # Checked rows outside the tolerance, kept visible instead of refitted (a refit would make them in-sample): the
 # check fails on any other row outside, and on one of these coming back inside (then this list is out of date).

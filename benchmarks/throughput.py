@@ -1213,7 +1213,8 @@ def loss_max_rel_diff(fp8: List[float], bf16: List[float]) -> Optional[float]:
 
 def compare_fp8(results: Dict[str, Dict[str, Any]]) -> None:
     """`fp8: true` on every FP8 variant and, where its bf16 twin ran in the same call, the largest relative
-    difference of their logged losses (the issue's 'within 2 % at every logged step')."""
+    difference of their logged losses (the issue's 'within 2 % at every logged step') and its rate over the twin's
+    (`samples_per_s_vs_bf16`, the benchmark's samples/s over the measured window on both)."""
     for name in [n for n in results if fp8_twin(n)]:
         twin = fp8_twin(name)
         results[name]['fp8'] = True
@@ -1221,6 +1222,8 @@ def compare_fp8(results: Dict[str, Dict[str, Any]]) -> None:
         if twin in results:
             results[name]['loss_max_rel_diff_vs_bf16'] = loss_max_rel_diff(results[name].get('losses', []),
                                                                            results[twin].get('losses', []))
+            rate, twin_rate = results[name].get('samples_per_s'), results[twin].get('samples_per_s')
+            results[name]['samples_per_s_vs_bf16'] = round(rate / twin_rate, 4) if rate and twin_rate else None
 
 
 HEADLINE_RULE = ('memory budget = the peak reserved memory of `baseline` (plain swift sft as gpu-machine.md runs it); '

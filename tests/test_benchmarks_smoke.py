@@ -95,10 +95,13 @@ def test_fp8_variants_are_the_bf16_twins_plus_the_switch_and_their_losses_compar
         assert specs[name]['env'] == {**twin['env'], 'SWIFT_VORA_FP8': 'frozen_base', **setting}, name
         assert {k: v for k, v in specs[name].items() if k != 'env'} == {k: v for k, v in twin.items() if k != 'env'}
     assert fp8_twin('vora_gc_compile_fp8_exact') == 'vora_gc_compile' and fp8_twin('vora_gc') is None
-    results = {'vora_gc': {'losses': [2.0, 1.5]}, 'vora_gc_fp8': {'losses': [2.02, 1.47]},
+    results = {'vora_gc': {'losses': [2.0, 1.5], 'samples_per_s': 3.6517},
+               'vora_gc_fp8': {'losses': [2.02, 1.47], 'samples_per_s': 2.9786},
                'vora_compile_mb4_fp8': {'losses': [2.0]}, 'vora_gc_fp8_exact': {'losses': [2.0, 1.53]}}
     compare_fp8(results)
     assert results['vora_gc_fp8']['fp8'] is True and results['vora_gc_fp8']['loss_max_rel_diff_vs_bf16'] == 0.02
+    assert results['vora_gc_fp8']['samples_per_s_vs_bf16'] == 0.8157  # run fp8-b's two rates
+    assert results['vora_gc_fp8_exact']['samples_per_s_vs_bf16'] is None  # it has no rate (did not finish)
     assert results['vora_gc_fp8_exact']['loss_max_rel_diff_vs_bf16'] == 0.02
     assert 'loss_max_rel_diff_vs_bf16' not in results['vora_compile_mb4_fp8']  # its twin did not run
     assert 'fp8' not in results['vora_gc']

@@ -35,7 +35,8 @@ def test_fp8_holds_the_decoder_linears_in_one_byte_and_plans_on_ddp():
     assert fp8.gpu_peak_gib < bf16.gpu_peak_gib - 1.0
     # the model loads in bf16 and is converted at train begin: the load phase holds the bf16 weights
     assert fp8.phases['load']['gpu_gib'] == pytest.approx(bf16.phases['load']['gpu_gib'], abs=0.02)
-    assert 'FP8 frozen base not measured yet' in fp8.est_source
+    assert 'FP8 frozen base x0.816 of bf16 (throughput run fp8-b' in fp8.est_source  # the measured twin ratio
+    assert fp8.est_samples_per_s == pytest.approx(bf16.est_samples_per_s * 0.816, rel=0.01)
     assert any('SWIFT_VORA_FP8=frozen_base' in part for part in fp8.command)
 
 
@@ -61,7 +62,7 @@ def test_the_plan_offers_fp8_only_where_the_gpu_has_fp8_tensor_cores():
     def offer(plan):
         return [r for r in plan.reasons if 'train.fp8: frozen_base' in r]
     h200 = offer(planned('--hardware', 'h200x1'))
-    assert len(h200) == 1 and 'less than bf16' in h200[0] and 'not yet shown faster' in h200[0]
+    assert len(h200) == 1 and 'less than bf16' in h200[0] and 'for memory, not speed: measured at 0.82x' in h200[0]
     assert offer(planned('--hardware', '4090x1'))  # Ada: 8.9
     assert not offer(planned('--hardware', '3090x1')) and not offer(planned('--hardware', 'a100-80x1'))
     assert not offer(planned('--hardware', 'h200x1', '--fp8', 'frozen_base'))  # already on
