@@ -87,6 +87,9 @@ MICRO_BATCH_VARIANTS = {'vora_unsloth_mb2': 2, 'vora_unsloth_mb4': 4, 'vora_unsl
 # The expert GEMM path at the winning micro-batch: Unsloth's grouped-GEMM Triton kernels instead of torch's
 # grouped_mm (its default where torch has it); the runner records which one Unsloth chose (`runner.moe_backend`).
 MOE_BACKEND_VARIANTS = {'vora_unsloth_mb4_triton': (4, 'unsloth_triton')}
+# Fewer checkpointed layers where the plan leaves room (train.checkpoint_layers, speed/partial_checkpoint.py):
+# (micro-batch, decoder layers checkpointed of 40); the planner fits both on an H200 (131.5 and 113.4 GiB planned)
+CHECKPOINT_LAYERS_VARIANTS = {'vora_unsloth_mb4_ck36': (4, 36), 'vora_unsloth_mb2_ck34': (2, 34)}
 
 
 def budget(smoke: bool) -> Dict[str, Any]:
@@ -591,6 +594,12 @@ def main(argv=None) -> int:
                 result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
                                   extra_env={'UNSLOTH_MOE_BACKEND': moe_backend},
                                   extra_overrides=[f'train.micro_batch={micro_batch}'])
+            elif name in CHECKPOINT_LAYERS_VARIANTS:
+                micro_batch, checkpointed = CHECKPOINT_LAYERS_VARIANTS[name]
+                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
+                                  extra_overrides=[f'train.micro_batch={micro_batch}',
+                                                   'unsloth.gradient_checkpointing=true',
+                                                   f'train.checkpoint_layers={checkpointed}'])
             elif name == 'swift_peft':
                 result = run_swift(name, args, b, inputs, work, 'peft', TARGET_MODULES, TARGET_PARAMETERS)
             elif name == 'swift_peft_attn':

@@ -344,6 +344,23 @@ def test_extra_args_cannot_change_the_loss_the_megatron_plan_counted():
         build_launch(plan_recipe(recipe), recipe)
 
 
+def test_checkpoint_layers_reaches_the_training_process_and_is_refused_where_it_means_nothing():
+    # swift sft (ZeRO-3 here) and the Unsloth runner read SWIFT_VORA_CHECKPOINT_LAYERS (speed/partial_checkpoint.py)
+    recipe = recipe_from_dict(minimal(checkpoint_layers=20))
+    assert build_launch(plan_recipe(recipe), recipe).env['SWIFT_VORA_CHECKPOINT_LAYERS'] == '20'
+    assert 'SWIFT_VORA_CHECKPOINT_LAYERS' not in build_launch(plan_recipe(recipe_from_dict(minimal())),
+                                                              recipe_from_dict(minimal())).env
+    moe = recipe_from_dict(dict(minimal(MOE_35B, checkpoint_layers=30), hardware='h200x1'))
+    assert build_launch(plan_recipe(moe), moe).env['SWIFT_VORA_CHECKPOINT_LAYERS'] == '30'
+    megatron = recipe_from_dict(dict(minimal(MOE_35B, checkpoint_layers=4), hardware='h200x8'))
+    with pytest.raises(LaunchUsageError, match='megatron.recompute'):
+        build_launch(plan_recipe(megatron), megatron)
+    with pytest.raises(RecipeError, match='gradient_checkpointing is false'):
+        recipe_from_dict(minimal(checkpoint_layers=4, gradient_checkpointing=False))
+    with pytest.raises(RecipeError, match="'train.checkpoint_layers' must be >= 0"):
+        recipe_from_dict(minimal(checkpoint_layers=-1))
+
+
 def test_recipe_env_cannot_override_the_budget():
     recipe = recipe_from_dict(dict(minimal(), env={'SWIFT_VORA_MAX_FRAMES': '512'}))
     with pytest.raises(LaunchUsageError):

@@ -172,3 +172,21 @@ def test_plan_cli_cross_entropy_flag_changes_the_megatron_plan():
                                                                        ['--cross-entropy', 'te']))
     assert default.gpu_peak_gib == native.gpu_peak_gib  # ms-swift's default
     assert te.gpu_peak_gib < native.gpu_peak_gib
+
+
+def test_checkpointing_fewer_layers_plans_their_activations_and_a_speed_in_between():
+    from swift_vora.cli.plan import plan_from_argv
+    base = ['--model', os.path.join(os.path.dirname(__file__), 'fixtures', 'configs', 'qwen3_vl_2b.json'),
+            '--hardware', 'h200x1', '--backend', 'ddp', '--compile', 'layers', '--frame-tokens', '180',
+            '--clip-seconds', '32', '--answer-tokens', '16']
+    every = plan_from_argv(base)
+    assert plan_from_argv([*base, '--checkpoint-layers', '28']).gpu_peak_gib == every.gpu_peak_gib  # all 28
+    none = plan_from_argv([*base, '--no-gradient-checkpointing'])
+    zero = plan_from_argv([*base, '--checkpoint-layers', '0'])
+    assert zero.gpu_peak_gib == pytest.approx(none.gpu_peak_gib, abs=0.01)  # 0 checkpointed = no checkpointing
+    assert zero.est_samples_per_s == pytest.approx(none.est_samples_per_s, rel=1e-3)
+    part = plan_from_argv([*base, '--checkpoint-layers', '20'])
+    assert part.breakdown['activations: 8 of 28 layers not checkpointed'] > 0
+    assert every.gpu_peak_gib < part.gpu_peak_gib < none.gpu_peak_gib
+    assert every.est_samples_per_s < part.est_samples_per_s < none.est_samples_per_s
+    assert '20 of 28 layers checkpointed' in part.est_source

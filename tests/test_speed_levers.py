@@ -10,7 +10,7 @@ from swift_vora import speed
 def test_table_matches_the_modules():
     assert {lever.name for lever in speed.LEVERS} == {
         'compile_layers', 'vit_attention', 'lora_autocast', 'host_overhead', 'shape_bucket', 'pixel_dtype',
-        'video_decode', 'selective_checkpoint', 'packed_attention', 'patch_embed', 'fp8_frozen'}
+        'video_decode', 'selective_checkpoint', 'packed_attention', 'patch_embed', 'fp8_frozen', 'partial_checkpoint'}
     for lever in speed.LEVERS:
         assert lever.module.ENV == lever.switch, lever.name
         if lever.callback:
@@ -28,6 +28,11 @@ def test_table_matches_the_modules():
     # FP8 swaps modules before host_overhead remembers them and compile_layers compiles them
     ({'SWIFT_VORA_FP8': 'frozen_base', 'SWIFT_VORA_COMPILE': 'layers'},
      ['lora_autocast', 'fp8_frozen', 'host_overhead', 'compile_layers', 'pixel_dtype']),
+    # fewer checkpointed layers before compile_layers / selective_checkpoint, which act on the checkpointed ones
+    ({'SWIFT_VORA_CHECKPOINT_LAYERS': '20', 'SWIFT_VORA_COMPILE': 'layers',
+      'SWIFT_VORA_SELECTIVE_CHECKPOINT': 'matmul'},
+     ['lora_autocast', 'host_overhead', 'partial_checkpoint', 'compile_layers', 'selective_checkpoint',
+      'pixel_dtype']),
 ])
 def test_defaults_and_switches_of_the_callback_levers(env, on):
     assert [lever.name for lever in speed.callback_levers() if lever.enabled(env)] == on
@@ -43,6 +48,7 @@ def test_plugin_appends_lever_callbacks_after_guards(monkeypatch):
     monkeypatch.setenv('SWIFT_VORA_COMPILE', 'layers')
     monkeypatch.setenv('SWIFT_VORA_SELECTIVE_CHECKPOINT', 'matmul')
     monkeypatch.setenv('SWIFT_VORA_FP8', 'frozen_base')
+    monkeypatch.setenv('SWIFT_VORA_CHECKPOINT_LAYERS', '20')
 
     class FakeTrainer:
         pass

@@ -55,6 +55,8 @@ def common_env(recipe: Recipe, view: PlanView, environ: Optional[Mapping[str, st
     if recipe['data.video_root']:
         env['SWIFT_VORA_VIDEO_ROOT'] = recipe['data.video_root']
     env['SWIFT_VORA_ENCODE_LOG'] = os.path.join(recipe['train.output_dir'], 'encode_log.jsonl')
+    if recipe['train.checkpoint_layers'] is not None:  # speed/partial_checkpoint.py (swift sft and Unsloth)
+        env['SWIFT_VORA_CHECKPOINT_LAYERS'] = str(recipe['train.checkpoint_layers'])
     if os.path.isfile(recipe.path):  # hashed into fingerprint.json (a plan's stand-in recipe has no file)
         env['SWIFT_VORA_RECIPE'] = os.path.abspath(recipe.path)
         if recipe.overrides:  # recorded next to the recipe's hash in fingerprint.json (guards/fingerprint.py)

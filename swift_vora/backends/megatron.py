@@ -145,6 +145,9 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
 def build_megatron_launch(view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
     if recipe['train.tuner'] != 'lora':
         raise LaunchUsageError('megatron_ep_lora trains LoRA (train.tuner=lora)')
+    if recipe['train.checkpoint_layers'] is not None:
+        raise LaunchUsageError(f'{recipe.path}: train.checkpoint_layers applies to swift sft and Unsloth; Megatron '
+                               'recomputes by its own settings (megatron.recompute, megatron.recompute_num_layers)')
     env = common_env(recipe, view, environ)
     env['CUDA_DEVICE_MAX_CONNECTIONS'] = '1'  # what swift/cli/_megatron/sft.py sets by default
     source_environ = os.environ if environ is None else environ

@@ -45,6 +45,7 @@ def plan_request(recipe: Recipe) -> PlanRequest:
         frame_tokens=pair_tokens, clip_seconds=clip, lora_rank=recipe['train.lora_rank'],
         lora_targets=_lora_targets(recipe), nodes=recipe['nodes'],
         gradient_checkpointing=recipe['train.gradient_checkpointing'], checkpoints=unsloth_checkpoints(recipe),
+        checkpoint_layers=recipe['train.checkpoint_layers'],
         compile=recipe['train.compile'], fp8=recipe['train.fp8'], samples_per_epoch=samples_per_epoch(recipe),
         cross_entropy=recipe['megatron.cross_entropy_fusion_impl'])
 

@@ -82,6 +82,9 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'train.save_steps': ((int, ), 100),
     'train.logging_steps': ((int, ), 5),
     'train.gradient_checkpointing': ((bool, ), True),  # recompute activations: much less memory, ~30 % slower
+    # With gradient checkpointing: checkpoint only the first N decoder layers, the others keep their activations
+    # (swift_vora/speed/partial_checkpoint.py; swift sft and Unsloth). None: all. The plan says which N fit.
+    'train.checkpoint_layers': ((int, type(None)), None),
     'train.freeze_vit': ((bool, ), True),  # keep the vision tower frozen (LoRA on the language model only)
     'train.dtype': ((str, ), 'bfloat16'),  # bfloat16 | float16 | float32 (float32: CPU only)
     'train.attn_impl': ((str, type(None)), 'sdpa'),  # sdpa | flash_attn | eager (flash_attn: install it)
@@ -196,6 +199,7 @@ RANGES: Dict[str, Tuple[float, float, bool]] = {
     'train.epochs': (0, 1e6, False), 'train.max_steps': (1, 1e12, True), 'train.lr': (0, 10, False),
     'train.warmup_ratio': (0, 1, True), 'train.save_steps': (1, 1e12, True), 'train.logging_steps': (1, 1e12, True),
     'train.dataloader_workers': (0, 1024, True), 'train.seed': (0, 2 ** 32 - 1, True),
+    'train.checkpoint_layers': (0, 100_000, True),
     'megatron.ep': (1, 4096, True), 'megatron.tp': (1, 4096, True), 'megatron.pp': (1, 4096, True),
     'megatron.global_batch': (1, 1e9, True), 'megatron.recompute_num_layers': (1, 100_000, True),
 }
@@ -399,6 +403,10 @@ def _check(values: Dict[str, Any], where: str) -> None:
         raise RecipeError(f'{where}: train.packing={values["train.packing"]} needs an attention that keeps packed '
                           f'samples apart; train.attn_impl={values["train.attn_impl"]!r} does not (sdpa packs as '
                           f'vora_varlen; flash_attn works too)')
+    if values['train.checkpoint_layers'] is not None and not values['train.gradient_checkpointing']:
+        raise RecipeError(f'{where}: train.checkpoint_layers={values["train.checkpoint_layers"]} says how many layers '
+                          f'to checkpoint, but train.gradient_checkpointing is false (nothing is checkpointed); '
+                          f'set gradient_checkpointing true, or drop checkpoint_layers')
     for key, (low, high, low_ok) in RANGES.items():
         value = values[key]
         if value is None or isinstance(value, bool):

@@ -65,6 +65,22 @@ def _config_from_recipe(path: str, overrides: List[str], loader: Optional[str]) 
     return cfg
 
 
+def _partial_checkpoint(model, info: Dict[str, Any]):
+    """train.checkpoint_layers (SWIFT_VORA_CHECKPOINT_LAYERS): checkpointing kept on the first N decoder layers only
+    (speed/partial_checkpoint.py; Unsloth checkpoints through the same per-layer flag). Returns the counter of the
+    first step's recomputes, or None when the switch is unset. Imported here: they import ms-swift, which must come
+    after Unsloth."""
+    from ..speed import partial_checkpoint
+    from ..speed.compile_layers import decoder_layers
+    n = partial_checkpoint.layers_to_checkpoint()
+    if n is None:
+        return None
+    layers = decoder_layers(model)
+    info['partial_checkpoint'] = partial_checkpoint.checkpoint_first(layers, n)
+    log(partial_checkpoint.describe(info['partial_checkpoint']))
+    return partial_checkpoint.ForwardCounter(layers)
+
+
 def load_model(cfg: UnslothRunConfig):
     """(model with LoRA, info dict). Unsloth on GPU; transformers + PEFT for the CPU stand-in."""
     import torch
@@ -196,6 +212,7 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
         f'{info.get("moe_backend")}; Gated DeltaNet kernel: {info["linear_attention_kernel"]}')
     if cfg.loader == 'peft':
         model.to(device)
+    recompute_counter = _partial_checkpoint(model, info)
     guards = RunnerGuards(model, cfg.output_dir, device=device if device.type == 'cuda' else None)
     guards.start({'loader': cfg.loader, 'model_path': os.path.abspath(cfg.model_path), 'guards': sorted(guards_on)})
     processor, template = build_template(cfg)
@@ -261,6 +278,9 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                 info['first_step']['triton'] = triton_activity.summary()
                 triton_activity.remove()
                 log(kernel_cache.describe(info['first_step']) + triton_activity.describe())
+                if recompute_counter is not None:
+                    info['partial_checkpoint'].update(recompute_counter.close())
+                    log(recompute_counter.describe(info['partial_checkpoint']))
             if 'lora_update' in guards_on:
                 guards.after_step(step, lr)
             last = {'step': step, 'loss': round(loss_sum, 6), 'lr': lr, 'samples': samples, 'tokens': tokens,

@@ -16,7 +16,7 @@ from typing import Dict, List
 from .. import switches
 from ..backends.recipe import Recipe, recipe_from_dict
 from ..budget import ENV_PREFIX, VideoBudget
-from ..cli_values import number, positive_int
+from ..cli_values import nonnegative_int, number, positive_int
 from ..data.windowing import WindowConfig
 from ..errors import InvalidInput, UsageError
 from ..json_output import dumps
@@ -70,6 +70,9 @@ def register_commands(subparsers) -> None:
     t.add_argument('--lora-targets', choices=LORA_TARGETS, default='all-linear',
                    help='all-linear includes the routed experts (one rank-r pair per expert)')
     t.add_argument('--no-gradient-checkpointing', action='store_true')
+    t.add_argument('--checkpoint-layers', type=nonnegative_int(100_000), default=None, metavar='N',
+                   help='with gradient checkpointing: checkpoint the first N decoder layers only, the others keep '
+                        'their activations (recipe train.checkpoint_layers; default: all)')
     t.add_argument('--samples', type=positive_int(10 ** 12), default=None, metavar='N',
                    help='windowed samples per epoch of your dataset: the plan estimates hours per epoch (train '
                         'counts them from the recipe\'s dataset)')
@@ -170,6 +173,7 @@ def request_from_args(args, budget: VideoBudget, window: float) -> PlanRequest:
         lora_rank=args.lora_rank if args.lora_rank is not None else C.DEFAULT_LORA_RANK,
         lora_targets=args.lora_targets, nodes=args.nodes,
         gradient_checkpointing=not args.no_gradient_checkpointing, compile=args.compile, checkpoints=args.checkpoints,
+        checkpoint_layers=None if args.no_gradient_checkpointing else args.checkpoint_layers,
         fp8=args.fp8, samples_per_epoch=args.samples, cross_entropy=args.cross_entropy,
         vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT)
 
@@ -191,6 +195,8 @@ def stand_in_recipe(args, budget: VideoBudget, window: float, hw) -> Recipe:
                   'micro_batch': args.micro_batch,
                   'target_modules': 'attention' if args.lora_targets == 'attention' else 'all-linear',
                   'gradient_checkpointing': not args.no_gradient_checkpointing, 'compile': args.compile,
+                  **({'checkpoint_layers': args.checkpoint_layers}
+                     if args.checkpoint_layers is not None and not args.no_gradient_checkpointing else {}),
                   'fp8': args.fp8, **({'packing': 'dataset'} if pack else {})},
         'deepspeed': {'offload': args.offload},
         'megatron': {'ep': args.ep, 'tp': args.tp, 'cross_entropy_fusion_impl': args.cross_entropy},

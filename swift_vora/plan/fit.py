@@ -44,6 +44,7 @@ def train_setup(req: PlanRequest, hw: Hardware, backend: Backend, ep: int, tp: i
                       samples_per_row=samples_per_row(req, tokens),
                       lora_rank=req.lora_rank, lora_targets=req.lora_targets,
                       gradient_checkpointing=req.gradient_checkpointing, vision_mode=req.vision_mode,
+                      checkpoint_layers=req.checkpoint_layers if req.gradient_checkpointing else None,
                       checkpoint_offload=req.checkpoints == 'host',
                       # swift-vora compiles the layers under swift sft without DeepSpeed only (compile_layers.py)
                       compiled_layers=req.compile == 'layers' and backend == Backend.DDP,

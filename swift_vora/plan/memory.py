@@ -20,7 +20,7 @@ Every number is a prediction from the constants in constants.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from .. import switches
 from . import constants as C
@@ -57,6 +57,8 @@ class TrainSetup:
     lora_rank: int = C.DEFAULT_LORA_RANK
     lora_targets: str = 'all-linear'
     gradient_checkpointing: bool = True
+    # the first N decoder layers checkpointed, the rest keep their activations (train.checkpoint_layers); None: all
+    checkpoint_layers: Optional[int] = None
     # unsloth_split_lora: layer checkpoints in pinned host RAM (Unsloth's offloaded checkpointing) instead of on the GPU
     checkpoint_offload: bool = False
     # the decoder layers compiled (train.compile=layers; applied by swift sft without DeepSpeed, with the CUDA
@@ -335,7 +337,12 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
     if s.compiled_layers:
         notes.append('decoder layers compiled (torch.compile): fused kernels save fewer activations')
     if s.gradient_checkpointing:
-        ckpt = L * C.ACT_CHECKPOINT_BYTES_PER_HIDDEN * h * local
+        # train.checkpoint_layers: the first K layers checkpointed, the last L - K keep everything they save
+        K = L if s.checkpoint_layers is None else max(0, min(L, s.checkpoint_layers))
+        ckpt = K * C.ACT_CHECKPOINT_BYTES_PER_HIDDEN * h * local
+        if K < L:
+            gpu[f'activations: {L - K} of {L} layers not checkpointed'] = sum(per_layer[K:])
+            notes.append(f'gradient checkpointing of the first {K} of {L} decoder layers only')
         ws = backward * max(per_layer)
         if s.backend == Backend.UNSLOTH_SPLIT_LORA and s.checkpoint_offload:
             host['offloaded layer checkpoints (Unsloth, pinned)'] = ckpt * C.UNSLOTH_OFFLOAD_PINNED_FACTOR

@@ -43,6 +43,9 @@ class PlanRequest:
     lora_targets: str = 'all-linear'  # all-linear | all-linear-except-experts | attention
     nodes: int = 1
     gradient_checkpointing: bool = True
+    # with gradient checkpointing: the first N decoder layers checkpointed, the others keep their activations
+    # (recipe train.checkpoint_layers); None: every layer
+    checkpoint_layers: Optional[int] = None
     # unsloth_split_lora's layer checkpoints: auto (on the GPU when the plan fits so, else host RAM) | gpu | host
     checkpoints: str = 'auto'
     samples_per_epoch: Optional[int] = None  # windowed samples of the dataset (train counts them): hours per epoch

@@ -182,9 +182,25 @@ def estimate_speed(spec: ModelSpec, tokens: VideoTokens, backend: Backend, tuner
 
 def for_setup(spec: ModelSpec, tokens: VideoTokens, setup, gpu_name: str) -> SpeedEstimate:
     """estimate_speed for a memory model's TrainSetup (plan/memory.py)."""
-    pace = estimate_speed(spec, tokens, setup.backend, setup.tuner, setup.lora_rank, setup.lora_targets,
-                          setup.compiled_layers, setup.gradient_checkpointing, setup.micro_batch, setup.world,
-                          gpu_name, setup.offload, setup.quant)
+    def at(checkpointing: bool) -> SpeedEstimate:
+        return estimate_speed(spec, tokens, setup.backend, setup.tuner, setup.lora_rank, setup.lora_targets,
+                              setup.compiled_layers, checkpointing, setup.micro_batch, setup.world, gpu_name,
+                              setup.offload, setup.quant)
+
+    pace = at(setup.gradient_checkpointing)
+    layers = spec.num_layers
+    k = getattr(setup, 'checkpoint_layers', None)
+    if setup.gradient_checkpointing and k is not None and k < layers and pace.samples_per_s:
+        # train.checkpoint_layers: the recompute is paid by K of L layers -- the time per sample between the
+        # checkpointed and the uncheckpointed estimates, in proportion
+        free = at(False)
+        share = max(0, k) / layers
+        seconds = share / pace.samples_per_s + (1 - share) / free.samples_per_s
+        scale = (1 / seconds) / pace.samples_per_s
+        pace = replace(pace, tokens_per_s=round(pace.tokens_per_s * scale, 1), samples_per_s=round(1 / seconds, 4),
+                       efficiency=round(pace.efficiency * scale, 4),
+                       source=pace.source + f'; {k} of {layers} layers checkpointed: the time per sample between the '
+                                            f'checkpointed and uncheckpointed estimates ({free.source}) in proportion')
     if getattr(setup, 'fp8', False):
         r = FP8_FROZEN_RATIO
         pace = replace(pace, tokens_per_s=round(pace.tokens_per_s * r.value, 1),

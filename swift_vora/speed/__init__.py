@@ -50,6 +50,10 @@ LEVERS = (
           'Fp8FrozenBase'),
     Lever('host_overhead', 'SWIFT_VORA_HOST_OVERHEAD',
           'callback at train begin: FLOPs count, DeepStack merge, train(), token accuracy', 'HostOverhead'),
+    # before compile_layers and selective_checkpoint: both act on the layers that are still checkpointed
+    Lever('partial_checkpoint', 'SWIFT_VORA_CHECKPOINT_LAYERS',
+          'callback at train begin: gradient checkpointing kept on the first N decoder layers only',
+          'PartialCheckpoint'),
     Lever('compile_layers', 'SWIFT_VORA_COMPILE',
           'callback at train begin: decoder layers and vision blocks compiled in place (not under DeepSpeed)',
           'CompileDecoderLayers'),
