@@ -31,6 +31,21 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope='session')
+def qwen3_vl_tiny_dir(tmp_path_factory):
+    """`build_qwen3_vl(..., 'tiny')`: the 2-layer Qwen3-VL the speed levers' tests train (compile_layers,
+    selective_checkpoint, partial_checkpoint)."""
+    from swift_vora.tiny_model import build_qwen3_vl
+    return build_qwen3_vl(str(tmp_path_factory.mktemp('qwen3vl')), 'tiny')
+
+
+@pytest.fixture
+def reentrant_checkpoint(monkeypatch):
+    """Every checkpoint call reentrant, as ms-swift makes it on one process (test_compile_layers.py)."""
+    from test_compile_layers import force_reentrant_checkpoint
+    force_reentrant_checkpoint(monkeypatch)
+
+
+@pytest.fixture(scope='session')
 def tiny_moe_model_dir(tmp_path_factory):
     """A tiny random Qwen3-VL-MoE checkpoint (built once per test session, offline)."""
     from swift_vora.tiny_model import build_tiny_qwen3_vl

@@ -12,12 +12,6 @@ import torch.utils.checkpoint as checkpoint_module
 from peft import LoraConfig, get_peft_model
 
 from swift_vora.speed import compile_layers, lora_autocast
-from swift_vora.tiny_model import build_qwen3_vl
-
-
-@pytest.fixture(scope='module')
-def model_dir(tmp_path_factory):
-    return build_qwen3_vl(str(tmp_path_factory.mktemp('qwen3vl')), 'tiny')
 
 
 def force_reentrant_checkpoint(monkeypatch):
@@ -28,11 +22,6 @@ def force_reentrant_checkpoint(monkeypatch):
     monkeypatch.setattr(checkpoint_module, 'checkpoint',
                         functools.wraps(original)(lambda *a, use_reentrant=None, **k: original(
                             *a, use_reentrant=True, **k)))
-
-
-@pytest.fixture
-def reentrant_checkpoint(monkeypatch):
-    force_reentrant_checkpoint(monkeypatch)
 
 
 def lora_model(model_dir, dropout=0.0):
@@ -68,26 +57,26 @@ def grad_diff(a, b):
     return max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in b)
 
 
-def test_finds_the_decoder_layers_not_the_vision_blocks(model_dir):
-    model = lora_model(model_dir)
+def test_finds_the_decoder_layers_not_the_vision_blocks(qwen3_vl_tiny_dir):
+    model = lora_model(qwen3_vl_tiny_dir)
     layers = compile_layers.decoder_layers(model)
     assert [type(x).__name__ for x in layers] == ['Qwen3VLTextDecoderLayer'] * 2
     assert layers[0] is model.base_model.model.model.language_model.layers[0]
 
 
 @pytest.mark.parametrize('place, dropout', [('graph', 0.3), ('eager', 0.0)])
-def test_compiled_layers_train_like_eager(model_dir, reentrant_checkpoint, place, dropout):
+def test_compiled_layers_train_like_eager(qwen3_vl_tiny_dir, reentrant_checkpoint, place, dropout):
     """The same training as eager reentrant checkpointing: checkpointed inside the compiled graph, with LoRA dropout
     (AOTAutograd replays the forward's RNG state in the recompute: same seed, same masks, same loss); around it,
     bit-identical (its dropout is checked with inductor below)."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()  # reset() keeps them, and an earlier test compiled too
     lengths = (70, 67, 70)  # a second length: the dynamic-shape recompile is exercised too
-    eager_losses, eager_grads = train_steps(lora_model(model_dir, dropout=dropout), lengths)
-    other_losses, other_grads = train_steps(lora_model(model_dir, dropout=0.3), lengths, seed=1)
+    eager_losses, eager_grads = train_steps(lora_model(qwen3_vl_tiny_dir, dropout=dropout), lengths)
+    other_losses, other_grads = train_steps(lora_model(qwen3_vl_tiny_dir, dropout=0.3), lengths, seed=1)
     assert other_losses != eager_losses  # other masks move the loss
 
-    model = lora_model(model_dir, dropout=dropout)
+    model = lora_model(qwen3_vl_tiny_dir, dropout=dropout)
     names_before = [n for n, _ in model.named_parameters()]
     assert compile_layers.compile_decoder_layers(model, backend='aot_eager', checkpoint=place) == 2
     layers = compile_layers.decoder_layers(model)
@@ -116,7 +105,7 @@ def test_compiled_layers_train_like_eager(model_dir, reentrant_checkpoint, place
 
 
 @pytest.mark.slow
-def test_inductor_checkpoint_in_graph_gradient_is_that_of_the_computed_loss(model_dir, reentrant_checkpoint):
+def test_inductor_checkpoint_in_graph_gradient_is_that_of_the_computed_loss(qwen3_vl_tiny_dir, reentrant_checkpoint):
     """Inductor draws its own dropout masks, so no eager run can serve as the reference. What must hold: the
     gradient that backward returns (from the recompute inside the compiled backward) is the derivative of the loss
     the forward computed, i.e. the recompute used the forward's masks. Checked against a central finite difference
@@ -127,7 +116,7 @@ def test_inductor_checkpoint_in_graph_gradient_is_that_of_the_computed_loss(mode
     from transformers import AutoModelForImageTextToText
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForImageTextToText.from_pretrained(qwen3_vl_tiny_dir, dtype=torch.float32)
     model = get_peft_model(model, LoraConfig(r=8, target_modules=r'.*language_model.*_proj', lora_dropout=0.5))
     lora = {n: p for n, p in model.named_parameters() if p.requires_grad}
     gen = torch.Generator().manual_seed(1)
@@ -172,11 +161,11 @@ def test_inductor_checkpoint_in_graph_gradient_is_that_of_the_computed_loss(mode
     assert compile_layers.compile_counters()['graph_breaks'] == 0
 
 
-def inductor_dropout_run(model_dir, monkeypatch, seed, use_checkpoint, device, lengths):
+def inductor_dropout_run(qwen3_vl_tiny_dir, monkeypatch, seed, use_checkpoint, device, lengths):
     """The tiny LoRA model with dropout 0.5 and a large adapter path (so that masks show in loss and gradients),
     layers compiled with inductor, trained on `device` with or without the reentrant checkpoint around them."""
     torch._dynamo.reset()
-    model = lora_model(model_dir, dropout=0.5).to(device)
+    model = lora_model(qwen3_vl_tiny_dir, dropout=0.5).to(device)
     for name, p in model.named_parameters():
         if 'lora_B' in name:
             torch.nn.init.normal_(p, std=0.5, generator=torch.Generator(device=device).manual_seed(1))
@@ -191,7 +180,7 @@ def inductor_dropout_run(model_dir, monkeypatch, seed, use_checkpoint, device, l
 
 
 @pytest.mark.slow
-def test_inductor_dropout_under_checkpoint_keeps_the_masks(model_dir, monkeypatch):
+def test_inductor_dropout_under_checkpoint_keeps_the_masks(qwen3_vl_tiny_dir, monkeypatch):
     """Checkpointing around the compiled layer (`SWIFT_VORA_COMPILE_CHECKPOINT=eager`). Inductor itself (C++
     kernels on CPU) with LoRA dropout: checkpointing must not change what is trained. The
     checkpointed forward runs the no-grad graph and its recompute the training graph; had either drawn other
@@ -199,7 +188,7 @@ def test_inductor_dropout_under_checkpoint_keeps_the_masks(model_dir, monkeypatc
     bf16 rounding of differently fused kernels."""
 
     def run(use_checkpoint, seed):
-        losses, grads = inductor_dropout_run(model_dir, monkeypatch, seed, use_checkpoint, 'cpu', (64,))
+        losses, grads = inductor_dropout_run(qwen3_vl_tiny_dir, monkeypatch, seed, use_checkpoint, 'cpu', (64,))
         return losses[0], grads
 
     plain_loss, plain_grads = run(False, seed=7)
@@ -210,14 +199,14 @@ def test_inductor_dropout_under_checkpoint_keeps_the_masks(model_dir, monkeypatc
 
 
 @pytest.mark.gpu
-def test_cuda_checkpointed_compiled_layers_keep_the_masks(model_dir, monkeypatch):
+def test_cuda_checkpointed_compiled_layers_keep_the_masks(qwen3_vl_tiny_dir, monkeypatch):
     """The test above on the GPU (Triton kernels, Philox RNG) over four steps: checkpointed around the compiled
     layers, the no-grad forward and its recompute draw the same masks, so losses and gradients are those of the same
     compiled layers without checkpointing (seen on the H200: within 4e-4 of 11.9), not those of another seed."""
     if not torch.cuda.is_available():
         pytest.skip('needs a CUDA GPU (run on the GPU machine: bash scripts/gpu/run_all.sh e2e)')
     def run(use_checkpoint, seed):
-        return inductor_dropout_run(model_dir, monkeypatch, seed, use_checkpoint, 'cuda', (64, 64, 64, 64))
+        return inductor_dropout_run(qwen3_vl_tiny_dir, monkeypatch, seed, use_checkpoint, 'cuda', (64, 64, 64, 64))
 
     plain_losses, plain_grads = run(False, seed=7)
     losses, grads = run(True, seed=7)
@@ -275,8 +264,8 @@ def test_mode_switch(monkeypatch):
         compile_layers.mode({compile_layers.ENV: 'everything'})
 
 
-def test_callback_skips_deepspeed_and_off(monkeypatch, model_dir):
-    model = lora_model(model_dir)
+def test_callback_skips_deepspeed_and_off(monkeypatch, qwen3_vl_tiny_dir):
+    model = lora_model(qwen3_vl_tiny_dir)
     callback = compile_layers.CompileDecoderLayers.__new__(compile_layers.CompileDecoderLayers)
     monkeypatch.setenv(compile_layers.ENV, 'off')
     callback.on_train_begin(types.SimpleNamespace(deepspeed=None), None, None, model=model)

@@ -7,28 +7,18 @@ import types
 
 import pytest
 import torch
-from test_compile_layers import force_reentrant_checkpoint, lora_model, train_steps
+from test_compile_layers import lora_model, train_steps
 
 from swift_vora.speed import compile_layers, partial_checkpoint
-from swift_vora.tiny_model import build_qwen3_vl
-
-
-@pytest.fixture(scope='module')
-def model_dir(tmp_path_factory):
-    return build_qwen3_vl(str(tmp_path_factory.mktemp('qwen3vl')), 'tiny')
-
-
-@pytest.fixture
-def reentrant_checkpoint(monkeypatch):
-    force_reentrant_checkpoint(monkeypatch)
 
 
 @pytest.mark.parametrize('n, recomputed', [(2, 2), (1, 1), (0, 0), (5, 2)])
-def test_same_losses_and_gradients_with_only_n_layers_recomputed(model_dir, reentrant_checkpoint, n, recomputed):
+def test_same_losses_and_gradients_with_only_n_layers_recomputed(qwen3_vl_tiny_dir, reentrant_checkpoint, n,
+                                                                  recomputed):
     lengths = (70, 67)
-    ref_losses, ref_grads = train_steps(lora_model(model_dir), lengths)
+    ref_losses, ref_grads = train_steps(lora_model(qwen3_vl_tiny_dir), lengths)
 
-    model = lora_model(model_dir)
+    model = lora_model(qwen3_vl_tiny_dir)
     layers = compile_layers.decoder_layers(model)
     done = partial_checkpoint.checkpoint_first(layers, n)
     assert done == {'layers': 2, 'asked': n, 'checkpointed_before': 2, 'checkpointed': min(n, 2),
@@ -47,8 +37,8 @@ def test_same_losses_and_gradients_with_only_n_layers_recomputed(model_dir, reen
         torch.testing.assert_close(grads[name], ref_grads[name], rtol=0, atol=0, msg=name)
 
 
-def test_counter_sees_non_reentrant_recomputes_too(model_dir):
-    model = lora_model(model_dir)
+def test_counter_sees_non_reentrant_recomputes_too(qwen3_vl_tiny_dir):
+    model = lora_model(qwen3_vl_tiny_dir)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})
     layers = compile_layers.decoder_layers(model)
     partial_checkpoint.checkpoint_first(layers, 1)
@@ -57,10 +47,10 @@ def test_counter_sees_non_reentrant_recomputes_too(model_dir):
     assert counter.close()['recompute_calls'] == [1, 0]
 
 
-def test_callback_applies_at_train_begin_and_reports_after_the_first_step(model_dir, reentrant_checkpoint,
+def test_callback_applies_at_train_begin_and_reports_after_the_first_step(qwen3_vl_tiny_dir, reentrant_checkpoint,
                                                                            monkeypatch, tmp_path):
     monkeypatch.setenv('SWIFT_VORA_CHECKPOINT_LAYERS', '1')
-    model = lora_model(model_dir)
+    model = lora_model(qwen3_vl_tiny_dir)
     callback = partial_checkpoint.PartialCheckpoint.__new__(partial_checkpoint.PartialCheckpoint)
     args = types.SimpleNamespace(output_dir=str(tmp_path))
     state = types.SimpleNamespace(is_world_process_zero=True, global_step=1)
@@ -73,8 +63,8 @@ def test_callback_applies_at_train_begin_and_reports_after_the_first_step(model_
     assert not any(layer._forward_pre_hooks for layer in compile_layers.decoder_layers(model))
 
 
-def test_nothing_changes_where_the_decoder_is_not_checkpointed(model_dir):
-    model = lora_model(model_dir)
+def test_nothing_changes_where_the_decoder_is_not_checkpointed(qwen3_vl_tiny_dir):
+    model = lora_model(qwen3_vl_tiny_dir)
     model.gradient_checkpointing_disable()
     done = partial_checkpoint.apply(model, 1)
     assert done['checkpointed_before'] == 0 and done['checkpointed'] == 0

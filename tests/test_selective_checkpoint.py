@@ -7,20 +7,9 @@ import types
 import pytest
 import torch
 import torch.utils.checkpoint as checkpoint_module
-from test_compile_layers import force_reentrant_checkpoint, lora_model, train_steps
+from test_compile_layers import lora_model, train_steps
 
 from swift_vora.speed import compile_layers, selective_checkpoint
-from swift_vora.tiny_model import build_qwen3_vl
-
-
-@pytest.fixture(scope='module')
-def model_dir(tmp_path_factory):
-    return build_qwen3_vl(str(tmp_path_factory.mktemp('qwen3vl')), 'tiny')
-
-
-@pytest.fixture
-def reentrant_checkpoint(monkeypatch):
-    force_reentrant_checkpoint(monkeypatch)
 
 
 class CountCalls:
@@ -40,15 +29,15 @@ class CountCalls:
 
 
 @pytest.mark.parametrize('which, dropout', [('attention', 0.3), ('matmul', 0.3), ('matmul', 0.0)])
-def test_same_loss_and_lora_gradients_as_whole_layer_checkpointing(model_dir, reentrant_checkpoint, monkeypatch,
+def test_same_loss_and_lora_gradients_as_whole_layer_checkpointing(qwen3_vl_tiny_dir, reentrant_checkpoint, monkeypatch,
                                                                     which, dropout):
     lengths = (70, 67)
-    ref_losses, ref_grads = train_steps(lora_model(model_dir, dropout=dropout), lengths)
+    ref_losses, ref_grads = train_steps(lora_model(qwen3_vl_tiny_dir, dropout=dropout), lengths)
     if dropout:
-        other_losses, _ = train_steps(lora_model(model_dir, dropout=dropout), lengths, seed=1)
+        other_losses, _ = train_steps(lora_model(qwen3_vl_tiny_dir, dropout=dropout), lengths, seed=1)
         assert other_losses != ref_losses  # the masks move the loss: equal losses below mean equal masks
 
-    model = lora_model(model_dir, dropout=dropout)
+    model = lora_model(qwen3_vl_tiny_dir, dropout=dropout)
     selective_checkpoint.reset_stats()
     calls = CountCalls(monkeypatch)
     assert selective_checkpoint.apply(model, which) == 2
@@ -64,10 +53,10 @@ def test_same_loss_and_lora_gradients_as_whole_layer_checkpointing(model_dir, re
         torch.testing.assert_close(grads[name], ref_grads[name], rtol=0, atol=0, msg=name)
 
 
-def test_matmul_policy_saves_more_than_attention_policy(model_dir, reentrant_checkpoint):
+def test_matmul_policy_saves_more_than_attention_policy(qwen3_vl_tiny_dir, reentrant_checkpoint):
     saved = {}
     for which in ('attention', 'matmul'):
-        model = lora_model(model_dir)
+        model = lora_model(qwen3_vl_tiny_dir)
         selective_checkpoint.reset_stats()
         selective_checkpoint.apply(model, which)
         train_steps(model, (70, ))
@@ -94,9 +83,9 @@ def test_mode_switch():
         selective_checkpoint.mode({env: 'all'})
 
 
-def test_callback_leaves_compiled_uncheckpointed_and_deepspeed_layers(monkeypatch, model_dir):
+def test_callback_leaves_compiled_uncheckpointed_and_deepspeed_layers(monkeypatch, qwen3_vl_tiny_dir):
     callback = selective_checkpoint.SelectiveCheckpoint.__new__(selective_checkpoint.SelectiveCheckpoint)
-    model = lora_model(model_dir)
+    model = lora_model(qwen3_vl_tiny_dir)
     monkeypatch.setenv(selective_checkpoint.ENV, 'attention')
     callback.on_train_begin(types.SimpleNamespace(deepspeed='zero3'), None, None, model=model)
     assert callback.applied == 0
@@ -105,12 +94,12 @@ def test_callback_leaves_compiled_uncheckpointed_and_deepspeed_layers(monkeypatc
     layers = compile_layers.decoder_layers(model)
     assert all(layer._gradient_checkpointing_func.saves == 'attention' for layer in layers)
 
-    plain = lora_model(model_dir)
+    plain = lora_model(qwen3_vl_tiny_dir)
     plain.gradient_checkpointing_disable()  # --gradient_checkpointing false: nothing to make selective
     callback.on_train_begin(types.SimpleNamespace(deepspeed=None), None, None, model=plain)
     assert callback.applied == 0
 
-    compiled = lora_model(model_dir)
+    compiled = lora_model(qwen3_vl_tiny_dir)
     compile_layers.compile_decoder_layers(compiled, backend='aot_eager')  # compiled, checkpointed around: left alone
     callback.on_train_begin(types.SimpleNamespace(deepspeed=None), None, None, model=compiled)
     assert callback.applied == 0
