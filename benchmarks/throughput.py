@@ -644,7 +644,8 @@ def variant_specs(smoke: bool, workers_baseline: int, workers_vora: int) -> Dict
         # twin is vora_gc_compile too (FP8_TWIN_QUALIFIERS)
         'vora_gc_compile_fp8_exact': vora(True, env={**compile_env, **fp8_env, 'SWIFT_VORA_FP8_ACCUM': 'exact'}),
         # 26 of 28 decoder layers checkpointed (speed/partial_checkpoint.py): the memory FP8 frees (1.4 GiB) spent
-        # on two layers that keep their activations (0.64 GiB each planned), within plain swift's 6.66 GiB
+        # on two layers that keep their activations (0.64 GiB each planned): the FP8 one within plain swift's 6.66
+        # GiB; the bf16 twin (above it) for the FP8 loss comparison
         'vora_gc_compile_ck26': vora(True, env={**compile_env, 'SWIFT_VORA_CHECKPOINT_LAYERS': '26'}),
         'vora_gc_compile_ck26_fp8': vora(True, env={**compile_env, 'SWIFT_VORA_CHECKPOINT_LAYERS': '26', **fp8_env}),
     }

@@ -80,3 +80,17 @@ def test_switch_unset_means_every_layer_and_bad_values_are_refused(monkeypatch):
     monkeypatch.setenv('SWIFT_VORA_CHECKPOINT_LAYERS', 'half')
     with pytest.raises(SwitchError, match='SWIFT_VORA_CHECKPOINT_LAYERS'):
         partial_checkpoint.layers_to_checkpoint()
+
+
+def test_unsloth_runner_applies_it_and_reports_the_first_steps_recomputes(qwen3_vl_tiny_dir, reentrant_checkpoint,
+                                                                          monkeypatch):
+    from swift_vora.backends import unsloth_runner
+    model, info = lora_model(qwen3_vl_tiny_dir), {}
+    monkeypatch.delenv('SWIFT_VORA_CHECKPOINT_LAYERS', raising=False)
+    assert unsloth_runner._partial_checkpoint(model, info) is None and 'partial_checkpoint' not in info
+    monkeypatch.setenv('SWIFT_VORA_CHECKPOINT_LAYERS', '1')
+    counter = unsloth_runner._partial_checkpoint(model, info)
+    train_steps(model, (70, ))
+    info['partial_checkpoint'].update(counter.close())
+    assert info['partial_checkpoint']['checkpointed'] == 1 and info['partial_checkpoint']['recomputed_layers'] == 1
+    assert '1 decoder layers ran their forward again' in counter.describe(info['partial_checkpoint'])
