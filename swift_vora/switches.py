@@ -145,7 +145,7 @@ def _table() -> Tuple[Switch, ...]:
                aliases=off_aliases, where='speed/selective_checkpoint.py'),
         Switch(PREFIX + 'CHECKPOINT_LAYERS', 'count', None, 'with gradient checkpointing: checkpoint only the first N '
                'decoder layers, the others keep their activations (unset: all)', 'train.checkpoint_layers',
-               unit='layers', where='speed/partial_checkpoint.py'),
+               unit='layers', where='speed/partial_checkpoint.py', bounds=(0, 100_000, True)),
         Switch(PREFIX + 'FP8', 'choice', 'off', 'FP8 GEMMs (torchao) for the frozen base linears of the decoder '
                'layers, weights held in FP8: off | frozen_base (GPUs with compute capability 8.9+; not under '
                'ZeRO-3, Megatron or Unsloth)', 'train.fp8', choices=('off', 'frozen_base'), aliases=off_aliases,
