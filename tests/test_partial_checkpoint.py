@@ -62,6 +62,14 @@ def test_callback_applies_at_train_begin_and_reports_after_the_first_step(qwen3_
     assert callback.counter is None  # the hooks are gone after the first step
     assert not any(layer._forward_pre_hooks for layer in compile_layers.decoder_layers(model))
 
+    # compiled layers: no hooks (dynamo would trace them, and their removal would recompile every layer)
+    monkeypatch.setenv('SWIFT_VORA_COMPILE', 'layers')
+    model = lora_model(qwen3_vl_tiny_dir)
+    callback.on_train_begin(types.SimpleNamespace(output_dir=str(tmp_path), deepspeed=None), state, None, model=model)
+    assert callback.counter is None and callback.done['recomputed_layers'].startswith('not counted')
+    assert json.loads((tmp_path / partial_checkpoint.REPORT).read_text())['recomputed_layers'].startswith('not')
+    assert not any(layer._forward_pre_hooks for layer in compile_layers.decoder_layers(model))
+
 
 def test_nothing_changes_where_the_decoder_is_not_checkpointed(qwen3_vl_tiny_dir):
     model = lora_model(qwen3_vl_tiny_dir)

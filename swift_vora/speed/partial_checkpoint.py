@@ -111,10 +111,15 @@ class PartialCheckpoint(TrainerCallback):
         n = layers_to_checkpoint()
         if model is None or n is None:
             return
-        from .compile_layers import decoder_layers
-        layers = decoder_layers(model)
+        from . import compile_layers
+        layers = compile_layers.decoder_layers(model)
         self.done = checkpoint_first(layers, n)
         (logger.info if self.done['checkpointed_before'] else logger.warning)(describe(self.done))
+        if compile_layers.enabled() and not getattr(args, 'deepspeed', None):
+            # hooks inside the compiled layers would be traced and, removed after step 1, force a recompile
+            self.done['recomputed_layers'] = 'not counted: the decoder layers are compiled'
+            self._write(args, state)
+            return
         self.counter = ForwardCounter(layers)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -123,6 +128,9 @@ class PartialCheckpoint(TrainerCallback):
         self.done.update(self.counter.close())
         self.counter = None
         logger.info(ForwardCounter.describe(self.done))
+        self._write(args, state)
+
+    def _write(self, args, state) -> None:
         if state.is_world_process_zero and getattr(args, 'output_dir', None):
             os.makedirs(args.output_dir, exist_ok=True)
             with open(os.path.join(args.output_dir, REPORT), 'w') as f:
