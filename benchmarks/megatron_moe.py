@@ -107,6 +107,10 @@ def megatron_command(overrides: List[str], dry_run: bool = False) -> List[str]:
                                                                                 else [])]
 
 
+# Megatron-SWIFT's training progress bar: the line its log shows once the first step starts
+MEGATRON_TRAIN_MARK = 'Train:'
+
+
 def run_megatron(name: str, args, b, inputs, work: str, flagship: bool) -> Dict[str, Any]:
     vdir = os.path.join(work, name)
     shutil.rmtree(vdir, ignore_errors=True)
@@ -129,6 +133,9 @@ def run_megatron(name: str, args, b, inputs, work: str, flagship: bool) -> Dict[
     log_path = os.path.join(vdir, 'train.log')
     t0 = time.time()
     proc = tp.run_logged(cmd, log_path, full_env, timeout=args.variant_timeout)
+    if args.megatron_spy_after:  # the first attempt's steps took 147 s each, cause not seen: where does the time go?
+        mt.spy_when_slow(proc, args.megatron_spy_after, os.path.join(vdir, 'py-spy-dump.txt'), log_path,
+                         MEGATRON_TRAIN_MARK)
     rc = tp.wait_logged(proc, f'megatron sft ({name})', log_path, measured=lambda: megatron_steps(out) >= args.steps)
     result = summarize_megatron(name, out, json.loads(plan.stdout), args, time.time() - t0)
     if rc == 'timeout':
@@ -340,6 +347,9 @@ def parse_args(argv=None):
     parser.add_argument('--clips', type=int, default=16)
     parser.add_argument('--variant-timeout', type=float, default=900)
     parser.add_argument('--deadline', type=float, default=None, help='seconds: skip variants that would start later')
+    parser.add_argument('--megatron-spy-after', type=float, default=None, metavar='SECONDS',
+                        help='py-spy stack dump of a Megatron variant SECONDS after its training began (its log shows '
+                             f'{MEGATRON_TRAIN_MARK!r}): py-spy-dump.txt in its folder')
     parser.add_argument('--dry-run', action='store_true', help='print each Megatron variant\'s plan and argv (CPU)')
     parser.add_argument('--megatron-site', default=tp.switch('SWIFT_VORA_MEGATRON_SITE') or '',
                         help='folder holding the Megatron set (put on PYTHONPATH for the Megatron variants only)')

@@ -121,3 +121,21 @@ def test_result_file_keys_and_backend_ratio():
     assert mm.assemble(silent)['failures'] == ['guards lora_update wrote no report under megatron sft']
     no_flagship = mm.assemble({'variants': {'mg_base': {'failed': 'TE import failed'}}})
     assert 'TE import failed' in no_flagship['failures'][0] and no_flagship['backend_ratio'] is None
+
+
+def test_a_slow_megatron_variant_gets_a_stack_dump_once_training_began(tmp_path):
+    import subprocess
+    assert mm.parse_args(['--megatron-spy-after', '150']).megatron_spy_after == 150
+    assert mm.parse_args([]).megatron_spy_after is None
+    log = tmp_path / 'train.log'
+    log.write_text('loading...\n')
+    # a stand-in for megatron sft: loads for a second, starts training, then stays in its first step
+    proc = subprocess.Popen(['sh', '-c', f'sleep 1; echo "{mm.MEGATRON_TRAIN_MARK}   0%|" >> {log}; sleep 30'],
+                            start_new_session=True)
+    try:
+        dump = tmp_path / 'py-spy-dump.txt'
+        mm.mt.spy_when_slow(proc, 0.5, str(dump), str(log), mm.MEGATRON_TRAIN_MARK)
+        assert dump.exists() and dump.read_text()  # the stacks, or why py-spy could not be run
+    finally:
+        proc.kill()
+        proc.wait()
