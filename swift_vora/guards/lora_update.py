@@ -106,20 +106,21 @@ def update_summary(names: List[str], kinds: List[str], changed: List[bool]) -> D
     and the names that did not change."""
     expert = [i for i, n in enumerate(names) if is_expert_tensor(n)]
     by_kind = {k: {'updated': u, 'total': t} for k, (u, t) in count_by_kind(kinds, changed).items()}
-    stale, not_reached = split_unchanged(names, changed)
     return {'tensors': len(names), 'updated': sum(changed), 'expert_tensors': len(expert),
             'expert_updated': sum(1 for i in expert if changed[i]), 'by_kind': by_kind,
-            'not_updated': stale, 'experts_not_reached': len(not_reached),
-            'experts_not_reached_by_layer': not_reached_by_layer(not_reached)}
+            **unchanged_summary(names, changed)}
 
 
-def not_reached_by_layer(not_reached: List[str]) -> Dict[str, int]:
-    """Unchanged expert tensors per grouped adapter (`...experts.linear_fc1.lora_A.default.weight*`: n)."""
-    out: Dict[str, int] = {}
+def unchanged_summary(names: List[str], changed: List[bool]) -> Dict[str, Any]:
+    """`lora_update.json`'s unchanged tensors: `not_updated` (those that stop the run), `experts_not_reached` and
+    `experts_not_reached_by_layer` (per grouped adapter, `...experts.linear_fc1.lora_A.default.weight*`: n)."""
+    stale, not_reached = split_unchanged(names, changed)
+    by_layer: Dict[str, int] = {}
     for name in not_reached:
         group = expert_group(name)
-        out[group] = out.get(group, 0) + 1
-    return dict(sorted(out.items()))
+        by_layer[group] = by_layer.get(group, 0) + 1
+    return {'not_updated': stale, 'experts_not_reached': len(not_reached),
+            'experts_not_reached_by_layer': dict(sorted(by_layer.items()))}
 
 
 def not_reached_note(count: int) -> str:
@@ -276,15 +277,14 @@ class LoraUpdateGuard(TrainerCallback):
         if self.effective_steps < self.check_steps:
             return
         self.done = True
-        stale, not_reached = split_unchanged(self.tracker.names, changed)
-        self.report.update({'updated': n_changed, 'of': m, 'not_updated': stale,
-                            'experts_not_reached': len(not_reached),
-                            'experts_not_reached_by_layer': not_reached_by_layer(not_reached),
+        unchanged = unchanged_summary(self.tracker.names, changed)
+        stale = unchanged['not_updated']
+        self.report.update({'updated': n_changed, 'of': m, **unchanged,
                             'criterion': 'float64 sum/L1/L2^2 of each local partition, changed on any rank'})
         self._write()
         message = (f'{n_changed} of {m} adapter tensors updated after {self.check_steps} optimizer steps '
                    f'(lora_A {counts["A"][0]}/{counts["A"][1]}, lora_B {counts["B"][0]}/{counts["B"][1]})'
-                   f'{not_reached_note(len(not_reached))}')
+                   f'{not_reached_note(unchanged["experts_not_reached"])}')
         if stale:
             raise never_changed_error(message, stale, 'check freeze settings / ZeRO-3 leaf modules',
                                       frozen=set(self.report.get('requires_grad_false') or []))
