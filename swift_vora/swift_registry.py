@@ -23,7 +23,6 @@ SWIFT_VORA_VIT_ATTENTION=transformers to skip it). The template applies the per-
 """
 from __future__ import annotations
 
-import os
 import sys
 
 _registered = False
@@ -113,8 +112,7 @@ def register_megatron_callbacks() -> bool:
     # into the run after it): without this every `megatron sft` process autotunes the Gated DeltaNet kernels again
     # (two 147 s first steps on a fresh H200, 2026-12-02). Set before any kernel compiles; a user's value is kept.
     from .backends import kernel_cache, megatron_fla
-    for key, value in kernel_cache.cache_env().items():
-        os.environ.setdefault(key, value)
+    kernel_cache.use_in_this_process()
     # Gated DeltaNet models: the flash-linear-attention kernels that are correct on this GPU (only when the launch
     # set SWIFT_VORA_MEGATRON_FLA; a refusal stops here, before the model loads)
     megatron_fla.install_from_env()

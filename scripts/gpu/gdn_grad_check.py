@@ -33,8 +33,7 @@ def main(argv=None) -> int:
     parser.add_argument('--out', default=os.path.join(os.environ.get('OUT', '.'), 'gdn-grad-check.json'))
     args = parser.parse_args(argv)
     from swift_vora.backends import kernel_cache
-    for key, value in kernel_cache.cache_env().items():  # before Triton compiles anything
-        os.environ.setdefault(key, value)
+    kernel_cache.use_in_this_process()  # before Triton compiles anything
     import torch
     import triton
 

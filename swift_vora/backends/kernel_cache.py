@@ -53,6 +53,15 @@ def cache_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     return env
 
 
+def use_in_this_process() -> Dict[str, str]:
+    """Put the cache variables into this process's environment -- before anything compiles or autotunes; a value
+    already set is kept. Returns what was added."""
+    added = cache_env()
+    for key, value in added.items():
+        os.environ.setdefault(key, value)
+    return added
+
+
 def cache_dirs(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """variable -> the folder in effect (the caller's value, else ours)."""
     environ = os.environ if environ is None else environ

@@ -71,14 +71,12 @@ def _partial_checkpoint(model, info: Dict[str, Any]):
     first step's recomputes, or None when the switch is unset. Imported here: they import ms-swift, which must come
     after Unsloth."""
     from ..speed import partial_checkpoint
-    from ..speed.compile_layers import decoder_layers
     n = partial_checkpoint.layers_to_checkpoint()
     if n is None:
         return None
-    layers = decoder_layers(model)
-    info['partial_checkpoint'] = partial_checkpoint.checkpoint_first(layers, n)
+    info['partial_checkpoint'], counter = partial_checkpoint.apply(model, n)
     log(partial_checkpoint.describe(info['partial_checkpoint']))
-    return partial_checkpoint.ForwardCounter(layers)
+    return counter
 
 
 def load_model(cfg: UnslothRunConfig):
@@ -176,8 +174,9 @@ def _forward_keys(model) -> Optional[set]:
 
 def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     os.makedirs(cfg.output_dir, exist_ok=True)
-    for key, value in {**unsloth_env(), **kernel_cache.cache_env()}.items():  # before Triton / Unsloth import
+    for key, value in unsloth_env().items():  # before Triton / Unsloth import
         os.environ.setdefault(key, value)
+    kernel_cache.use_in_this_process()
     if cfg.loader == 'unsloth':
         import unsloth  # noqa: F401  (first: before transformers and ms-swift)
     import torch
@@ -279,8 +278,9 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                 triton_activity.remove()
                 log(kernel_cache.describe(info['first_step']) + triton_activity.describe())
                 if recompute_counter is not None:
+                    from ..speed.partial_checkpoint import describe_recomputes
                     info['partial_checkpoint'].update(recompute_counter.close())
-                    log(recompute_counter.describe(info['partial_checkpoint']))
+                    log(describe_recomputes(info['partial_checkpoint']))
             if 'lora_update' in guards_on:
                 guards.after_step(step, lr)
             last = {'step': step, 'loss': round(loss_sum, 6), 'lr': lr, 'samples': samples, 'tokens': tokens,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from swift.callbacks import TrainerCallback
 
@@ -52,11 +52,6 @@ def checkpoint_first(layers: List, n: int) -> Dict[str, Any]:
             'not_checkpointed': len(layers) - len(after)}
 
 
-def apply(model, n: int) -> Dict[str, Any]:
-    from .compile_layers import decoder_layers
-    return checkpoint_first(decoder_layers(model), n)
-
-
 class ForwardCounter:
     """Counts each decoder layer's forward calls over the first optimizer step, apart those made inside the backward
     (autograd running a graph task): a checkpointed layer's recompute, reentrant or not. What the run did, not what was
@@ -85,10 +80,18 @@ class ForwardCounter:
         return {'forward_calls': self.forward, 'recompute_calls': self.in_backward,
                 'recomputed_layers': sum(1 for c in self.in_backward if c)}
 
-    @staticmethod
-    def describe(done: Dict[str, Any]) -> str:
-        return (f'swift-vora partial checkpoint: in the first optimizer step {done["recomputed_layers"]} decoder '
-                f'layers ran their forward again in the backward ({done["checkpointed"]} checkpointed)')
+
+def apply(model, n: int, count: bool = True) -> Tuple[Dict[str, Any], Optional[ForwardCounter]]:
+    """Checkpointing kept on the model's first n decoder layers: (what was done, the counter of the first step's
+    recomputes -- None when `count` is false)."""
+    from .compile_layers import decoder_layers
+    layers = decoder_layers(model)
+    return checkpoint_first(layers, n), ForwardCounter(layers) if count else None
+
+
+def describe_recomputes(done: Dict[str, Any]) -> str:
+    return (f'swift-vora partial checkpoint: in the first optimizer step {done["recomputed_layers"]} decoder '
+            f'layers ran their forward again in the backward ({done["checkpointed"]} checkpointed)')
 
 
 def describe(done: Dict[str, Any]) -> str:
@@ -112,22 +115,20 @@ class PartialCheckpoint(TrainerCallback):
         if model is None or n is None:
             return
         from . import compile_layers
-        layers = compile_layers.decoder_layers(model)
-        self.done = checkpoint_first(layers, n)
+        # hooks inside compiled layers would be traced and, removed after step 1, force a recompile
+        compiled = compile_layers.enabled() and not getattr(args, 'deepspeed', None)
+        self.done, self.counter = apply(model, n, count=not compiled)
         (logger.info if self.done['checkpointed_before'] else logger.warning)(describe(self.done))
-        if compile_layers.enabled() and not getattr(args, 'deepspeed', None):
-            # hooks inside the compiled layers would be traced and, removed after step 1, force a recompile
+        if compiled:
             self.done['recomputed_layers'] = 'not counted: the decoder layers are compiled'
             self._write(args, state)
-            return
-        self.counter = ForwardCounter(layers)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.counter is None:
             return
         self.done.update(self.counter.close())
         self.counter = None
-        logger.info(ForwardCounter.describe(self.done))
+        logger.info(describe_recomputes(self.done))
         self._write(args, state)
 
     def _write(self, args, state) -> None:
