@@ -294,13 +294,17 @@ def backend_ratio(variants: Dict[str, Dict[str, Any]]) -> Optional[Dict[str, Any
             'megatron_levers': MEGATRON_LEVERS[best]}
 
 
-def assemble(payload: Dict[str, Any]) -> Dict[str, Any]:
+def assemble(payload: Dict[str, Any], flagship_asked: bool = True) -> Dict[str, Any]:
     """The result file: the flagship report's keys at the top (as megatron-h200-2026-12-01.json), the variants'
-    headline keys, the backend ratio."""
+    headline keys, the backend ratio. With `--no-flagship` (flagship_asked False) a mg_base that ran is not a failure:
+    its item-1 report was not asked for, and the file says so in `flagship`."""
     variants = payload['variants']
     flagship = (variants.get(FLAGSHIP) or {}).get('report') or {}
     top = {k: flagship.get(k) for k in REPORT_KEYS}
-    if not flagship:
+    ran = FLAGSHIP in variants and not variants[FLAGSHIP].get('failed') and not variants[FLAGSHIP].get('skipped')
+    if not flagship and not flagship_asked and ran:
+        top['flagship'] = f'not asked (--no-flagship): {FLAGSHIP} ran without the merged export and item-1 report'
+    elif not flagship:
         top['failures'] = [f'{FLAGSHIP} (the item-1 run) did not report: '
                            f'{(variants.get(FLAGSHIP) or {}).get("failed", "not run")}'[:500]]
     mg = variants.get(FLAGSHIP) or {}
@@ -448,7 +452,7 @@ def main(argv=None) -> int:
         print(f'== {name}: ' + json.dumps({k: result.get(k) for k in (*VARIANT_KEYS, 'first_step_s', 'failed')}),
               flush=True)
         write_partial(payload, args.out or work, args.name)
-    final = assemble(payload)
+    final = assemble(payload, flagship_asked=not args.no_flagship)
     path = tp.write_results(final, args.results_dir, args.name, args.out)
     print(f'results: {path}')
     return 0 if not final.get('failures') else 1

@@ -123,6 +123,20 @@ def test_result_file_keys_and_backend_ratio():
     assert 'TE import failed' in no_flagship['failures'][0] and no_flagship['backend_ratio'] is None
 
 
+def test_no_flagship_run_is_not_a_failure_and_still_gives_the_backend_ratio():
+    # The 2026-12-02 call b shape: --no-flagship, mg_base measured without its item-1 report, Unsloth measured.
+    payload = {'variants': {
+        'mg_base': {'tokens_per_s': 4483.2, 'median_step_s': 6.949, 'peak_reserved_gib': 38.62},
+        'vora_unsloth_best': {'tokens_per_s': 29726.8, 'median_step_s': 1.048, 'peak_reserved_gib': 30.164},
+        'mg_te_ce': {'skipped': 'deadline 520 s passed'}}}
+    final = mm.assemble(json.loads(json.dumps(payload)), flagship_asked=False)
+    assert not final['failures'] and 'not asked' in final['flagship']
+    assert final['backend_ratio']['megatron_over_unsloth'] == pytest.approx(0.151, abs=1e-3)
+    assert mm.assemble(json.loads(json.dumps(payload)))['failures']  # asked for and missing: still a failure
+    failed = {'variants': {'mg_base': {'failed': 'out of memory'}}}
+    assert 'out of memory' in mm.assemble(failed, flagship_asked=False)['failures'][0]
+
+
 def test_a_slow_megatron_variant_gets_a_stack_dump_once_training_began(tmp_path):
     import subprocess
     assert mm.parse_args(['--megatron-spy-after', '150']).megatron_spy_after == 150
