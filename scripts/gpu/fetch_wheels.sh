@@ -97,6 +97,11 @@ if [ "$WHAT" = all ] || [ "$WHAT" = swift ]; then
   fetch "$BUILD" "${BUILD_SET[@]}"
   # deepspeed ships an sdist only: build a pure-Python wheel with no compiled ops (they JIT-build, or are unused).
   if ! ls "$SWIFT"/deepspeed-0.19.8-*.whl >/dev/null 2>&1; then
+    # --no-build-isolation builds with $PY's own setuptools and wheel: a bare python3 (no .venv yet) lacks `wheel`
+    # and pip then fails with "invalid command 'bdist_wheel'" deep in its output; say so first.
+    "$PY" -c 'import setuptools, wheel' 2>/dev/null || {
+      echo "fetch_wheels: $PY has no setuptools/wheel to build deepspeed's wheel; run scripts/install.sh first" \
+           "(or PY=<a python with both>)" >&2; exit 1; }
     tmp="$(mktemp -d)"
     DS_BUILD_OPS=0 DS_BUILD_AIO=0 DS_BUILD_GDS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation \
       --no-binary deepspeed -w "$tmp" deepspeed==0.19.8
