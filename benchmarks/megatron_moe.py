@@ -294,20 +294,19 @@ def backend_ratio(variants: Dict[str, Dict[str, Any]]) -> Optional[Dict[str, Any
             'megatron_levers': MEGATRON_LEVERS[best]}
 
 
-def assemble(payload: Dict[str, Any], flagship_asked: bool = True) -> Dict[str, Any]:
+def assemble(payload: Dict[str, Any]) -> Dict[str, Any]:
     """The result file: the flagship report's keys at the top (as megatron-h200-2026-12-01.json), the variants'
-    headline keys, the backend ratio. With `--no-flagship` (flagship_asked False) a mg_base that ran is not a failure:
-    its item-1 report was not asked for, and the file says so in `flagship`."""
+    headline keys, the backend ratio. Under `--no-flagship` (the payload's `flagship_asked` false, read by the partial
+    and the final file alike) a mg_base that ran is not a failure: its item-1 report was not asked for, and the file
+    says so in `flagship`."""
     variants = payload['variants']
-    flagship = (variants.get(FLAGSHIP) or {}).get('report') or {}
+    mg = variants.get(FLAGSHIP) or {}
+    flagship = mg.get('report') or {}
     top = {k: flagship.get(k) for k in REPORT_KEYS}
-    ran = FLAGSHIP in variants and not variants[FLAGSHIP].get('failed') and not variants[FLAGSHIP].get('skipped')
-    if not flagship and not flagship_asked and ran:
+    if not flagship and not payload.get('flagship_asked', True) and mg and not (mg.get('failed') or mg.get('skipped')):
         top['flagship'] = f'not asked (--no-flagship): {FLAGSHIP} ran without the merged export and item-1 report'
     elif not flagship:
-        top['failures'] = [f'{FLAGSHIP} (the item-1 run) did not report: '
-                           f'{(variants.get(FLAGSHIP) or {}).get("failed", "not run")}'[:500]]
-    mg = variants.get(FLAGSHIP) or {}
+        top['failures'] = [f'{FLAGSHIP} (the item-1 run) did not report: {mg.get("failed", "not run")}'[:500]]
     if flagship:
         top['guard_files'] = mg.get('guard_files')
         silent = [g for g, path in (mg.get('guard_files') or {}).items() if path is None]
@@ -426,7 +425,7 @@ def main(argv=None) -> int:
                   '(benchmarks/megatron_moe.py megatron_overrides)',
         'lora': {'rank': mt.LORA_RANK, 'alpha': mt.LORA_ALPHA},
         'steps_per_variant': args.steps, 'warmup_steps': args.warmup_steps, 'global_batch': args.global_batch,
-        'variants': {},
+        'flagship_asked': not args.no_flagship, 'variants': {},
     }
     for name in [v for v in args.variants.split(',') if v]:
         if args.deadline and time.time() - t_start > args.deadline:
@@ -452,7 +451,7 @@ def main(argv=None) -> int:
         print(f'== {name}: ' + json.dumps({k: result.get(k) for k in (*VARIANT_KEYS, 'first_step_s', 'failed')}),
               flush=True)
         write_partial(payload, args.out or work, args.name)
-    final = assemble(payload, flagship_asked=not args.no_flagship)
+    final = assemble(payload)
     path = tp.write_results(final, args.results_dir, args.name, args.out)
     print(f'results: {path}')
     return 0 if not final.get('failures') else 1

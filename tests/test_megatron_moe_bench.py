@@ -129,12 +129,12 @@ def test_no_flagship_run_is_not_a_failure_and_still_gives_the_backend_ratio():
         'mg_base': {'tokens_per_s': 4483.2, 'median_step_s': 6.949, 'peak_reserved_gib': 38.62},
         'vora_unsloth_best': {'tokens_per_s': 29726.8, 'median_step_s': 1.048, 'peak_reserved_gib': 30.164},
         'mg_te_ce': {'skipped': 'deadline 520 s passed'}}}
-    final = mm.assemble(json.loads(json.dumps(payload)), flagship_asked=False)
+    final = mm.assemble({**json.loads(json.dumps(payload)), 'flagship_asked': False})
     assert not final['failures'] and 'not asked' in final['flagship']
     assert final['backend_ratio']['megatron_over_unsloth'] == pytest.approx(0.151, abs=1e-3)
     assert mm.assemble(json.loads(json.dumps(payload)))['failures']  # asked for and missing: still a failure
-    failed = {'variants': {'mg_base': {'failed': 'out of memory'}}}
-    assert 'out of memory' in mm.assemble(failed, flagship_asked=False)['failures'][0]
+    failed = {'variants': {'mg_base': {'failed': 'out of memory'}}, 'flagship_asked': False}
+    assert 'out of memory' in mm.assemble(failed)['failures'][0]
 
 
 def test_a_slow_megatron_variant_gets_a_stack_dump_once_training_began(tmp_path):
