@@ -89,7 +89,11 @@ MICRO_BATCH_VARIANTS = {'vora_unsloth_mb2': 2, 'vora_unsloth_mb4': 4, 'vora_unsl
 MOE_BACKEND_VARIANTS = {'vora_unsloth_mb4_triton': (4, 'unsloth_triton')}
 # Fewer checkpointed layers where the plan leaves room (train.checkpoint_layers, speed/partial_checkpoint.py):
 # (micro-batch, decoder layers checkpointed of 40); the planner fits both on an H200 (131.5 and 113.4 GiB planned)
-CHECKPOINT_LAYERS_VARIANTS = {'vora_unsloth_mb4_ck36': (4, 36), 'vora_unsloth_mb2_ck34': (2, 34)}
+CHECKPOINT_LAYERS_VARIANTS = {'vora_unsloth_mb4_ck36': (4, 36), 'vora_unsloth_mb4_ck34': (4, 34),
+                              'vora_unsloth_mb2_ck34': (2, 34)}
+# The runner before autocast (unsloth.autocast=false): every LoRA layer in fp32 on fp32 copies of its input, as the
+# runner trained until 2026-12-03 (unsloth_runner.forward_autocast): the lever measured against the default
+AUTOCAST_OFF_VARIANTS = {'vora_unsloth_mb4_fp32_lora': 4}
 
 
 def budget(smoke: bool) -> Dict[str, Any]:
@@ -594,6 +598,10 @@ def main(argv=None) -> int:
                 result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
                                   extra_env={'UNSLOTH_MOE_BACKEND': moe_backend},
                                   extra_overrides=[f'train.micro_batch={micro_batch}'])
+            elif name in AUTOCAST_OFF_VARIANTS:
+                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
+                                  extra_overrides=[f'train.micro_batch={AUTOCAST_OFF_VARIANTS[name]}',
+                                                   'unsloth.autocast=false'])
             elif name in CHECKPOINT_LAYERS_VARIANTS:
                 micro_batch, checkpointed = CHECKPOINT_LAYERS_VARIANTS[name]
                 result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,

@@ -76,6 +76,11 @@ def test_launch_is_one_process_with_offline_unsloth_env():
     # the full 35B-A3B on one H200 has room for its layer checkpoints: they stay on the GPU (the faster path)
     assert plan.checkpoints == 'gpu' and run.gradient_checkpointing is True
     assert any('Layer checkpoints stay on the GPU' in r for r in plan.reasons)
+    assert run.autocast is True and run.dtype == 'bfloat16'  # the forward under bf16 autocast, as HF Trainer runs it
+    off = load_recipe(H200X1, [f'model.path={os.path.join(CONFIGS, "qwen3_5_moe_35b_a3b.json")}',
+                               'unsloth.autocast=false'])
+    (_, text), = build_launch(plan_recipe(off), off, environ={}).files.items()
+    assert UnslothRunConfig.from_json(text).autocast is False
 
 
 def test_checkpoints_offload_to_host_only_when_the_gpu_has_no_room():

@@ -156,6 +156,45 @@ def test_runner_trains_qwen3_5_moe_on_video_with_every_guard(tiny_q35, tmp_path,
     assert 'torch_chunk_gated_delta_rule' in result['linear_attention_kernel']  # no fla here: transformers' own
 
 
+def test_runner_forward_runs_the_lora_gemms_in_16_bit_under_autocast_with_fp32_adapters(tiny_q35, tmp_path):
+    """The runner's forward is under autocast, as HF Trainer runs `swift sft`: without it every LoRA layer of a bf16
+    model computes in fp32 on fp32 copies of its input (the casts and fp32 GEMMs of the full-depth profile)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+
+    from swift_vora.backends.unsloth import UnslothRunConfig
+    from swift_vora.backends.unsloth_runner import forward_autocast
+    model_dir, _ = tiny_q35
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.bfloat16)
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=r'.*language_model.*\.(q_proj|in_proj_qkv|up_proj)$'))
+    adapters = [m for n, m in model.named_modules() if n.endswith('lora_A.default')]
+    assert adapters and all(m.weight.dtype == torch.float32 for m in adapters)  # PEFT's fp32 adapters
+    seen = []
+    for m in adapters:
+        m.register_forward_hook(lambda mod, args, out: seen.append((args[0].dtype, out.dtype)))
+    ids = torch.randint(0, 1000, (1, 24))
+
+    def forward(autocast):
+        cfg = UnslothRunConfig(model_path=model_dir, model_type='qwen3_5_moe', dataset=[], output_dir=str(tmp_path),
+                               dtype='bfloat16', loader='peft', autocast=autocast)
+        info = {}
+        dtype = forward_autocast(cfg, model, info)
+        seen.clear()
+        with torch.autocast('cpu', dtype=dtype, enabled=dtype is not None):
+            model(input_ids=ids, labels=ids).loss.backward()
+        return dtype, info, set(seen)
+
+    assert forward(False) == (None, {'autocast': None}, {(torch.float32, torch.float32)})  # what the runner did
+    dtype, info, dtypes = forward(True)
+    assert dtype == torch.bfloat16 and info['autocast'] == 'bfloat16' and info['lora_input_cast_off'] == len(adapters)
+    assert dtypes == {(torch.bfloat16, torch.bfloat16)}
+    assert all(m.weight.dtype == torch.float32 and m.weight.grad.dtype == torch.float32 for m in adapters)
+    cfg32 = UnslothRunConfig(model_path=model_dir, model_type='qwen3_5_moe', dataset=[], output_dir=str(tmp_path),
+                             dtype='float32', loader='peft')
+    assert forward_autocast(cfg32, model, {}) is None  # nothing to autocast to
+
+
 # ---- merged experts == base + B@A ------------------------------------------------------------------------------
 @pytest.fixture(scope='module')
 def expert_adapter(tiny_q35, tmp_path_factory):

@@ -135,6 +135,8 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     # to pinned host RAM | false: no checkpointing
     'unsloth.gradient_checkpointing': ((str, bool), 'auto'),
     'unsloth.save_merged': ((bool, ), False),  # also write merged 16-bit weights (save_pretrained_merged)
+    # the forward under autocast in train.dtype, as HF Trainer runs a 16-bit model (false: LoRA GEMMs in fp32)
+    'unsloth.autocast': ((bool, ), True),
     # --- guards, environment, escape hatch ----------------------------------------------------------------
     'guards.callbacks': ((list, ), []),  # names registered in swift's callbacks_map, passed as --callbacks
     'guards.env': (ANY_DICT, {}),  # environment for the guards (strings)

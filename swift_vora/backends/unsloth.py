@@ -86,6 +86,7 @@ class UnslothRunConfig:
     logging_steps: int = 5
     save_steps: int = 100
     save_merged: bool = False
+    autocast: bool = True  # forward under torch.autocast(dtype) when dtype is 16-bit (unsloth_runner.forward_autocast)
     prefetch: int = 2  # micro-batches encoded ahead on a background thread (backends/prefetch.py)
     loader: str = 'unsloth'  # 'unsloth' (GPU) | 'peft' (CPU stand-in used by the tests)
     is_moe: bool = True
@@ -213,7 +214,7 @@ def run_config(view: PlanView, recipe: Recipe) -> UnslothRunConfig:
         micro_batch=view.micro_batch, grad_accum=grad_accum,
         gradient_checkpointing=unsloth_gradient_checkpointing(view, recipe), dtype=recipe['train.dtype'],
         seed=recipe['train.seed'], logging_steps=recipe['train.logging_steps'], save_steps=recipe['train.save_steps'],
-        save_merged=recipe['unsloth.save_merged'], is_moe=model.is_moe)
+        save_merged=recipe['unsloth.save_merged'], autocast=recipe['unsloth.autocast'], is_moe=model.is_moe)
 
 
 CHECKPOINTING_VALUES = ('auto', True, 'unsloth', False)

@@ -211,6 +211,7 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
         f'{info.get("moe_backend")}; Gated DeltaNet kernel: {info["linear_attention_kernel"]}')
     if cfg.loader == 'peft':
         model.to(device)
+    autocast_dtype = forward_autocast(cfg, model, info)
     recompute_counter = _partial_checkpoint(model, info)
     guards = RunnerGuards(model, cfg.output_dir, device=device if device.type == 'cuda' else None)
     guards.start({'loader': cfg.loader, 'model_path': os.path.abspath(cfg.model_path), 'guards': sorted(guards_on)})
@@ -255,7 +256,8 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                     inputs = {k: v.to(device, non_blocking=True) if hasattr(v, 'to') else v  # pinned: prefetch.py
                               for k, v in batch.inputs.items() if k in keys}
                     guards.enter('forward', step, micro)
-                    loss = model(**inputs).loss / cfg.grad_accum
+                    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                        loss = model(**inputs).loss / cfg.grad_accum
                     guards.enter('backward', step, micro)
                     loss.backward()
                     loss_sum += float(loss.detach())
@@ -317,6 +319,33 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                 'of GPU memory free')
         info['verify_adapter'] = guards.verify(ckpt, cfg.model_path)
     return info
+
+
+def forward_autocast(cfg: UnslothRunConfig, model, info: Dict[str, Any]):
+    """The dtype the forward runs under autocast in, or None (unsloth.autocast false, or a 32-bit model).
+
+    HF Trainer (accelerate's mixed_precision), which runs `swift sft` and Unsloth's own trainer, puts a 16-bit model's
+    forward under autocast, and the LoRA forwards are written for it: PEFT keeps the adapters in fp32, and without
+    autocast PEFT casts every LoRA input to fp32 while Unsloth's rewritten LoRA forward casts the input *and the base
+    layer's output* to fp32 and adds in fp32 (unsloth_zoo compiler `_patch_lora_input_cast`). At full depth that was
+    a fifth of the step's GPU time in casts and fp32 CUDA-core GEMMs (docs/runs/h200-moe-full/README.md, call d).
+    Under autocast the LoRA GEMMs run in 16 bit on the fp32 adapters (cast once per forward; the adapters and their
+    Adam states stay fp32), as `swift sft` trains them. PEFT's own input cast is also switched off where it would
+    still run (speed/lora_autocast.py, SWIFT_VORA_LORA_AUTOCAST_INPUTS)."""
+    import torch
+    dtype = getattr(torch, cfg.dtype)
+    if not cfg.autocast or dtype not in (torch.bfloat16, torch.float16):
+        info['autocast'] = None
+        log(f'forward without autocast (unsloth.autocast={cfg.autocast}, train.dtype={cfg.dtype}): LoRA layers '
+            'with fp32 adapters compute in fp32')
+        return None
+    from ..speed import lora_autocast
+    info['autocast'] = cfg.dtype
+    info['lora_input_cast_off'] = lora_autocast.keep_lora_inputs_in_autocast_dtype(model) if lora_autocast.enabled() \
+        else 0
+    log(f'forward under autocast ({cfg.dtype}): LoRA GEMMs in {cfg.dtype} on fp32 adapters, as HF Trainer runs them '
+        f'(PEFT input cast off on {info["lora_input_cast_off"]} layers; unsloth.autocast=false to turn off)')
+    return dtype
 
 
 def _peak_memory(torch) -> Dict[str, float]:
