@@ -17,6 +17,21 @@ import sys
 from typing import Any, Dict, List
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')
+# The Unsloth runner's forward runs under autocast since 2026-12-03 (unsloth_runner.forward_autocast); before, its
+# LoRA computed in fp32. A run is named by what it ran: a swift-vora variant of an earlier file, or one whose runner
+# reports `autocast: null`, is the fp32-LoRA setting (the `_fp32_lora` variants keep it on purpose).
+AUTOCAST_SINCE = '2026-12-03'
+FP32_LORA = '_fp32_lora'
+
+
+def setting(name: str, variant: Dict[str, Any], date: str) -> str:
+    """The setting a variant ran, for comparing calls: `vora_unsloth_mb4` before autocast was the runner's default
+    is `vora_unsloth_mb4_fp32_lora`."""
+    if not name.startswith('vora_') or name.endswith(FP32_LORA):
+        return name
+    runner = variant.get('runner') or {}
+    fp32 = runner.get('autocast', '') is None if 'autocast' in runner else (date or '') < AUTOCAST_SINCE
+    return name + FP32_LORA if fp32 else name
 
 
 def load(pattern: str, results: str = RESULTS) -> List[Dict[str, Any]]:
@@ -25,8 +40,9 @@ def load(pattern: str, results: str = RESULTS) -> List[Dict[str, Any]]:
     for path in sorted(glob.glob(os.path.join(results, pattern))):
         with open(path) as f:
             data = json.load(f)
+        variants = {setting(n, v, data.get('date')): v for n, v in (data.get('variants') or {}).items()}
         calls.append({'file': os.path.basename(path), 'date': data.get('date'), 'partial': bool(data.get('partial')),
-                      'layers': (data.get('model') or {}).get('layers'), 'variants': data.get('variants') or {},
+                      'layers': (data.get('model') or {}).get('layers'), 'variants': variants,
                       'command': data.get('command')})
     finished = {c['command'] for c in calls if not c['partial'] and c['command']}
     return [c for c in calls if not (c['partial'] and c['command'] in finished)]
@@ -52,8 +68,16 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
         if plain and ours:
             best = max(ours, key=ours.get)
             speedups.append({'file': c['file'], 'ours': best, 'speedup_median': round(ours[best] / plain, 3)})
+    # across calls (not side by side, say so): the fastest swift-vora run of any call over each plain swift run
+    ours_all = [(r['tokens_per_s'], n, r['file']) for n, v in per_variant.items() if n.startswith('vora_')
+                for r in v['calls']]
+    cross = []
+    if ours_all and 'swift_peft' in per_variant:
+        rate, name, where = max(ours_all)
+        cross = [{'ours': name, 'ours_file': where, 'plain_file': r['file'],
+                  'speedup_median': round(rate / r['tokens_per_s'], 3)} for r in per_variant['swift_peft']['calls']]
     return {'calls': [{k: c[k] for k in ('file', 'date', 'partial', 'layers')} for c in calls],
-            'variants': per_variant, 'speedup_per_call': speedups}
+            'variants': per_variant, 'speedup_per_call': speedups, 'speedup_across_calls': cross}
 
 
 def render(s: Dict[str, Any]) -> str:
@@ -68,6 +92,9 @@ def render(s: Dict[str, Any]) -> str:
     lines.append('tokens/s on the median step of each call ("--": not run, or cut short, in that call).')
     for sp in s['speedup_per_call']:
         lines.append(f'{sp["file"]}: {sp["ours"]} / swift_peft = {sp["speedup_median"]}x (median steps)')
+    for sp in s.get('speedup_across_calls') or []:
+        lines.append(f'across calls (not side by side): {sp["ours"]} of {sp["ours_file"]} / swift_peft of '
+                     f'{sp["plain_file"]} = {sp["speedup_median"]}x (median steps)')
     return '\n'.join(lines)
 
 

@@ -371,7 +371,7 @@ def summarize_runner(name: str, out: str, args, command: Optional[str], wall: Op
         'video_grid_thw': encode[0]['video_grid_thw'][0] if encode and encode[0].get('video_grid_thw') else None,
         'losses': [r['loss'] for r in steps], 'wall_s': round(wall, 1) if wall is not None else None,
         'runner': {k: run.get(k) for k in ('loader', 'split_lora', 'moe_backend', 'lora_tensors', 'expert_lora_tensors',
-                                           'trainable_params', 'linear_attention_kernel')},
+                                           'trainable_params', 'linear_attention_kernel', 'autocast')},
         'planned': read_plan(out),
     }
 

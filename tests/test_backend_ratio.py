@@ -32,8 +32,35 @@ def plan(table, backend='auto'):
         return make_plan(req)
 
 
-def test_the_shipped_table_has_no_measurement():
-    assert br.load() == [] and br.lookup('qwen3_5_moe', 'H200') is None
+def test_the_shipped_table_is_what_its_result_files_support():
+    """Every shipped entry re-derives from the result file it names (kept in the repository), so the table cannot
+    say more than a run measured; the Qwen3.5-MoE entry on the H200 is there."""
+    entries = br.load()
+    assert entries and br.lookup('qwen3_5_moe', 'H200') is not None
+    for entry in entries:
+        with open(os.path.join(REPO, entry['source']), encoding='utf-8') as f:
+            assert br.entry_from_result(json.load(f), entry['source']) == entry
+
+
+def test_megatrons_speed_estimate_uses_the_measured_ratio(tmp_path):
+    """Where the two backends ran side by side, the slower one's estimate is the other's efficiency times the
+    measured ratio (not the other's efficiency assumed), and the plan says where that comes from."""
+    import unittest.mock as mock
+
+    from swift_vora.plan import speed
+    table = tmp_path / 'backend_ratios.json'
+    res = tmp_path / 'megatron-h200-moe-x.json'
+    res.write_text(json.dumps(result(megatron=3000.0, unsloth=12000.0)))
+    br.record(str(res), str(table))
+    with mock.patch.object(br, 'TABLE', str(tmp_path / 'none.json')):
+        assumed = plan(tmp_path / 'none.json').backend_choice['compared'][br.MEGATRON]['est_tokens_per_s']
+        assert speed.measured_pair('qwen3_5_moe', 'NVIDIA H200', br.MEGATRON) is None
+    p = plan(table)
+    measured = p.backend_choice['compared'][br.MEGATRON]['est_tokens_per_s']
+    assert measured == pytest.approx(assumed * 0.25, rel=1e-3)
+    assert 'Megatron measured at 0.250x' in p.backend_choice['sentence']
+    with mock.patch.object(br, 'TABLE', str(table)):
+        assert speed.measured_pair('qwen3_5_moe', 'NVIDIA H200', br.UNSLOTH) is None  # only the stand-in is scaled
 
 
 def test_gpu_names_match_the_profile():

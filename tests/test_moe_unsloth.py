@@ -499,3 +499,26 @@ def test_moe_calls_derives_the_spread_and_speedups_from_the_result_files(tmp_pat
     assert s['speedup_per_call'] == [{'file': 'moe-h200-full-a.json', 'ours': 'vora_unsloth_mb4',
                                       'speedup_median': 9.0}]
     assert '| vora_unsloth_mb4 | 9,000 | 9,900 | 10.0 % |' in moe_calls.render(s)
+
+
+def test_moe_calls_keeps_runs_of_the_fp32_lora_runner_apart_from_autocast_runs(tmp_path):
+    """A swift-vora variant of a file written before the runner's forward ran under autocast (or whose runner says
+    `autocast: null`) is the fp32-LoRA setting: compared with `_fp32_lora` runs, never with the faster default."""
+    sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
+    import moe_calls
+    old = {'date': '2026-12-02', 'model': {'layers': 40},
+           'variants': {'swift_peft': {'tokens_per_s': 1000.0}, 'vora_unsloth_mb4': {'tokens_per_s': 9500.0}}}
+    new = {'date': '2026-12-03', 'model': {'layers': 40},
+           'variants': {'vora_unsloth_mb4': {'tokens_per_s': 10600.0, 'runner': {'autocast': 'bfloat16'}},
+                        'vora_unsloth_mb4_fp32_lora': {'tokens_per_s': 9100.0, 'runner': {'autocast': None}},
+                        'vora_unsloth_mb2': {'tokens_per_s': 8000.0, 'runner': {'autocast': None}}}}
+    (tmp_path / 'moe-h200-full-a.json').write_text(json.dumps(old))
+    (tmp_path / 'moe-h200-full-e.json').write_text(json.dumps(new))
+    s = moe_calls.summarize(moe_calls.load('moe-h200-full-*.json', str(tmp_path)))
+    assert [r['tokens_per_s'] for r in s['variants']['vora_unsloth_mb4_fp32_lora']['calls']] == [9500.0, 9100.0]
+    assert [r['tokens_per_s'] for r in s['variants']['vora_unsloth_mb4']['calls']] == [10600.0]
+    assert 'vora_unsloth_mb2_fp32_lora' in s['variants'] and 'vora_unsloth_mb2' not in s['variants']
+    assert s['speedup_per_call'] == [{'file': 'moe-h200-full-a.json', 'ours': 'vora_unsloth_mb4_fp32_lora',
+                                      'speedup_median': 9.5}]
+    assert s['speedup_across_calls'] == [{'ours': 'vora_unsloth_mb4', 'ours_file': 'moe-h200-full-e.json',
+                                          'plain_file': 'moe-h200-full-a.json', 'speedup_median': 10.6}]
