@@ -68,6 +68,17 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
         if plain and ours:
             best = max(ours, key=ours.get)
             speedups.append({'file': c['file'], 'ours': best, 'speedup_median': round(ours[best] / plain, 3)})
+    # the autocast default against its fp32-LoRA twin of the same call: the same learning, step by step
+    twins = []
+    for c in calls:
+        for name, v in c['variants'].items():
+            twin = c['variants'].get(name + FP32_LORA) or {}
+            if name.startswith('vora_') and v.get('losses') and twin.get('losses'):
+                pairs = list(zip(v['losses'], twin['losses']))
+                twins.append({'file': c['file'], 'variant': name, 'losses': len(pairs),
+                              'loss_max_rel_diff_vs_fp32_lora': round(max(abs(a - b) / abs(b) for a, b in pairs), 4),
+                              'median_step_ratio': round(twin['median_step_s'] / v['median_step_s'], 3)
+                              if v.get('median_step_s') and twin.get('median_step_s') else None})
     # across calls (not side by side, say so): the fastest swift-vora run of any call over each plain swift run
     ours_all = [(r['tokens_per_s'], n, r['file']) for n, v in per_variant.items() if n.startswith('vora_')
                 for r in v['calls']]
@@ -77,7 +88,8 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
         cross = [{'ours': name, 'ours_file': where, 'plain_file': r['file'],
                   'speedup_median': round(rate / r['tokens_per_s'], 3)} for r in per_variant['swift_peft']['calls']]
     return {'calls': [{k: c[k] for k in ('file', 'date', 'partial', 'layers')} for c in calls],
-            'variants': per_variant, 'speedup_per_call': speedups, 'speedup_across_calls': cross}
+            'variants': per_variant, 'speedup_per_call': speedups, 'speedup_across_calls': cross,
+            'autocast_vs_fp32_lora': twins}
 
 
 def render(s: Dict[str, Any]) -> str:
@@ -92,6 +104,9 @@ def render(s: Dict[str, Any]) -> str:
     lines.append('tokens/s on the median step of each call ("--": not run, or cut short, in that call).')
     for sp in s['speedup_per_call']:
         lines.append(f'{sp["file"]}: {sp["ours"]} / swift_peft = {sp["speedup_median"]}x (median steps)')
+    for t in s.get('autocast_vs_fp32_lora') or []:
+        lines.append(f'{t["file"]}: {t["variant"]} against its fp32-LoRA twin: {t["median_step_ratio"]}x (median '
+                     f'steps), {t["losses"]} logged losses within {100 * t["loss_max_rel_diff_vs_fp32_lora"]:.2f} %')
     for sp in s.get('speedup_across_calls') or []:
         lines.append(f'across calls (not side by side): {sp["ours"]} of {sp["ours_file"]} / swift_peft of '
                      f'{sp["plain_file"]} = {sp["speedup_median"]}x (median steps)')

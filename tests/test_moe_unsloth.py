@@ -509,8 +509,10 @@ def test_moe_calls_keeps_runs_of_the_fp32_lora_runner_apart_from_autocast_runs(t
     old = {'date': '2026-12-02', 'model': {'layers': 40},
            'variants': {'swift_peft': {'tokens_per_s': 1000.0}, 'vora_unsloth_mb4': {'tokens_per_s': 9500.0}}}
     new = {'date': '2026-12-03', 'model': {'layers': 40},
-           'variants': {'vora_unsloth_mb4': {'tokens_per_s': 10600.0, 'runner': {'autocast': 'bfloat16'}},
-                        'vora_unsloth_mb4_fp32_lora': {'tokens_per_s': 9100.0, 'runner': {'autocast': None}},
+           'variants': {'vora_unsloth_mb4': {'tokens_per_s': 10600.0, 'runner': {'autocast': 'bfloat16'},
+                                             'median_step_s': 3.0, 'losses': [10.0, 8.08]},
+                        'vora_unsloth_mb4_fp32_lora': {'tokens_per_s': 9100.0, 'runner': {'autocast': None},
+                                                       'median_step_s': 3.6, 'losses': [10.0, 8.0]},
                         'vora_unsloth_mb2': {'tokens_per_s': 8000.0, 'runner': {'autocast': None}}}}
     (tmp_path / 'moe-h200-full-a.json').write_text(json.dumps(old))
     (tmp_path / 'moe-h200-full-e.json').write_text(json.dumps(new))
@@ -522,3 +524,5 @@ def test_moe_calls_keeps_runs_of_the_fp32_lora_runner_apart_from_autocast_runs(t
                                       'speedup_median': 9.5}]
     assert s['speedup_across_calls'] == [{'ours': 'vora_unsloth_mb4', 'ours_file': 'moe-h200-full-e.json',
                                           'plain_file': 'moe-h200-full-a.json', 'speedup_median': 10.6}]
+    assert s['autocast_vs_fp32_lora'] == [{'file': 'moe-h200-full-e.json', 'variant': 'vora_unsloth_mb4', 'losses': 2,
+                                           'loss_max_rel_diff_vs_fp32_lora': 0.01, 'median_step_ratio': 1.2}]
