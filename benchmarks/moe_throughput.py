@@ -94,6 +94,8 @@ CHECKPOINT_LAYERS_VARIANTS = {'vora_unsloth_mb4_ck36': (4, 36), 'vora_unsloth_mb
 # The runner before autocast (unsloth.autocast=false): every LoRA layer in fp32 on fp32 copies of its input, as the
 # runner trained until 2026-12-03 (unsloth_runner.forward_autocast): the lever measured against the default
 AUTOCAST_OFF_VARIANTS = {'vora_unsloth_mb4_fp32_lora': 4}
+# One encode thread (the runner until 2026-12-03; now unsloth.encode_threads=4): the data-pipeline lever measured
+ENCODE_THREADS_VARIANTS = {'vora_unsloth_mb4_enc1': (4, 1)}
 
 
 def budget(smoke: bool) -> Dict[str, Any]:
@@ -371,7 +373,8 @@ def summarize_runner(name: str, out: str, args, command: Optional[str], wall: Op
         'video_grid_thw': encode[0]['video_grid_thw'][0] if encode and encode[0].get('video_grid_thw') else None,
         'losses': [r['loss'] for r in steps], 'wall_s': round(wall, 1) if wall is not None else None,
         'runner': {k: run.get(k) for k in ('loader', 'split_lora', 'moe_backend', 'lora_tensors', 'expert_lora_tensors',
-                                           'trainable_params', 'linear_attention_kernel', 'autocast')},
+                                           'trainable_params', 'linear_attention_kernel', 'autocast',
+                                           'encode_threads')},
         'planned': read_plan(out),
     }
 
@@ -598,6 +601,11 @@ def main(argv=None) -> int:
                 result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
                                   extra_env={'UNSLOTH_MOE_BACKEND': moe_backend},
                                   extra_overrides=[f'train.micro_batch={micro_batch}'])
+            elif name in ENCODE_THREADS_VARIANTS:
+                micro_batch, threads = ENCODE_THREADS_VARIANTS[name]
+                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
+                                  extra_overrides=[f'train.micro_batch={micro_batch}',
+                                                   f'unsloth.encode_threads={threads}'])
             elif name in AUTOCAST_OFF_VARIANTS:
                 result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
                                   extra_overrides=[f'train.micro_batch={AUTOCAST_OFF_VARIANTS[name]}',

@@ -81,6 +81,18 @@ def test_launch_is_one_process_with_offline_unsloth_env():
                                'unsloth.autocast=false'])
     (_, text), = build_launch(plan_recipe(off), off, environ={}).files.items()
     assert UnslothRunConfig.from_json(text).autocast is False
+    assert run.encode_threads == 4  # samples encoded on 4 threads, one template each (prefetch.OrderedEncoder)
+
+
+def test_encode_threads_reach_the_run_config_and_a_bad_value_names_the_key():
+    from swift_vora.backends.recipe import RecipeError
+    model = f'model.path={os.path.join(CONFIGS, "qwen3_5_moe_35b_a3b.json")}'
+    two = load_recipe(H200X1, [model, 'unsloth.encode_threads=2'])
+    (_, text), = build_launch(plan_recipe(two), two, environ={}).files.items()
+    assert UnslothRunConfig.from_json(text).encode_threads == 2
+    for bad in ('0', '-1', 'true', 'four', '2.5'):
+        with pytest.raises(RecipeError, match=r"'unsloth\.encode_threads'"):
+            load_recipe(H200X1, [model, f'unsloth.encode_threads={bad}'])
 
 
 def test_checkpoints_offload_to_host_only_when_the_gpu_has_no_room():

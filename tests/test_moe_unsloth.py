@@ -1,16 +1,18 @@
-"""The MoE path on one GPU, on CPU: the Qwen3.5-MoE checkpoint builder, the runner's prefetch thread, the runner's
-guards on a video run (transformers + PEFT standing in for Unsloth's loader), the merged-expert check, and the FLOP
-count of benchmarks/moe_throughput.py."""
+"""The MoE path on one GPU, on CPU: the Qwen3.5-MoE checkpoint builder, the runner's prefetch thread and ordered
+encoder, the runner's guards on a video run (transformers + PEFT standing in for Unsloth's loader), the merged-expert
+check, and the FLOP count of benchmarks/moe_throughput.py."""
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import CancelledError
 
 import pytest
 
-from swift_vora.backends.prefetch import Batch, EncodePrefetcher, SampleOrder
+from swift_vora.backends.prefetch import Batch, EncodePrefetcher, OrderedEncoder, SampleOrder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, 'tests', 'fixtures', 'configs')
@@ -68,6 +70,154 @@ def test_sample_order_visits_every_row_once_per_epoch():
     assert sorted(first) == sorted(second) == list(range(7))
     again = SampleOrder(7, seed=3)
     assert [again.next() for _ in range(7)] == first  # seeded: a rerun sees the same order
+
+
+class Rejected(ValueError):
+    """Stands in for swift_vora.template.SampleRejected."""
+
+
+class FakeTemplate:
+    """An encode that takes a random time, rejects every fifth row, and fails if two encodes share it at once."""
+
+    def __init__(self, seed, seconds=0.02):
+        self.rng, self.seconds, self.active, self.lock = random.Random(seed), seconds, 0, threading.Lock()
+        self.calls = 0
+
+    def encode(self, row):
+        with self.lock:
+            self.active += 1
+            self.calls += 1
+            assert self.active == 1, 'two encodes at once on one template'
+            pause = self.rng.uniform(0, self.seconds)
+        try:
+            time.sleep(pause)
+            if row % 5 == 0:
+                raise Rejected(f'row {row}')
+            return {'row': row}
+        finally:
+            with self.lock:
+                self.active -= 1
+
+
+def _encoded(threads, n=60, seed=7):
+    order = SampleOrder(23, seed=seed)
+    encoder = OrderedEncoder([FakeTemplate(i).encode for i in range(threads)], order.next, rejected=(Rejected, ))
+    try:
+        got = [encoder.next() for _ in range(n)]
+    finally:
+        encoder.close()
+    return [(g.row, g.sample, str(g.rejection) if g.rejection else None) for g in got]
+
+
+def test_ordered_encoder_hands_samples_and_rejections_back_in_drawn_order_whatever_the_thread_count():
+    serial = _encoded(1)
+    order = SampleOrder(23, seed=7)
+    assert [row for row, _, _ in serial] == [order.next() for _ in range(60)]  # the seeded order, untouched
+    assert {row for row, _, rejected in serial if rejected} == {row for row, _, _ in serial if row % 5 == 0} != set()
+    assert all(sample == {'row': row} for row, sample, rejected in serial if not rejected)
+    assert _encoded(4) == serial  # random encode times: finished out of order, handed back in order
+    assert _encoded(3) == serial
+
+
+def test_ordered_encoder_never_runs_two_encodes_on_one_template_and_uses_them_all():
+    templates = [FakeTemplate(i, seconds=0.03) for i in range(4)]
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def counted(template):
+        def encode(row):
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            try:
+                return template.encode(row)  # asserts it is not re-entered
+            finally:
+                with lock:
+                    running[0] -= 1
+        return encode
+
+    encoder = OrderedEncoder([counted(t) for t in templates], iter(range(1000)).__next__, ahead=8,
+                             rejected=(Rejected, ))
+    try:
+        got = [encoder.next() for _ in range(80)]
+    finally:
+        encoder.close()
+    assert [g.row for g in got] == list(range(80))
+    assert peak[0] > 1 and all(t.calls > 0 for t in templates)  # it did run in parallel, on every template
+
+
+def test_ordered_encoder_raises_an_unexpected_encode_error_in_the_consumer_at_its_turn():
+    def encode(row):
+        time.sleep(0.05 if row < 3 else 0)  # the failing row finishes first
+        if row == 3:
+            raise KeyError('video_grid_thw')
+        return row
+
+    encoder = OrderedEncoder([encode] * 4, iter(range(100)).__next__, rejected=(Rejected, ))
+    try:
+        assert [encoder.next().sample for _ in range(3)] == [0, 1, 2]
+        with pytest.raises(KeyError, match='video_grid_thw'):
+            encoder.next()
+    finally:
+        encoder.close()
+    serial = OrderedEncoder([encode], iter(range(100)).__next__, rejected=(Rejected, ))
+    assert [serial.next().sample for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(KeyError):
+        serial.next()
+
+
+def test_ordered_encoder_close_cancels_pending_encodes_and_unblocks_the_prefetch_thread():
+    started = []
+
+    def slow(row):
+        started.append(row)
+        time.sleep(0.5)
+        return row
+
+    encoder = OrderedEncoder([slow, slow], iter(range(100)).__next__, ahead=8)
+    prefetch = EncodePrefetcher(lambda: _batch(encoder.next().sample), depth=1)
+    assert prefetch.next().inputs['i'] == 0  # 8 drawn, 2 running at a time
+    t0 = time.perf_counter()
+    encoder.close()  # the runner's order: the encoder first, then the prefetcher
+    prefetch.close(timeout=3)
+    assert time.perf_counter() - t0 < 1.2  # the running encodes (0.5 s), not the 6 queued ones (1.5 s more)
+    assert not prefetch.thread.is_alive()
+    time.sleep(0.6)
+    assert len(started) <= 4  # the queued ones never started
+    with pytest.raises(RuntimeError, match='closed'):
+        encoder.next()
+    queued = OrderedEncoder([slow, slow], iter(range(100)).__next__, ahead=8)
+    release, errors = threading.Event(), []
+    for _ in range(2):  # both workers busy elsewhere: the consumer waits on an encode that has not started
+        queued.pool.submit(release.wait, 5)
+
+    def consume():
+        try:
+            queued.next()
+        except CancelledError as error:
+            errors.append(error)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(0.2)
+    t0 = time.perf_counter()
+    queued.close(timeout=3)
+    consumer.join(3)
+    release.set()
+    assert time.perf_counter() - t0 < 1.0 and not consumer.is_alive() and errors  # told, not left waiting
+
+
+def test_ordered_encoder_runs_encodes_in_parallel():
+    def sleepy(row):
+        time.sleep(0.2)
+        return row
+
+    encoder = OrderedEncoder([sleepy] * 4, iter(range(100)).__next__, ahead=8)
+    t0 = time.perf_counter()
+    try:
+        assert [encoder.next().sample for _ in range(8)] == list(range(8))
+    finally:
+        encoder.close()
+    assert time.perf_counter() - t0 < 1.0  # 4 threads: ~0.4 s; one after the other: 1.6 s
 
 
 # ---- the checkpoint builder -------------------------------------------------------------------------------------
@@ -154,6 +304,7 @@ def test_runner_trains_qwen3_5_moe_on_video_with_every_guard(tiny_q35, tmp_path,
     result = json.loads((out / 'unsloth_run_result.json').read_text())
     assert result['expert_lora_tensors'] == lora['expert_tensors']
     assert 'torch_chunk_gated_delta_rule' in result['linear_attention_kernel']  # no fla here: transformers' own
+    assert result['encode_threads'] == 4 and 'encoding samples on 4 thread(s)' in proc.stdout  # the default
 
 
 def test_runner_forward_runs_the_lora_gemms_in_16_bit_under_autocast_with_fp32_adapters(tiny_q35, tmp_path):

@@ -69,3 +69,35 @@ def test_env_keeps_transformers_forward(original_forward, monkeypatch):
     with pytest.raises(ValueError, match="SWIFT_VORA_VIT_ATTENTION='transformer'"):
         vit_attention.patch_vision_attention()
     assert M.Qwen3VLVisionAttention.forward is original_forward
+
+
+@pytest.mark.parametrize('same', [True, False], ids=['agrees', 'differs'])
+def test_a_forward_rewritten_by_another_library_is_replaced_only_after_a_live_check(original_forward, monkeypatch,
+                                                                                     same):
+    """Unsloth's compiler rewrites the vision attention after import, so the source check skips our patch: in the
+    Unsloth runner it is installed behind a check on the first live call -- kept when it computes what the rewritten
+    forward computes, dropped (the rewritten one stays) when it does not."""
+    def rewritten(self, *args, **kwargs):  # another library's forward: not transformers' source, not ours
+        out = original_forward(self, *args, **kwargs)
+        return out if same else 2 * out
+
+    monkeypatch.delenv(vit_attention.ENV, raising=False)
+    grid = torch.tensor([[4, 4, 6]])
+    M.Qwen3VLVisionAttention.forward = rewritten
+    model = vision_model('sdpa')
+    expected = run(model, grid)
+    report = vit_attention.adopt_over_rewrite(model)
+    assert report == {'Qwen3VLVisionAttention': {'state': 'installed, waiting for its first call',
+                                                 'class_module': M.__name__}}
+    first = run(model, grid)  # the first call returns the rewritten forward's output either way
+    torch.testing.assert_close(first, expected, rtol=1e-5, atol=1e-5)
+    entry = report['Qwen3VLVisionAttention']
+    if same:
+        assert entry['state'] == 'batched' and entry['relative_difference'] < 1e-4
+        assert patches.patched_by(M.Qwen3VLVisionAttention.forward) == 'vit_attention_qwen3_vl'
+        torch.testing.assert_close(run(model, grid), expected, rtol=1e-5, atol=1e-5)
+    else:
+        assert entry['state'] == 'kept the rewritten forward' and entry['relative_difference'] > 0.3
+        assert M.Qwen3VLVisionAttention.forward is rewritten
+    assert vit_attention.adopt_over_rewrite(model) == ({} if same else {
+        'Qwen3VLVisionAttention': {'state': 'installed, waiting for its first call', 'class_module': M.__name__}})

@@ -137,6 +137,8 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'unsloth.save_merged': ((bool, ), False),  # also write merged 16-bit weights (save_pretrained_merged)
     # the forward under autocast in train.dtype, as HF Trainer runs a 16-bit model (false: LoRA GEMMs in fp32)
     'unsloth.autocast': ((bool, ), True),
+    # threads decoding + encoding samples, one template each (one was too slow for a short MoE step on the H200)
+    'unsloth.encode_threads': ((int, ), 4),
     # --- guards, environment, escape hatch ----------------------------------------------------------------
     'guards.callbacks': ((list, ), []),  # names registered in swift's callbacks_map, passed as --callbacks
     'guards.env': (ANY_DICT, {}),  # environment for the guards (strings)
@@ -204,6 +206,7 @@ RANGES: Dict[str, Tuple[float, float, bool]] = {
     'train.checkpoint_layers': (0, 100_000, True),
     'megatron.ep': (1, 4096, True), 'megatron.tp': (1, 4096, True), 'megatron.pp': (1, 4096, True),
     'megatron.global_batch': (1, 1e9, True), 'megatron.recompute_num_layers': (1, 100_000, True),
+    'unsloth.encode_threads': (1, 256, True),
 }
 SECTIONS = sorted({k.split('.')[0] for k in SCHEMA if '.' in k})
 FREE_DICTS = tuple(k for k, (t, _) in SCHEMA.items() if t == ANY_DICT)

@@ -88,6 +88,7 @@ class UnslothRunConfig:
     save_merged: bool = False
     autocast: bool = True  # forward under torch.autocast(dtype) when dtype is 16-bit (unsloth_runner.forward_autocast)
     prefetch: int = 2  # micro-batches encoded ahead on a background thread (backends/prefetch.py)
+    encode_threads: int = 4  # threads encoding samples, one template each (prefetch.OrderedEncoder)
     loader: str = 'unsloth'  # 'unsloth' (GPU) | 'peft' (CPU stand-in used by the tests)
     is_moe: bool = True
 
@@ -214,7 +215,8 @@ def run_config(view: PlanView, recipe: Recipe) -> UnslothRunConfig:
         micro_batch=view.micro_batch, grad_accum=grad_accum,
         gradient_checkpointing=unsloth_gradient_checkpointing(view, recipe), dtype=recipe['train.dtype'],
         seed=recipe['train.seed'], logging_steps=recipe['train.logging_steps'], save_steps=recipe['train.save_steps'],
-        save_merged=recipe['unsloth.save_merged'], autocast=recipe['unsloth.autocast'], is_moe=model.is_moe)
+        save_merged=recipe['unsloth.save_merged'], autocast=recipe['unsloth.autocast'],
+        encode_threads=recipe['unsloth.encode_threads'], is_moe=model.is_moe)
 
 
 CHECKPOINTING_VALUES = ('auto', True, 'unsloth', False)

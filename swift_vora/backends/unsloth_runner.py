@@ -183,7 +183,7 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
 
     from swift_vora.guards.registry import enabled_guards
 
-    from .prefetch import EncodePrefetcher, SampleOrder
+    from .prefetch import EncodePrefetcher, OrderedEncoder, SampleOrder
     from .runner_guards import RunnerGuards
     from .step_profile import StepProfiler
     random.seed(cfg.seed)
@@ -215,10 +215,23 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     recompute_counter = _partial_checkpoint(model, info)
     guards = RunnerGuards(model, cfg.output_dir, device=device if device.type == 'cuda' else None)
     guards.start({'loader': cfg.loader, 'model_path': os.path.abspath(cfg.model_path), 'guards': sorted(guards_on)})
-    processor, template = build_template(cfg)
+    # One template per encode thread: a template keeps per-sample state on itself (prefetch.py). Built here, on the
+    # main thread, before any encode starts.
+    if cfg.encode_threads < 1:  # the recipe refuses it; a hand-written run config could still say so
+        raise ValueError(f'encode_threads {cfg.encode_threads}: at least 1 (unsloth.encode_threads)')
+    built = [build_template(cfg) for _ in range(cfg.encode_threads)]
+    processor, template = built[0]  # the first also collates, on the prefetch thread (no per-sample state there)
+    templates = [t for _, t in built]
     # The template computes M-RoPE positions with the model's get_rope_index; without a model it builds a second,
     # dummy one (ms-swift's Template._get_model). Hand it the model being trained, as `swift sft` does.
-    template.model = model
+    for t in templates:
+        t.model = model
+    info['encode_threads'] = len(templates)
+    from swift_vora.template import SampleRejected  # after build_template: ms-swift after Unsloth
+
+    # after the plugin's own patches (build_template registers it): the ones Unsloth's rewrite made them skip
+    from ..speed import vit_attention
+    info['vit_attention'] = vit_attention.adopt_over_rewrite(model)
     rows = build_rows(cfg)
     keys = _forward_keys(model)
 
@@ -231,8 +244,20 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
         optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)) * max(0.1, 1 - max(0, s - warmup) / max(1, total)))
     log_path = os.path.join(cfg.output_dir, 'train_log.jsonl')
     order = SampleOrder(len(rows), cfg.seed)
-    prefetch = EncodePrefetcher(lambda: _next_batch(rows, order, template, cfg), depth=cfg.prefetch,
-                                first=_next_batch(rows, order, template, cfg))  # lazy set-up on this thread
+
+    def draw():
+        return rows[order.next()]
+
+    encodes = [t.encode for t in templates]
+    # The first batch on this thread, one template (whatever the first encode sets up lazily), then the pool: both
+    # draw from the same order, so the sequence of samples does not depend on encode_threads.
+    first = _next_batch(OrderedEncoder(encodes[:1], draw, rejected=(SampleRejected, )), template, len(rows), cfg)
+    encoder = OrderedEncoder(encodes, draw, ahead=2 * len(encodes), rejected=(SampleRejected, ))
+    ahead = f', up to {encoder.ahead} samples ahead' if encoder.threads > 1 else ' (inline on the prefetch thread)'
+    log(f'encoding samples on {encoder.threads} thread(s) (unsloth.encode_threads), one template each{ahead}; '
+        f'collating on the prefetch thread, {cfg.prefetch} micro-batches ahead')
+    prefetch = EncodePrefetcher(lambda: _next_batch(encoder, template, len(rows), cfg), depth=cfg.prefetch,
+                                first=first)
     model.train()
     sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
     profiler = StepProfiler(cfg.output_dir)
@@ -279,6 +304,9 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                 info['first_step']['triton'] = triton_activity.summary()
                 triton_activity.remove()
                 log(kernel_cache.describe(info['first_step']) + triton_activity.describe())
+                if info['vit_attention']:
+                    log('vision attention over a rewritten forward (swift_vora/speed/vit_attention.py): '
+                        f'{json.dumps(info["vit_attention"])}')
                 if recompute_counter is not None:
                     from ..speed.partial_checkpoint import describe_recomputes
                     info['partial_checkpoint'].update(recompute_counter.close())
@@ -299,6 +327,7 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
         guards.explain_error(error, step)
         raise
     finally:
+        encoder.close()  # first: unblocks a prefetch thread waiting on an encode
         prefetch.close()
     info['supervision'] = guards.finish()
     info['profile'] = profiler.written
@@ -310,7 +339,8 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     if 'verify_adapter' in guards_on and ckpt:
         # The fresh process loads the base model again (on the GPU when the host has no room for it: a 35B MoE whose
         # checkpoint sits in a tmpfs): every reference to this one goes first -- the template holds it too.
-        template.model = None
+        for t in templates:
+            t.model = None
         del model, optimizer, params, inputs, loss
         gc.collect()
         if torch.cuda.is_available():
@@ -410,25 +440,25 @@ def fla_hopper_workaround() -> Optional[str]:
     return None
 
 
-def _next_batch(rows, order, template, cfg: UnslothRunConfig):
-    """Encode + collate one micro-batch (on the prefetch thread); rejected samples are counted and logged."""
-    from swift_vora.template import SampleRejected
-
+def _next_batch(encoder, template, n_rows: int, cfg: UnslothRunConfig):
+    """Collate one micro-batch of the encoder's samples (on the prefetch thread); rejected samples are counted and
+    logged, in the order drawn. `encode_s`: the time this took, waiting for the encode threads included."""
     from .prefetch import Batch, pin_tensors
     t0 = time.perf_counter()
     encoded, names, reasons = [], [], []
     while len(encoded) < cfg.micro_batch:
-        row = rows[order.next()]
-        try:
-            encoded.append(template.encode(row))
-            names.append(str((row.get('chat_template_kwargs') or {}).get('sample_id') or row.get('videos')))
-        except SampleRejected as e:
+        got = encoder.next()
+        if got.rejection is not None:
             if cfg.strict:
-                raise
-            reasons.append(str(e))
-            log(f'sample rejected: {e}')
-            if len(reasons) > len(rows):
-                raise SystemExit('every sample was rejected by the template') from e
+                raise got.rejection
+            reasons.append(str(got.rejection))
+            log(f'sample rejected: {got.rejection}')
+            if len(reasons) > n_rows:
+                raise SystemExit('every sample was rejected by the template') from got.rejection
+            continue
+        row = got.row
+        encoded.append(got.sample)
+        names.append(str((row.get('chat_template_kwargs') or {}).get('sample_id') or row.get('videos')))
     supervised = [sum(1 for t in e['labels'] if t != -100) for e in encoded]
     return Batch(inputs=pin_tensors(template.data_collator(encoded)), samples=len(encoded),
                  tokens=sum(len(e['input_ids']) for e in encoded), supervised_per_sample=supervised,

@@ -19,7 +19,7 @@ keeps transformers' forward.
 from __future__ import annotations
 
 import sys
-from typing import List
+from typing import Any, Dict, List
 
 from .. import patches, switches
 
@@ -127,6 +127,52 @@ def make_equal_groups_block(block_class, attention_class):
 
     block_forward.__qualname__ = f'{block_class.__name__}.equal_groups_forward'
     return block_forward
+
+
+# Relative difference (max |ours - theirs| / max |theirs|) under which a rewritten forward counts as computing what
+# ours does: bf16 attention through another kernel differs by ~1e-2 at most; a different computation by far more.
+LIVE_CHECK_TOLERANCE = 5e-2
+
+
+def adopt_over_rewrite(model) -> Dict[str, Any]:
+    """The batched forward for vision attention classes of `model` whose forward another library rewrote after
+    import -- Unsloth's compiler regenerates Qwen3.5-MoE's modeling classes when it loads the model, so the source
+    check of `patch_vision_attention` skipped them (and the tower made one attention call per frame group: 3,456 a
+    step at full depth, micro-batch 4). Ours is installed behind a one-time check on the live model: its first call
+    runs the rewritten forward and ours on the same inputs, returns the rewritten one's output, and keeps ours only
+    when they agree within LIVE_CHECK_TOLERANCE; else the rewritten forward stays. Returns {class: what happened}
+    (filled in at that first call)."""
+    if not enabled():
+        return {}
+    import importlib
+    report: Dict[str, Any] = {}
+    # by class name: a rewriting library may also move the class into a generated module; the helpers ours calls
+    # (rotary embedding, attention interfaces) come from transformers' module all the same
+    names = {cls: (name, module) for name, module, cls in patches.forward_patches('vit_attention_')}
+    for cls in {type(m) for m in model.modules()}:
+        if cls.__name__ not in names or patches.patched_by(cls.forward) is not None:
+            continue
+        name, module = names[cls.__name__]
+        report[cls.__name__] = {'state': 'installed, waiting for its first call', 'class_module': cls.__module__}
+        cls.forward = _checking_forward(cls, name, importlib.import_module(module), report[cls.__name__])
+    return report
+
+
+def _checking_forward(cls, name: str, mod, entry: Dict[str, Any]):
+    rewritten = cls.forward
+    ours = _make_forward(rewritten, mod)
+
+    def first_call(self, *args, **kwargs):
+        expected = rewritten(self, *args, **kwargs)
+        got = ours(self, *args, **kwargs)
+        scale = float(expected.detach().float().abs().max().clamp_min(1e-6))
+        diff = float((got.detach().float() - expected.detach().float()).abs().max()) / scale
+        keep = diff <= LIVE_CHECK_TOLERANCE
+        entry.update(state='batched' if keep else 'kept the rewritten forward', relative_difference=round(diff, 6))
+        cls.forward = patches.mark(ours, name, rewritten) if keep else rewritten
+        return expected
+
+    return first_call
 
 
 def patch_vision_attention() -> List[str]:
