@@ -73,6 +73,10 @@ MEGATRON_LEVERS: Dict[str, List[str]] = {
     'mg_no_permute_fusion': ['megatron.moe_permute_fusion=false'],
     'mg_mb2': ['train.micro_batch=2'],
     'mg_mb4': ['train.micro_batch=4'],
+    # shorter samples (32 frames: about half the tokens) for the memory fit of item 4: the per-token terms against
+    # the fixed ones; with and without TE's cross entropy (the logits term)
+    'mg_f32': ['video.max_frames=32'],
+    'mg_f32_te_ce': ['video.max_frames=32', 'megatron.cross_entropy_fusion_impl=te'],
 }
 UNSLOTH_BEST = ['train.micro_batch=4', 'unsloth.gradient_checkpointing=true']
 DEFAULT_VARIANTS = 'mg_base,mg_te_ce,vora_unsloth_best,swift_peft,mg_selective,mg_mb2'

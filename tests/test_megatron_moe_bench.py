@@ -58,6 +58,9 @@ def test_every_lever_reaches_megatron_sft(launches):
     env = launches['mg_base'].env
     assert env['NPROC_PER_NODE'] == '1' and env['SWIFT_VORA_MEGATRON_FLA'] == 'auto'
     assert flag(launches['mg_te_ce'].argv, '--cross_entropy_fusion_impl') == 'te'
+    # the memory fit's shorter samples: half the frames reach the template's budget, alone and with TE's loss
+    assert env['SWIFT_VORA_MAX_FRAMES'] == '64' and launches['mg_f32'].env['SWIFT_VORA_MAX_FRAMES'] == '32'
+    assert flag(launches['mg_f32_te_ce'].argv, '--cross_entropy_fusion_impl') == 'te'
     assert flag(launches['mg_te_ce'].argv, '--merge_lora') == 'false'  # only the flagship writes a merged copy
     assert flag(launches['mg_selective'].argv, '--recompute_granularity') == 'selective'
     assert flag(launches['mg_norecompute'].argv, '--recompute_granularity') == 'none'

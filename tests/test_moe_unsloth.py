@@ -520,6 +520,10 @@ def test_step_profiler_profiles_only_the_asked_step(tmp_path, monkeypatch):
     names = [e['name'] for e in data['events']]
     assert 'aten::mm' in names and 'aten::add' not in names  # step 3's add was not recorded
     assert (tmp_path / 'torch_profile.txt').read_text().startswith('optimizer step 2:')
+    # where each op came from: this test's line calls the matmul; its shapes are the two 64 x 64 operands
+    stacks = (tmp_path / 'torch_profile_stacks.txt').read_text()
+    assert 'aten::mm' in stacks and 'test_moe_unsloth.py' in stacks
+    assert '[[64, 64], [64, 64]]' in (tmp_path / 'torch_profile_shapes.txt').read_text()
     monkeypatch.setenv('SWIFT_VORA_PROFILE_STEP', 'two')
     with pytest.raises(ValueError, match='SWIFT_VORA_PROFILE_STEP'):
         StepProfiler(str(tmp_path))
