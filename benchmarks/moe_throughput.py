@@ -288,7 +288,8 @@ def profile_summary(path: str) -> Optional[Dict[str, Any]]:
             'gpu_time_by_family': {k: {'s': round(v / 1e6, 3), 'fraction': round(v / total, 4)}
                                    for k, v in sorted(by_family.items(), key=lambda kv: -kv[1])},
             'top_kernels': [{'name': e['name'][:100], 'ms': round(e['device_us'] / 1e3, 2), 'calls': e['calls']}
-                            for e in data['events'] if e['kernel']][:15]}
+                            for e in data['events'] if e['kernel']][:15],
+            'cuda_runtime': data.get('cuda_runtime')}
 
 
 def run_swift(name: str, args, b, inputs, work: str, tuner_backend: str, targets, parameters) -> Dict[str, Any]:

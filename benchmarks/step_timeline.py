@@ -30,7 +30,11 @@ SITE_PACKAGES = ('transformers/', 'swift/', 'peft/', 'swift_vora/', 'accelerate/
 # key in the lowercased CUDA kernel name wins, so the specific families come before the generic ones.
 KERNEL_FAMILIES = [
     ('communication (NCCL)', ('nccl', )),
-    ('grouped GEMM (experts)', ('grouped_mm', 'group_gemm', 'grouped_gemm', 'groupedgemm', 'moe_')),
+    # torch._grouped_mm on sm90 is ATen's own CUTLASS 3.x kernel: its (truncated) name shows only
+    # `at::cuda::detail::enable_3x_kernel_for_sm9x<... GemmUniversal`, 40 layers x 6 calls a full-depth MoE step.
+    # ATen's row-wise FP8 GEMM uses the same wrapper; our FP8 path scales tensor-wise (cuBLAS), so no clash here
+    ('grouped GEMM (experts)', ('grouped_mm', 'group_gemm', 'grouped_gemm', 'groupedgemm', 'moe_',
+                                'enable_3x_kernel_for_sm9x')),
     ('Gated DeltaNet (fla Triton)', ('chunk_', 'gated_delta', 'recurrent', 'l2norm', 'fused_norm_gate')),
     ('attention', ('flash', 'fmha', 'attention', 'sdpa', 'efficient_attention')),
     ('GEMM (dense, LoRA)', ('gemm', 'sm90_xmma', 'cutlass', 'ampere_', 'sm80_', 'cublas', 'nvjet', 'matmul')),

@@ -90,9 +90,13 @@ def write_profile(prof, out_dir: str, step: int, wall_s: float) -> str:
         rows.append({'name': e.key[:160], 'device_us': round(device_us, 1), 'calls': int(e.count),
                      'kernel': is_kernel, 'cpu_us': round(float(getattr(e, 'self_cpu_time_total', 0.0) or 0.0), 1)})
     rows.sort(key=lambda r: (-r['device_us'], -r['cpu_us']))
+    # the CUDA runtime calls (launches, syncs, copies): a host that waits in cudaStreamSynchronize / a DtoH copy is
+    # where the device goes idle; these have no device time and fall outside the top events
+    runtime = {r['name']: {'calls': r['calls'], 'cpu_us': r['cpu_us']} for r in rows
+               if r['name'].startswith('cuda') and not r['kernel']}
     summary = {'step': step, 'wall_s': round(wall_s, 4), 'device_kernel_s': round(kernel_us / 1e6, 4),
                'device_busy_fraction': round(kernel_us / 1e6 / wall_s, 4) if wall_s > 0 else None,
-               'events': rows[:TOP_EVENTS]}
+               'cuda_runtime': runtime, 'events': rows[:TOP_EVENTS]}
     path = os.path.join(out_dir, 'torch_profile.json')
     with open(path, 'w', encoding='utf-8') as f:
         json.dump(summary, f, indent=1)
