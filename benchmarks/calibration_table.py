@@ -284,18 +284,12 @@ def measured(source) -> Dict[str, float]:
 
 @functools.lru_cache(maxsize=None)
 def _moe8_config() -> str:
-    """The MoE fixture (merger override as in `_moe_config`) with its first 8 decoder layers, as
-    benchmarks/moe_throughput.py `--layers 8` builds it."""
+    """The MoE fixture (merger override as in `_moe_config`) cut to its first 8 decoder layers by the Megatron
+    benchmark's own cut (megatron_moe.cut_config), as that benchmark's model was built."""
     import tempfile
-    path = os.path.join(tempfile.gettempdir(), f'{MOE8}.json')
-    with open(_moe_config()) as f:
-        cfg = json.load(f)
-    text = cfg['text_config']
-    text['num_hidden_layers'] = 8
-    text['layer_types'] = text['layer_types'][:8]
-    with open(path, 'w') as f:
-        json.dump(cfg, f)
-    return path
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import megatron_moe
+    return megatron_moe.cut_config(_moe_config(), 8, os.path.join(tempfile.gettempdir(), MOE8))
 
 
 def model_path(row) -> str:

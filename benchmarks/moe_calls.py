@@ -30,7 +30,10 @@ def setting(name: str, variant: Dict[str, Any], date: str) -> str:
     if not name.startswith('vora_') or name.endswith(FP32_LORA):
         return name
     runner = variant.get('runner') or {}
-    fp32 = runner.get('autocast', '') is None if 'autocast' in runner else (date or '') < AUTOCAST_SINCE
+    if 'autocast' in runner:  # the runner said what it ran
+        fp32 = runner['autocast'] is None
+    else:  # a file written before it did
+        fp32 = (date or '') < AUTOCAST_SINCE
     return name + FP32_LORA if fp32 else name
 
 
