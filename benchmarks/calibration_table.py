@@ -47,7 +47,7 @@ VIDEO_24K = ['--clip-seconds', '32', '--fps', '2', '--max-frames', '64', '--fram
 
 # The MoE benchmark's full-depth sample (64 frames x 220 tokens per frame pair as its clips encode, 16 answer tokens)
 # Rows in-sample: a constant was fitted to or chosen from them (docs/memory-model.md, "What is in-sample").
-IN_SAMPLE = {1, 3, 5, 8, 12, 13, 14, 15, 16, 17}
+IN_SAMPLE = {1, 3, 5, 8, 12, 13, 14, 15, 16, 17, 34}
 PUBLISHED = 'ms-swift-published.json'  # figures ms-swift publishes, with where each comes from
 # The published Megatron-SWIFT LoRA examples (benchmarks/results/ms-swift-published.json): the planner's
 # upper bound for their packed micro-batches, 8 samples x max_length 2048.
@@ -56,6 +56,10 @@ PUBLISHED_PLAN = ['--gpu-mem-gib', '139.8', '--host-ram-gib', '2000', '--backend
 PUBLISHED_WHY = ('the sample lengths of the measured steps are not published: padding-free micro-batches of 8 '
                  'samples of up to 2,048 tokens, planned at the upper bound (16,384 tokens; the logits and the layer '
                  'working set scale with it); nor is what the figure reads (nvidia-smi, reserved, rounded) or the GPU')
+
+# The Megatron benchmark's Megatron variants on that sample (benchmarks/megatron_moe.py: EP 1, TP 1, LoRA r16)
+MEGATRON_MOE8 = [*H200, '--backend', 'megatron_ep_lora', '--ep', '1', '--tp', '1', '--lora-rank', '16',
+                 '--frame-tokens', '220', '--clip-seconds', '32', '--answer-tokens', '16']
 
 UNSLOTH_FULL = [*H200, '--backend', 'unsloth_split_lora', '--tuner', 'lora', '--lora-rank', '16', '--frame-tokens',
                 '220', '--clip-seconds', '32', '--answer-tokens', '16']
@@ -223,6 +227,14 @@ ROWS: List[Dict[str, Any]] = [
       for i, (fname, call, what) in enumerate((
           ('megatron-h200-moe-b-2026-12-02.json', 'call b', 'LoRA in fp32'),
           ('megatron-h200-moe-c-2026-12-03.json', 'call c', 'forward under autocast')))),
+    # --- Megatron-SWIFT on the 8-layer cut (#31): in sample -- the plan counts the larger of the logits and the layer
+    # working set instead of both (Megatron's loss backward frees the logits before the last layer is recomputed),
+    # changed after this row was measured (call b measured the same 38.62 GiB) ---
+    {'id': 34, 'what': 'Qwen3.5-35B-A3B cut to 8 layers, Megatron-SWIFT LoRA r16 via `swift-vora train '
+                       'recipes/h200x8.yaml` on one H200 (EP 1), full recompute, native cross entropy, micro-batch 1 '
+                       '(megatron_moe mg_base, call c; memory(GiB) = max reserved of the process), 7,788 tok',
+     'source': ('megatron-h200-moe-c-2026-12-03.json', 'mg_base'), 'scope': 'run', 'model': MOE8,
+     'plan': MEGATRON_MOE8},
 ]
 # Checked rows outside the tolerance, kept visible instead of refitted (a refit would make them in-sample): the
 # check fails on any other row outside, and on one of these coming back inside (then this list is out of date).
@@ -267,6 +279,8 @@ def measured(source) -> Dict[str, float]:
     if fname == PUBLISHED:
         return {'device': float(data['configurations'][key]['gib_per_gpu'])}
     v = (data.get('variants') or {}).get(key) or {}
+    if v.get('backend') == 'megatron_ep_lora':  # a Megatron variant of a benchmark file: memory(GiB), reserved
+        return {'reserved': v['peak_reserved_gib']}
     if v.get('peak_allocated_gib') is not None:  # one variant of a benchmark file (the Megatron one's Unsloth side)
         return {'allocated': v['peak_allocated_gib'], 'reserved': v['peak_reserved_gib']}
     if data.get('backend') == 'megatron_ep_lora':  # Megatron-SWIFT logs max_memory_reserved only

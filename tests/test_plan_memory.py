@@ -148,20 +148,47 @@ def test_compile_modes_agree_with_the_recipe_and_the_lever():
 
 
 def test_megatron_cross_entropy_implementation_sets_the_logits_term():
-    """Megatron computes every position's logits, split by TP: native (fp32 softmax + bf16) holds 6 bytes per
-    position x vocab, TE's fused cross entropy 2 (constants.py derives both); the plan says which."""
+    """Megatron computes every position's logits, split by TP: native (fp32 softmax + its backward's buffers) holds
+    10 bytes per position x vocab, TE's fused cross entropy 2 (constants.py derives both); the plan says which --
+    in the breakdown when the logits are the larger of them and the layer working set, else in a note."""
     tok = text_only_tokens(4096)
+    ws_label = 'activations: working set of one layer (recompute + backward)'
     peaks = {}
     for tp in (1, 2):
         for ce in ('native', 'te'):
             e = est(MOE, tokens=tok, backend='megatron_ep_lora', gpus_per_node=8, ep=8, tp=tp, cross_entropy=ce)
-            (label, value), = [(k, v) for k, v in e.gpu.items() if k.startswith('logits')]
-            assert value == pytest.approx(tok.total_tokens * MOE.vocab_size * C.LOGITS_BYTES_MEGATRON[ce] / tp)
-            assert ('TE fused' in label) == (ce == 'te')
+            logits = tok.total_tokens * MOE.vocab_size * C.LOGITS_BYTES_MEGATRON[ce] / tp
+            shown = [(k, v) for k, v in e.gpu.items() if k.startswith('logits')]
+            if shown:
+                (label, value), = shown
+                assert value == pytest.approx(logits)
+                assert ('TE fused' in label) == (ce == 'te')
+                assert ws_label not in e.gpu
+            else:
+                assert e.gpu[ws_label] >= logits
+                assert any(f'logits + loss ({logits / C.GiB:.2f} GiB)' in n for n in e.assumptions)
             peaks[tp, ce] = e.gpu_peak
         assert peaks[tp, 'te'] < peaks[tp, 'native']
     with pytest.raises(ValueError, match='cross entropy'):
         est(MOE, tokens=tok, backend='megatron_ep_lora', gpus_per_node=8, ep=8, cross_entropy='liger')
+
+
+def test_megatron_counts_the_larger_of_logits_and_layer_working_set_other_backends_both():
+    """Megatron's loss backward frees the logits before the last layer is recomputed: one of the two is on the
+    GPU at a time, so going from TE's cross entropy (logits below the working set) to native (above it) adds only
+    what native's logits exceed the working set by. A HF backend still adds both."""
+    tok = text_only_tokens(4096)
+    ws_label = 'activations: working set of one layer (recompute + backward)'
+    te = est(MOE, tokens=tok, backend='megatron_ep_lora', gpus_per_node=8, ep=8, cross_entropy='te')
+    native = est(MOE, tokens=tok, backend='megatron_ep_lora', gpus_per_node=8, ep=8, cross_entropy='native')
+    logits = {ce: tok.total_tokens * MOE.vocab_size * C.LOGITS_BYTES_MEGATRON[ce] for ce in ('te', 'native')}
+    ws = te.gpu[ws_label]
+    assert logits['te'] < ws < logits['native']  # the case this test is about
+    assert ws_label not in native.gpu and not any(k.startswith('logits') for k in te.gpu)
+    alloc = {ce: e.phases['steady']['gpu_allocated'] for ce, e in (('te', te), ('native', native))}
+    assert alloc['native'] - alloc['te'] == pytest.approx(logits['native'] - ws, rel=1e-6)
+    ddp = est(DENSE, backend='ddp', tuner='lora')
+    assert ws_label in ddp.gpu and any(k.startswith('logits') for k in ddp.gpu)
 
 
 def test_plan_cli_cross_entropy_flag_changes_the_megatron_plan():

@@ -379,8 +379,10 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
             vit_ws = block  # transient during its forward only
         else:
             raise ValueError(f'unknown vision mode {s.vision_mode!r}')
-    gpu['activations: working set of one layer (recompute + backward)' if vit_ws <= llm_ws else
-        'activations: working set of one vision block (recompute + backward)'] = max(llm_ws, vit_ws)
+    ws_label = ('activations: working set of one layer (recompute + backward)' if vit_ws <= llm_ws else
+                'activations: working set of one vision block (recompute + backward)')
+    ws = max(llm_ws, vit_ws)
+    gpu[ws_label] = ws
 
     # PEFT LoRA on fused experts (HF backends): W + B@A of one layer's experts is materialised ------------------
     if (s.tuner == 'lora' and spec.is_moe and s.backend in (Backend.DDP, *DEEPSPEED)
@@ -407,7 +409,20 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
         logits = positions * spec.vocab_size * C.LOGITS_BYTES_HF
         label = ('logits + loss (supervised positions only, fp32)' if mode == 'supervised' else
                  'logits + loss (all positions, fp32)')
-    gpu[label] = logits
+    if s.backend == Backend.MEGATRON_EP_LORA and logits > ws:
+        # Megatron's model returns the per-token loss, not the logits (megatron/core/models/common/language_module/
+        # language_module.py compute_language_model_loss): the loss's backward through the output layer frees
+        # them before the last layer is recomputed, so the layer's working set comes after, not on top. The other
+        # backends still add both: their logits are the supervised positions' (small), never measured apart.
+        del gpu[ws_label]
+        gpu[label] = logits
+        notes.append(f'{ws_label.split(": ", 1)[1]} ({ws / C.GiB:.2f} GiB) comes after Megatron\'s loss backward '
+                     'has freed the logits: the larger, the logits, counts')
+    elif s.backend == Backend.MEGATRON_EP_LORA:
+        notes.append(f'the logits + loss ({logits / C.GiB:.2f} GiB) are freed by Megatron\'s loss backward before '
+                     'the last layer is recomputed: the larger, its working set, counts')
+    else:
+        gpu[label] = logits
     # input embeddings (+ their grad when the inputs require grad) and the hidden state handed to the lm_head
     gpu['activations: embeddings / final hidden'] = 3 * C.BYTES_BF16 * h * local
     return gpu, host, notes
