@@ -22,11 +22,16 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')
 # reports `autocast: null`, is the fp32-LoRA setting (the `_fp32_lora` variants keep it on purpose).
 AUTOCAST_SINCE = '2026-12-03'
 FP32_LORA = '_fp32_lora'
+# Call e (2026-12-03) ran under autocast but before the runner encoded on several threads and before the batched
+# vision attention was installed over Unsloth's rewrite: its runner does not report `encode_threads`. Such a run is
+# `_serial` (the fp32-LoRA runs before it were serial too; their name already sets them apart).
+SERIAL = '_serial'
 
 
 def setting(name: str, variant: Dict[str, Any], date: str) -> str:
     """The setting a variant ran, for comparing calls: `vora_unsloth_mb4` before autocast was the runner's default
-    is `vora_unsloth_mb4_fp32_lora`."""
+    is `vora_unsloth_mb4_fp32_lora`; under autocast but before the encode pool and batched vision attention,
+    `vora_unsloth_mb4_serial`."""
     if not name.startswith('vora_') or name.endswith(FP32_LORA):
         return name
     runner = variant.get('runner') or {}
@@ -34,7 +39,9 @@ def setting(name: str, variant: Dict[str, Any], date: str) -> str:
         fp32 = runner['autocast'] is None
     else:  # a file written before it did
         fp32 = (date or '') < AUTOCAST_SINCE
-    return name + FP32_LORA if fp32 else name
+    if fp32:
+        return name + FP32_LORA
+    return name + SERIAL if runner and 'encode_threads' not in runner else name
 
 
 def load(pattern: str, results: str = RESULTS) -> List[Dict[str, Any]]:
@@ -75,7 +82,8 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
     twins = []
     for c in calls:
         for name, v in c['variants'].items():
-            twin = c['variants'].get(name + FP32_LORA) or {}
+            base = name[:-len(SERIAL)] if name.endswith(SERIAL) else name  # call e's twin was serial too
+            twin = c['variants'].get(base + FP32_LORA) or {}
             if name.startswith('vora_') and v.get('losses') and twin.get('losses'):
                 pairs = list(zip(v['losses'], twin['losses']))
                 twins.append({'file': c['file'], 'variant': name, 'losses': len(pairs),

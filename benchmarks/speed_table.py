@@ -25,6 +25,9 @@ REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, 'results')
 CONFIGS = os.path.join(REPO, 'tests', 'fixtures', 'configs')
 TOLERANCE = 0.20
+# Rows of a setting the planner does not plan: shown, not checked (`unplanned` names why).
+FP32_LORA_RUNNER = ('the Unsloth runner before its forward ran under autocast (or with unsloth.autocast=false): the '
+                    'planner plans the default, LoRA under autocast')
 H200 = ['--gpus', '1', '--gpu-mem-gib', '139.8', '--host-ram-gib', '128']
 # throughput.py's sample: 32 s, 64 frames x 180 tokens per pair, 16 answer tokens; swift-vora's ddp path
 DENSE = [*H200, '--model', os.path.join(CONFIGS, 'qwen3_vl_2b.json'), '--backend', 'ddp', '--tuner', 'lora',
@@ -59,20 +62,26 @@ ROWS: List[Dict[str, Any]] = [
      'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu'], 'fit': True},
     {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 2', 'source': ('moe-h200-full-2026-12-02.json', 'vora_unsloth_mb2'),
      'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '2'], 'fit': True},
-    {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, LoRA under autocast (call e)',
-     'source': ('moe-h200-full-e-2026-12-03.json', 'vora_unsloth_mb4'),
+    {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, LoRA under autocast, 4 encode threads, batched vision '
+             'attention (call f)',
+     'source': ('moe-h200-full-f-2026-12-03.json', 'vora_unsloth_mb4'),
      'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4'], 'fit': True},
+    # the same under autocast before the encode pool and the batched vision attention (the efficiency was fitted to
+    # it until call f)
+    {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, LoRA under autocast, one encode thread (call e)',
+     'source': ('moe-h200-full-e-2026-12-03.json', 'vora_unsloth_mb4'),
+     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4']},
     # the runner before 2026-12-03 (unsloth.autocast=false: LoRA in fp32): the mb 1 and mb 2 efficiencies above are
     # from it too (under autocast they are under-estimates)
     {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, fp32 LoRA (call a)',
      'source': ('moe-h200-full-2026-12-02.json', 'vora_unsloth_mb4'),
-     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4']},
+     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4'], 'unplanned': FP32_LORA_RUNNER},
     {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, fp32 LoRA (call b)', 'source': ('moe-h200-full-b-partial.json',
                                                                                       'vora_unsloth_mb4'),
-     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4']},
+     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4'], 'unplanned': FP32_LORA_RUNNER},
     {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, fp32 LoRA (call e, unsloth.autocast=false)',
      'source': ('moe-h200-full-e-2026-12-03.json', 'vora_unsloth_mb4_fp32_lora'),
-     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4']},
+     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4'], 'unplanned': FP32_LORA_RUNNER},
     {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 1, offloaded checkpoints',
      'source': ('moe-h200-full-2026-12-02.json', 'vora_unsloth_offload'), 'model': 40,
      'plan': [*MOE, '--checkpoints', 'host']},
@@ -119,7 +128,8 @@ def table(rows=None) -> List[Dict[str, Any]]:
         out.append({'what': row['what'], 'source': f'benchmarks/results/{row["source"][0]}', 'variant':
                     row['source'][1], 'measured_tokens_per_s': round(got, 1), 'est_tokens_per_s': estimate,
                     'error': round(error, 4), 'within': abs(error) <= TOLERANCE, 'efficiency': efficiency,
-                    'in_sample': bool(row.get('fit')), 'est_source': plan.est_source})
+                    'in_sample': bool(row.get('fit')), 'est_source': plan.est_source,
+                    'checked': not row.get('unplanned'), 'unplanned': row.get('unplanned')})
     return out
 
 
@@ -133,11 +143,20 @@ def render(rows) -> str:
              'in-sample |', '|---|---|---|---|---|---|---|']
     for r in rows:
         lines.append(f'| {r["what"]} ({r["variant"]}) | {r["measured_tokens_per_s"]:,.0f} | '
-                     f'{r["est_tokens_per_s"]:,.0f} | {100 * r["error"]:+.1f} % | {"yes" if r["within"] else "**no**"}'
+                     f'{r["est_tokens_per_s"]:,.0f} | {100 * r["error"]:+.1f} % | {_within(r)}'
                      f' | {r["efficiency"]} | {"yes" if r["in_sample"] else "no"} |')
-    n_in = sum(r['within'] for r in rows)
-    lines.append(f'\n{n_in} of {len(rows)} rows within ±{100 * TOLERANCE:.0f} %.')
+    checked = [r for r in rows if r['checked']]
+    lines.append(f'\n{sum(r["within"] for r in checked)} of {len(checked)} checked rows within '
+                 f'±{100 * TOLERANCE:.0f} %.')
+    unplanned = [r for r in rows if not r['checked']]
+    if unplanned:
+        lines.append(f'{len(unplanned)} not checked: {unplanned[0]["unplanned"]}.')
     return '\n'.join(lines)
+
+
+def _within(r) -> str:
+    text = 'yes' if r['within'] else '**no**'
+    return text if r['checked'] else f'{text} (not planned)'
 
 
 def main(argv=None) -> int:
@@ -147,7 +166,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rows = table()
     print(json.dumps(rows, indent=1) if args.json else render(rows))
-    return 1 if args.check and not all(r['within'] for r in rows) else 0
+    return 1 if args.check and not all(r['within'] for r in rows if r['checked']) else 0
 
 
 if __name__ == '__main__':

@@ -664,7 +664,8 @@ def test_moe_calls_keeps_runs_of_the_fp32_lora_runner_apart_from_autocast_runs(t
     old = {'date': '2026-12-02', 'model': {'layers': 40},
            'variants': {'swift_peft': {'tokens_per_s': 1000.0}, 'vora_unsloth_mb4': {'tokens_per_s': 9500.0}}}
     new = {'date': '2026-12-03', 'model': {'layers': 40},
-           'variants': {'vora_unsloth_mb4': {'tokens_per_s': 10600.0, 'runner': {'autocast': 'bfloat16'},
+           'variants': {'vora_unsloth_mb4': {'tokens_per_s': 10600.0, 'runner': {'autocast': 'bfloat16',
+                                                                                  'encode_threads': 4},
                                              'median_step_s': 3.0, 'losses': [10.0, 8.08]},
                         'vora_unsloth_mb4_fp32_lora': {'tokens_per_s': 9100.0, 'runner': {'autocast': None},
                                                        'median_step_s': 3.6, 'losses': [10.0, 8.0]},
@@ -681,3 +682,49 @@ def test_moe_calls_keeps_runs_of_the_fp32_lora_runner_apart_from_autocast_runs(t
                                           'plain_file': 'moe-h200-full-a.json', 'speedup_median': 10.6}]
     assert s['autocast_vs_fp32_lora'] == [{'file': 'moe-h200-full-e.json', 'variant': 'vora_unsloth_mb4', 'losses': 2,
                                            'loss_max_rel_diff_vs_fp32_lora': 0.01, 'median_step_ratio': 1.2}]
+
+
+def test_moe_calls_keeps_autocast_runs_before_the_encode_pool_apart(tmp_path):
+    """Call e ran under autocast but with one encode thread and Unsloth's per-frame vision attention (its runner
+    reports no `encode_threads`): `_serial`, so the spread across calls never mixes that code change with noise."""
+    sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
+    import moe_calls
+    for name, runner, tps in (('e', {'autocast': 'bfloat16'}, 10644.0),
+                              ('f', {'autocast': 'bfloat16', 'encode_threads': 4}, 11420.0)):
+        (tmp_path / f'moe-h200-full-{name}.json').write_text(json.dumps(
+            {'date': '2026-12-03', 'model': {'layers': 40},
+             'variants': {'vora_unsloth_mb4': {'tokens_per_s': tps, 'runner': runner}}}))
+    s = moe_calls.summarize(moe_calls.load('moe-h200-full-*.json', str(tmp_path)))
+    assert [r['tokens_per_s'] for r in s['variants']['vora_unsloth_mb4_serial']['calls']] == [10644.0]
+    assert [r['tokens_per_s'] for r in s['variants']['vora_unsloth_mb4']['calls']] == [11420.0]
+
+
+def test_step_profile_does_not_count_gpu_annotations_as_kernels(tmp_path):
+    """Inductor wraps each compiled graph's kernels in a GPU user annotation ('## Call CompiledFxGraph ... ##'): its
+    device time spans kernels already counted, so it is not a kernel (call f's profile read 100 % busy through it)."""
+    from swift_vora.backends.step_profile import write_profile
+
+    class Event:
+        def __init__(self, key, us, annotation=False):
+            self.key, self.self_device_time_total, self.count = key, us, 1
+            self.device_type, self.self_cpu_time_total, self.is_user_annotation = 'DeviceType.CUDA', 0.0, annotation
+
+    class Events(list):
+        def table(self, **_):
+            return '\n'.join(e.key for e in self)
+
+    class Prof:
+        def key_averages(self, **_):
+            return Events([Event('gemm_kernel', 600_000.0), Event('## Call CompiledFxGraph abc ##', 400_000.0, True),
+                           Event('## Call CompiledFxGraph def ##', 100_000.0)])
+
+    data = json.loads(open(write_profile(Prof(), str(tmp_path), 13, 1.0)).read())
+    assert data['device_kernel_s'] == 0.6 and data['device_busy_fraction'] == 0.6
+    assert [e['name'] for e in data['events'] if e['kernel']] == ['gemm_kernel']
+    # a file written before: the annotations flagged as kernels, recounted
+    from swift_vora.backends.step_profile import recount
+    old = {'wall_s': 1.0, 'device_kernel_s': 1.1, 'events': [
+        {'name': 'gemm_kernel', 'device_us': 600_000.0, 'kernel': True},
+        {'name': '## Call CompiledFxGraph abc ##', 'device_us': 400_000.0, 'kernel': True},
+        {'name': '## Call CompiledFxGraph def ##', 'device_us': 100_000.0, 'kernel': True}]}
+    assert recount(old) == {'device_kernel_s': 0.6, 'annotation_s': 0.5, 'device_busy_fraction': 0.6}

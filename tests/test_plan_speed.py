@@ -17,8 +17,11 @@ from swift_vora.plan.video_budget import video_tokens  # noqa: E402
 def test_every_measured_speed_is_estimated_within_20_percent():
     rows = speed_table.table()
     assert len(rows) >= 13
-    outside = [(r['what'], r['error']) for r in rows if not r['within']]
+    outside = [(r['what'], r['error']) for r in rows if r['checked'] and not r['within']]
     assert not outside, outside
+    # rows left unchecked say why: only settings the planner does not plan (the fp32-LoRA Unsloth runner)
+    assert all(r['unplanned'] == speed_table.FP32_LORA_RUNNER for r in rows if not r['checked'])
+    assert sum(r['checked'] for r in rows) >= 13
     # the rows the efficiencies were taken from are in-sample; some rows were used for nothing
     assert any(r['in_sample'] for r in rows) and sum(not r['in_sample'] for r in rows) >= 5
 

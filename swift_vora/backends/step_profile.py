@@ -9,6 +9,8 @@ next to the run's other files:
   `torch_profile_shapes.txt` by their input shapes: where a kernel family comes from (call e of #30 had 1,085 bf16
   adds and 240 strided copies a step that the op table alone could not place).
 Profiling (with stacks and shapes) slows the profiled step: take a step outside the measured ones.
+
+    python -m swift_vora.backends.step_profile recount torch_profile.json   # an older file without annotations
 """
 from __future__ import annotations
 
@@ -69,6 +71,20 @@ class _StepContext:
         return False
 
 
+def is_annotation(name: str) -> bool:
+    """A GPU user annotation: inductor's '## Call CompiledFxGraph <key> ##' range spans kernels counted already."""
+    return name.startswith('## ') and name.endswith(' ##')
+
+
+def recount(profile: Dict[str, Any]) -> Dict[str, Any]:
+    """A torch_profile.json written before annotations were told apart (2026-12-03, #30 call f), recounted: device
+    kernel seconds and busy fraction without them (over its kept top events), and what they had added."""
+    spans = sum(e['device_us'] for e in profile['events'] if e['kernel'] and is_annotation(e['name'])) / 1e6
+    kernel_s = profile['device_kernel_s'] - spans
+    return {'device_kernel_s': round(kernel_s, 4), 'annotation_s': round(spans, 4),
+            'device_busy_fraction': round(kernel_s / profile['wall_s'], 4) if profile['wall_s'] > 0 else None}
+
+
 def write_profile(prof, out_dir: str, step: int, wall_s: float) -> str:
     """torch_profile.txt + torch_profile.json (module docstring); returns the JSON's path."""
     events = prof.key_averages()
@@ -84,7 +100,8 @@ def write_profile(prof, out_dir: str, step: int, wall_s: float) -> str:
     kernel_us = 0.0
     for e in events:
         device_us = float(getattr(e, 'self_device_time_total', 0.0) or 0.0)
-        is_kernel = getattr(e, 'device_type', None) is not None and 'CUDA' in str(e.device_type)
+        is_kernel = (getattr(e, 'device_type', None) is not None and 'CUDA' in str(e.device_type)
+                     and not bool(getattr(e, 'is_user_annotation', False)) and not is_annotation(e.key))
         if is_kernel:
             kernel_us += device_us
         rows.append({'name': e.key[:160], 'device_us': round(device_us, 1), 'calls': int(e.count),
@@ -101,3 +118,11 @@ def write_profile(prof, out_dir: str, step: int, wall_s: float) -> str:
     with open(path, 'w', encoding='utf-8') as f:
         json.dump(summary, f, indent=1)
     return path
+
+
+if __name__ == '__main__':
+    import sys
+    if len(sys.argv) != 3 or sys.argv[1] != 'recount':
+        sys.exit('usage: python -m swift_vora.backends.step_profile recount torch_profile.json')
+    with open(sys.argv[2]) as f:
+        print(json.dumps(recount(json.load(f))))

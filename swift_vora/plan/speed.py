@@ -50,11 +50,12 @@ EFFICIENCY: Dict[Tuple[str, bool, bool, int], Measured] = {
     ('ddp', True, False, 1): Measured(0.435, f'throughput run 14c vora_compile ({_DENSE})'),
     ('ddp', True, False, 4): Measured(0.543, f'throughput run 16 vora_compile_mb4 ({_DENSE})'),
     ('ddp', False, True, 1): Measured(0.181, f'throughput run 1 vora_gc, no compiled layers ({_DENSE})'),
-    # mb 1 and 2: the runner before its forward ran under autocast (LoRA in fp32); mb 4 under autocast, 1.16x its
-    # fp32-LoRA twin in the same call (docs/benchmarks.md, call e): the two lower ones are under-estimates now
+    # mb 1 and 2: the runner before its forward ran under autocast (LoRA in fp32); mb 4 under autocast with 4 encode
+    # threads and the batched vision attention (call f; call e, one thread: 0.211; its fp32-LoRA twin 1.16x slower):
+    # the two lower ones are under-estimates now
     ('unsloth_split_lora', False, True, 1): Measured(0.116, f'moe full depth vora_unsloth, fp32 LoRA ({_MOE})'),
     ('unsloth_split_lora', False, True, 2): Measured(0.174, f'moe full depth vora_unsloth_mb2, fp32 LoRA ({_MOE})'),
-    ('unsloth_split_lora', False, True, 4): Measured(0.2109, f'moe full depth call e vora_unsloth_mb4 ({_MOE})'),
+    ('unsloth_split_lora', False, True, 4): Measured(0.2264, f'moe full depth call f vora_unsloth_mb4 ({_MOE})'),
 }
 # FP8 frozen base weights (train.fp8) against their bf16 twin -- same call, flags, seed and samples (compiled layers,
 # checkpointed, micro-batch 1): a factor on the bf16 efficiency, in-sample for that one run. Below 1: at this size
