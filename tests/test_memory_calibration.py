@@ -8,6 +8,8 @@ import json
 import os
 import re
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -26,9 +28,10 @@ def test_every_checked_peak_is_predicted_within_10_percent_but_the_listed_misses
                for r in mod.check_failures(rows) if r['id'] not in mod.KNOWN_MISSES]
     assert not outside, outside
     assert not mod.unexpected(rows)  # a listed miss that came back inside must leave the list
-    for known in mod.KNOWN_MISSES:  # a miss is an out-of-sample checked row: never a fitted one, never hidden
-        row = next(r for r in rows if r['id'] == known)
-        assert row['sample'] == 'out' and row['check'] and not row['within']
+    for known in mod.KNOWN_MISSES:  # a miss is a checked row, never hidden; an in-sample one (a rule was read off
+        row = next(r for r in rows if r['id'] == known)  # its run but did not bring it in) says so in its reason
+        assert row['check'] and not row['within']
+        assert row['sample'] == 'out' or 'in sample' in mod.KNOWN_MISSES[known]
     # the README's accuracy claim counts the out-of-sample checked rows only
     out = [r for r in rows if r['check'] and r['sample'] == 'out']
     with open(os.path.join(ROOT, 'README.md')) as f:
@@ -93,9 +96,28 @@ def test_measured_values_come_from_the_recorded_files():
 
 def test_the_check_fails_on_a_new_miss_and_on_a_listed_miss_that_is_fixed():
     mod = load_table()
-    rows = mod.table([r for r in mod.ROWS if r['id'] in (21, 29)])
+    rows = mod.table([r for r in mod.ROWS if r['id'] in (21, 32)])
     assert mod.unexpected(rows) == []
     new_miss = [dict(rows[0], within=False), rows[1]]
     assert mod.unexpected(new_miss) == ['row 21 outside ±10 %']
     fixed = [rows[0], dict(rows[1], within=True)]
-    assert mod.unexpected(fixed) == ['row 29 is listed in KNOWN_MISSES but within ±10 %']
+    assert mod.unexpected(fixed) == ['row 32 is listed in KNOWN_MISSES but within ±10 %']
+
+
+def test_memory_phases_split_reads_the_first_step_above_the_loaded_model(tmp_path):
+    """benchmarks/memory_phases_split.py: a phase record is written on entering a phase (its peak is the previous
+    phase's), so step 0's forward kept = allocated entering backward, the forward's peak = the peak recorded there,
+    the backward's = the peak recorded entering the optimizer step; a log without a whole first step is refused."""
+    spec = importlib.util.spec_from_file_location('memory_phases_split',
+                                                  os.path.join(ROOT, 'benchmarks', 'memory_phases_split.py'))
+    mps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mps)
+    log = [{'phase': 'model_loaded', 'allocated_gib': 10.0, 'peak_allocated_gib': 10.1},
+           {'phase': 'forward', 'step': 0, 'allocated_gib': 10.0, 'peak_allocated_gib': 10.1},
+           {'phase': 'backward', 'step': 0, 'allocated_gib': 11.5, 'peak_allocated_gib': 14.0},
+           {'phase': 'optimizer_step', 'step': 0, 'allocated_gib': 11.0, 'peak_allocated_gib': 16.25},
+           {'phase': 'backward', 'step': 1, 'allocated_gib': 20.0, 'peak_allocated_gib': 30.0}]
+    assert mps.split(log) == {'loaded_gib': 10.0, 'kept_by_forward_gib': 1.5, 'forward_peak_gib': 4.0,
+                              'backward_peak_gib': 6.25}
+    with pytest.raises(ValueError, match='first step'):
+        mps.split(log[:3])

@@ -94,9 +94,12 @@ def checkpoint_sentence(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, 
     alt = estimate(spec, tokens, train_setup(other, hw, backend, 1, 1, tokens))
     if where == 'gpu':
         why = 'the plan has room for them' if asked == 'auto' else 'as requested'
-        return (f'Layer checkpoints stay on the GPU ({why}): Unsloth\'s offload to pinned host RAM would lower the GPU '
-                f'peak to {gib(alt.gpu_peak)} and cost speed (on the GPU {C.UNSLOTH_GPU_CHECKPOINT_SPEEDUP}x faster, '
-                f'measured on an H200 at the 35B-A3B shape); unsloth.gradient_checkpointing=unsloth forces it.')
+        effect = (f'would lower the GPU peak to {gib(alt.gpu_peak)}' if alt.gpu_peak < est.gpu_peak else
+                  f'would not lower the GPU peak ({gib(alt.gpu_peak)}: the checkpoints are freed before the LoRA '
+                  'gradients peak)')
+        return (f'Layer checkpoints stay on the GPU ({why}): Unsloth\'s offload to pinned host RAM {effect} and cost '
+                f'speed (on the GPU {C.UNSLOTH_GPU_CHECKPOINT_SPEEDUP}x faster, measured on an H200 at the 35B-A3B '
+                'shape); unsloth.gradient_checkpointing=unsloth forces it.')
     why = f'on the GPU they would need {gib(alt.gpu_peak)}, more than fits' if asked == 'auto' else 'as requested'
     return (f'Layer checkpoints offloaded to pinned host RAM (Unsloth\'s offloaded checkpointing; {why}): '
             f'{gib(est.host.get("offloaded layer checkpoints (Unsloth, pinned)", 0.0))} of host memory.')

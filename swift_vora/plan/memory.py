@@ -445,6 +445,13 @@ def estimate(spec: ModelSpec, tokens: VideoTokens, setup: TrainSetup) -> MemoryE
         notes.append('train.fp8=frozen_base: the decoder\'s frozen linears are held and multiplied in FP8 after the '
                      'model loads in bf16 (the load phase holds the bf16 weights)')
 
+    ckpt = act_gpu.get('activations: layer checkpoints', 0.0)
+    grads = ms_gpu.get('gradients (LoRA, fp32)', 0.0)
+    if s.backend == Backend.UNSLOTH_SPLIT_LORA and ckpt and grads:
+        # Backward walks the layers from the last: layer i's LoRA gradients appear as its checkpoint is freed, so
+        # checkpoints + gradients peak at the larger of the two, not their sum (at micro-batch 1 the H200's backward
+        # peak was 6.00 GiB with the checkpoints on the GPU and 6.00 with them offloaded; docs/memory-model.md)
+        act_gpu['activations: layer checkpoints freed as the LoRA gradients fill (backward)'] = -min(ckpt, grads)
     gpu: Dict[str, float] = {}
     gpu.update(ms_gpu)
     gpu.update(act_gpu)
