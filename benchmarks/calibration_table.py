@@ -45,7 +45,6 @@ CR = ['--vision-mode', 'checkpointed_requires_grad']  # the harness makes the Vi
 # calibrate_memory.py's VIDEO_24K: 32 s, 2 fps, 64 frames, 768 tokens per frame pair
 VIDEO_24K = ['--clip-seconds', '32', '--fps', '2', '--max-frames', '64', '--frame-tokens', '768']
 
-# The MoE benchmark's full-depth sample (64 frames x 220 tokens per frame pair as its clips encode, 16 answer tokens)
 # Rows in-sample: a constant was fitted to or chosen from them (docs/memory-model.md, "What is in-sample").
 # 19-22, 31 and 33: their runs' phase logs (benchmarks/memory_phases_split.py) showed the Unsloth backward's
 # checkpoints and LoRA gradients peaking one after the other, the rule plan/memory.py now applies (2026-12-03).
@@ -59,12 +58,11 @@ PUBLISHED_WHY = ('the sample lengths of the measured steps are not published: pa
                  'samples of up to 2,048 tokens, planned at the upper bound (16,384 tokens; the logits and the layer '
                  'working set scale with it); nor is what the figure reads (nvidia-smi, reserved, rounded) or the GPU')
 
-# The Megatron benchmark's Megatron variants on that sample (benchmarks/megatron_moe.py: EP 1, TP 1, LoRA r16)
-MEGATRON_MOE8 = [*H200, '--backend', 'megatron_ep_lora', '--ep', '1', '--tp', '1', '--lora-rank', '16',
-                 '--frame-tokens', '220', '--clip-seconds', '32', '--answer-tokens', '16']
-
-UNSLOTH_FULL = [*H200, '--backend', 'unsloth_split_lora', '--tuner', 'lora', '--lora-rank', '16', '--frame-tokens',
-                '220', '--clip-seconds', '32', '--answer-tokens', '16']
+# The MoE benchmarks' sample (64 frames x 220 tokens per frame pair as their clips encode, 16 answer tokens), LoRA r16:
+# swift-vora's Unsloth path, and the Megatron variants of benchmarks/megatron_moe.py (EP 1, TP 1)
+MOE_SAMPLE_R16 = ['--lora-rank', '16', '--frame-tokens', '220', '--clip-seconds', '32', '--answer-tokens', '16']
+UNSLOTH_FULL = [*H200, '--backend', 'unsloth_split_lora', '--tuner', 'lora', *MOE_SAMPLE_R16]
+MEGATRON_MOE8 = [*H200, '--backend', 'megatron_ep_lora', '--ep', '1', '--tp', '1', *MOE_SAMPLE_R16]
 
 # The throughput benchmark's sample (64 frames x 180 tokens, 16 answer tokens) on the ddp backend, compiled layers
 COMPILED_2B = [*H200, '--backend', 'ddp', '--tuner', 'lora', '--frame-tokens', '180', '--clip-seconds', '32',

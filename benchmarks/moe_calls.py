@@ -82,8 +82,7 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
     twins = []
     for c in calls:
         for name, v in c['variants'].items():
-            base = name[:-len(SERIAL)] if name.endswith(SERIAL) else name  # call e's twin was serial too
-            twin = c['variants'].get(base + FP32_LORA) or {}
+            twin = c['variants'].get(name.removesuffix(SERIAL) + FP32_LORA) or {}  # call e's twin was serial too
             if name.startswith('vora_') and v.get('losses') and twin.get('losses'):
                 pairs = list(zip(v['losses'], twin['losses']))
                 twins.append({'file': c['file'], 'variant': name, 'losses': len(pairs),

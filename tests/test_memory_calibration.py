@@ -13,12 +13,15 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def load_table():
-    spec = importlib.util.spec_from_file_location('calibration_table',
-                                                  os.path.join(ROOT, 'benchmarks', 'calibration_table.py'))
+def load_benchmark(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, 'benchmarks', f'{name}.py'))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_table():
+    return load_benchmark('calibration_table')
 
 
 def test_every_checked_peak_is_predicted_within_10_percent_but_the_listed_misses():
@@ -108,10 +111,7 @@ def test_memory_phases_split_reads_the_first_step_above_the_loaded_model(tmp_pat
     """benchmarks/memory_phases_split.py: a phase record is written on entering a phase (its peak is the previous
     phase's), so step 0's forward kept = allocated entering backward, the forward's peak = the peak recorded there,
     the backward's = the peak recorded entering the optimizer step; a log without a whole first step is refused."""
-    spec = importlib.util.spec_from_file_location('memory_phases_split',
-                                                  os.path.join(ROOT, 'benchmarks', 'memory_phases_split.py'))
-    mps = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mps)
+    mps = load_benchmark('memory_phases_split')
     log = [{'phase': 'model_loaded', 'allocated_gib': 10.0, 'peak_allocated_gib': 10.1},
            {'phase': 'forward', 'step': 0, 'allocated_gib': 10.0, 'peak_allocated_gib': 10.1},
            {'phase': 'backward', 'step': 0, 'allocated_gib': 11.5, 'peak_allocated_gib': 14.0},
