@@ -241,6 +241,12 @@ ROWS: List[Dict[str, Any]] = [
                        'mg_te_ce, memory call d, 5 steps), 7,788 tok',
      'source': ('megatron-h200-moe-mem-d-partial.json', 'mg_te_ce'), 'scope': 'run', 'model': MOE8,
      'plan': [*MEGATRON_MOE8, '--cross-entropy', 'te']},
+    # --- out of sample: FP8 frozen base weights with 26 of the 28 layers checkpointed (#34 run fp8-c, 2026-12-03; the
+    # session's last device minutes ran this variant alone). No constant changed for it ---
+    {'id': 36, 'what': 'as 30 with the first 26 of 28 decoder layers checkpointed (train.checkpoint_layers=26; '
+                       'throughput vora_gc_compile_ck26_fp8, run fp8-c), 6,528 tok',
+     'source': ('throughput-fp8-c-2026-12-03.json', 'vora_gc_compile_ck26_fp8'), 'scope': 'training',
+     'plan': [*COMPILED_2B, '--fp8', 'frozen_base', '--checkpoint-layers', '26']},
 ]
 # Checked rows outside the tolerance, kept visible instead of refitted (a refit would make them in-sample): the
 # check fails on any other row outside, and on one of these coming back inside (then this list is out of date).

@@ -212,6 +212,9 @@ def _table() -> Tuple[Switch, ...]:
                '(default .whl/megatron)', None, where='scripts/gpu/setup_megatron.sh'),
         Switch(PREFIX + 'TE_PARTS', 'path', None, 'scripts/gpu/setup_megatron.sh: folder holding .te0-.te2 '
                '(default the repository root)', None, where='scripts/gpu/setup_megatron.sh'),
+        Switch(PREFIX + 'TE_READY', 'path', None, 'scripts/gpu/setup_megatron.sh: folder of a ready Transformer Engine '
+               'core wheel and its SHA256SUMS, as scripts/gpu/wheel_pack.py unpacks it (default .whl/megatron-te)',
+               None, where='scripts/gpu/setup_megatron.sh'),
         Switch(PREFIX + 'TE_WORK', 'path', None, 'scripts/gpu/setup_megatron.sh: where the Transformer Engine wheel is '
                'reassembled (default $TMPDIR/swift_vora_te, /tmp without TMPDIR)', None,
                where='scripts/gpu/setup_megatron.sh'),

@@ -59,7 +59,7 @@ def carried(tmp_path):
 def run(tmp_path, mode):
     env = dict(os.environ, SWIFT_VORA_PYTHON=sys.executable, SWIFT_VORA_MEGATRON_WHEELS=str(tmp_path / 'whl'),
                SWIFT_VORA_TE_PARTS=str(tmp_path), SWIFT_VORA_TE_WORK=str(tmp_path / 'work'),
-               SWIFT_VORA_MEGATRON_SITE=str(tmp_path / 'site'))
+               SWIFT_VORA_MEGATRON_SITE=str(tmp_path / 'site'), SWIFT_VORA_TE_READY=str(tmp_path / 'te-ready'))
     return subprocess.run(['bash', SCRIPT, mode], env=env, capture_output=True, text=True, timeout=120)
 
 

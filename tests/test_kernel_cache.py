@@ -94,3 +94,18 @@ def test_the_report_names_the_folders_a_user_moved(tmp_path):
     report = kc.first_step_report(3.0, kc.snapshot(env), kc.snapshot(env), env)
     line = kc.describe(report, env)
     assert 'inductor /elsewhere/inductor' in line and f'triton {tmp_path}/triton' in line
+
+
+def test_a_folder_an_import_drops_is_put_back(monkeypatch, tmp_path):
+    """unsloth_zoo's patching pops TORCHINDUCTOR_CACHE_DIR at import: the runner's inductor entries must still land
+    in the cache folder (a mounted volume, or what `swift-vora kernel-cache export` reads), not in /tmp."""
+    monkeypatch.setenv('TORCHINDUCTOR_CACHE_DIR', str(tmp_path / 'inductor'))
+    monkeypatch.setenv('TRITON_CACHE_DIR', str(tmp_path / 'triton'))
+    monkeypatch.delenv('UNSLOTH_COMPILE_LOCATION', raising=False)
+    with kc.kept_through_imports():
+        os.environ.pop('TORCHINDUCTOR_CACHE_DIR')  # what `import unsloth` does
+        os.environ['UNSLOTH_COMPILE_LOCATION'] = 'set by the import'  # a variable we had not set stays theirs
+    assert os.environ['TORCHINDUCTOR_CACHE_DIR'] == str(tmp_path / 'inductor')
+    assert os.environ['TRITON_CACHE_DIR'] == str(tmp_path / 'triton')
+    assert os.environ['UNSLOTH_COMPILE_LOCATION'] == 'set by the import'
+    monkeypatch.delenv('UNSLOTH_COMPILE_LOCATION')

@@ -4,7 +4,9 @@
 #   bash scripts/gpu/run_all.sh PHASE[,PHASE...] [extra args for the phase's command]
 #
 # Run from the repository root through the device tool with carry [".whl/swift"] (plus ".whl/unsloth" for the
-# unsloth phase). Phases (each must fit the tool's 10-minute command limit; estimates in brackets):
+# unsloth phase), or with carry [".wpk"] alone: a wheel pack holding the sets the phases need, unpacked into .whl/
+# before anything else (`python scripts/gpu/wheel_pack.py pack --sets swift,moe,megatron`: ~47 MiB, which makes
+# megatron_moe one call from a bare machine). Phases (each must fit the tool's 10-minute command limit; estimates in brackets):
 #   setup         install + versions + the `--custom_register_path swift_vora` check only          [~1 min]
 #   throughput    benchmarks/throughput.py: plain swift sft vs swift-vora, 2B-shape Qwen3-VL        [~6 min]
 #   learnability  benchmarks/learnability.py: true vs shuffled labels, R1@0.5 on held-out videos     [~6 min]
@@ -25,9 +27,14 @@
 #   megatron_moe  issue #31: Megatron-SWIFT LoRA on the Qwen3.5-MoE 35B-A3B shape cut to 8 layers, side by side
 #                 with swift-vora's Unsloth path and plain swift PEFT (benchmarks/megatron_moe.py budgets each
 #                 variant). First scripts/gpu/gdn_grad_check.py (the Gated DeltaNet kernel Megatron will bind against
-#                 the PyTorch reference). Needs the Megatron set installed by an earlier call (setup_megatron.sh
+#                 the PyTorch reference). Carry [".wpk"] packed with --sets swift,moe,megatron (one call
+#                 from a bare machine), or else the Megatron set installed by an earlier call (setup_megatron.sh
 #                 install, carry [".te0", ".whl/megatron", ".whl/moe"], the slim TE wheel) and carry [".whl/swift"].
 #                 ~18-20 min with --deadline 840: run it through scripts/gpu/background.sh (docs/backends.md)
+#   kernel_cache_export  `swift-vora kernel-cache export` of this machine's Triton and inductor caches into $OUT
+#                 (kernel-cache.tar.xz.part0, ...): keep them in .kcache/ here and carry [".kcache"]; run_all imports
+#                 them before its phases, so a fresh machine's first step does not compile for minutes. Put it last:
+#                 `moe_full,kernel_cache_export` (its phase arguments go to every phase; it takes none)
 # Example: `bash scripts/gpu/run_all.sh throughput --variants baseline,vora,vora_gc`.
 #
 # $OUT receives (the tool returns at most 8 files): run.log (all output), each phase's results JSON
@@ -77,8 +84,20 @@ main() {
   echo "== run_all $phases $* ($(date -u +%FT%TZ)) on $(hostname), $(nproc) cores"
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader 2>/dev/null || true
   local t0=$SECONDS
+  # A wheel pack (scripts/gpu/wheel_pack.py, carry [".wpk"]) puts every set it holds under .whl/ first: one call
+  # brings what used to take several back to back
+  local pack
+  for pack in "$ROOT"/.wpk/*.tar.xz; do
+    [ -f "$pack" ] || continue
+    python3 "$ROOT/scripts/gpu/wheel_pack.py" unpack "$pack" --root "$ROOT" || { echo "== setup failed"; return 1; }
+  done
   # shellcheck source=/dev/null
   source "$ROOT/scripts/gpu/setup_env.sh" swift || { echo "== setup failed"; return 1; }
+  # Compiled kernels of an earlier machine (carry [".kcache"], from the kernel_cache_export phase): the first
+  # optimizer step then reads them instead of compiling and autotuning for minutes
+  if [ -f "$ROOT/.kcache/kernel-cache.tar.xz" ] || [ -f "$ROOT/.kcache/kernel-cache.tar.xz.part0" ]; then
+    swift-vora kernel-cache import "$ROOT/.kcache/kernel-cache.tar.xz" || echo "== kernel cache not imported"
+  fi
   echo "== setup done in $((SECONDS - t0)) s"
 
   local rc=0 phase t1 work
@@ -155,8 +174,11 @@ main() {
                rc=1; continue; }
         work="$SCRATCH/swift_vora_megatron_moe"
         python3 benchmarks/megatron_moe.py --out "$OUT" --work "$work" --megatron-site "$msite" "$@" || rc=1;;
+      kernel_cache_export)
+        # into $OUT itself, in parts the device tool returns (16 MiB a file): keep them in .kcache/ for the next call
+        swift-vora kernel-cache export "$OUT/kernel-cache.tar.xz" --part-mib 15.5 || rc=1;;
       *) echo "unknown phase '$phase' (setup|throughput|learnability|calibrate|e2e|e2e_dense|multi_gpu_zero3|moe|"\
-"moe_full|unsloth|megatron|megatron_ep|megatron_moe)"; rc=2;;
+"moe_full|unsloth|megatron|megatron_ep|megatron_moe|kernel_cache_export)"; rc=2;;
     esac
     echo "== phase $phase done in $((SECONDS - t1)) s (rc so far $rc)"
     # Results JSON flat into $OUT; the logs into one archive (the 8-file limit).

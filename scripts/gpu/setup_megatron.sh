@@ -16,7 +16,11 @@
 # All TE wheels (core, meta, torch extension) share the transformer_engine/ folder: they go in with the rest of the
 # set in ONE `pip install --target` (separate --target installs replace each other's transformer_engine/).
 #
+# A wheel pack (scripts/gpu/wheel_pack.py, unpacked by run_all.sh) brings the core wheel ready, in .whl/megatron-te/
+# with a SHA256SUMS of its own: when that file is there it is used (checked) and no part is needed.
+#
 # Overrides (tests): SWIFT_VORA_PYTHON (interpreter), SWIFT_VORA_MEGATRON_WHEELS (default .whl/megatron),
+# SWIFT_VORA_TE_READY (default .whl/megatron-te),
 # SWIFT_VORA_TE_PARTS (folder holding .te0-.te2, default the repository root), SWIFT_VORA_TE_WORK (where the
 # wheel is reassembled, default $TMPDIR/swift_vora_te, /tmp without TMPDIR), SWIFT_VORA_MEGATRON_SITE (default
 # $TMPDIR/site-megatron; put in front of PYTHONPATH so that peft 0.20 wins over the image's 0.21).
@@ -82,6 +86,22 @@ _svm_assemble() {
   echo "$out"
 }
 
+# Print the TE core wheel a wheel pack unpacked (scripts/gpu/wheel_pack.py: its members stored, not deflated, so
+# its sha256 is not the parts' -- its own SHA256SUMS names it); return 1 when it is missing or altered.
+_svm_ready() {
+  local ready="$1" sha name
+  read -r sha name < "$ready/SHA256SUMS"
+  if [ -z "$name" ] || [ ! -f "$ready/$name" ]; then
+    echo "setup_megatron: refused: $ready/SHA256SUMS names '${name:-nothing}', which is not there" >&2
+    return 1
+  fi
+  if [ "$(_svm_sha "$ready/$name")" != "$sha" ]; then
+    echo "setup_megatron: refused: $ready/$name has sha256 $(_svm_sha "$ready/$name"), $ready/SHA256SUMS says $sha" >&2
+    return 1
+  fi
+  echo "$ready/$name"
+}
+
 _svm_main() {
   local mode="${1:-all}"
   case "$mode" in
@@ -94,10 +114,16 @@ _svm_main() {
   local parts_root="${SWIFT_VORA_TE_PARTS:-$root}"
   local work="${SWIFT_VORA_TE_WORK:-${TMPDIR:-/tmp}/swift_vora_te}"
   local site="${SWIFT_VORA_MEGATRON_SITE:-${TMPDIR:-/tmp}/site-megatron}"
+  local ready="${SWIFT_VORA_TE_READY:-$root/.whl/megatron-te}"
 
   local core
-  core="$(_svm_assemble "$wheels" "$parts_root" "$work")" || return 1
-  echo "setup_megatron: TE core wheel reassembled and checked: $core"
+  if [ -f "$ready/SHA256SUMS" ]; then
+    core="$(_svm_ready "$ready")" || return 1
+    echo "setup_megatron: TE core wheel from the wheel pack, checked: $core"
+  else
+    core="$(_svm_assemble "$wheels" "$parts_root" "$work")" || return 1
+    echo "setup_megatron: TE core wheel reassembled and checked: $core"
+  fi
   [ "$mode" = assemble ] && return 0
 
   if ! ls "$wheels"/*.whl >/dev/null 2>&1; then
@@ -151,5 +177,5 @@ PYEOF
 
 _svm_main "$@"
 _svm_rc=$?
-unset -f _svm_main _svm_assemble _svm_sha
+unset -f _svm_main _svm_assemble _svm_ready _svm_sha
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then exit $_svm_rc; else return $_svm_rc; fi

@@ -17,8 +17,9 @@ is left as it is. `first_step_report` says how long the first step took and how 
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Iterator, Mapping, Optional
 
 from .. import switches
 
@@ -60,6 +61,22 @@ def use_in_this_process() -> Dict[str, str]:
     for key, value in added.items():
         os.environ.setdefault(key, value)
     return added
+
+
+@contextlib.contextmanager
+def kept_through_imports() -> Iterator[None]:
+    """Put back, after the block, every cache variable this process had before it that the block removed or changed.
+    Unsloth's import removes `TORCHINDUCTOR_CACHE_DIR` (unsloth_zoo/patching_utils.py: `os.environ.pop`), and
+    inductor then writes into /tmp/torchinductor_<user>, outside the folder a user mounts to keep launches fast
+    (call g of #30 found it there). Inductor reads the variable each time it needs the folder, so restoring it after
+    the import is enough."""
+    saved = {var: os.environ[var] for var in CACHE_FOLDERS if var in os.environ}
+    try:
+        yield
+    finally:
+        for var, value in saved.items():
+            if os.environ.get(var) != value:
+                os.environ[var] = value
 
 
 def cache_dirs(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:

@@ -178,7 +178,8 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
         os.environ.setdefault(key, value)
     kernel_cache.use_in_this_process()
     if cfg.loader == 'unsloth':
-        import unsloth  # noqa: F401  (first: before transformers and ms-swift)
+        with kernel_cache.kept_through_imports():  # Unsloth's import drops the inductor cache folder
+            import unsloth  # noqa: F401  (first: before transformers and ms-swift)
     import torch
 
     from swift_vora.guards.registry import enabled_guards
