@@ -26,6 +26,9 @@ FP32_LORA = '_fp32_lora'
 # vision attention was installed over Unsloth's rewrite: its runner does not report `encode_threads`. Such a run is
 # `_serial` (the fp32-LoRA runs before it were serial too; their name already sets them apart).
 SERIAL = '_serial'
+# A lever measured against the default in the same call (moe_throughput's *_rank_scale variants,
+# SWIFT_VORA_MOE_LORA_SCALE=rank): the variant without the suffix is its twin.
+RANK_SCALE = '_rank_scale'
 
 
 def setting(name: str, variant: Dict[str, Any], date: str) -> str:
@@ -79,16 +82,19 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
             best = max(ours, key=ours.get)
             speedups.append({'file': c['file'], 'ours': best, 'speedup_median': round(ours[best] / plain, 3)})
     # the autocast default against its fp32-LoRA twin of the same call: the same learning, step by step
-    twins = []
+    twins, rank_scale = [], []
     for c in calls:
         for name, v in c['variants'].items():
             twin = c['variants'].get(name.removesuffix(SERIAL) + FP32_LORA) or {}  # call e's twin was serial too
             if name.startswith('vora_') and v.get('losses') and twin.get('losses'):
-                pairs = list(zip(v['losses'], twin['losses']))
-                twins.append({'file': c['file'], 'variant': name, 'losses': len(pairs),
-                              'loss_max_rel_diff_vs_fp32_lora': round(max(abs(a - b) / abs(b) for a, b in pairs), 4),
-                              'median_step_ratio': round(twin['median_step_s'] / v['median_step_s'], 3)
-                              if v.get('median_step_s') and twin.get('median_step_s') else None})
+                found = _against(v, twin)
+                twins.append({'file': c['file'], 'variant': name, 'losses': found['losses'],
+                              'loss_max_rel_diff_vs_fp32_lora': found['loss_max_rel_diff'],
+                              'median_step_ratio': found['median_step_ratio']})
+            default = c['variants'].get(name.removesuffix(RANK_SCALE)) if name.endswith(RANK_SCALE) else None
+            if default and v.get('losses') and default.get('losses'):
+                rank_scale.append({'file': c['file'], 'variant': name, 'twin': name.removesuffix(RANK_SCALE),
+                                   **_against(v, default)})
     # across calls (not side by side, say so): the fastest swift-vora run of any call over each plain swift run
     ours_all = [(r['tokens_per_s'], n, r['file']) for n, v in per_variant.items() if n.startswith('vora_')
                 for r in v['calls']]
@@ -99,7 +105,16 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
                   'speedup_median': round(rate / r['tokens_per_s'], 3)} for r in per_variant['swift_peft']['calls']]
     return {'calls': [{k: c[k] for k in ('file', 'date', 'partial', 'layers')} for c in calls],
             'variants': per_variant, 'speedup_per_call': speedups, 'speedup_across_calls': cross,
-            'autocast_vs_fp32_lora': twins}
+            'autocast_vs_fp32_lora': twins, 'rank_scale_vs_default': rank_scale}
+
+
+def _against(v: Dict[str, Any], twin: Dict[str, Any]) -> Dict[str, Any]:
+    """A variant against its twin of the same call: logged losses compared step by step, and the twin's median step
+    over the variant's (above 1: the variant is faster)."""
+    pairs = list(zip(v['losses'], twin['losses']))
+    return {'losses': len(pairs), 'loss_max_rel_diff': round(max(abs(a - b) / abs(b) for a, b in pairs), 4),
+            'median_step_ratio': round(twin['median_step_s'] / v['median_step_s'], 3)
+            if v.get('median_step_s') and twin.get('median_step_s') else None}
 
 
 def render(s: Dict[str, Any]) -> str:
@@ -117,6 +132,9 @@ def render(s: Dict[str, Any]) -> str:
     for t in s.get('autocast_vs_fp32_lora') or []:
         lines.append(f'{t["file"]}: {t["variant"]} against its fp32-LoRA twin: {t["median_step_ratio"]}x (median '
                      f'steps), {t["losses"]} logged losses within {100 * t["loss_max_rel_diff_vs_fp32_lora"]:.2f} %')
+    for t in s.get('rank_scale_vs_default') or []:
+        lines.append(f'{t["file"]}: {t["variant"]} against {t["twin"]}: {t["median_step_ratio"]}x (median steps), '
+                     f'{t["losses"]} logged losses within {100 * t["loss_max_rel_diff"]:.2f} %')
     for sp in s.get('speedup_across_calls') or []:
         lines.append(f'across calls (not side by side): {sp["ours"]} of {sp["ours_file"]} / swift_peft of '
                      f'{sp["plain_file"]} = {sp["speedup_median"]}x (median steps)')

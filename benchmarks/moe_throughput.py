@@ -96,6 +96,9 @@ CHECKPOINT_LAYERS_VARIANTS = {'vora_unsloth_mb4_ck36': (4, 36), 'vora_unsloth_mb
 AUTOCAST_OFF_VARIANTS = {'vora_unsloth_mb4_fp32_lora': 4}
 # One encode thread (the runner until 2026-12-03; now unsloth.encode_threads=4): the data-pipeline lever measured
 ENCODE_THREADS_VARIANTS = {'vora_unsloth_mb4_enc1': (4, 1)}
+# Each expert LoRA's scaling on the rank-r intermediate instead of the expert output (speed/moe_lora_scale.py, the
+# switch SWIFT_VORA_MOE_LORA_SCALE): (micro-batch, decoder layers checkpointed of 40 or None for all)
+RANK_SCALE_VARIANTS = {'vora_unsloth_mb4_rank_scale': (4, None), 'vora_unsloth_mb4_ck36_rank_scale': (4, 36)}
 
 
 def budget(smoke: bool) -> Dict[str, Any]:
@@ -617,6 +620,13 @@ def main(argv=None) -> int:
                                   extra_overrides=[f'train.micro_batch={micro_batch}',
                                                    'unsloth.gradient_checkpointing=true',
                                                    f'train.checkpoint_layers={checkpointed}'])
+            elif name in RANK_SCALE_VARIANTS:
+                micro_batch, checkpointed = RANK_SCALE_VARIANTS[name]
+                layers = [f'train.checkpoint_layers={checkpointed}'] if checkpointed else []
+                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
+                                  extra_env={'SWIFT_VORA_MOE_LORA_SCALE': 'rank'},
+                                  extra_overrides=[f'train.micro_batch={micro_batch}',
+                                                   'unsloth.gradient_checkpointing=true', *layers])
             elif name == 'swift_peft':
                 result = run_swift(name, args, b, inputs, work, 'peft', TARGET_MODULES, TARGET_PARAMETERS)
             elif name == 'swift_peft_attn':

@@ -180,6 +180,15 @@ PATCHES = (
           'sets', MEGATRON_GDN_FORWARD_PARAMS, 'backends/megatron_fla.py',
           'SWIFT_VORA_MEGATRON_FLA=off', 'tests/test_megatron_fla.py',
           uses=('l2norm(', 'chunk_gated_delta_rule(', 'causal_conv1d is None'), needs=('transformer_engine', )),
+    # Unsloth's grouped-GEMM MoE forward (its cached copy too): three statements rewritten so that each expert LoRA's
+    # scaling multiplies the rank-r intermediate, not the expert output (speed/moe_lora_scale.py); unsloth_zoo is
+    # installed with the GPU's MoE wheel set only, so on a CPU machine its source is pinned here and read there
+    Patch('moe_lora_rank_scale', 'unsloth_zoo.temporary_patches.moe_utils:forward_native_grouped_mm', 'unsloth_zoo',
+          'replaces', ('self', 'hidden_states', 'top_k_index', 'top_k_weights'), 'speed/moe_lora_scale.py',
+          'SWIFT_VORA_MOE_LORA_SCALE=output (the default)', 'tests/test_moe_lora_scale.py',
+          {'2026.10.9': '847af07a72257c2f'},
+          uses=('lora_out = lora_out.contiguous()', 'mm1_out = mm1_out + lora_delta * scaling',
+                'mm2_out = mm2_out + lora_delta * scaling'), needs=('unsloth_zoo', )),
 )
 BY_NAME = {patch.name: patch for patch in PATCHES}
 

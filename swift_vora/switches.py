@@ -155,6 +155,9 @@ def _table() -> Tuple[Switch, ...]:
         Switch(PREFIX + 'FP8_ACCUM', 'choice', 'fast', 'with FP8 on: accumulation of the forward FP8 GEMM: fast '
                '(torchao\'s default recipe: Hopper\'s fast accumulation) | exact (full-precision accumulation, as '
                'the input gradient always has)', choices=('fast', 'exact'), where='speed/fp8_frozen.py'),
+        Switch(PREFIX + 'MOE_LORA_SCALE', 'choice', 'output', 'Unsloth MoE expert LoRA: scaling applied to the expert '
+               'output (output, unsloth_zoo as it is) | to the rank-r intermediate (rank: same product, fewer kernels)',
+               choices=('output', 'rank'), where='speed/moe_lora_scale.py'),
         Switch(PREFIX + 'VIT_ATTENTION', 'choice', 'batched', 'vision attention: batched (one call per layer, no '
                'sync) | transformers', choices=('batched', 'transformers'), where='speed/vit_attention.py'),
         Switch(PREFIX + 'PATCH_EMBED', 'choice', 'gemm', 'vision patch embedding: gemm (the stride == kernel Conv3d '

@@ -728,3 +728,22 @@ def test_step_profile_does_not_count_gpu_annotations_as_kernels(tmp_path):
         {'name': '## Call CompiledFxGraph abc ##', 'device_us': 400_000.0, 'kernel': True},
         {'name': '## Call CompiledFxGraph def ##', 'device_us': 100_000.0, 'kernel': True}]}
     assert recount(old) == {'device_kernel_s': 0.6, 'annotation_s': 0.5, 'device_busy_fraction': 0.6}
+
+
+def test_moe_calls_compares_the_rank_scale_lever_with_its_twin_of_the_same_call(tmp_path):
+    """`*_rank_scale` (SWIFT_VORA_MOE_LORA_SCALE=rank) against the same variant without it, in its own call: the step
+    ratio and the logged losses step by step (the lever must not change what is learned)."""
+    sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
+    import moe_calls
+    runner = {'autocast': 'bfloat16', 'encode_threads': 4}
+    call = {'date': '2026-12-04', 'model': {'layers': 40},
+            'variants': {'vora_unsloth_mb4': {'tokens_per_s': 11400.0, 'runner': runner, 'median_step_s': 2.75,
+                                              'losses': [10.0, 8.0]},
+                         'vora_unsloth_mb4_rank_scale': {'tokens_per_s': 11750.0, 'runner': runner,
+                                                         'median_step_s': 2.5, 'losses': [10.0, 8.0]}}}
+    (tmp_path / 'moe-h200-full-j.json').write_text(json.dumps(call))
+    s = moe_calls.summarize(moe_calls.load('moe-h200-full-*.json', str(tmp_path)))
+    assert s['rank_scale_vs_default'] == [{'file': 'moe-h200-full-j.json', 'variant': 'vora_unsloth_mb4_rank_scale',
+                                           'twin': 'vora_unsloth_mb4', 'losses': 2, 'loss_max_rel_diff': 0.0,
+                                           'median_step_ratio': 1.1}]
+    assert 'vora_unsloth_mb4_rank_scale against vora_unsloth_mb4: 1.1x' in moe_calls.render(s)

@@ -27,6 +27,10 @@ def test_target_matches_the_installed_version(patch):
     if missing:  # e.g. transformer_engine (CUDA only): the target's source file, read without importing it
         module, qualname = patch.target.split(':')
         spec = importlib.util.find_spec(module.split('.')[0])
+        if spec is None and module.split('.')[0] in patch.needs:
+            pytest.skip(f'{patch.package} is installed with the GPU machine\'s wheel set only; patches.applicable '
+                        f'checks this target there before patching (and tests/test_moe_lora_scale.py checks the '
+                        f'pinned source against the wheel where .whl/ holds it)')
         assert spec is not None, f'{patch.name}: {patch.package} is not installed'
         path = Path(spec.submodule_search_locations[0], *module.split('.')[1:]).with_suffix('.py')
         source = path.read_text()

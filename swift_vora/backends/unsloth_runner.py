@@ -195,6 +195,10 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     t_load = time.time()
     model, info = load_model(cfg)
     info['load_s'] = round(time.time() - t_load, 1)
+    from ..speed import moe_lora_scale  # after the load: Unsloth has set up its MoE forward by now
+    info['moe_lora_scale'] = moe_lora_scale.install()
+    if info['moe_lora_scale']['setting'] != 'output':
+        log(f'expert LoRA scaling (SWIFT_VORA_MOE_LORA_SCALE): {json.dumps(info["moe_lora_scale"])}')
     counts = assert_router_frozen(model)
     check_not_quantized(model)
     if cfg.is_moe and counts['expert_lora_tensors'] == 0:

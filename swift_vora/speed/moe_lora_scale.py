@@ -1,0 +1,99 @@
+"""The expert LoRA's scaling applied to the rank-r intermediate instead of the expert output, in Unsloth's grouped-GEMM
+MoE forward (opt-in, `SWIFT_VORA_MOE_LORA_SCALE=rank`; measured before it becomes a default).
+
+unsloth_zoo's `forward_native_grouped_mm` adds each routed expert's LoRA as `mm_out + lora_delta * scaling`: the
+multiplication runs over the whole expert output -- at full depth and micro-batch 4, [249,536 x 2,048] and
+[249,536 x 1,024] bf16 tensors, 120 kernels and 86 ms of a 2.73 s step on the H200 (call f's profile,
+`torch_profile_shapes.txt`: the forward, its recompute, and the backward's multiplication of the gradient). Scaling
+the first GEMM's output (`lora_out`, [249,536 x 16]) instead gives the same product -- (X A s) B = (X A B) s -- at
+1/128 of the elements, and the addition's backward then passes the gradient on without a kernel. With LoRA alpha =
+2 x rank (scaling 2.0, the recipes' setting) both orders are exact in bf16 (a power of two); with another scaling
+they differ by rounding only.
+
+The patch rewrites three statements of that function's source (`REWRITES`), nothing else, after checking the source
+is the one the inventory pins (swift_vora/patches.py, `moe_lora_rank_scale`: unsloth_zoo 2026.10.9), and installs
+the result in every loaded copy of the module (unsloth_zoo loads a byte-identical copy from its compile cache,
+`unsloth_cached_moe_utils`, and calls the function by its global name from there: the Qwen3.5/3.6-MoE experts'
+forward is that module's dispatcher). Patches of other families that imported the function by name (unsloth_zoo's
+qwen3_vl_moe, gpt_oss) keep upstream's. Upstream: the same change would
+belong in unsloth_zoo's `forward_native_grouped_mm` (`torch.add(mm_out, lora_delta, alpha=scaling)` saves the
+forward's multiplications; scaling the intermediate saves them all).
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any, Dict, List, Optional
+
+from .. import patches, switches
+
+ENV = 'SWIFT_VORA_MOE_LORA_SCALE'
+PATCH = 'moe_lora_rank_scale'
+FUNCTION = 'forward_native_grouped_mm'
+# the module unsloth_zoo defines it in, and the copy it loads from its compile cache (unsloth_zoo moe_utils.py,
+# _load_cached_moe_utils_module)
+MODULES = ('unsloth_zoo.temporary_patches.moe_utils', 'unsloth_cached_moe_utils')
+# (statement as upstream writes it, what it becomes, how many times the function holds it)
+REWRITES = (
+    ('lora_out = lora_out.contiguous()', 'lora_out = (lora_out * scaling).contiguous()', 2),
+    ('mm1_out = mm1_out + lora_delta * scaling', 'mm1_out = mm1_out + lora_delta', 1),
+    ('mm2_out = mm2_out + lora_delta * scaling', 'mm2_out = mm2_out + lora_delta', 1),
+)
+
+
+class RewriteMismatch(RuntimeError):
+    """The source does not hold a statement the rewrite expects, or holds it another number of times."""
+
+
+def wanted(environ=None) -> bool:
+    return switches.read(ENV, environ) == 'rank'
+
+
+def rewrite(source: str) -> str:
+    """`source` with every statement of REWRITES replaced; RewriteMismatch when one is not there exactly as often."""
+    for old, new, count in REWRITES:
+        found = source.count(old)
+        if found != count:
+            raise RewriteMismatch(f'{FUNCTION}: {old!r} found {found} times, the rewrite expects {count}')
+        source = source.replace(old, new)
+    return source
+
+
+def _patched(module: Any) -> Optional[Any]:
+    """The rewritten function for `module`'s `forward_native_grouped_mm`, compiled against the module's globals."""
+    original = getattr(module, FUNCTION)
+    source = inspect.getsource(original)
+    if patches.source_hash(source) not in patches.BY_NAME[PATCH].sources.values():
+        raise RewriteMismatch(f'{module.__name__}.{FUNCTION}: not the source {PATCH} was checked against')
+    first_line = original.__code__.co_firstlineno
+    filename = f'{original.__code__.co_filename} ({PATCH}, swift_vora/speed/moe_lora_scale.py)'
+    # blank lines in front: tracebacks keep upstream's line numbers
+    code = compile('\n' * (first_line - 1) + rewrite(source), filename, 'exec')
+    defined: Dict[str, Any] = {}
+    exec(code, module.__dict__, defined)  # its globals are the module's: every name it calls resolves as before
+    return patches.mark(defined[FUNCTION], PATCH, original)
+
+
+def install(environ=None) -> Dict[str, Any]:
+    """Install the rewrite into every loaded copy of unsloth_zoo's MoE module when the switch asks for it. Returns
+    what the runner records (`moe_lora_scale` in its result): the setting, the modules patched, or why none was."""
+    setting = switches.read(ENV, environ)
+    state: Dict[str, Any] = {'setting': setting, 'patched': []}
+    if setting != 'rank':
+        return state
+    loaded = [sys.modules[name] for name in MODULES if name in sys.modules]
+    if not loaded:
+        state['skipped'] = 'unsloth_zoo\'s MoE module is not loaded (no Unsloth MoE model in this process)'
+        return state
+    if not patches.applicable(PATCH):  # an unknown unsloth_zoo: warned once, upstream's code runs
+        state['skipped'] = patches.check(PATCH)
+        return state
+    done: List[str] = []
+    for module in loaded:
+        if patches.patched_by(getattr(module, FUNCTION, None)) == PATCH:
+            done.append(module.__name__)
+            continue
+        setattr(module, FUNCTION, _patched(module))
+        done.append(module.__name__)
+    state['patched'] = done
+    return state
