@@ -10,7 +10,8 @@ from swift_vora import speed
 def test_table_matches_the_modules():
     assert {lever.name for lever in speed.LEVERS} == {
         'compile_layers', 'vit_attention', 'lora_autocast', 'host_overhead', 'shape_bucket', 'pixel_dtype',
-        'video_decode', 'selective_checkpoint', 'packed_attention', 'patch_embed', 'fp8_frozen', 'partial_checkpoint'}
+        'video_decode', 'selective_checkpoint', 'packed_attention', 'patch_embed', 'fp8_frozen', 'partial_checkpoint',
+        'moe_lora_scale'}
     for lever in speed.LEVERS:
         assert lever.module.ENV == lever.switch, lever.name
         if lever.callback:

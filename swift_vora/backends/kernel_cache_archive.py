@@ -70,7 +70,7 @@ def export(path: str, part_mib: Optional[float] = None, environ: Optional[Mappin
     folders = {var: d for var, d in kernel_cache.cache_dirs(environ).items() if var in TRAVELLING}
     files = {var: _files(d) if os.path.isdir(d) else [] for var, d in folders.items()}
     if not any(files.values()):
-        raise CliError(f'kernel-cache export: the caches are empty ({", ".join(folders.values())}): run a training '
+        raise CliError(f'the caches are empty ({", ".join(folders.values())}): run a training '
                        'step first', EXIT_INVALID, command='swift-vora kernel-cache export')
     info = {'folders': folders, 'files': {var: len(f) for var, f in files.items()},
             'made_on': (versions or _versions)(), 'created': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}

@@ -34,7 +34,7 @@ COMMAND_MODULES = [
     'swift_vora.cli.plan',  # plan
     'swift_vora.data.cli',  # data check | build | convert
     'swift_vora.cli.train',  # train
-    'swift_vora.cli.kernel_cache',  # kernel-cache export | import
+    'swift_vora.backends.cli',  # kernel-cache export | import
     'swift_vora.recipe_catalog',  # recipes ls | show | cp
     'swift_vora.eval.cli',  # eval, parse
     'swift_vora.guards.cli',  # verify-adapter

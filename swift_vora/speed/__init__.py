@@ -74,6 +74,9 @@ LEVERS = (
           'PixelDtypeCheck'),
     Lever('video_decode', 'SWIFT_VORA_DECODE_THREADS',
           'template, before decoding: decord.VideoReader limited to N threads per reader'),
+    Lever('moe_lora_scale', 'SWIFT_VORA_MOE_LORA_SCALE',
+          'Unsloth runner, after the model is loaded: each expert LoRA\'s scaling on the rank-r intermediate in '
+          'unsloth_zoo\'s grouped-GEMM MoE forward'),
 )
 BY_NAME = {lever.name: lever for lever in LEVERS}
 

@@ -1,5 +1,5 @@
-"""`swift-vora kernel-cache export|import`: carry the compiled-kernel caches to a fresh machine
-(swift_vora/backends/kernel_cache_archive.py says what travels and why).
+"""The backends room's command: `swift-vora kernel-cache export|import`, the compiled-kernel caches carried to a fresh
+machine (swift_vora/backends/kernel_cache_archive.py says what travels and why).
 
 Exit 0; 1 when the caches are empty (export) or the archive is incomplete or foreign (import); 2 on usage errors.
 """
@@ -39,14 +39,14 @@ def _usage(parser) -> int:
 
 
 def cmd_export(args) -> int:
-    from ..backends import kernel_cache_archive as archive
+    from . import kernel_cache_archive as archive
     r = archive.export(args.file, part_mib=args.part_mib)
     print(dumps(r, indent=2) if args.json else archive.describe_export(r))
     return EXIT_OK
 
 
 def cmd_import(args) -> int:
-    from ..backends import kernel_cache_archive as archive
+    from . import kernel_cache_archive as archive
     r = archive.import_(args.file)
     print(dumps(r, indent=2) if args.json else archive.describe_import(r))
     return EXIT_OK
