@@ -4,9 +4,10 @@
 #   bash scripts/gpu/run_all.sh PHASE[,PHASE...] [extra args for the phase's command]
 #
 # Run from the repository root through the device tool with carry [".whl/swift"] (plus ".whl/unsloth" for the
-# unsloth phase), or with carry [".wpk"] alone: a wheel pack holding the sets the phases need, unpacked into .whl/
-# before anything else (`python scripts/gpu/wheel_pack.py pack --sets swift,moe,megatron`: ~47 MiB, which makes
-# megatron_moe one call from a bare machine). Phases (each must fit the tool's 10-minute command limit; estimates in brackets):
+# unsloth phase), or with carry [".wpk/<pack>.tar.xz"] alone: a wheel pack holding the sets the phases need,
+# unpacked into .whl/ before anything else (`python scripts/gpu/wheel_pack.py pack --sets swift,moe,megatron
+# --exclude py_spy,torchao`: 55.7 MiB, which makes megatron_moe one call from a bare machine; swift,moe: 33.7 MiB).
+# Phases (each must fit the tool's 10-minute command limit; estimates in brackets):
 #   setup         install + versions + the `--custom_register_path swift_vora` check only          [~1 min]
 #   throughput    benchmarks/throughput.py: plain swift sft vs swift-vora, 2B-shape Qwen3-VL        [~6 min]
 #   learnability  benchmarks/learnability.py: true vs shuffled labels, R1@0.5 on held-out videos     [~6 min]
