@@ -378,7 +378,7 @@ def summarize_runner(name: str, out: str, args, command: Optional[str], wall: Op
         'losses': [r['loss'] for r in steps], 'wall_s': round(wall, 1) if wall is not None else None,
         'runner': {k: run.get(k) for k in ('loader', 'split_lora', 'moe_backend', 'lora_tensors', 'expert_lora_tensors',
                                            'trainable_params', 'linear_attention_kernel', 'autocast',
-                                           'encode_threads')},
+                                           'encode_threads', 'moe_lora_scale')},
         'planned': read_plan(out),
     }
 
