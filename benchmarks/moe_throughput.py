@@ -622,11 +622,13 @@ def main(argv=None) -> int:
                                                    f'train.checkpoint_layers={checkpointed}'])
             elif name in RANK_SCALE_VARIANTS:
                 micro_batch, checkpointed = RANK_SCALE_VARIANTS[name]
-                layers = [f'train.checkpoint_layers={checkpointed}'] if checkpointed else []
+                # exactly its twin's overrides (the micro-batch variant's, or the checkpoint-layers variant's) + the
+                # switch, so that the twin comparison measures the lever alone
+                layers = ['unsloth.gradient_checkpointing=true', f'train.checkpoint_layers={checkpointed}'] \
+                    if checkpointed else []
                 result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
                                   extra_env={'SWIFT_VORA_MOE_LORA_SCALE': 'rank'},
-                                  extra_overrides=[f'train.micro_batch={micro_batch}',
-                                                   'unsloth.gradient_checkpointing=true', *layers])
+                                  extra_overrides=[f'train.micro_batch={micro_batch}', *layers])
             elif name == 'swift_peft':
                 result = run_swift(name, args, b, inputs, work, 'peft', TARGET_MODULES, TARGET_PARAMETERS)
             elif name == 'swift_peft_attn':

@@ -2,7 +2,7 @@
 compression. What a user of the GPU scripts relies on: what the archive unpacks installs exactly what the original
 wheels install; the Transformer Engine core comes out ready for setup_megatron.sh (no parts needed); nothing that
 was altered, added or aimed outside the repository is written; a bad input names its file. Small fake wheels stand
-in for the real ones (the real sets: ~47 MiB packed, measured in docs/backends.md)."""
+in for the real ones (the real sets: 33.7 and 55.7 MiB packed, measured in docs/backends.md and docs/benchmarks.md)."""
 import hashlib
 import io
 import json
@@ -71,10 +71,10 @@ def pip_install(wheel, target):
 def test_what_the_archive_unpacks_installs_exactly_what_the_original_wheels_install(root, tmp_path):
     out = tmp_path / 'pack' / 'wheels.tar.xz'
     r = wheel_pack.pack(str(root), ['swift', 'megatron'], [], str(out))
-    assert r['members'] == 7  # 3 swift (build/ included) + 1 megatron + its SHA256SUMS + TE core + its SHA256SUMS
+    assert r['members'] == 8  # 3 swift (build/ included) + 1 megatron + its SHA256SUMS + TE core, its sums, its source
     dest = tmp_path / 'machine'
     u = wheel_pack.unpack(str(out), str(dest))
-    assert u['written'] == 7 and u['already_there'] == 0
+    assert u['written'] == 8 and u['already_there'] == 0 and u['removed'] == []
     for rel in ('.whl/swift/alpha-1.0-py3-none-any.whl', '.whl/swift/build/hatchling-1.0-py3-none-any.whl',
                 '.whl/megatron/transformer_engine-2.11.0-py3-none-any.whl'):
         unpacked = dest / rel
@@ -84,7 +84,12 @@ def test_what_the_archive_unpacks_installs_exactly_what_the_original_wheels_inst
     assert (dest / '.whl/megatron/SHA256SUMS').read_bytes() == (root / '.whl/megatron/SHA256SUMS').read_bytes()
     # a second unpack on the same machine checks and keeps what is there
     again = wheel_pack.unpack(str(out), str(dest))
-    assert again['written'] == 0 and again['already_there'] == 7
+    assert again['written'] == 0 and again['already_there'] == 8
+    # a wheel of an earlier pack in one of its sets is removed: two versions of a package stop `pip install *.whl`
+    stale = dest / '.whl' / 'swift' / 'alpha-0.9-py3-none-any.whl'
+    stale.write_bytes(b'old')
+    assert wheel_pack.unpack(str(out), str(dest))['removed'] == ['.whl/swift/alpha-0.9-py3-none-any.whl']
+    assert not stale.exists()
 
 
 def test_setup_megatron_installs_the_packed_te_core_without_any_part(root, tmp_path):
@@ -103,6 +108,13 @@ def test_setup_megatron_installs_the_packed_te_core_without_any_part(root, tmp_p
     site = tmp_path / 'site' / 'transformer_engine'
     assert (site / 'common' / '__init__.py').read_text() == 'CORE = True\n'  # the core wheel's file
     assert (site / '__init__.py').read_text() == 'META = True\n'  # and the meta wheel's, in one install
+    # a ready core that is not the one the Megatron set names (a later fetch replaced it) is refused
+    sums = dest / '.whl' / 'megatron' / 'SHA256SUMS'
+    original = sums.read_text()
+    sums.write_text(original.replace(original.split()[0], '0' * 64, 1))
+    proc = subprocess.run(['bash', SETUP_MEGATRON, 'assemble'], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and 'is not the one' in proc.stderr, proc.stderr
+    sums.write_text(original)
     # an altered ready wheel is refused before anything is installed
     ready = dest / '.whl' / 'megatron-te' / CORE
     ready.write_bytes(ready.read_bytes() + b'\0')
@@ -145,7 +157,7 @@ def forged(path, entries, manifest_members):
             tar.addfile(info, io.BytesIO(data))
 
 
-@pytest.mark.parametrize('case', ['altered', 'not_in_manifest', 'climbs_out', 'missing'])
+@pytest.mark.parametrize('case', ['altered', 'not_in_manifest', 'climbs_out', 'missing', 'truncated'])
 def test_unpack_writes_nothing_it_cannot_check(tmp_path, case):
     good = b'wheel bytes'
     digest = {'sha256': hashlib.sha256(good).hexdigest(), 'bytes': len(good)}
@@ -163,11 +175,12 @@ def test_unpack_writes_nothing_it_cannot_check(tmp_path, case):
         members = {**members, '.whl/swift/b-1.0-py3-none-any.whl': digest}
     archive = tmp_path / 'w.tar.xz'
     forged(archive, entries, members)
+    if case == 'truncated':  # a carry cut short: nothing of it may be written
+        archive.write_bytes(archive.read_bytes()[:-40])
     dest = tmp_path / 'machine'
     dest.mkdir()
     with pytest.raises(wheel_pack.PackError) as err:
         wheel_pack.unpack(str(archive), str(dest))
     assert str(archive) in str(err.value)
     assert not (tmp_path / 'outside.whl').exists()
-    if case != 'missing':
-        assert not list(dest.rglob('*.whl'))
+    assert not list(dest.rglob('*.whl'))  # checked whole before anything is written

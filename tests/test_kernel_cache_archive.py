@@ -120,3 +120,43 @@ def test_the_command_line_round_trip(tmp_path, monkeypatch, capsys):
     assert 'kernel cache imported: 4 files written' in capsys.readouterr().out
     assert main(['kernel-cache', 'import', str(tmp_path / 'missing.tar.xz')]) == 1
     assert 'missing.tar.xz: no such file' in capsys.readouterr().err
+
+
+def test_group_files_point_at_the_new_folder_whatever_the_old_one_was_spelt(tmp_path):
+    """A cache folder given with a trailing slash on the exporting machine: the group file's members still resolve."""
+    fill(tmp_path / 'a')
+    out = tmp_path / 'kc.tar.xz'
+    archive.export(str(out), environ={'TRITON_CACHE_DIR': str(tmp_path / 'a' / 'triton') + '/',
+                                      'TORCHINDUCTOR_CACHE_DIR': str(tmp_path / 'a' / 'inductor')},
+                   versions=versions())
+    archive.import_(str(out), environ=machine(tmp_path, 'b'), versions=versions())
+    group = json.loads((tmp_path / 'b/triton/ABC123/__grp__chunk_fwd.json').read_text())
+    assert all(os.path.isfile(p) for p in group['child_paths'].values()), group
+
+
+def test_a_later_export_replaces_an_earlier_one_whole_or_in_parts(tmp_path):
+    fill(tmp_path / 'a')
+    out = tmp_path / 'kc.tar.xz'
+    archive.export(str(out), environ=machine(tmp_path, 'a'), versions=versions())  # whole
+    (tmp_path / 'a' / 'triton' / 'ABC123' / 'new.cubin').write_bytes(b'new kernel')
+    r = archive.export(str(out), part_mib=1, environ=machine(tmp_path, 'a'), versions=versions())  # in parts
+    assert not out.exists() and r['files'] == [f'{out}.part0']
+    got = archive.import_(str(out), environ=machine(tmp_path, 'b'), versions=versions())
+    assert got['written'] == 5 and (tmp_path / 'b/triton/ABC123/new.cubin').read_bytes() == b'new kernel'
+    named = tmp_path / 'my.partial.tar.xz'  # '.part' inside a name is not a part suffix
+    archive.export(str(named), environ=machine(tmp_path, 'a'), versions=versions())
+    assert archive.import_(str(named), environ=machine(tmp_path, 'c'), versions=versions())['written'] == 5
+
+
+def test_a_foreign_info_file_is_refused_naming_the_archive(tmp_path):
+    import io
+    import lzma
+    import tarfile
+    path = tmp_path / 'odd.tar.xz'
+    with lzma.open(path, 'wb') as xz, tarfile.open(fileobj=xz, mode='w') as tar:
+        data = b'not json'
+        info = tarfile.TarInfo(archive.INFO)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(CliError, match=r'odd\.tar\.xz: kernel-cache\.json is not what export writes'):
+        archive.import_(str(path), environ=machine(tmp_path, 'b'), versions=versions())

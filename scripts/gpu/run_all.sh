@@ -28,8 +28,9 @@
 #   megatron_moe  issue #31: Megatron-SWIFT LoRA on the Qwen3.5-MoE 35B-A3B shape cut to 8 layers, side by side
 #                 with swift-vora's Unsloth path and plain swift PEFT (benchmarks/megatron_moe.py budgets each
 #                 variant). First scripts/gpu/gdn_grad_check.py (the Gated DeltaNet kernel Megatron will bind against
-#                 the PyTorch reference). Carry [".wpk"] packed with --sets swift,moe,megatron (one call
-#                 from a bare machine), or else the Megatron set installed by an earlier call (setup_megatron.sh
+#                 the PyTorch reference). Carry [".wpk/megatron-call.tar.xz"] (packed with --sets
+#                 swift,moe,megatron; one call from a bare machine), or else the Megatron set installed by an earlier
+#                 call (setup_megatron.sh
 #                 install, carry [".te0", ".whl/megatron", ".whl/moe"], the slim TE wheel) and carry [".whl/swift"].
 #                 ~18-20 min with --deadline 840: run it through scripts/gpu/background.sh (docs/backends.md)
 #   kernel_cache_export  `swift-vora kernel-cache export` of this machine's Triton and inductor caches into $OUT
@@ -85,7 +86,7 @@ main() {
   echo "== run_all $phases $* ($(date -u +%FT%TZ)) on $(hostname), $(nproc) cores"
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader 2>/dev/null || true
   local t0=$SECONDS
-  # A wheel pack (scripts/gpu/wheel_pack.py, carry [".wpk"]) puts every set it holds under .whl/ first: one call
+  # A wheel pack (scripts/gpu/wheel_pack.py, carry [".wpk/<pack>.tar.xz"]) puts its sets under .whl/ first: one call
   # brings what used to take several back to back
   local pack
   for pack in "$ROOT"/.wpk/*.tar.xz; do

@@ -89,7 +89,17 @@ _svm_assemble() {
 # Print the TE core wheel a wheel pack unpacked (scripts/gpu/wheel_pack.py: its members stored, not deflated, so
 # its sha256 is not the parts' -- its own SHA256SUMS names it); return 1 when it is missing or altered.
 _svm_ready() {
-  local ready="$1" sha name
+  local ready="$1" wheels="$2" sha name want_sha="" want_name="" have_sha="" have_name=""
+  # the core this set expects (.whl/megatron/SHA256SUMS) must be the one the pack stored: a warm machine keeps an
+  # earlier pack's .whl/megatron-te/ when a later call carries other wheels
+  [ -f "$wheels/SHA256SUMS" ] && read -r want_sha want_name <<< "$(grep -E '\.whl$' "$wheels/SHA256SUMS" | head -1)"
+  [ -f "$ready/SOURCE_SHA256" ] && read -r have_sha have_name < "$ready/SOURCE_SHA256"
+  if [ -z "$want_sha" ] || [ "$want_sha" != "$have_sha" ] || [ "$want_name" != "$have_name" ]; then
+    echo "setup_megatron: refused: the wheel pack's TE core ($ready/SOURCE_SHA256: '${have_name:-missing}'" \
+         "${have_sha:0:12}) is not the one $wheels/SHA256SUMS names ('${want_name:-none}' ${want_sha:0:12}): pack" \
+         "again, or remove $ready to use the parts" >&2
+    return 1
+  fi
   read -r sha name < "$ready/SHA256SUMS"
   if [ -z "$name" ] || [ ! -f "$ready/$name" ]; then
     echo "setup_megatron: refused: $ready/SHA256SUMS names '${name:-nothing}', which is not there" >&2
@@ -118,7 +128,7 @@ _svm_main() {
 
   local core
   if [ -f "$ready/SHA256SUMS" ]; then
-    core="$(_svm_ready "$ready")" || return 1
+    core="$(_svm_ready "$ready" "$wheels")" || return 1
     echo "setup_megatron: TE core wheel from the wheel pack, checked: $core"
   else
     core="$(_svm_assemble "$wheels" "$parts_root" "$work")" || return 1

@@ -9,13 +9,14 @@ deflated, so they do not compress further: the swift set (33 MiB), the MoE set (
 Transformer Engine's slim core wheel (28) never travelled together, and a Megatron call had to follow a call that
 carried the rest, on the same machine -- which the lent machines do not promise (two of three chained calls lost
 it on 2026-12-03). Re-stored without compression (the same members, bytes and RECORD: pip installs it as it installs
-the original) and put into one xz-compressed tar, the four sets take ~47 MiB: xz finds the redundancy that
-per-member deflate cannot.
+the original) and put into one xz-compressed tar, swift + moe + Megatron + the TE core take 55.7 MiB (86 as carried
+before), swift + moe 33.7 (53): xz finds the redundancy that per-member deflate cannot.
 
 `pack` reads `.whl/<set>/**/*.whl` (the build/ folder of the swift set included) and, for `megatron`, the TE core
 wheel reassembled from the `.teN` parts and checked against `.whl/megatron/SHA256SUMS`, as
 scripts/gpu/setup_megatron.sh would. The archive holds them at the same paths (`.whl/<set>/...`), the TE core at
-`.whl/megatron-te/<name>` with a SHA256SUMS of its own (setup_megatron.sh installs it from there when present), and
+`.whl/megatron-te/<name>` with a SHA256SUMS of its own and the sha256 of the wheel it came from (setup_megatron.sh
+installs it from there when that is the core `.whl/megatron/SHA256SUMS` names), and
 a MANIFEST.json first: every member's sha256 and size and the sha256 of the wheel it came from.
 `unpack` extracts into --root (the repository root: the scripts then find `.whl/` as if it had been carried),
 checks every member against the manifest, refuses a member outside the manifest or a path that leaves --root, and
@@ -33,7 +34,7 @@ import sys
 import tarfile
 import time
 import zipfile
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SETS = ('swift', 'moe', 'megatron', 'unsloth')
@@ -145,6 +146,10 @@ def members(root: str, sets: Sequence[str], exclude: Sequence[str]) -> Iterator[
             yield f'{TE_READY_DIR}/{core_name}', stored, sha256_bytes(core)
             line = f'{sha256_bytes(stored)}  {core_name}\n'.encode()
             yield f'{TE_READY_DIR}/SHA256SUMS', line, sha256_bytes(line)
+            # the wheel it was stored from, as .whl/megatron/SHA256SUMS names it: setup_megatron.sh refuses a ready
+            # core that a later fetch_wheels.sh has replaced (a warm machine keeps .whl/ between calls)
+            source = f'{sha256_bytes(core)}  {core_name}\n'.encode()
+            yield f'{TE_READY_DIR}/SOURCE_SHA256', source, sha256_bytes(source)
 
 
 def _add(tar: tarfile.TarFile, path: str, data: bytes) -> None:
@@ -183,46 +188,70 @@ def _inside(root: str, path: str, archive: str) -> str:
     return target
 
 
+def _read_checked(archive: str, root: str) -> Tuple[Dict[str, Any], Dict[str, bytes]]:
+    """(manifest, {target path: bytes}) of the whole archive, every member checked -- before anything is written, so
+    that a truncated or altered archive leaves the machine as it was."""
+    try:
+        with tarfile.open(archive, mode='r:xz') as tar:
+            first = tar.next()
+            if first is None or first.name != MANIFEST:
+                raise PackError(f'{archive}: its first member is not {MANIFEST}')
+            manifest = json.loads(tar.extractfile(first).read())
+            expected: Dict[str, Dict[str, Any]] = manifest['members']
+            found: Dict[str, bytes] = {}
+            # tar.next(), not `for info in tar`: iterating starts again from the first member (the manifest)
+            for info in iter(tar.next, None):
+                if not info.isfile():
+                    raise PackError(f'{archive}: member {info.name!r} is not a plain file')
+                if info.name not in expected:
+                    raise PackError(f'{archive}: member {info.name!r} is not in its manifest')
+                data = tar.extractfile(info).read()
+                want = expected[info.name]['sha256']
+                if sha256_bytes(data) != want:
+                    raise PackError(f'{archive}: member {info.name} has sha256 {sha256_bytes(data)}, the manifest '
+                                    f'says {want}')
+                found[_inside(root, info.name, archive)] = data
+    except (tarfile.TarError, lzma.LZMAError, EOFError, ValueError, KeyError, TypeError) as e:
+        raise PackError(f'{archive}: not a complete wheel pack ({type(e).__name__}: {e})') from e
+    missing = sorted(set(expected) - {os.path.relpath(t, root).replace(os.sep, '/') for t in found})
+    if missing:
+        raise PackError(f'{archive}: {len(missing)} member(s) of the manifest missing, first {missing[0]}')
+    return manifest, found
+
+
 def unpack(archive: str, root: str) -> Dict[str, object]:
+    """Write the archive's files under `root` (kept where the same bytes are there) and remove the wheels of its sets
+    that it does not hold: a warm machine keeps `.whl/` between calls, and two versions of one package in a set stop
+    its `pip install *.whl`."""
     t0 = time.time()
     if not os.path.isfile(archive):
         raise PackError(f'{archive}: no such archive (python scripts/gpu/wheel_pack.py pack writes it)')
+    manifest, found = _read_checked(archive, root)
     written = skipped = 0
-    with tarfile.open(archive, mode='r:xz') as tar:
-        first = tar.next()
-        if first is None or first.name != MANIFEST:
-            raise PackError(f'{archive}: its first member is not {MANIFEST}')
-        manifest = json.loads(tar.extractfile(first).read())
-        expected: Dict[str, Dict[str, object]] = manifest['members']
-        seen = set()
-        # tar.next(), not `for info in tar`: iterating starts again from the first member (the manifest)
-        for info in iter(tar.next, None):
-            if not info.isfile():
-                raise PackError(f'{archive}: member {info.name!r} is not a plain file')
-            if info.name not in expected:
-                raise PackError(f'{archive}: member {info.name!r} is not in its manifest')
-            target = _inside(root, info.name, archive)
-            data = tar.extractfile(info).read()
-            want = expected[info.name]['sha256']
-            if sha256_bytes(data) != want:
-                raise PackError(f'{archive}: member {info.name} has sha256 {sha256_bytes(data)}, the manifest says '
-                                f'{want}')
-            seen.add(info.name)
-            if os.path.isfile(target):
-                with open(target, 'rb') as f:
-                    if sha256_bytes(f.read()) == want:
-                        skipped += 1
-                        continue
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(target + '.tmp', 'wb') as f:
-                f.write(data)
-            os.replace(target + '.tmp', target)
-            written += 1
-        missing = sorted(set(expected) - seen)
-        if missing:
-            raise PackError(f'{archive}: {len(missing)} member(s) of the manifest missing, first {missing[0]}')
+    for target, data in found.items():
+        if os.path.isfile(target):
+            with open(target, 'rb') as f:
+                if sha256_bytes(f.read()) == sha256_bytes(data):
+                    skipped += 1
+                    continue
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target + '.tmp', 'wb') as f:
+            f.write(data)
+        os.replace(target + '.tmp', target)
+        written += 1
+    folders = [os.path.join(root, '.whl', name) for name in manifest['sets']]
+    if 'megatron' in manifest['sets']:
+        folders.append(os.path.join(root, *TE_READY_DIR.split('/')))
+    removed = []
+    for folder in folders:
+        for d, _, files in os.walk(folder):
+            for f in files:
+                path = os.path.join(d, f)
+                if f.endswith('.whl') and path not in found:
+                    os.remove(path)
+                    removed.append(os.path.relpath(path, root))
     return {'archive': archive, 'sets': manifest['sets'], 'written': written, 'already_there': skipped,
-            'seconds': round(time.time() - t0, 1)}
+            'removed': removed, 'seconds': round(time.time() - t0, 1)}
 
 
 def main(argv=None) -> int:
@@ -248,11 +277,13 @@ def main(argv=None) -> int:
             mib = r['archive_bytes'] / 2 ** 20
             print(f'wheel_pack: {r["members"]} files of the sets {",".join(sets)} -> {r["out"]}: '
                   f'{r["stored_bytes"] / 2 ** 20:.1f} MiB stored, {mib:.1f} MiB compressed, in {r["seconds"]} s '
-                  f'(a device call carries {CARRY_LIMIT_MIB} MiB with the repository: carry [".wpk"])')
+                  f'(a device call carries {CARRY_LIMIT_MIB} MiB with the repository: carry '
+                  f'["{os.path.relpath(r["out"], args.root)}"] alone, not the whole .wpk folder)')
         else:
             r = unpack(args.archive, args.root)
+            gone = f', {len(r["removed"])} wheels not in it removed ({", ".join(r["removed"])})' if r['removed'] else ''
             print(f'wheel_pack: unpacked {r["archive"]} (sets {",".join(r["sets"])}): {r["written"]} files written, '
-                  f'{r["already_there"]} already there, checked, in {r["seconds"]} s')
+                  f'{r["already_there"]} already there, checked{gone}, in {r["seconds"]} s')
     except PackError as e:
         print(f'wheel_pack: {e}', file=sys.stderr)
         return 1

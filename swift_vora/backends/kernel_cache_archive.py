@@ -22,6 +22,7 @@ import io
 import json
 import lzma
 import os
+import re
 import tarfile
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
@@ -82,10 +83,14 @@ def export(path: str, part_mib: Optional[float] = None, environ: Optional[Mappin
         tar.addfile(member, io.BytesIO(data))
         for var, names in files.items():
             for name in names:
-                tar.add(os.path.join(folders[var], name), arcname=f'{var}/{name}', recursive=False)
+                try:
+                    tar.add(os.path.join(folders[var], name), arcname=f'{var}/{name}', recursive=False)
+                except FileNotFoundError:  # a cache entry replaced while we read (a training running beside)
+                    info['files'][var] -= 1
     blob = buffer.getvalue()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    for stale in _parts(path):  # an earlier export's parts would be read with this one's
+    # an earlier export, whole or in parts, would be read instead of (or with) this one
+    for stale in _parts(path) + ([path] if os.path.isfile(path) else []):
         os.remove(stale)
     written: List[str] = []
     if part_mib:
@@ -117,7 +122,8 @@ def _parts(path: str) -> List[str]:
 
 def _read(path: str) -> bytes:
     """The archive's bytes: `path` itself, else its parts concatenated (`path` may name a part)."""
-    base = path[:path.rindex('.part')] if '.part' in os.path.basename(path) else path
+    part = re.search(r'\.part\d+$', path)
+    base = path[:part.start()] if part else path
     if os.path.isfile(base):
         with open(base, 'rb') as f:
             return f.read()
@@ -157,7 +163,12 @@ def import_(path: str, environ: Optional[Mapping[str, str]] = None,
         first = tar.next()
         if first is None or first.name != INFO:
             raise CliError(f'{path}: its first member is not {INFO}', EXIT_INVALID, command=command)
-        info = json.loads(tar.extractfile(first).read())
+        try:
+            info = json.loads(tar.extractfile(first).read())
+            if not (isinstance(info.get('made_on'), dict) and isinstance(info.get('folders'), dict)):
+                raise ValueError('"made_on" and "folders" must be objects')
+        except (ValueError, AttributeError) as e:
+            raise CliError(f'{path}: {INFO} is not what export writes ({e})', EXIT_INVALID, command=command) from e
         here = (versions or _versions)()
         differs = {k: {'archive': info['made_on'].get(k), 'here': here.get(k)}
                    for k in ('torch', 'triton', 'cuda', 'capability')
@@ -175,16 +186,27 @@ def import_(path: str, environ: Optional[Mapping[str, str]] = None,
                 kept += 1
                 continue
             data = tar.extractfile(member).read()
-            old = info['folders'].get(var)
-            if var == 'TRITON_CACHE_DIR' and os.path.basename(rel).startswith(TRITON_GROUP_PREFIX) and old and \
-                    old != folders[var]:
-                # Triton's group files list their members by absolute path (FileCacheManager.put_group)
-                data = data.replace(json.dumps(old)[1:-1].encode(), json.dumps(folders[var])[1:-1].encode())
+            if var == 'TRITON_CACHE_DIR' and os.path.basename(rel).startswith(TRITON_GROUP_PREFIX):
+                data = _group_here(data, target, path)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             _write(target, data)
             written += 1
     return {'written': written, 'kept': kept, 'folders': folders, 'made_on': info['made_on'],
             'differs': differs, 'seconds': round(time.time() - t0, 1)}
+
+
+def _group_here(data: bytes, target: str, source: str) -> bytes:
+    """A Triton group file pointed at this machine: it lists its members by absolute path, and Triton writes them
+    into the group file's own folder (FileCacheManager.put_group), which is where they are unpacked here."""
+    try:
+        group = json.loads(data)
+        paths = group['child_paths']
+        group['child_paths'] = {name: os.path.join(os.path.dirname(target), os.path.basename(p))
+                                for name, p in paths.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CliError(f'{source}: Triton group file {os.path.basename(target)} is not one Triton writes ({e})',
+                       EXIT_INVALID, command='swift-vora kernel-cache import') from e
+    return json.dumps(group).encode()
 
 
 def describe_export(r: Mapping[str, Any]) -> str:
