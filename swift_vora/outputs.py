@@ -91,6 +91,17 @@ def check_output_dir(path: str, inputs: Iterable[Optional[str]] = (), what: str 
     return path
 
 
+def inside(folder: str, member: str) -> Optional[str]:
+    """`folder/member` normalized, or None when `member` is absolute or climbs out of `folder`: where an archive's
+    member may be written (a name like `../x` or `/etc/x` must not be)."""
+    if os.path.isabs(member) or member.startswith(('/', '\\')):
+        return None
+    target = os.path.normpath(os.path.join(folder, member))
+    if os.path.commonpath([os.path.abspath(folder), os.path.abspath(target)]) != os.path.abspath(folder):
+        return None
+    return target
+
+
 def _check_parent(parent: str, what: str, path: str) -> None:
     """The nearest existing ancestor must be a writable directory (missing levels are created later)."""
     probe = parent

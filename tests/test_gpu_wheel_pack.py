@@ -68,7 +68,7 @@ def pip_install(wheel, target):
     return tree
 
 
-def test_what_the_archive_unpacks_installs_exactly_what_the_original_wheels_install(root, tmp_path):
+def test_what_the_archive_unpacks_installs_exactly_what_the_original_wheels_install(root, tmp_path, monkeypatch):
     out = tmp_path / 'pack' / 'wheels.tar.xz'
     r = wheel_pack.pack(str(root), ['swift', 'megatron'], [], str(out))
     assert r['members'] == 8  # 3 swift (build/ included) + 1 megatron + its SHA256SUMS + TE core, its sums, its source
@@ -90,6 +90,10 @@ def test_what_the_archive_unpacks_installs_exactly_what_the_original_wheels_inst
     stale.write_bytes(b'old')
     assert wheel_pack.unpack(str(out), str(dest))['removed'] == ['.whl/swift/alpha-0.9-py3-none-any.whl']
     assert not stale.exists()
+    # the same from inside the root (`unpack ... --root .`): the pack's own wheels are never taken for stale ones
+    monkeypatch.chdir(dest)
+    assert wheel_pack.unpack(str(out), '.')['removed'] == []
+    assert (dest / '.whl/swift/alpha-1.0-py3-none-any.whl').is_file()
 
 
 def test_setup_megatron_installs_the_packed_te_core_without_any_part(root, tmp_path):

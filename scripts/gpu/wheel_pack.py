@@ -37,6 +37,9 @@ import zipfile
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+from swift_vora import outputs  # noqa: E402  (the standard library only: runs before anything is installed)
+
 SETS = ('swift', 'moe', 'megatron', 'unsloth')
 MANIFEST = 'MANIFEST.json'
 TE_READY_DIR = '.whl/megatron-te'
@@ -178,16 +181,6 @@ def pack(root: str, sets: Sequence[str], exclude: Sequence[str], out: str) -> Di
             'archive_bytes': size, 'seconds': round(time.time() - t0, 1)}
 
 
-def _inside(root: str, path: str, archive: str) -> str:
-    """root/path, refused when path is absolute or climbs out of root."""
-    if os.path.isabs(path) or path.startswith(('/', '\\')):
-        raise PackError(f'{archive}: member {path!r} is an absolute path')
-    target = os.path.normpath(os.path.join(root, path))
-    if os.path.commonpath([os.path.abspath(root), os.path.abspath(target)]) != os.path.abspath(root):
-        raise PackError(f'{archive}: member {path!r} leaves the unpack root {root}')
-    return target
-
-
 def _read_checked(archive: str, root: str) -> Tuple[Dict[str, Any], Dict[str, bytes]]:
     """(manifest, {target path: bytes}) of the whole archive, every member checked -- before anything is written, so
     that a truncated or altered archive leaves the machine as it was."""
@@ -210,13 +203,21 @@ def _read_checked(archive: str, root: str) -> Tuple[Dict[str, Any], Dict[str, by
                 if sha256_bytes(data) != want:
                     raise PackError(f'{archive}: member {info.name} has sha256 {sha256_bytes(data)}, the manifest '
                                     f'says {want}')
-                found[_inside(root, info.name, archive)] = data
+                target = outputs.inside(root, info.name)
+                if target is None:
+                    raise PackError(f'{archive}: member {info.name!r} leaves the unpack root {root}')
+                found[target] = data
     except (tarfile.TarError, lzma.LZMAError, EOFError, ValueError, KeyError, TypeError) as e:
         raise PackError(f'{archive}: not a complete wheel pack ({type(e).__name__}: {e})') from e
     missing = sorted(set(expected) - {os.path.relpath(t, root).replace(os.sep, '/') for t in found})
     if missing:
         raise PackError(f'{archive}: {len(missing)} member(s) of the manifest missing, first {missing[0]}')
     return manifest, found
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, 'wb') as f:
+        f.write(data)
 
 
 def unpack(archive: str, root: str) -> Dict[str, object]:
@@ -228,17 +229,15 @@ def unpack(archive: str, root: str) -> Dict[str, object]:
         raise PackError(f'{archive}: no such archive (python scripts/gpu/wheel_pack.py pack writes it)')
     manifest, found = _read_checked(archive, root)
     written = skipped = 0
-    for target, data in found.items():
-        if os.path.isfile(target):
-            with open(target, 'rb') as f:
-                if sha256_bytes(f.read()) == sha256_bytes(data):
-                    skipped += 1
-                    continue
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        with open(target + '.tmp', 'wb') as f:
-            f.write(data)
-        os.replace(target + '.tmp', target)
-        written += 1
+    with outputs.staged() as stage:  # every file renamed into place together, or none
+        for target, data in found.items():
+            if os.path.isfile(target):
+                with open(target, 'rb') as f:
+                    if sha256_bytes(f.read()) == sha256_bytes(data):
+                        skipped += 1
+                        continue
+            stage.write_with(target, lambda tmp, data=data: _write_bytes(tmp, data), what='wheel')
+            written += 1
     folders = [os.path.join(root, '.whl', name) for name in manifest['sets']]
     if 'megatron' in manifest['sets']:
         folders.append(os.path.join(root, *TE_READY_DIR.split('/')))
@@ -246,7 +245,7 @@ def unpack(archive: str, root: str) -> Dict[str, object]:
     for folder in folders:
         for d, _, files in os.walk(folder):
             for f in files:
-                path = os.path.join(d, f)
+                path = os.path.normpath(os.path.join(d, f))  # as `found` names it (`--root .` included)
                 if f.endswith('.whl') and path not in found:
                     os.remove(path)
                     removed.append(os.path.relpath(path, root))

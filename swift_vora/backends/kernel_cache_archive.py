@@ -18,6 +18,7 @@ is written. Files already in the cache are kept (never overwritten).
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import lzma
@@ -27,6 +28,7 @@ import tarfile
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+from .. import outputs
 from ..errors import EXIT_INVALID, CliError
 from . import kernel_cache
 
@@ -35,6 +37,13 @@ TRAVELLING = ('TRITON_CACHE_DIR', 'TORCHINDUCTOR_CACHE_DIR')
 INFO = 'kernel-cache.json'
 XZ_PRESET = 6  # compiled kernels compress about as well at 6 as at 9, in a third of the time
 TRITON_GROUP_PREFIX = '__grp__'
+EXPORT = 'swift-vora kernel-cache export'
+IMPORT = 'swift-vora kernel-cache import'
+
+
+def _travelling(environ: Optional[Mapping[str, str]]) -> Dict[str, str]:
+    """variable -> folder in effect on this machine, for the caches that travel."""
+    return {var: d for var, d in kernel_cache.cache_dirs(environ).items() if var in TRAVELLING}
 
 
 def _versions() -> Dict[str, Any]:
@@ -68,11 +77,11 @@ def export(path: str, part_mib: Optional[float] = None, environ: Optional[Mappin
            versions: Optional[Callable[[], Dict[str, Any]]] = None) -> Dict[str, Any]:
     """Write the travelling caches to `path` (or `path.partN`, each at most `part_mib` MiB). Returns what it wrote."""
     t0 = time.time()
-    folders = {var: d for var, d in kernel_cache.cache_dirs(environ).items() if var in TRAVELLING}
+    folders = _travelling(environ)
     files = {var: _files(d) if os.path.isdir(d) else [] for var, d in folders.items()}
     if not any(files.values()):
         raise CliError(f'the caches are empty ({", ".join(folders.values())}): run a training '
-                       'step first', EXIT_INVALID, command='swift-vora kernel-cache export')
+                       'step first', EXIT_INVALID, command=EXPORT)
     info = {'folders': folders, 'files': {var: len(f) for var, f in files.items()},
             'made_on': (versions or _versions)(), 'created': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}
     buffer = io.BytesIO()
@@ -88,27 +97,23 @@ def export(path: str, part_mib: Optional[float] = None, environ: Optional[Mappin
                 except FileNotFoundError:  # a cache entry replaced while we read (a training running beside)
                     info['files'][var] -= 1
     blob = buffer.getvalue()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    size = max(1, int(part_mib * 2 ** 20)) if part_mib else len(blob)
+    pieces = {f'{path}.part{i // size}' if part_mib else path: blob[i:i + size] for i in range(0, len(blob), size)}
     # an earlier export, whole or in parts, would be read instead of (or with) this one
-    for stale in _parts(path) + ([path] if os.path.isfile(path) else []):
-        os.remove(stale)
-    written: List[str] = []
-    if part_mib:
-        size = max(1, int(part_mib * 2 ** 20))
-        for i in range(0, len(blob), size):
-            written.append(f'{path}.part{i // size}')
-            _write(written[-1], blob[i:i + size])
-    else:
-        written.append(path)
-        _write(path, blob)
+    stale = [p for p in _parts(path) + ([path] if os.path.isfile(path) else []) if p not in pieces]
+    with outputs.staged() as stage:  # every file renamed into place together, or none
+        for target, data in pieces.items():
+            stage.write_with(target, lambda tmp, data=data: _write_bytes(tmp, data), what='kernel-cache archive')
+    for old in stale:
+        os.remove(old)
+    written = list(pieces)
     return {'files': written, 'bytes': len(blob), 'entries': info['files'], 'folders': folders,
             'made_on': info['made_on'], 'seconds': round(time.time() - t0, 1)}
 
 
-def _write(path: str, data: bytes) -> None:
-    with open(path + '.tmp', 'wb') as f:
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, 'wb') as f:
         f.write(data)
-    os.replace(path + '.tmp', path)
 
 
 def _parts(path: str) -> List[str]:
@@ -129,8 +134,7 @@ def _read(path: str) -> bytes:
             return f.read()
     parts = _parts(base)
     if not parts:
-        raise CliError(f'{base}: no such file, nor {base}.part0', EXIT_INVALID,
-                       command='swift-vora kernel-cache import')
+        raise CliError(f'{base}: no such file, nor {base}.part0', EXIT_INVALID, command=IMPORT)
     chunks = []
     for part in parts:
         with open(part, 'rb') as f:
@@ -138,28 +142,20 @@ def _read(path: str) -> bytes:
     return b''.join(chunks)
 
 
-def _inside(folder: str, rel: str, source: str) -> str:
-    target = os.path.normpath(os.path.join(folder, rel))
-    if os.path.isabs(rel) or os.path.commonpath([os.path.abspath(folder), os.path.abspath(target)]) != \
-            os.path.abspath(folder):
-        raise CliError(f'{source}: member {rel!r} leaves its cache folder', EXIT_INVALID,
-                       command='swift-vora kernel-cache import')
-    return target
-
-
 def import_(path: str, environ: Optional[Mapping[str, str]] = None,
             versions: Optional[Callable[[], Dict[str, Any]]] = None) -> Dict[str, Any]:
     """Unpack an exported archive into this machine's cache folders. Returns counts and the differences found."""
     t0 = time.time()
-    command = 'swift-vora kernel-cache import'
+    command = IMPORT
     blob = _read(path)
-    folders = {var: d for var, d in kernel_cache.cache_dirs(environ).items() if var in TRAVELLING}
+    folders = _travelling(environ)
     try:
         tar = tarfile.open(fileobj=io.BytesIO(lzma.decompress(blob)), mode='r:')
     except (lzma.LZMAError, EOFError, tarfile.TarError) as e:
         raise CliError(f'{path}: not a complete kernel-cache archive ({e}); a part missing or cut short?',
                        EXIT_INVALID, command=command) from e
-    with tar:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(tar)
         first = tar.next()
         if first is None or first.name != INFO:
             raise CliError(f'{path}: its first member is not {INFO}', EXIT_INVALID, command=command)
@@ -174,6 +170,7 @@ def import_(path: str, environ: Optional[Mapping[str, str]] = None,
                    for k in ('torch', 'triton', 'cuda', 'capability')
                    if k in here and info['made_on'].get(k) != here.get(k)}
         written = kept = 0
+        stage = stack.enter_context(outputs.staged())  # the files appear together once all were read, or none
         for member in iter(tar.next, None):
             var, _, rel = member.name.partition('/')
             if var not in folders or not rel:
@@ -181,15 +178,17 @@ def import_(path: str, environ: Optional[Mapping[str, str]] = None,
                                command=command)
             if not member.isfile():
                 raise CliError(f'{path}: member {member.name!r} is not a plain file', EXIT_INVALID, command=command)
-            target = _inside(folders[var], rel, path)
+            target = outputs.inside(folders[var], rel)
+            if target is None:
+                raise CliError(f'{path}: member {member.name!r} leaves its cache folder', EXIT_INVALID,
+                               command=command)
             if os.path.exists(target):
                 kept += 1
                 continue
             data = tar.extractfile(member).read()
             if var == 'TRITON_CACHE_DIR' and os.path.basename(rel).startswith(TRITON_GROUP_PREFIX):
                 data = _group_here(data, target, path)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            _write(target, data)
+            stage.write_with(target, lambda tmp, data=data: _write_bytes(tmp, data), what='kernel cache entry')
             written += 1
     return {'written': written, 'kept': kept, 'folders': folders, 'made_on': info['made_on'],
             'differs': differs, 'seconds': round(time.time() - t0, 1)}
@@ -205,7 +204,7 @@ def _group_here(data: bytes, target: str, source: str) -> bytes:
                                 for name, p in paths.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CliError(f'{source}: Triton group file {os.path.basename(target)} is not one Triton writes ({e})',
-                       EXIT_INVALID, command='swift-vora kernel-cache import') from e
+                       EXIT_INVALID, command=IMPORT) from e
     return json.dumps(group).encode()
 
 
