@@ -80,7 +80,8 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
                 if n.startswith('vora_') and v.get('tokens_per_s')}
         if plain and ours:
             best = max(ours, key=ours.get)
-            speedups.append({'file': c['file'], 'ours': best, 'speedup_median': round(ours[best] / plain, 3)})
+            speedups.append({'file': c['file'], 'ours': best, 'speedup_median': round(ours[best] / plain, 3),
+                             'by_variant': {n: round(r / plain, 3) for n, r in sorted(ours.items())}})
     # the autocast default against its fp32-LoRA twin of the same call: the same learning, step by step
     twins, rank_scale = [], []
     for c in calls:
@@ -102,7 +103,8 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
     if ours_all and 'swift_peft' in per_variant:
         rate, name, where = max(ours_all)
         cross = [{'ours': name, 'ours_file': where, 'plain_file': r['file'],
-                  'speedup_median': round(rate / r['tokens_per_s'], 3)} for r in per_variant['swift_peft']['calls']]
+                  'speedup_median': round(rate / r['tokens_per_s'], 3)} for r in per_variant['swift_peft']['calls']
+                 if r['file'] != where]  # the same call is side by side: speedup_per_call has it
     return {'calls': [{k: c[k] for k in ('file', 'date', 'partial', 'layers')} for c in calls],
             'variants': per_variant, 'speedup_per_call': speedups, 'speedup_across_calls': cross,
             'autocast_vs_fp32_lora': twins, 'rank_scale_vs_default': rank_scale}
@@ -128,7 +130,9 @@ def render(s: Dict[str, Any]) -> str:
     lines.append('')
     lines.append('tokens/s on the median step of each call ("--": not run, or cut short, in that call).')
     for sp in s['speedup_per_call']:
-        lines.append(f'{sp["file"]}: {sp["ours"]} / swift_peft = {sp["speedup_median"]}x (median steps)')
+        others = ', '.join(f'{n} {r}x' for n, r in sp['by_variant'].items() if n != sp['ours'])
+        lines.append(f'{sp["file"]}: {sp["ours"]} / swift_peft = {sp["speedup_median"]}x (median steps)'
+                     + (f'; in the same call {others}' if others else ''))
     for t in s.get('autocast_vs_fp32_lora') or []:
         lines.append(f'{t["file"]}: {t["variant"]} against its fp32-LoRA twin: {t["median_step_ratio"]}x (median '
                      f'steps), {t["losses"]} logged losses within {100 * t["loss_max_rel_diff_vs_fp32_lora"]:.2f} %')

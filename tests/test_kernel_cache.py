@@ -109,3 +109,29 @@ def test_a_folder_an_import_drops_is_put_back(monkeypatch, tmp_path):
     assert os.environ['TRITON_CACHE_DIR'] == str(tmp_path / 'triton')
     assert os.environ['UNSLOTH_COMPILE_LOCATION'] == 'set by the import'
     monkeypatch.delenv('UNSLOTH_COMPILE_LOCATION')
+
+
+def test_torch_default_for_inductor_is_not_taken_for_a_user_choice(tmp_path):
+    # `import torch._dynamo` (transformers and peft do it) writes /tmp/torchinductor_<user> into the environment:
+    # #30 call j's runner then kept inductor there, outside the documented cache folder.
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    assert kc.torch_default_inductor_dir() == default_cache_dir()
+    env = {'TORCHINDUCTOR_CACHE_DIR': default_cache_dir(), 'SWIFT_VORA_CACHE_DIR': str(tmp_path)}
+    assert kc.cache_env(env)['TORCHINDUCTOR_CACHE_DIR'] == str(tmp_path / 'inductor')
+    assert kc.cache_dirs(env)['TORCHINDUCTOR_CACHE_DIR'] == str(tmp_path / 'inductor')
+    theirs = {'TORCHINDUCTOR_CACHE_DIR': str(tmp_path / 'their-inductor')}
+    assert 'TORCHINDUCTOR_CACHE_DIR' not in kc.cache_env(theirs)
+
+
+def test_inductor_writes_under_our_folder_after_torch_dynamo_was_imported(tmp_path):
+    import subprocess
+    import sys
+    code = ('import os, torch._dynamo\n'
+            'from swift_vora.backends import kernel_cache\n'
+            'kernel_cache.use_in_this_process()\n'
+            'from torch._inductor.runtime.cache_dir_utils import cache_dir\n'
+            'print(cache_dir())\n')
+    env = {k: v for k, v in os.environ.items() if k not in kc.CACHE_FOLDERS}
+    env['SWIFT_VORA_CACHE_DIR'] = str(tmp_path)
+    out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(tmp_path / 'inductor')

@@ -652,7 +652,15 @@ def test_moe_calls_derives_the_spread_and_speedups_from_the_result_files(tmp_pat
     assert s['variants']['vora_unsloth_mb4']['spread'] == 0.1 and s['variants']['swift_peft']['spread'] is None
     assert 'vora_x' not in s['variants']
     assert s['speedup_per_call'] == [{'file': 'moe-h200-full-a.json', 'ours': 'vora_unsloth_mb4',
-                                      'speedup_median': 9.0}]
+                                      'speedup_median': 9.0,
+                                      'by_variant': {'vora_unsloth': 5.0, 'vora_unsloth_mb4': 9.0}}]
+    assert 'vora_unsloth_mb4 / swift_peft = 9.0x (median steps); in the same call vora_unsloth 5.0x' in \
+        moe_calls.render(s)
+    # plain swift of the fastest run's own call is side by side, not "across calls"
+    assert s['speedup_across_calls'] == [{'ours': 'vora_unsloth_mb4', 'ours_file': 'moe-h200-full-b-partial.json',
+                                          'plain_file': 'moe-h200-full-a.json', 'speedup_median': 9.9}]
+    both = moe_calls.summarize(moe_calls.load('moe-h200-full-a.json', str(tmp_path)))
+    assert both['speedup_across_calls'] == []
     assert '| vora_unsloth_mb4 | 9,000 | 9,900 | 10.0 % |' in moe_calls.render(s)
 
 
@@ -677,7 +685,7 @@ def test_moe_calls_keeps_runs_of_the_fp32_lora_runner_apart_from_autocast_runs(t
     assert [r['tokens_per_s'] for r in s['variants']['vora_unsloth_mb4']['calls']] == [10600.0]
     assert 'vora_unsloth_mb2_fp32_lora' in s['variants'] and 'vora_unsloth_mb2' not in s['variants']
     assert s['speedup_per_call'] == [{'file': 'moe-h200-full-a.json', 'ours': 'vora_unsloth_mb4_fp32_lora',
-                                      'speedup_median': 9.5}]
+                                      'speedup_median': 9.5, 'by_variant': {'vora_unsloth_mb4_fp32_lora': 9.5}}]
     assert s['speedup_across_calls'] == [{'ours': 'vora_unsloth_mb4', 'ours_file': 'moe-h200-full-e.json',
                                           'plain_file': 'moe-h200-full-a.json', 'speedup_median': 10.6}]
     assert s['autocast_vs_fp32_lora'] == [{'file': 'moe-h200-full-e.json', 'variant': 'vora_unsloth_mb4', 'losses': 2,

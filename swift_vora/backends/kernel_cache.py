@@ -12,13 +12,18 @@ done again in every process, it is minutes per launch. Three caches keep the wor
 
 All three go under one folder, `SWIFT_VORA_CACHE_DIR` (default `$XDG_CACHE_HOME/swift_vora`, else
 `~/.cache/swift_vora`), so that one volume mounted there keeps a container's launches fast. A variable the user set
-is left as it is. `first_step_report` says how long the first step took and how many cache entries it had to write
-(none: everything it needed was there -- a warm cache).
+is left as it is -- except torch's own default for inductor: `import torch._dynamo` (which transformers and peft do)
+writes `/tmp/torchinductor_<user>` into the environment, so that value is torch's, not a choice (#30 call j found
+inductor's entries there). `first_step_report` says how long the first step took and how many cache entries it had
+to write (none: everything it needed was there -- a warm cache).
 """
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
+import re
+import tempfile
 from typing import Any, Dict, Iterator, Mapping, Optional
 
 from .. import switches
@@ -45,21 +50,41 @@ def cache_root(environ: Optional[Mapping[str, str]] = None) -> str:
     return os.path.join(base, 'swift_vora')
 
 
+def torch_default_inductor_dir() -> str:
+    """The folder torch's inductor falls back to (torch._inductor.runtime.cache_dir_utils.default_cache_dir), worked
+    out the same way without importing torch."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a uid with no passwd entry (containers): torch then fails too; compare with nothing
+        return ''
+    return os.path.join(tempfile.gettempdir(), 'torchinductor_' + re.sub(r'[\\/:*?"<>|]', '_', user))
+
+
+def user_value(var: str, environ: Mapping[str, str]) -> Optional[str]:
+    """The caller's own value of a cache variable, or None where it is unset or is torch's default written by
+    `import torch._dynamo` (not a choice anybody made)."""
+    value = environ.get(var)
+    if not value:
+        return None
+    if var == 'TORCHINDUCTOR_CACHE_DIR' and os.path.abspath(value) == os.path.abspath(torch_default_inductor_dir()):
+        return None
+    return value
+
+
 def cache_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """The cache variables to add to a launch: every one the caller's environment does not set already."""
     environ = os.environ if environ is None else environ
     root = cache_root(environ)
-    env = {var: os.path.join(root, sub) for var, sub in CACHE_FOLDERS.items() if not environ.get(var)}
+    env = {var: os.path.join(root, sub) for var, sub in CACHE_FOLDERS.items() if user_value(var, environ) is None}
     env.update({k: v for k, v in AUTOTUNE_ENV.items() if k not in environ})
     return env
 
 
 def use_in_this_process() -> Dict[str, str]:
     """Put the cache variables into this process's environment -- before anything compiles or autotunes; a value
-    already set is kept. Returns what was added."""
+    the user set is kept, torch's default for inductor is replaced. Returns what was added."""
     added = cache_env()
-    for key, value in added.items():
-        os.environ.setdefault(key, value)
+    os.environ.update(added)
     return added
 
 
@@ -83,7 +108,7 @@ def cache_dirs(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """variable -> the folder in effect (the caller's value, else ours)."""
     environ = os.environ if environ is None else environ
     root = cache_root(environ)
-    return {var: environ.get(var) or os.path.join(root, sub) for var, sub in CACHE_FOLDERS.items()}
+    return {var: user_value(var, environ) or os.path.join(root, sub) for var, sub in CACHE_FOLDERS.items()}
 
 
 def count_entries(path: str, limit: int = MAX_COUNTED_FILES) -> int:
