@@ -452,6 +452,25 @@ def test_moe_benchmark_smoke_runs_both_paths_and_the_flagship_checks(tmp_path):
     assert flagship['lora_update']['expert_updated'] == flagship['lora_update']['expert_tensors'] > 0
 
 
+def test_moe_headline_keeps_the_defaults_apart_from_an_opt_in_lever():
+    """Call j's `speedup` was the opt-in rank-scale lever's (the fastest variant); what a user gets from the shipped
+    recipe is `speedup_default` / `plan_error_default`, from the defaults' own run of the same call."""
+    import moe_throughput as mt
+    planned = {'gpu_peak_gib': 102.0, 'gpu_reserved_gib': 100.0}
+    payload = {'model': {'layers': 8, 'layer_types': ['x'] * 8}, 'variants': {
+        'swift_peft': {'tokens_per_s': 1000.0, 'peak_reserved_gib': 80.0},
+        mt.DEFAULT_VARIANT: {'tokens_per_s': 10500.0, 'peak_reserved_gib': 92.0, 'planned': planned},
+        mt.DEFAULT_VARIANT + '_rank_scale': {'tokens_per_s': 10600.0, 'peak_reserved_gib': 90.0, 'planned': planned}}}
+    mt.headline(payload, {}, {'total': 10 * 2**30})
+    assert payload['swift_vora_variant'] == mt.DEFAULT_VARIANT + '_rank_scale' and payload['speedup'] == 10.6
+    assert payload['default_variant'] == mt.DEFAULT_VARIANT and payload['speedup_default'] == 10.5
+    assert payload['plan_error'] == -0.1 and payload['plan_error_default'] == -0.08
+    without = {'model': {}, 'variants': {'swift_peft': {'tokens_per_s': 1000.0},
+                                         'vora_unsloth': {'tokens_per_s': 5000.0}}}
+    mt.headline(without, {}, {'total': 1})
+    assert 'speedup_default' not in without and without['speedup'] == 5.0
+
+
 # ---- what the launch sets for Unsloth ------------------------------------------------------------------------------
 def test_unsloth_block_compile_is_off_unless_the_user_sets_it():
     from swift_vora.backends.unsloth import unsloth_env
