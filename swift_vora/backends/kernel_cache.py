@@ -55,7 +55,7 @@ def torch_default_inductor_dir() -> str:
     out the same way without importing torch."""
     try:
         user = getpass.getuser()
-    except (KeyError, OSError):  # a uid with no passwd entry (containers): torch then fails too; compare with nothing
+    except (KeyError, OSError, ModuleNotFoundError):  # a uid with no passwd entry, no pwd module: compare with nothing
         return ''
     return os.path.join(tempfile.gettempdir(), 'torchinductor_' + re.sub(r'[\\/:*?"<>|]', '_', user))
 
