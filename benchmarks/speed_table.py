@@ -66,6 +66,11 @@ ROWS: List[Dict[str, Any]] = [
              'attention (call f)',
      'source': ('moe-h200-full-f-2026-12-03.json', 'vora_unsloth_mb4'),
      'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4'], 'fit': True},
+    # the same defaults in later calls, not used in the fit (g: its plain swift was lost; j: side by side with it)
+    *({'what': f'35B-A3B MoE, 40 layers, Unsloth, mb 4, the defaults as call f ({call})', 'source': (fname,
+                                                                                               'vora_unsloth_mb4'),
+       'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4']}
+      for call, fname in (('call g', 'moe-h200-full-g-partial.json'), ('call j', 'moe-h200-full-j-2026-12-03.json'))),
     # the same under autocast before the encode pool and the batched vision attention (the efficiency was fitted to
     # it until call f)
     {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, LoRA under autocast, one encode thread (call e)',
