@@ -295,7 +295,7 @@ def profile_summary(path: str) -> Optional[Dict[str, Any]]:
                                    for k, v in sorted(by_family.items(), key=lambda kv: -kv[1])},
             'top_kernels': [{'name': e['name'][:100], 'ms': round(e['device_us'] / 1e3, 2), 'calls': e['calls']}
                             for e in data['events'] if e['kernel']][:15],
-            'cuda_runtime': data.get('cuda_runtime')}
+            'cuda_runtime': data.get('cuda_runtime'), 'syncs': data.get('syncs')}
 
 
 def run_swift(name: str, args, b, inputs, work: str, tuner_backend: str, targets, parameters) -> Dict[str, Any]:

@@ -6,8 +6,8 @@ A host-bound step shows up as gaps between kernels. Three instruments, all outsi
 - `gpu_idle(trace)`: from a chrome trace (torch.profiler's `export_chrome_trace`), the time no kernel, copy
   or memset ran, split by the innermost region open at each gap, and the largest gaps with the host calls
   made during them.
-- `SyncRecorder`: `torch.cuda.set_sync_debug_mode('warn')` for one step; every synchronising call the Python
-  side makes is counted by its call site (a sync drains the launch queue, so the host's next work is exposed).
+- `SyncRecorder` (swift_vora/backends/sync_sites.py, shared with the Unsloth runner's profiled step): every
+  synchronising call the Python side makes during one step, counted by its call site.
 """
 from __future__ import annotations
 
@@ -16,15 +16,10 @@ import collections
 import gc
 import json
 import time
-import traceback
-import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 GPU_CATEGORIES = ('kernel', 'gpu_memcpy', 'gpu_memset')
 REGION_PREFIX = 'vora/'
-# Frames worth naming in a sync's call site (the rest is torch/python plumbing).
-SITE_PACKAGES = ('transformers/', 'swift/', 'peft/', 'swift_vora/', 'accelerate/', 'torch/utils/checkpoint',
-                 'torch/optim/', 'torch/nn/utils/', 'benchmarks/')
 
 # GPU time of a profiled step by kernel family, for the dense and the MoE benchmarks alike: the first family with a
 # key in the lowercased CUDA kernel name wins, so the specific families come before the generic ones.
@@ -108,55 +103,6 @@ def gpu_idle(trace: Dict[str, Any], min_gap_us: float = 20.0, top: int = 25) -> 
 def gpu_idle_from_file(path: str, **kwargs) -> Dict[str, Any]:
     with open(path) as f:
         return gpu_idle(json.load(f), **kwargs)
-
-
-def call_site(stack: List[traceback.FrameSummary], depth: int = 6) -> str:
-    """The innermost `depth` frames that belong to the libraries a training step runs through."""
-    frames = [f for f in stack if any(p in f.filename.replace('\\', '/') for p in SITE_PACKAGES)]
-    frames = frames[-depth:] or stack[-depth:]
-    return ' < '.join(f'{f.filename.rsplit("/", 1)[-1]}:{f.lineno} {f.name}' for f in reversed(frames))
-
-
-class SyncRecorder:
-    """Count the synchronising CUDA calls made from Python while active, by call site.
-
-    Uses torch's own sync debug mode; calls made by the autograd engine's C++ threads are not seen."""
-
-    def __init__(self, depth: int = 6):
-        self.depth = depth
-        self.sites: collections.Counter = collections.Counter()
-        self._catch = None
-        self._torch = None
-
-    def __enter__(self):
-        import torch
-        self._torch = torch
-        self._catch = warnings.catch_warnings()
-        self._catch.__enter__()
-        warnings.simplefilter('always')
-        previous = warnings.showwarning
-
-        def showwarning(message, category, filename, lineno, file=None, line=None):
-            if 'synchronizing' in str(message):
-                self.sites[call_site(traceback.extract_stack()[:-1], self.depth)] += 1
-            else:
-                previous(message, category, filename, lineno, file, line)
-
-        warnings.showwarning = showwarning
-        if torch.cuda.is_available():
-            torch.cuda.set_sync_debug_mode('warn')
-        return self
-
-    def __exit__(self, *exc):
-        if self._torch is not None and self._torch.cuda.is_available():
-            self._torch.cuda.set_sync_debug_mode('default')
-        self._catch.__exit__(*exc)
-        return False
-
-    def summary(self, top: int = 30) -> Dict[str, Any]:
-        return {'syncs': sum(self.sites.values()), 'sites': len(self.sites),
-                'by_site': [{'count': n, 'site': s} for s, n in self.sites.most_common(top)],
-                'note': 'synchronising calls made from Python during one optimizer step (torch sync debug mode)'}
 
 
 class GcTimer:

@@ -423,7 +423,8 @@ def _install_instrumentation() -> None:
                                                                torch.profiler.ProfilerActivity.CUDA])
                 self.prof.__enter__()
             if sync_debug_step is not None and int(state_.global_step) == sync_debug_step:
-                self.syncs = step_timeline.SyncRecorder().__enter__()
+                from swift_vora.backends.sync_sites import SyncRecorder
+                self.syncs = SyncRecorder().__enter__()
 
         def on_substep_end(self, args, state_, control, **kwargs):
             self.micro += 1

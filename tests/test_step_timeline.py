@@ -1,7 +1,6 @@
 """benchmarks/step_timeline.py: where a profiled step's GPU idles, and which Python calls synchronise."""
 import os
 import sys
-import warnings
 
 import torch
 
@@ -42,25 +41,6 @@ def test_gpu_idle_splits_the_gaps_by_the_innermost_region():
 def test_gpu_idle_without_kernels_says_so():
     assert step_timeline.gpu_idle({'traceEvents': [_x('aten::mm', 'cpu_op', 0, 5)]}) == {
         'error': 'no GPU events in the trace'}
-
-
-def _sync_here():
-    warnings.warn('called a synchronizing CUDA operation', UserWarning)
-
-
-def test_sync_recorder_counts_by_call_site_and_passes_other_warnings_on():
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter('always')
-        with step_timeline.SyncRecorder(depth=2) as rec:
-            for _ in range(3):
-                _sync_here()
-            warnings.warn('something else', UserWarning)
-    summary = rec.summary()
-    assert summary['syncs'] == 3 and summary['sites'] == 1
-    assert '_sync_here' in summary['by_site'][0]['site']
-    assert [str(w.message) for w in seen] == ['something else']
-    if torch.cuda.is_available():
-        assert torch.cuda.get_sync_debug_mode() == 0
 
 
 def test_regions_mark_the_trainer_phases_in_a_profile():

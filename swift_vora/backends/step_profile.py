@@ -7,7 +7,9 @@ next to the run's other files:
   (name, device time in us, calls, whether it is a device kernel) -- the raw numbers a benchmark groups by family;
 - `torch_profile_stacks.txt`: the same ops grouped by the Python lines that called them (5 frames deep), and
   `torch_profile_shapes.txt` by their input shapes: where a kernel family comes from (call e of #30 had 1,085 bf16
-  adds and 240 strided copies a step that the op table alone could not place).
+  adds and 240 strided copies a step that the op table alone could not place);
+- `syncs` in the JSON: the step's synchronising calls from Python by call site (backends/sync_sites.py) -- where the
+  host makes the GPU wait (21 `cudaStreamSynchronize` a step at full depth, #30 call j, places unknown).
 Profiling (with stacks and shapes) slows the profiled step: take a step outside the measured ones.
 
     python -m swift_vora.backends.step_profile recount torch_profile.json   # an older file without annotations
@@ -40,7 +42,7 @@ class StepProfiler:
 
 class _StepContext:
     def __init__(self, owner: StepProfiler, n: Optional[int]):
-        self.owner, self.n, self.prof, self.t0 = owner, n, None, 0.0
+        self.owner, self.n, self.prof, self.t0, self.syncs = owner, n, None, 0.0, None
 
     def __enter__(self):
         if self.n is None:
@@ -55,6 +57,8 @@ class _StepContext:
         extra = {'experimental_config': config(verbose=True)} if config is not None else {}
         self.prof = torch.profiler.profile(activities=activities, record_shapes=True, with_stack=True, **extra)
         self.prof.__enter__()
+        from .sync_sites import SyncRecorder
+        self.syncs = SyncRecorder().__enter__()
         self.t0 = time.perf_counter()
         return self
 
@@ -65,9 +69,10 @@ class _StepContext:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         wall = time.perf_counter() - self.t0
+        self.syncs.__exit__(exc_type, exc, tb)
         self.prof.__exit__(exc_type, exc, tb)
         if exc_type is None:
-            self.owner.written = write_profile(self.prof, self.owner.out_dir, self.n, wall)
+            self.owner.written = write_profile(self.prof, self.owner.out_dir, self.n, wall, self.syncs.summary())
         return False
 
 
@@ -85,7 +90,7 @@ def recount(profile: Dict[str, Any]) -> Dict[str, Any]:
             'device_busy_fraction': round(kernel_s / profile['wall_s'], 4) if profile['wall_s'] > 0 else None}
 
 
-def write_profile(prof, out_dir: str, step: int, wall_s: float) -> str:
+def write_profile(prof, out_dir: str, step: int, wall_s: float, syncs: Optional[Dict[str, Any]] = None) -> str:
     """torch_profile.txt + torch_profile.json (module docstring); returns the JSON's path."""
     events = prof.key_averages()
     os.makedirs(out_dir, exist_ok=True)
@@ -113,7 +118,7 @@ def write_profile(prof, out_dir: str, step: int, wall_s: float) -> str:
                if r['name'].startswith('cuda') and not r['kernel']}
     summary = {'step': step, 'wall_s': round(wall_s, 4), 'device_kernel_s': round(kernel_us / 1e6, 4),
                'device_busy_fraction': round(kernel_us / 1e6 / wall_s, 4) if wall_s > 0 else None,
-               'cuda_runtime': runtime, 'events': rows[:TOP_EVENTS]}
+               'cuda_runtime': runtime, 'syncs': syncs, 'events': rows[:TOP_EVENTS]}
     path = os.path.join(out_dir, 'torch_profile.json')
     with open(path, 'w', encoding='utf-8') as f:
         json.dump(summary, f, indent=1)
