@@ -106,7 +106,7 @@ def test_same_outputs_and_gradients_bit_for_bit_at_scaling_two(stand_in, monkeyp
     upstream = stand_in.forward_native_grouped_mm
     monkeypatch.setenv(mls.ENV, 'rank')
     state = mls.install()
-    assert state == {'setting': 'rank', 'patched': ['unsloth_cached_moe_utils']}
+    assert state == {'setting': 'rank', 'patched': ['unsloth_cached_moe_utils'], 'rebound': []}
     patched = stand_in.forward_native_grouped_mm
     assert patches.patched_by(patched) == mls.PATCH and patches.upstream(patched) is upstream
     out_a, gx_a, gw_a = run(upstream, Experts(2.0, torch.bfloat16), torch.bfloat16)
@@ -137,6 +137,30 @@ def test_no_multiplication_over_the_expert_output_is_left(stand_in, monkeypatch)
             run(forward, Experts(2.0, torch.float32), torch.float32)
         counts.append(mode.count)
     assert counts[0] >= 4 and counts[1] == 0, counts  # upstream: two forward + two backward scalings
+
+
+def test_a_family_patch_that_imported_the_function_by_name_calls_the_rewrite(stand_in, monkeypatch):
+    """unsloth_zoo's qwen3_vl_moe (and gpt_oss, the 4-bit and FP8 expert paths) do `from .moe_utils import
+    forward_native_grouped_mm` and call it through their own global: rebound to the rewrite, by identity only."""
+    import types
+    upstream = stand_in.forward_native_grouped_mm
+    family = types.ModuleType('unsloth_zoo.temporary_patches.qwen3_vl_moe')
+    family.forward_native_grouped_mm = upstream
+    other = types.ModuleType('unsloth_zoo.temporary_patches.other')
+    other.forward_native_grouped_mm = lambda *a: None  # a different function of the same name: left alone
+    unrelated = types.ModuleType('someone_else')
+    unrelated.forward_native_grouped_mm = upstream  # not unsloth_zoo's: left alone
+    for module in (family, other, unrelated):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setenv(mls.ENV, 'rank')
+    state = mls.install()
+    assert state['rebound'] == ['unsloth_zoo.temporary_patches.qwen3_vl_moe']
+    assert family.forward_native_grouped_mm is stand_in.forward_native_grouped_mm is not upstream
+    assert other.forward_native_grouped_mm is not stand_in.forward_native_grouped_mm
+    assert unrelated.forward_native_grouped_mm is upstream
+    out_a, _, _ = run(upstream, Experts(2.0, torch.bfloat16), torch.bfloat16)
+    out_b, _, _ = run(family.forward_native_grouped_mm, Experts(2.0, torch.bfloat16), torch.bfloat16)
+    assert torch.equal(out_a, out_b)
 
 
 def test_a_source_it_was_not_written_for_is_refused():

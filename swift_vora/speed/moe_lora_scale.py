@@ -15,8 +15,9 @@ The patch rewrites three statements of that function's source (`REWRITES`), noth
 is the one the inventory pins (swift_vora/patches.py, `moe_lora_rank_scale`: unsloth_zoo 2026.10.9), and installs
 the result in every loaded copy of the module (unsloth_zoo loads a byte-identical copy from its compile cache,
 `unsloth_cached_moe_utils`, and calls the function by its global name from there: the Qwen3.5/3.6-MoE experts'
-forward is that module's dispatcher). Patches of other families that imported the function by name (unsloth_zoo's
-qwen3_vl_moe, gpt_oss) keep upstream's. Upstream: the same change would
+forward is that module's dispatcher). unsloth_zoo's patches of other families import the function by name
+(qwen3_vl_moe, gpt_oss, the 4-bit and FP8 expert paths): every loaded `unsloth_zoo` module whose name is bound to
+an original gets the rewritten one too (by identity: nothing else is touched). Upstream: the same change would
 belong in unsloth_zoo's `forward_native_grouped_mm` (`torch.add(mm_out, lora_delta, alpha=scaling)` saves the
 forward's multiplications; scaling the intermediate saves them all).
 """
@@ -90,11 +91,29 @@ def install(environ=None) -> Dict[str, Any]:
         state['skipped'] = patches.check(PATCH)
         return state
     done: List[str] = []
+    replaced: Dict[int, Any] = {}  # id(original) -> its rewrite
     for module in loaded:
         if patches.patched_by(getattr(module, FUNCTION, None)) == PATCH:
             done.append(module.__name__)
             continue
-        setattr(module, FUNCTION, _patched(module))
+        original = getattr(module, FUNCTION)
+        replaced[id(original)] = _patched(module)
+        setattr(module, FUNCTION, replaced[id(original)])
         done.append(module.__name__)
     state['patched'] = done
+    state['rebound'] = _rebind_importers(replaced)
     return state
+
+
+def _rebind_importers(replaced: Dict[int, Any]) -> List[str]:
+    """unsloth_zoo modules that imported an original by name (`from .moe_utils import forward_native_grouped_mm`)
+    and call it through their own global: bound to its rewrite. Returns their names."""
+    rebound = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith('unsloth_zoo.') or name in MODULES:
+            continue
+        bound = getattr(module, FUNCTION, None)
+        if bound is not None and id(bound) in replaced:
+            setattr(module, FUNCTION, replaced[id(bound)])
+            rebound.append(name)
+    return sorted(rebound)
