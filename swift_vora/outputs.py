@@ -102,6 +102,11 @@ def inside(folder: str, member: str) -> Optional[str]:
     return target
 
 
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, 'wb') as handle:
+        handle.write(data)
+
+
 def _check_parent(parent: str, what: str, path: str) -> None:
     """The nearest existing ancestor must be a writable directory (missing levels are created later)."""
     probe = parent
@@ -172,6 +177,10 @@ class Staging:
         with self.open(path, inputs, what) as handle:
             handle.write(text)
         return path
+
+    def write_bytes(self, path: str, data: bytes, inputs: Iterable[Optional[str]] = (), what: str = 'output') -> str:
+        """`data` as the file (an archive's member, a part of one); an OSError names `path`."""
+        return self.write_with(path, lambda tmp: _write_bytes(tmp, data), inputs, what)
 
     def commit(self) -> None:
         """Rename every temporary file over its target (in the order written), with the umask's permissions."""

@@ -215,11 +215,6 @@ def _read_checked(archive: str, root: str) -> Tuple[Dict[str, Any], Dict[str, by
     return manifest, found
 
 
-def _write_bytes(path: str, data: bytes) -> None:
-    with open(path, 'wb') as f:
-        f.write(data)
-
-
 def unpack(archive: str, root: str) -> Dict[str, object]:
     """Write the archive's files under `root` (kept where the same bytes are there) and remove the wheels of its sets
     that it does not hold: a warm machine keeps `.whl/` between calls, and two versions of one package in a set stop
@@ -233,10 +228,10 @@ def unpack(archive: str, root: str) -> Dict[str, object]:
         for target, data in found.items():
             if os.path.isfile(target):
                 with open(target, 'rb') as f:
-                    if sha256_bytes(f.read()) == sha256_bytes(data):
+                    if f.read() == data:  # the same bytes as the checked member
                         skipped += 1
                         continue
-            stage.write_with(target, lambda tmp, data=data: _write_bytes(tmp, data), what='wheel')
+            stage.write_bytes(target, data, what='wheel')
             written += 1
     folders = [os.path.join(root, '.whl', name) for name in manifest['sets']]
     if 'megatron' in manifest['sets']:

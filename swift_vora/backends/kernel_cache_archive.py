@@ -103,17 +103,12 @@ def export(path: str, part_mib: Optional[float] = None, environ: Optional[Mappin
     stale = [p for p in _parts(path) + ([path] if os.path.isfile(path) else []) if p not in pieces]
     with outputs.staged() as stage:  # every file renamed into place together, or none
         for target, data in pieces.items():
-            stage.write_with(target, lambda tmp, data=data: _write_bytes(tmp, data), what='kernel-cache archive')
+            stage.write_bytes(target, data, what='kernel-cache archive')
     for old in stale:
         os.remove(old)
     written = list(pieces)
     return {'files': written, 'bytes': len(blob), 'entries': info['files'], 'folders': folders,
             'made_on': info['made_on'], 'seconds': round(time.time() - t0, 1)}
-
-
-def _write_bytes(path: str, data: bytes) -> None:
-    with open(path, 'wb') as f:
-        f.write(data)
 
 
 def _parts(path: str) -> List[str]:
@@ -188,7 +183,7 @@ def import_(path: str, environ: Optional[Mapping[str, str]] = None,
             data = tar.extractfile(member).read()
             if var == 'TRITON_CACHE_DIR' and os.path.basename(rel).startswith(TRITON_GROUP_PREFIX):
                 data = _group_here(data, target, path)
-            stage.write_with(target, lambda tmp, data=data: _write_bytes(tmp, data), what='kernel cache entry')
+            stage.write_bytes(target, data, what='kernel cache entry')
             written += 1
     return {'written': written, 'kept': kept, 'folders': folders, 'made_on': info['made_on'],
             'differs': differs, 'seconds': round(time.time() - t0, 1)}
