@@ -65,11 +65,11 @@ class _StepContext:
     def __exit__(self, exc_type, exc, tb):
         if self.prof is None:
             return False
+        self.syncs.__exit__(exc_type, exc, tb)  # first: the wall clock's own synchronize below is not the step's
         import torch
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         wall = time.perf_counter() - self.t0
-        self.syncs.__exit__(exc_type, exc, tb)
         self.prof.__exit__(exc_type, exc, tb)
         if exc_type is None:
             self.owner.written = write_profile(self.prof, self.owner.out_dir, self.n, wall, self.syncs.summary())
