@@ -71,6 +71,14 @@ ROWS: List[Dict[str, Any]] = [
                                                                                                'vora_unsloth_mb4'),
        'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4']}
       for call, fname in (('call g', 'moe-h200-full-g-partial.json'), ('call j', 'moe-h200-full-j-2026-12-03.json'))),
+    # call k (2026-12-03, a fresh machine): the rank-scale lever (SWIFT_VORA_MOE_LORA_SCALE=rank; not modelled, 1.0 %
+    # and 1.5 % against the defaults in calls j and k), alone and with the last 4 of 40 layers not checkpointed
+    {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, the defaults + rank-scale lever (call k)',
+     'source': ('moe-h200-full-k-2026-12-03.json', 'vora_unsloth_mb4_rank_scale'),
+     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4']},
+    {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, rank-scale lever, first 36 of 40 layers checkpointed (call k)',
+     'source': ('moe-h200-full-k-2026-12-03.json', 'vora_unsloth_mb4_ck36_rank_scale'),
+     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4', '--checkpoint-layers', '36']},
     # the same under autocast before the encode pool and the batched vision attention (the efficiency was fitted to
     # it until call f)
     {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, LoRA under autocast, one encode thread (call e)',

@@ -97,9 +97,12 @@ def test_measured_values_come_from_the_recorded_files():
     assert round(m['allocated'], 2) == 7.63 and round(m['reserved'], 2) == 8.05
 
 
-def test_the_check_fails_on_a_new_miss_and_on_a_listed_miss_that_is_fixed():
+def test_the_check_fails_on_a_new_miss_and_on_a_listed_miss_that_is_fixed(monkeypatch):
     mod = load_table()
     rows = mod.table([r for r in mod.ROWS if r['id'] in (21, 32)])
+    # row 32 was a listed miss until 2026-12-03; a miss listed for this test stands for whichever comes next
+    monkeypatch.setattr(mod, 'KNOWN_MISSES', {32: 'listed for this test'})
+    rows[1] = dict(rows[1], within=False)
     assert mod.unexpected(rows) == []
     new_miss = [dict(rows[0], within=False), rows[1]]
     assert mod.unexpected(new_miss) == ['row 21 outside ±10 %']

@@ -167,6 +167,14 @@ ALLOCATOR_FRAGMENTATION_STATIC = 0.01  # fraction of the static allocations (wei
 ALLOCATOR_FRAGMENTATION_EXPANDABLE = 0.01
 ADAM_STEP_TEMP_FRACTION = 0.5  # torch foreach AdamW: _foreach_sqrt(exp_avg_sq) copies one of the two moments [fit]
 MOE_DISPATCH_COPIES = 3  # permuted tokens, expert outputs, un-permuted combine buffers (x k x hidden, bf16) [fit]
+# Unsloth's split-LoRA expert path (unsloth_zoo moe_utils.forward_native_grouped_mm, read 2026-12-03), per routed
+# token: it saves the permuted input once (the LoRA A grouped GEMMs' weight gradient needs it; the frozen base GEMM
+# needs no input), the gate/up output (its fused SiLU backward) and the activated intermediate (the down projection's
+# LoRA A input), and not the expert output: the routing weights' gradient comes from an identity on the intermediate
+# (_MoEGateGradIdentity), so the weighted un-permute keeps nothing. Derived from the code, not fitted; chosen after
+# calibration rows 32, 33 and 39 showed the generic counts 2.3x too high (those rows are in-sample for it).
+UNSLOTH_MOE_DISPATCH_COPIES = 1  # the permuted input (x k x hidden, bf16)
+UNSLOTH_ACT_BYTES_PER_EXPERT_FFN = 6  # gate+up output (2 x I) and the activated intermediate (I), bf16
 FIT_MARGIN = 0.0  # extra headroom required on top of the predicted peak, fraction of capacity
 TIGHT_FRACTION = 0.90  # peak above this fraction of capacity -> a "tight" warning in the reasons
 # Samples/s of the compiled 2B LoRA on one H200 without checkpointing, relative to checkpointed micro-batch 1, by

@@ -288,9 +288,14 @@ def _layer_activation_bytes(spec: ModelSpec, s: TrainSetup, tokens: float, layer
     if lt == 'linear_attention':
         la = spec.linear_attention
         n += C.ACT_LINEAR_ATTN_BYTES_PER_CONV * la['conv_dim'] + C.ACT_LINEAR_ATTN_BYTES_PER_VALUE * la['value_dim']
-        # chunked delta rule keeps one fp32 state [heads, dk, dv] per chunk
-        n += (la['num_value_heads'] * la['key_head_dim'] * la['value_head_dim'] * C.LINEAR_ATTN_STATE_BYTES /
-              C.LINEAR_ATTN_CHUNK)
+        if s.backend == Backend.UNSLOTH_SPLIT_LORA:
+            # the fla Triton kernel Unsloth runs (ChunkGatedDeltaRuleFunction) keeps the chunk's WY matrix A
+            # [tokens, heads, chunk] in fp32 and recomputes the per-chunk states in its backward
+            n += la['num_value_heads'] * C.LINEAR_ATTN_CHUNK * C.LINEAR_ATTN_STATE_BYTES
+        else:
+            # chunked delta rule (the PyTorch reference) keeps one fp32 state [heads, dk, dv] per chunk
+            n += (la['num_value_heads'] * la['key_head_dim'] * la['value_head_dim'] * C.LINEAR_ATTN_STATE_BYTES /
+                  C.LINEAR_ATTN_CHUNK)
     else:
         gated = 2 if spec.gated_attention else 1
         q = spec.num_heads * spec.head_dim
@@ -299,7 +304,11 @@ def _layer_activation_bytes(spec: ModelSpec, s: TrainSetup, tokens: float, layer
     if layer in spec.moe_layers:
         k = spec.experts_per_token
         n += C.ACT_BYTES_PER_ROUTER_LOGIT * spec.num_experts
-        n += k * (C.ACT_BYTES_PER_FFN * spec.moe_intermediate_size + C.MOE_DISPATCH_COPIES * C.BYTES_BF16 * h)
+        if s.backend == Backend.UNSLOTH_SPLIT_LORA:  # what its grouped-GEMM expert path keeps (constants.py)
+            ffn, copies = C.UNSLOTH_ACT_BYTES_PER_EXPERT_FFN, C.UNSLOTH_MOE_DISPATCH_COPIES
+        else:
+            ffn, copies = C.ACT_BYTES_PER_FFN, C.MOE_DISPATCH_COPIES
+        n += k * (ffn * spec.moe_intermediate_size + copies * C.BYTES_BF16 * h)
         n += C.ACT_BYTES_PER_FFN * spec.shared_expert_intermediate_size
     else:
         n += C.ACT_BYTES_PER_FFN * spec.intermediate_size
