@@ -105,6 +105,11 @@ RANK_SCALE_VARIANTS = {'vora_unsloth_mb4_rank_scale': (4, None), 'vora_unsloth_m
                        # fewer checkpointed layers than 36 (call k: 11,703 tokens/s at 36, 3.11 GiB a freed layer,
                        # ~116 GiB expected at 32): the recipe's plan fits 32 (136.1 GiB), not 30 (146.2)
                        'vora_unsloth_mb4_ck32_rank_scale': (4, 32)}
+# The host's share of the step (call k: 95-148 ms a step the GPU waits, at the step boundary): the vision tower's
+# preamble made on the prefetch thread (SWIFT_VORA_VISION_PREAMBLE=prefetch, speed/vision_preamble.py) and one step
+# kept in flight (SWIFT_VORA_STEP_SYNC=lagged, backends/step_ends.py), on top of the named rank-scale variant
+HOST_SYNC_VARIANTS = {name + '_nosync': name for name in RANK_SCALE_VARIANTS}
+HOST_SYNC_ENV = {'SWIFT_VORA_VISION_PREAMBLE': 'prefetch', 'SWIFT_VORA_STEP_SYNC': 'lagged'}
 
 
 def budget(smoke: bool) -> Dict[str, Any]:
@@ -384,7 +389,8 @@ def summarize_runner(name: str, out: str, args, command: Optional[str], wall: Op
         'losses': [r['loss'] for r in steps], 'wall_s': round(wall, 1) if wall is not None else None,
         'runner': {k: run.get(k) for k in ('loader', 'split_lora', 'moe_backend', 'lora_tensors', 'expert_lora_tensors',
                                            'trainable_params', 'linear_attention_kernel', 'autocast',
-                                           'encode_threads', 'moe_lora_scale')},
+                                           'encode_threads', 'moe_lora_scale', 'step_sync', 'steps_left_in_flight',
+                                           'vision_preamble')},
         'planned': read_plan(out),
     }
 
@@ -626,14 +632,14 @@ def main(argv=None) -> int:
                                   extra_overrides=[f'train.micro_batch={micro_batch}',
                                                    'unsloth.gradient_checkpointing=true',
                                                    f'train.checkpoint_layers={checkpointed}'])
-            elif name in RANK_SCALE_VARIANTS:
-                micro_batch, checkpointed = RANK_SCALE_VARIANTS[name]
+            elif name in RANK_SCALE_VARIANTS or name in HOST_SYNC_VARIANTS:
+                micro_batch, checkpointed = RANK_SCALE_VARIANTS[HOST_SYNC_VARIANTS.get(name, name)]
                 # exactly its twin's overrides (the micro-batch variant's, or the checkpoint-layers variant's) + the
                 # switch, so that the twin comparison measures the lever alone
                 layers = ['unsloth.gradient_checkpointing=true', f'train.checkpoint_layers={checkpointed}'] \
                     if checkpointed else []
-                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
-                                  extra_env={'SWIFT_VORA_MOE_LORA_SCALE': 'rank'},
+                env = {'SWIFT_VORA_MOE_LORA_SCALE': 'rank', **(HOST_SYNC_ENV if name in HOST_SYNC_VARIANTS else {})}
+                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False, extra_env=env,
                                   extra_overrides=[f'train.micro_batch={micro_batch}', *layers])
             elif name == 'swift_peft':
                 result = run_swift(name, args, b, inputs, work, 'peft', TARGET_MODULES, TARGET_PARAMETERS)

@@ -158,6 +158,12 @@ def _table() -> Tuple[Switch, ...]:
         Switch(PREFIX + 'MOE_LORA_SCALE', 'choice', 'output', 'Unsloth MoE expert LoRA: scaling applied to the expert '
                'output (output, unsloth_zoo as it is) | to the rank-r intermediate (rank: same product, fewer kernels)',
                choices=('output', 'rank'), where='speed/moe_lora_scale.py'),
+        Switch(PREFIX + 'STEP_SYNC', 'choice', 'each', 'Unsloth runner, CUDA: synchronise after each optimizer step '
+               '(each) | keep one step in flight and record it one step late (lagged)', choices=('each', 'lagged'),
+               where='backends/step_ends.py'),
+        Switch(PREFIX + 'VISION_PREAMBLE', 'choice', 'model', 'vision tower preamble (interpolation, position ids, '
+               'cu_seqlens): model (computed by the tower, 14 syncs a step) | prefetch (on the prefetch thread, '
+               'Unsloth runner)', choices=('model', 'prefetch'), where='speed/vision_preamble.py'),
         Switch(PREFIX + 'VIT_ATTENTION', 'choice', 'batched', 'vision attention: batched (one call per layer, no '
                'sync) | transformers', choices=('batched', 'transformers'), where='speed/vit_attention.py'),
         Switch(PREFIX + 'PATCH_EMBED', 'choice', 'gemm', 'vision patch embedding: gemm (the stride == kernel Conv3d '

@@ -774,3 +774,32 @@ def test_moe_calls_compares_the_rank_scale_lever_with_its_twin_of_the_same_call(
                                            'twin': 'vora_unsloth_mb4', 'losses': 2, 'loss_max_rel_diff': 0.0,
                                            'median_step_ratio': 1.1}]
     assert 'vora_unsloth_mb4_rank_scale against vora_unsloth_mb4: 1.1x' in moe_calls.render(s)
+
+
+@pytest.mark.slow
+def test_runner_with_the_vision_preamble_on_the_prefetch_thread_trains_the_same(tiny_q35, tmp_path, offline_env):
+    """SWIFT_VORA_VISION_PREAMBLE=prefetch: every forward's vision tower is fed the preamble made on the prefetch
+    thread (none computed again), and the losses are the tower's own preamble's, to the bit."""
+    from swift_vora.synthetic import make_dataset
+    model, _ = tiny_q35
+    ann = make_dataset(str(tmp_path / 'data'), 2, duration=16.0)
+    runs = {}
+    for setting in ('model', 'prefetch'):
+        out = tmp_path / setting
+        cmd = [sys.executable, '-m', 'swift_vora.backends.unsloth_runner',
+               os.path.join(REPO, 'recipes', 'h200x1.yaml'), f'model.path={model}', f'data.dataset={ann}',
+               'data.window=8', 'data.stride=8', 'video.fps=1', 'video.max_frames=8', 'video.pair_tokens=16',
+               'video.min_pair_tokens=4', 'train.max_steps=2', 'train.micro_batch=2', 'train.grad_accum=1',
+               'train.dtype=float32', f'train.output_dir={out}', 'train.lora_rank=4', 'unsloth.save_merged=false',
+               'unsloth.gradient_checkpointing=false', '--loader', 'peft']
+        env = {**offline_env, 'SWIFT_VORA_VISION_PREAMBLE': setting, 'SWIFT_VORA_GUARDS': 'supervision'}
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[setting] = (json.loads((out / 'unsloth_run_result.json').read_text()),
+                         [json.loads(line)['loss'] for line in (out / 'train_log.jsonl').read_text().splitlines()])
+    (plain, plain_losses), (fed, fed_losses) = runs['model'], runs['prefetch']
+    assert plain['vision_preamble'] == {'setting': 'model'}
+    assert fed['vision_preamble'] == {'setting': 'prefetch', 'tower': 'Qwen3_5MoeVisionModel', 'forwards_fed': 2,
+                                      'unmatched': 0}
+    assert fed['step_sync'] == 'each'  # lagged is CUDA-only
+    assert len(fed_losses) == 2 and fed_losses == plain_losses

@@ -39,6 +39,8 @@ class Batch:
     encode_s: float
     rejections: List[str] = field(default_factory=list)
     names: List[str] = field(default_factory=list)
+    # the vision tower's preamble for this batch's videos (speed/vision_preamble.py), when that switch is on
+    vision: Dict[str, Any] = field(default_factory=dict)
 
 
 def pin_tensors(inputs: Dict[str, Any]) -> Dict[str, Any]:

@@ -235,8 +235,13 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     from swift_vora.template import SampleRejected  # after build_template: ms-swift after Unsloth
 
     # after the plugin's own patches (build_template registers it): the ones Unsloth's rewrite made them skip
-    from ..speed import vit_attention
+    from ..speed import vision_preamble, vit_attention
     info['vit_attention'] = vit_attention.adopt_over_rewrite(model)
+    # SWIFT_VORA_VISION_PREAMBLE=prefetch: the tower's grid_thw-derived tensors made on the prefetch thread
+    preamble, info['vision_preamble'] = vision_preamble.install(model)
+    if info['vision_preamble'].get('not_installed'):
+        log(f'vision preamble stays in the model: {info["vision_preamble"]["not_installed"]}')
+    tower = preamble.tower if preamble is not None else None
     rows = build_rows(cfg)
     keys = _forward_keys(model)
 
@@ -256,12 +261,13 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     encodes = [t.encode for t in templates]
     # The first batch on this thread, one template (whatever the first encode sets up lazily), then the pool: both
     # draw from the same order, so the sequence of samples does not depend on encode_threads.
-    first = _next_batch(OrderedEncoder(encodes[:1], draw, rejected=(SampleRejected, )), template, len(rows), cfg)
+    first = _next_batch(OrderedEncoder(encodes[:1], draw, rejected=(SampleRejected, )), template, len(rows), cfg,
+                        tower)
     encoder = OrderedEncoder(encodes, draw, ahead=2 * len(encodes), rejected=(SampleRejected, ))
     ahead = f', up to {encoder.ahead} samples ahead' if encoder.threads > 1 else ' (inline on the prefetch thread)'
     log(f'encoding samples on {encoder.threads} thread(s) (unsloth.encode_threads), one template each{ahead}; '
         f'collating on the prefetch thread, {cfg.prefetch} micro-batches ahead')
-    prefetch = EncodePrefetcher(lambda: _next_batch(encoder, template, len(rows), cfg), depth=cfg.prefetch,
+    prefetch = EncodePrefetcher(lambda: _next_batch(encoder, template, len(rows), cfg, tower), depth=cfg.prefetch,
                                 first=first)
     model.train()
     sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
@@ -272,12 +278,52 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
         log('first step: Triton compiles and autotunes its kernels (Gated DeltaNet, grouped GEMMs): minutes with a '
             f'cold cache, seconds with a warm one ({kernel_cache.cache_root()})')
     info['startup_s'] = round(time.time() - PROCESS_START, 1)
+    from .step_ends import StepEnds, cuda_marker, lagged_requested
+    lagged = device.type == 'cuda' and lagged_requested()  # SWIFT_VORA_STEP_SYNC=lagged: one step in flight
+    ends = StepEnds(lagged, sync, cuda_marker(torch) if lagged else None)
+    info['step_sync'] = 'lagged' if lagged else 'each'
     start = time.time()
     step, samples, tokens, rejected, last, ckpt = 0, 0, 0, 0, {}, None
+
+    def record(end) -> None:
+        """What follows a finished step: the finite-loss check, the first-step report, the guards, the logs, saves."""
+        nonlocal last, ckpt
+        done, loss_sum, lr = end.step, end.loss, end.info['lr']
+        if not math.isfinite(loss_sum):
+            raise FloatingPointError(f'step {done}: loss is {loss_sum} (not finite)')
+        if done == 1:
+            info['first_step'] = kernel_cache.first_step_report(end.at - start, caches_before,
+                                                                kernel_cache.snapshot())
+            info['first_step']['triton'] = triton_activity.summary()
+            triton_activity.remove()
+            log(kernel_cache.describe(info['first_step']) + triton_activity.describe())
+            if info['vit_attention']:
+                log('vision attention over a rewritten forward (swift_vora/speed/vit_attention.py): '
+                    f'{json.dumps(info["vit_attention"])}')
+            if recompute_counter is not None:
+                from ..speed.partial_checkpoint import describe_recomputes
+                info['partial_checkpoint'].update(recompute_counter.close())
+                log(describe_recomputes(info['partial_checkpoint']))
+        if 'lora_update' in guards_on:
+            guards.after_step(done, lr)
+        last = {'step': done, 'loss': round(loss_sum, 6), 'lr': lr, 'samples': end.info['samples'],
+                'tokens': end.info['tokens'], 'rejected_samples': end.info['rejected'],
+                'seconds': round(end.at - start, 3), 'data_wait_s': round(prefetch.wait_s, 3), **_peak_memory(torch)}
+        if done % cfg.logging_steps == 0 or done == total or done == 1:
+            log(json.dumps(last))
+        with open(log_path, 'a', encoding='utf-8') as f:
+            f.write(json.dumps(last) + '\n')
+        if done % cfg.save_steps == 0 or done == total:
+            guards.enter('save', done)
+            ckpt = save(model, processor, cfg, done, info)
+
     try:
         while step < total:
-            with profiler.step(step + 1):  # SWIFT_VORA_PROFILE_STEP=N: torch.profiler over step N
-                loss_sum = 0.0
+            n = step + 1
+            # a step whose state is read after it (first-step report, save, profile, last) is never left in flight
+            hold = lagged and not (n == 1 or n == total or n % cfg.save_steps == 0 or n == profiler.target)
+            with profiler.step(n):  # SWIFT_VORA_PROFILE_STEP=N: torch.profiler over step N
+                loss_sum = 0.0 if not lagged else None
                 for micro in range(cfg.grad_accum):
                     guards.enter('batch_wait', step, micro)
                     batch = prefetch.next()
@@ -285,12 +331,19 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                     guards.on_batch(batch.supervised_per_sample, step, batch.names)
                     inputs = {k: v.to(device, non_blocking=True) if hasattr(v, 'to') else v  # pinned: prefetch.py
                               for k, v in batch.inputs.items() if k in keys}
+                    if preamble is not None and batch.vision:
+                        preamble.stage(inputs.get('video_grid_thw'), {
+                            k: v.to(device, non_blocking=True) if hasattr(v, 'to') else v
+                            for k, v in batch.vision.items()})
                     guards.enter('forward', step, micro)
                     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                         loss = model(**inputs).loss / cfg.grad_accum
                     guards.enter('backward', step, micro)
                     loss.backward()
-                    loss_sum += float(loss.detach())
+                    if lagged:  # summed on the device: no read-back until the step is recorded
+                        loss_sum = loss.detach().float() if loss_sum is None else loss_sum + loss.detach().float()
+                    else:
+                        loss_sum += float(loss.detach())
                     samples += batch.samples
                     tokens += batch.tokens
                 guards.enter('optimizer_step', step)
@@ -300,34 +353,11 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
-                sync()  # step times are GPU times, not launch times
-            if not math.isfinite(loss_sum):
-                raise FloatingPointError(f'step {step}: loss is {loss_sum} (not finite)')
-            if step == 1:
-                info['first_step'] = kernel_cache.first_step_report(time.time() - start, caches_before,
-                                                                    kernel_cache.snapshot())
-                info['first_step']['triton'] = triton_activity.summary()
-                triton_activity.remove()
-                log(kernel_cache.describe(info['first_step']) + triton_activity.describe())
-                if info['vit_attention']:
-                    log('vision attention over a rewritten forward (swift_vora/speed/vit_attention.py): '
-                        f'{json.dumps(info["vit_attention"])}')
-                if recompute_counter is not None:
-                    from ..speed.partial_checkpoint import describe_recomputes
-                    info['partial_checkpoint'].update(recompute_counter.close())
-                    log(describe_recomputes(info['partial_checkpoint']))
-            if 'lora_update' in guards_on:
-                guards.after_step(step, lr)
-            last = {'step': step, 'loss': round(loss_sum, 6), 'lr': lr, 'samples': samples, 'tokens': tokens,
-                    'rejected_samples': rejected, 'seconds': round(time.time() - start, 3),
-                    'data_wait_s': round(prefetch.wait_s, 3), **_peak_memory(torch)}
-            if step % cfg.logging_steps == 0 or step == total or step == 1:
-                log(json.dumps(last))
-            with open(log_path, 'a', encoding='utf-8') as f:
-                f.write(json.dumps(last) + '\n')
-            if step % cfg.save_steps == 0 or step == total:
-                guards.enter('save', step)
-                ckpt = save(model, processor, cfg, step, info)
+                # step times are GPU times, not launch times (each: synchronised here; lagged: one step later)
+                finished = ends.end(step, loss_sum, {'lr': lr, 'samples': samples, 'tokens': tokens,
+                                                     'rejected': rejected}, hold)
+            for end in finished:
+                record(end)
     except BaseException as error:
         guards.explain_error(error, step)
         raise
@@ -336,6 +366,9 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
         prefetch.close()
     info['supervision'] = guards.finish()
     info['profile'] = profiler.written
+    info['steps_left_in_flight'] = ends.held  # lagged: steps recorded after the next one was launched
+    if preamble is not None:
+        info['vision_preamble'] = preamble.summary()
     info.update(_peak_memory(torch))
     if 'max_memory_reserved_gib' in info:
         log(f'peak GPU memory (measured): {info["max_memory_allocated_gib"]} GiB allocated, '
@@ -445,9 +478,10 @@ def fla_hopper_workaround() -> Optional[str]:
     return None
 
 
-def _next_batch(encoder, template, n_rows: int, cfg: UnslothRunConfig):
+def _next_batch(encoder, template, n_rows: int, cfg: UnslothRunConfig, tower=None):
     """Collate one micro-batch of the encoder's samples (on the prefetch thread); rejected samples are counted and
-    logged, in the order drawn. `encode_s`: the time this took, waiting for the encode threads included."""
+    logged, in the order drawn. `encode_s`: the time this took, waiting for the encode threads included. With a
+    vision `tower` (SWIFT_VORA_VISION_PREAMBLE=prefetch) its preamble for the videos' grid too."""
     from .prefetch import Batch, pin_tensors
     t0 = time.perf_counter()
     encoded, names, reasons = [], [], []
@@ -465,7 +499,12 @@ def _next_batch(encoder, template, n_rows: int, cfg: UnslothRunConfig):
         encoded.append(got.sample)
         names.append(str((row.get('chat_template_kwargs') or {}).get('sample_id') or row.get('videos')))
     supervised = [sum(1 for t in e['labels'] if t != -100) for e in encoded]
-    return Batch(inputs=pin_tensors(template.data_collator(encoded)), samples=len(encoded),
+    inputs = template.data_collator(encoded)
+    vision = {}
+    if tower is not None and inputs.get('video_grid_thw') is not None:
+        from ..speed.vision_preamble import precompute
+        vision = pin_tensors(precompute(tower, inputs['video_grid_thw']))
+    return Batch(inputs=pin_tensors(inputs), vision=vision, samples=len(encoded),
                  tokens=sum(len(e['input_ids']) for e in encoded), supervised_per_sample=supervised,
                  rejected=len(reasons), encode_s=time.perf_counter() - t0, rejections=reasons, names=names)
 

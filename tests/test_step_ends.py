@@ -1,0 +1,64 @@
+"""When the Unsloth runner records a finished step: after each, or one step late (swift_vora/backends/step_ends.py)."""
+import pytest
+
+from swift_vora.backends.step_ends import ENV, StepEnds, lagged_requested
+
+
+class Device:
+    """A stand-in for the GPU: what was synchronised and which losses were read back, in order; each mark carries
+    the device time at which its step ended (`gpu_s`)."""
+
+    def __init__(self):
+        self.events = []
+
+    def sync(self):
+        self.events.append('sync')
+
+    def marker(self, loss):
+        self.events.append(f'mark {loss}')
+        device = self
+
+        class Mark:
+            gpu_s = loss  # a step of loss L ends at device time L s (the tests use 1.0, 2.0, ...)
+
+            def wait(self):
+                device.events.append(f'read {loss}')
+                return float(loss)
+
+            def seconds_until(self, later):
+                return later.gpu_s - self.gpu_s
+        return Mark()
+
+
+def test_each_synchronises_after_every_step_and_records_it_at_once():
+    dev = Device()
+    ends = StepEnds(False, dev.sync, dev.marker)
+    done = ends.end(1, 2.5, {'lr': 0.1}, hold=True)  # hold means nothing without lagging
+    assert [(d.step, d.loss, d.info) for d in done] == [(1, 2.5, {'lr': 0.1})]
+    assert dev.events == ['sync'] and ends.held == 0
+
+
+def test_lagged_records_a_held_step_once_the_next_is_launched_and_flushes_on_a_synchronised_step():
+    dev = Device()
+    ends = StepEnds(True, dev.sync, dev.marker)
+    assert [d.step for d in ends.end(1, 1.0, {}, hold=False)] == [1]  # the first step: synchronised
+    assert ends.end(2, 2.0, {'n': 2}, hold=True) == []  # in flight: nothing known yet, no sync
+    assert dev.events == ['mark 1.0', 'sync', 'read 1.0', 'mark 2.0']
+    done = ends.end(3, 3.0, {'n': 3}, hold=True)  # step 3 launched: step 2's loss is read, step 3 stays
+    assert [(d.step, d.loss, d.info) for d in done] == [(2, 2.0, {'n': 2})]
+    assert dev.events[-2:] == ['mark 3.0', 'read 2.0'] and 'sync' not in dev.events[3:]
+    done = ends.end(4, 4.0, {'n': 4}, hold=False)  # a save / the last step: everything, in order, after a sync
+    assert [d.step for d in done] == [3, 4] and dev.events[-3:] == ['sync', 'read 3.0', 'read 4.0']
+    assert ends.held == 2 and ends.pending == []
+    # drained together, timed back from the sync by the device time between their ends: 1 s apart, not 0
+    assert done[1].at - done[0].at == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize('raw,expected', [(None, False), ('each', False), ('lagged', True)])
+def test_the_switch(raw, expected):
+    assert lagged_requested({} if raw is None else {ENV: raw}) is expected
+
+
+def test_a_bad_value_names_the_switch():
+    with pytest.raises(Exception, match=ENV):
+        lagged_requested({ENV: 'sometimes'})
