@@ -56,28 +56,29 @@ def test_precomputed_preamble_gives_the_towers_own_outputs(build, grid):
     hook.remove()
 
 
-def test_the_tower_uses_what_was_staged_and_vit_attention_its_split_sizes():
-    grid = torch.tensor(GRIDS['one_video'])
-    tower = qwen3_5_moe_tower()
+def hooked_with_wrong_weights(tower, grid):
+    """(the tower's own output, the hook, a preamble whose position-embedding weights are all zero)."""
     expected = run(tower, grid)
     hook, _ = vision_preamble.install(tower, {vision_preamble.ENV: 'prefetch'})
     staged = vision_preamble.precompute(tower, grid)
+    staged['interp_weights'] = staged['interp_weights'] * 0  # no position embedding: an output that uses it changes
+    return expected, hook, staged
+
+
+def test_the_tower_uses_what_was_staged_and_vit_attention_its_split_sizes():
+    grid = torch.tensor(GRIDS['one_video'])
+    expected, hook, staged = hooked_with_wrong_weights(qwen3_5_moe_tower(), grid)
     assert staged[vision_preamble.SPLIT_SIZES_KEY] == [24] * 4
-    staged['interp_weights'] = staged['interp_weights'] * 0  # no position embedding: the output must change
     hook.stage(grid, staged)
-    assert not torch.allclose(run(tower, grid), expected)
+    assert not torch.allclose(run(hook.tower, grid), expected)
     assert getattr(staged['cu_seqlens'], vit_attention._CACHE_ATTR) == [24] * 4
 
 
 def test_a_call_with_another_grid_tensor_computes_its_own():
     grid = torch.tensor(GRIDS['two_sizes'])
-    tower = qwen3_vl_tower()
-    expected = run(tower, grid)
-    hook, _ = vision_preamble.install(tower, {vision_preamble.ENV: 'prefetch'})
-    staged = vision_preamble.precompute(tower, grid)
-    staged['interp_weights'] = staged['interp_weights'] * 0
+    expected, hook, staged = hooked_with_wrong_weights(qwen3_vl_tower(), grid)
     hook.stage(grid.clone(), staged)  # staged for another tensor (say, the images' grid)
-    torch.testing.assert_close(run(tower, grid), expected, rtol=0, atol=0)
+    torch.testing.assert_close(run(hook.tower, grid), expected, rtol=0, atol=0)
     assert hook.summary()['unmatched'] == 1 and hook.summary()['forwards_fed'] == 0
 
 
