@@ -230,6 +230,10 @@ def _table() -> Tuple[Switch, ...]:
                where='scripts/gpu/setup_megatron.sh'),
         Switch(PREFIX + 'MEGATRON_SITE', 'path', None, 'scripts/gpu/setup_megatron.sh: install target (default '
                '$TMPDIR/site-megatron, /tmp without TMPDIR)', None, where='scripts/gpu/setup_megatron.sh'),
+        Switch(PREFIX + 'GDN_CHECK', 'choice', 'run', 'scripts/gpu/run_all.sh megatron_moe: the Gated DeltaNet '
+               'gradient check before the Megatron runs (run) | skip it (~150 s of cold Triton compile; it passed in '
+               'every call on this wheel set, benchmarks/results/gdn-grad-check-*.json)', choices=('run', 'skip'),
+               where='scripts/gpu/run_all.sh'),
     )
 
 
