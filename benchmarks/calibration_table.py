@@ -266,6 +266,17 @@ ROWS: List[Dict[str, Any]] = [
                        'moe_throughput vora_unsloth_mb4_ck36_rank_scale, call k), 4 x 7,788 tok',
      'source': ('moe-h200-full-k-2026-12-03.json', 'vora_unsloth_mb4_ck36_rank_scale'), 'scope': 'training',
      'model': MOE, 'plan': [*UNSLOTH_FULL, '--micro-batch', '4', '--checkpoints', 'gpu', '--checkpoint-layers', '36']},
+    # --- out of sample: #31 memory call f (2026-12-04), micro-batch 2 under Megatron, predicted (57.32 GiB,
+    # docs/memory-model.md) before it ran; mg_f32 of the same call timed out in its first step. No constant changed ---
+    {'id': 40, 'what': 'as 34 at micro-batch 2 (megatron_moe mg_mb2, memory call f, 5 steps), 2 x 7,788 tok',
+     'source': ('megatron-h200-moe-mem-f-2026-12-04.json', 'mg_mb2'), 'scope': 'run', 'model': MOE8,
+     'plan': [*MEGATRON_MOE8, '--micro-batch', '2']},
+    # --- out of sample: #30 call l (2026-12-04): 8 of 40 layers not checkpointed, with the host levers (vision
+    # preamble on the prefetch thread, one step in flight; neither changes what the GPU holds). No constant changed ---
+    {'id': 41, 'what': 'as 38 with the first 32 of 40 decoder layers checkpointed (train.checkpoint_layers=32; '
+                       'moe_throughput vora_unsloth_mb4_ck32_rank_scale_nosync, call l), 4 x 7,788 tok',
+     'source': ('moe-h200-full-l-partial.json', 'vora_unsloth_mb4_ck32_rank_scale_nosync'), 'scope': 'training',
+     'model': MOE, 'plan': [*UNSLOTH_FULL, '--micro-batch', '4', '--checkpoints', 'gpu', '--checkpoint-layers', '32']},
 ]
 # Checked rows outside the tolerance, kept visible instead of refitted (a refit would make them in-sample): the
 # check fails on any other row outside, and on one of these coming back inside (then this list is out of date).

@@ -79,6 +79,12 @@ ROWS: List[Dict[str, Any]] = [
     {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, rank-scale lever, first 36 of 40 layers checkpointed (call k)',
      'source': ('moe-h200-full-k-2026-12-03.json', 'vora_unsloth_mb4_ck36_rank_scale'),
      'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4', '--checkpoint-layers', '36']},
+    # call l (2026-12-04): 8 of 40 layers not checkpointed, with the host levers (vision preamble on the prefetch
+    # thread, one step in flight; not modelled: they shorten the GPU's idle time, not its work)
+    {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, rank-scale lever, first 32 of 40 layers checkpointed, host '
+             'levers (call l)',
+     'source': ('moe-h200-full-l-partial.json', 'vora_unsloth_mb4_ck32_rank_scale_nosync'),
+     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4', '--checkpoint-layers', '32']},
     # the same under autocast before the encode pool and the batched vision attention (the efficiency was fitted to
     # it until call f)
     {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, LoRA under autocast, one encode thread (call e)',

@@ -54,6 +54,26 @@ def test_lagged_records_a_held_step_once_the_next_is_launched_and_flushes_on_a_s
     assert done[1].at - done[0].at == pytest.approx(1.0)
 
 
+def test_a_host_bound_step_is_timed_by_the_gpu_not_by_when_the_host_read_it():
+    """Call l of #30: launching step N+1 took most of a step, so the host read step N just before N+1 ended. Timed
+    by the host's clock the last pair read 2.5 s + 0.09 s and the first measured step carried the missing one."""
+    dev, host = Device(), {'t': 0.0}
+    ends = StepEnds(True, dev.sync, dev.marker, clock=lambda: host['t'])
+    period = 2.5  # the GPU ends step n at n x 2.5 s (the Device's marks carry their loss as their end time)
+    host['t'] = 1 * period
+    ends.end(1, 1 * period, {}, hold=False)  # synchronised: host clock = GPU end
+    recorded = []
+    for n in range(2, 6):
+        host['t'] = (n * period) - 0.09  # step n launched; the host reads step n-1 only now
+        recorded += ends.end(n, n * period, {}, hold=True)
+    host['t'] = 6 * period
+    recorded += ends.end(6, 6 * period, {}, hold=False)  # the last step: synchronised, drains 5 and 6
+    steps = [d.step for d in recorded]
+    assert steps == [2, 3, 4, 5, 6]
+    times = [1 * period] + [d.at for d in recorded]
+    assert [round(b - a, 6) for a, b in zip(times, times[1:])] == [period] * 5
+
+
 @pytest.mark.parametrize('raw,expected', [(None, False), ('each', False), ('lagged', True)])
 def test_the_switch(raw, expected):
     assert lagged_requested({} if raw is None else {ENV: raw}) is expected
