@@ -301,14 +301,17 @@ def backend_ratio(variants: Dict[str, Dict[str, Any]]) -> Optional[Dict[str, Any
 def assemble(payload: Dict[str, Any]) -> Dict[str, Any]:
     """The result file: the flagship report's keys at the top (as megatron-h200-2026-12-01.json), the variants'
     headline keys, the backend ratio. Under `--no-flagship` (the payload's `flagship_asked` false, read by the partial
-    and the final file alike) a mg_base that ran is not a failure: its item-1 report was not asked for, and the file
-    says so in `flagship`."""
+    and the final file alike) a mg_base that ran, or was not asked for, is not a failure: its item-1 report was not
+    asked for, and the file says so in `flagship`."""
     variants = payload['variants']
     mg = variants.get(FLAGSHIP) or {}
     flagship = mg.get('report') or {}
     top = {k: flagship.get(k) for k in REPORT_KEYS}
-    if not flagship and not payload.get('flagship_asked', True) and mg and not (mg.get('failed') or mg.get('skipped')):
+    asked = payload.get('flagship_asked', True)
+    if not flagship and not asked and mg and not (mg.get('failed') or mg.get('skipped')):
         top['flagship'] = f'not asked (--no-flagship): {FLAGSHIP} ran without the merged export and item-1 report'
+    elif not flagship and not asked and not mg:  # a call of other variants (the memory calls d-f said "not run")
+        top['flagship'] = f'not asked (--no-flagship), and {FLAGSHIP} was not among the variants'
     elif not flagship:
         top['failures'] = [f'{FLAGSHIP} (the item-1 run) did not report: {mg.get("failed", "not run")}'[:500]]
     if flagship:

@@ -138,6 +138,10 @@ def test_no_flagship_run_is_not_a_failure_and_still_gives_the_backend_ratio():
     assert mm.assemble(json.loads(json.dumps(payload)))['failures']  # asked for and missing: still a failure
     failed = {'variants': {'mg_base': {'failed': 'out of memory'}}, 'flagship_asked': False}
     assert 'out of memory' in mm.assemble(failed)['failures'][0]
+    # a memory call of other variants (memory calls d-f): mg_base neither asked for nor run is no failure
+    memory_call = mm.assemble({'variants': {'mg_mb2': {'peak_reserved_gib': 58.77}}, 'flagship_asked': False})
+    assert not memory_call.get('failures') and 'not among the variants' in memory_call['flagship']
+    assert mm.assemble({'variants': {'mg_mb2': {'peak_reserved_gib': 58.77}}})['failures']  # asked: still missing
 
 
 def test_a_slow_megatron_variant_gets_a_stack_dump_once_training_began(tmp_path):
