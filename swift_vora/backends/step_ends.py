@@ -34,7 +34,7 @@ class StepEnd:
     step: int
     loss: float
     info: Dict[str, Any] = field(default_factory=dict)
-    at: float = 0.0  # time.time() when the host learned the step had finished
+    at: float = 0.0  # the step's end on the GPU, on the host's clock (time.time())
 
 
 class StepEnds:
