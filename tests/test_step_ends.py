@@ -82,3 +82,45 @@ def test_the_switch(raw, expected):
 def test_a_bad_value_names_the_switch():
     with pytest.raises(Exception, match=ENV):
         lagged_requested({ENV: 'sometimes'})
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_host_bound_loop_records_the_gpu_step_period():
+    """The CUDA path (pinned copy + timing event) in the call l shape: the GPU is paced by the host's launches (six
+    10 ms kernels a step, each enqueued after 11 ms of host work), so the host reads step N-1 about 10 ms before step
+    N ends. Every recorded interval is the step period; the host's read times (the old clock) gave one interval of
+    nearly two periods at the start of the window and one of ~10 ms at its end."""
+    import time
+
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip('needs a CUDA GPU (run on the GPU machine: bash scripts/gpu/run_all.sh e2e -k step_ends)')
+    from swift_vora.backends.step_ends import cuda_marker
+
+    def gpu_ms(cycles):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    gpu_ms(1000)  # load the kernel
+    cycles = int(1_000_000 * 10.0 / gpu_ms(1_000_000))  # ~10 ms of GPU time
+    ends = StepEnds(True, torch.cuda.synchronize, cuda_marker(torch))
+    loss = torch.zeros((), device='cuda')
+    recorded = []
+    steps = 8
+    for n in range(1, steps + 1):
+        for _ in range(6):  # the step's launches: host work, then a kernel the GPU runs at once
+            time.sleep(0.011)
+            torch.cuda._sleep(cycles)
+        loss = loss + 1
+        recorded += ends.end(n, loss, {}, hold=1 < n < steps)
+    assert [d.step for d in recorded] == list(range(1, steps + 1))
+    assert [d.loss for d in recorded] == [float(n) for n in range(1, steps + 1)]
+    intervals = [b.at - a.at for a, b in zip(recorded, recorded[1:])]
+    period = sorted(intervals)[len(intervals) // 2]
+    assert 0.06 < period < 0.1, intervals
+    assert all(abs(i - period) < 0.2 * period for i in intervals), intervals
