@@ -29,6 +29,13 @@ SERIAL = '_serial'
 # A lever measured against the default in the same call (moe_throughput's *_rank_scale variants,
 # SWIFT_VORA_MOE_LORA_SCALE=rank): the variant without the suffix is its twin.
 RANK_SCALE = '_rank_scale'
+# The host levers (moe_throughput's *_nosync variants: the vision preamble on the prefetch thread, one step in
+# flight) against the same variant without them, in the same call.
+HOST_LEVERS = '_nosync'
+# A run with one step in flight whose runner timed held steps by when the host read them (before the runner wrote
+# `step_clock`, 2026-12-04, after call l): its median step is the step period, its mean is not (one step short over
+# the window -- docs/runs/h200-moe-full/README.md, "Call l").
+HOST_CLOCK_MEAN = 'not comparable: one step in flight, timed by the host before the GPU step clock (call l)'
 
 
 def setting(name: str, variant: Dict[str, Any], date: str) -> str:
@@ -67,7 +74,7 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
     for name in names:
         runs = [{'file': c['file'], 'tokens_per_s': c['variants'][name]['tokens_per_s'],
                  'median_step_s': c['variants'][name].get('median_step_s'),
-                 'mean_step_s': c['variants'][name].get('mean_step_s'),
+                 **_mean_step(c['variants'][name]),
                  'first_step_s': c['variants'][name].get('first_step_s')}
                 for c in calls if (c['variants'].get(name) or {}).get('tokens_per_s')]
         rates = [r['tokens_per_s'] for r in runs]
@@ -83,7 +90,7 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
             speedups.append({'file': c['file'], 'ours': best, 'speedup_median': round(ours[best] / plain, 3),
                              'by_variant': {n: round(r / plain, 3) for n, r in sorted(ours.items())}})
     # the autocast default against its fp32-LoRA twin of the same call: the same learning, step by step
-    twins, rank_scale = [], []
+    twins, rank_scale, host_levers = [], [], []
     for c in calls:
         for name, v in c['variants'].items():
             twin = c['variants'].get(name.removesuffix(SERIAL) + FP32_LORA) or {}  # call e's twin was serial too
@@ -96,6 +103,10 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
             if default and v.get('losses') and default.get('losses'):
                 rank_scale.append({'file': c['file'], 'variant': name, 'twin': name.removesuffix(RANK_SCALE),
                                    **_against(v, default)})
+            plain = c['variants'].get(name.removesuffix(HOST_LEVERS)) if name.endswith(HOST_LEVERS) else None
+            if plain and v.get('losses') and plain.get('losses'):
+                host_levers.append({'file': c['file'], 'variant': name, 'twin': name.removesuffix(HOST_LEVERS),
+                                    **_against(v, plain)})
     # across calls (not side by side, say so): the fastest swift-vora run of any call over each plain swift run
     ours_all = [(r['tokens_per_s'], n, r['file']) for n, v in per_variant.items() if n.startswith('vora_')
                 for r in v['calls']]
@@ -107,7 +118,15 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
                  if r['file'] != where]  # the same call is side by side: speedup_per_call has it
     return {'calls': [{k: c[k] for k in ('file', 'date', 'partial', 'layers')} for c in calls],
             'variants': per_variant, 'speedup_per_call': speedups, 'speedup_across_calls': cross,
-            'autocast_vs_fp32_lora': twins, 'rank_scale_vs_default': rank_scale}
+            'autocast_vs_fp32_lora': twins, 'rank_scale_vs_default': rank_scale, 'host_levers_vs_twin': host_levers}
+
+
+def _mean_step(variant: Dict[str, Any]) -> Dict[str, Any]:
+    """The variant's mean step, or None and why where the file's mean is known wrong (HOST_CLOCK_MEAN)."""
+    runner = variant.get('runner') or {}
+    if runner.get('step_sync') == 'lagged' and 'step_clock' not in runner:
+        return {'mean_step_s': None, 'mean_step_note': HOST_CLOCK_MEAN}
+    return {'mean_step_s': variant.get('mean_step_s')}
 
 
 def _against(v: Dict[str, Any], twin: Dict[str, Any]) -> Dict[str, Any]:
@@ -139,6 +158,9 @@ def render(s: Dict[str, Any]) -> str:
     for t in s.get('rank_scale_vs_default') or []:
         lines.append(f'{t["file"]}: {t["variant"]} against {t["twin"]}: {t["median_step_ratio"]}x (median steps), '
                      f'{t["losses"]} logged losses within {100 * t["loss_max_rel_diff"]:.2f} %')
+    for t in s.get('host_levers_vs_twin') or []:
+        lines.append(f'{t["file"]}: {t["variant"]} (host levers) against {t["twin"]}: {t["median_step_ratio"]}x '
+                     f'(median steps), {t["losses"]} logged losses within {100 * t["loss_max_rel_diff"]:.2f} %')
     for sp in s.get('speedup_across_calls') or []:
         lines.append(f'across calls (not side by side): {sp["ours"]} of {sp["ours_file"]} / swift_peft of '
                      f'{sp["plain_file"]} = {sp["speedup_median"]}x (median steps)')

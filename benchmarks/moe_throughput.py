@@ -389,8 +389,8 @@ def summarize_runner(name: str, out: str, args, command: Optional[str], wall: Op
         'losses': [r['loss'] for r in steps], 'wall_s': round(wall, 1) if wall is not None else None,
         'runner': {k: run.get(k) for k in ('loader', 'split_lora', 'moe_backend', 'lora_tensors', 'expert_lora_tensors',
                                            'trainable_params', 'linear_attention_kernel', 'autocast',
-                                           'encode_threads', 'moe_lora_scale', 'step_sync', 'steps_left_in_flight',
-                                           'vision_preamble')},
+                                           'encode_threads', 'moe_lora_scale', 'step_sync', 'step_clock',
+                                           'steps_left_in_flight', 'vision_preamble')},
         'planned': read_plan(out),
     }
 

@@ -776,6 +776,38 @@ def test_moe_calls_compares_the_rank_scale_lever_with_its_twin_of_the_same_call(
     assert 'vora_unsloth_mb4_rank_scale against vora_unsloth_mb4: 1.1x' in moe_calls.render(s)
 
 
+def test_moe_calls_compares_the_host_levers_with_their_twin_and_drops_the_mean_of_the_old_step_clock(tmp_path):
+    """`*_nosync` (the vision preamble on the prefetch thread, one step in flight) against the same variant without
+    them in one call; and a lagged run from before the runner timed held steps on the GPU (no `step_clock`: call l)
+    keeps its median but not its mean, which was one step short over the window."""
+    sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
+    import moe_calls
+    each = {'autocast': 'bfloat16', 'encode_threads': 4, 'step_sync': 'each'}
+    lagged = {**each, 'step_sync': 'lagged', 'step_clock': 'gpu_end'}
+    call_m = {'date': '2026-12-05', 'model': {'layers': 40}, 'variants': {
+        'vora_unsloth_mb4_ck32_rank_scale': {'tokens_per_s': 11900.0, 'runner': each, 'median_step_s': 2.6,
+                                             'mean_step_s': 2.62, 'losses': [13.0, 12.0]},
+        'vora_unsloth_mb4_ck32_rank_scale_nosync': {'tokens_per_s': 12350.0, 'runner': lagged, 'median_step_s': 2.5,
+                                                    'mean_step_s': 2.52, 'losses': [13.0, 12.06]}}}
+    call_l = {'date': '2026-12-04', 'partial': True, 'model': {'layers': 40}, 'variants': {
+        'vora_unsloth_mb4_ck32_rank_scale_nosync': {'tokens_per_s': 12335.7, 'median_step_s': 2.526,
+                                                    'mean_step_s': 2.31, 'losses': [13.08],
+                                                    'runner': {**each, 'step_sync': 'lagged'}}}}  # no step_clock
+    (tmp_path / 'moe-h200-full-l-partial.json').write_text(json.dumps(call_l))
+    (tmp_path / 'moe-h200-full-m.json').write_text(json.dumps(call_m))
+    s = moe_calls.summarize(moe_calls.load('moe-h200-full-*.json', str(tmp_path)))
+    assert s['host_levers_vs_twin'] == [{'file': 'moe-h200-full-m.json',
+                                         'variant': 'vora_unsloth_mb4_ck32_rank_scale_nosync',
+                                         'twin': 'vora_unsloth_mb4_ck32_rank_scale', 'losses': 2,
+                                         'loss_max_rel_diff': 0.005, 'median_step_ratio': 1.04}]
+    assert '(host levers) against vora_unsloth_mb4_ck32_rank_scale: 1.04x' in moe_calls.render(s)
+    runs = {r['file']: r for r in s['variants']['vora_unsloth_mb4_ck32_rank_scale_nosync']['calls']}
+    assert runs['moe-h200-full-l-partial.json']['median_step_s'] == 2.526
+    assert runs['moe-h200-full-l-partial.json']['mean_step_s'] is None
+    assert 'call l' in runs['moe-h200-full-l-partial.json']['mean_step_note']
+    assert runs['moe-h200-full-m.json']['mean_step_s'] == 2.52
+
+
 @pytest.mark.slow
 def test_runner_with_the_vision_preamble_on_the_prefetch_thread_trains_the_same(tiny_q35, tmp_path, offline_env):
     """SWIFT_VORA_VISION_PREAMBLE=prefetch: every forward's vision tower is fed the preamble made on the prefetch

@@ -282,6 +282,8 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     lagged = device.type == 'cuda' and lagged_requested()  # SWIFT_VORA_STEP_SYNC=lagged: one step in flight
     ends = StepEnds(lagged, sync, cuda_marker(torch) if lagged else None)
     info['step_sync'] = 'lagged' if lagged else 'each'
+    if lagged:  # held steps timed by their end on the GPU (step_ends.py); runs before it have a wrong mean step
+        info['step_clock'] = 'gpu_end'
     start = time.time()
     step, samples, tokens, rejected, last, ckpt = 0, 0, 0, 0, {}, None
 
