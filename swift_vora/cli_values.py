@@ -44,3 +44,11 @@ def positive_int(maximum: int = 1_000_000) -> Callable[[str], int]:
 
 def nonnegative_int(maximum: int = 1_000_000) -> Callable[[str], int]:
     return number(0, maximum, integer=True)
+
+
+def count_or_auto(count: Callable[[str], int]) -> Callable[[str], object]:
+    """`count`, or the word auto (the plan decides: `--checkpoint-layers auto`)."""
+    def parse(text: str):
+        return 'auto' if text == 'auto' else count(text)
+    parse.__name__ = 'count or auto'
+    return parse

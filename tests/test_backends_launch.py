@@ -361,6 +361,42 @@ def test_checkpoint_layers_reaches_the_training_process_and_is_refused_where_it_
         recipe_from_dict(minimal(checkpoint_layers=-1))
 
 
+def test_checkpoint_layers_auto_launches_the_fewest_layers_the_plan_fits():
+    """train.checkpoint_layers=auto: the plan picks the fewest checkpointed layers whose plan still fits (each one
+    not checkpointed is a forward the backward does not recompute), says so, and the launch checkpoints that many;
+    one layer fewer would not fit. Where every layer stays checkpointed the launch sets nothing."""
+    from dataclasses import replace
+
+    from swift_vora.backends.planning import plan_request
+    from swift_vora.plan.select import make_plan
+
+    moe = recipe_from_dict(dict(minimal(MOE_35B, checkpoint_layers='auto', micro_batch=4), hardware='h200x1'))
+    plan = plan_recipe(moe)
+    k = plan.checkpoint_layers
+    assert plan.verdict == 'fits' and 0 < k < 40, plan.reasons
+    assert build_launch(plan, moe).env['SWIFT_VORA_CHECKPOINT_LAYERS'] == str(k)
+    assert any(r.startswith(f'train.checkpoint_layers=auto: the first {k} of 40') for r in plan.reasons)
+    request = replace(plan_request(moe), checkpoints=plan.checkpoints)  # 'gpu': the plan's place for them
+    assert plan.checkpoints == 'gpu'
+    assert make_plan(replace(request, checkpoint_layers=k)).verdict == 'fits'
+    assert make_plan(replace(request, checkpoint_layers=k - 1), search_alternatives=False).verdict == 'does_not_fit'
+    # checkpoints offloaded to host RAM (the GPU is short): every layer stays checkpointed, and no variable
+    offloaded = recipe_from_dict(dict(minimal(MOE_35B, checkpoint_layers='auto', micro_batch=4), hardware='h200x1',
+                                      unsloth={'gradient_checkpointing': 'unsloth'}))
+    offloaded_plan = plan_recipe(offloaded)
+    assert offloaded_plan.checkpoints == 'host' and offloaded_plan.checkpoint_layers is None
+    assert 'SWIFT_VORA_CHECKPOINT_LAYERS' not in build_launch(offloaded_plan, offloaded).env
+    assert any('every one of the 40 decoder layers checkpointed (the layer checkpoints go to host RAM' in r
+               for r in offloaded_plan.reasons)
+    # Megatron recomputes by its own settings: auto is not refused there, it leaves them alone
+    megatron = recipe_from_dict(dict(minimal(MOE_35B, checkpoint_layers='auto'), hardware='h200x8'))
+    assert 'SWIFT_VORA_CHECKPOINT_LAYERS' not in build_launch(plan_recipe(megatron), megatron).env
+    with pytest.raises(RecipeError, match="'train.checkpoint_layers' must be a number of layers or auto"):
+        recipe_from_dict(minimal(checkpoint_layers='some'))
+    with pytest.raises(RecipeError, match='gradient_checkpointing is false'):
+        recipe_from_dict(minimal(checkpoint_layers='auto', gradient_checkpointing=False))
+
+
 def test_recipe_env_cannot_override_the_budget():
     recipe = recipe_from_dict(dict(minimal(), env={'SWIFT_VORA_MAX_FRAMES': '512'}))
     with pytest.raises(LaunchUsageError):

@@ -225,6 +225,26 @@ def test_checkpointing_fewer_layers_plans_their_activations_and_a_speed_in_betwe
     assert '20 of 28 layers checkpointed' in part.est_source
 
 
+def test_plan_cli_checkpoint_layers_auto_on_a_dense_model_is_no_checkpointing_where_memory_is_free():
+    """`--checkpoint-layers auto` on the 2B dense shape on an H200: every layer fits without its checkpoint, so the
+    plan keeps none (the plan of --checkpoint-layers 0, which plans as no checkpointing); on a 16 GiB GPU some."""
+    from swift_vora.cli.plan import plan_from_argv
+    base = ['--model', os.path.join(os.path.dirname(__file__), 'fixtures', 'configs', 'qwen3_vl_2b.json'),
+            '--backend', 'ddp', '--compile', 'layers', '--frame-tokens', '180', '--clip-seconds', '32',
+            '--answer-tokens', '16']
+    auto = plan_from_argv([*base, '--hardware', 'h200x1', '--checkpoint-layers', 'auto'])
+    zero = plan_from_argv([*base, '--hardware', 'h200x1', '--checkpoint-layers', '0'])
+    assert auto.checkpoint_layers == 0 and auto.gpu_peak_gib == zero.gpu_peak_gib
+    assert any(r.startswith('train.checkpoint_layers=auto: no decoder layer checkpointed, all 28')
+               for r in auto.reasons)
+    small = plan_from_argv([*base, '--gpus', '1', '--gpu-mem-gib', '16', '--checkpoint-layers', 'auto'])
+    assert small.verdict == 'fits' and 0 < small.checkpoint_layers < 28
+    assert plan_from_argv([*base, '--gpus', '1', '--gpu-mem-gib', '16', '--checkpoint-layers',
+                           str(small.checkpoint_layers - 1)]).verdict == 'does_not_fit'
+    with pytest.raises(SystemExit):  # argparse: neither a count nor auto
+        plan_from_argv([*base, '--hardware', 'h200x1', '--checkpoint-layers', 'most'])
+
+
 def test_unsloth_checkpoints_and_lora_gradients_peak_one_after_the_other():
     """Backward frees layer i's checkpoint as it allocates layer i's LoRA gradients: on the Unsloth path the two
     count at the larger, not the sum (the H200's backward peak at micro-batch 1 was the same with the checkpoints on

@@ -109,6 +109,8 @@ class PlanView:
     linear_attention_layers: int = 0  # of them, linear attention (Qwen3.5's Gated DeltaNet)
     model: Optional[ModelSpec] = None  # config.json as the planner read it (None: a launch without a plan)
     checkpoints: Optional[str] = None  # unsloth_split_lora: 'gpu' | 'host' (the plan's choice for checkpoints=auto)
+    # the first N decoder layers checkpointed (the recipe's number, or the plan's pick for auto); None: every layer
+    checkpoint_layers: Optional[int] = None
 
     @property
     def world(self) -> int:
@@ -130,7 +132,7 @@ class PlanView:
                    model_type=declared or model.model_type, gpu_peak_gib=plan.gpu_peak_gib,
                    host_peak_gib=plan.host_peak_gib, gpu_mem_gib=plan.gpu_capacity_gib, num_layers=model.num_layers,
                    linear_attention_layers=model.num_linear_attention_layers, model=model,
-                   checkpoints=plan.checkpoints)
+                   checkpoints=plan.checkpoints, checkpoint_layers=plan.checkpoint_layers)
 
     def described_model(self, model_path: str) -> ModelSpec:
         """The model this view was planned for; a view made without a plan (the Unsloth runner's) reads it with the

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from .. import switches
 from ..budget import VideoBudget
 from ..offline import OFFLINE_ENV
-from ..plan.backend import DEEPSPEED, Backend
+from ..plan.backend import AUTO, DEEPSPEED, Backend
 from ..plan.model_source import load_model_spec
 from ..plan.model_spec import UnsupportedModel
 from .base import Launch, LaunchUsageError, PlanView
@@ -43,6 +43,13 @@ def video_budget(recipe: Recipe) -> VideoBudget:
     return VideoBudget(**{k: v for k, v in recipe.section('video').items()})
 
 
+def checkpoint_layers(recipe: Recipe, view: PlanView) -> Optional[int]:
+    """How many decoder layers the launch checkpoints (None: every layer): the recipe's number, or for `auto` the
+    plan's pick (plan/fit.py; None where it picked every layer)."""
+    asked = recipe['train.checkpoint_layers']
+    return view.checkpoint_layers if asked == AUTO else asked
+
+
 def common_env(recipe: Recipe, view: PlanView, environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """Offline flags, the video budget, the window settings, the guards' env, and the rendezvous."""
     environ = os.environ if environ is None else environ
@@ -55,8 +62,9 @@ def common_env(recipe: Recipe, view: PlanView, environ: Optional[Mapping[str, st
     if recipe['data.video_root']:
         env['SWIFT_VORA_VIDEO_ROOT'] = recipe['data.video_root']
     env['SWIFT_VORA_ENCODE_LOG'] = os.path.join(recipe['train.output_dir'], 'encode_log.jsonl')
-    if recipe['train.checkpoint_layers'] is not None:  # speed/partial_checkpoint.py (swift sft and Unsloth)
-        env['SWIFT_VORA_CHECKPOINT_LAYERS'] = str(recipe['train.checkpoint_layers'])
+    layers = checkpoint_layers(recipe, view)
+    if layers is not None:  # speed/partial_checkpoint.py (swift sft and Unsloth)
+        env['SWIFT_VORA_CHECKPOINT_LAYERS'] = str(layers)
     if os.path.isfile(recipe.path):  # hashed into fingerprint.json (a plan's stand-in recipe has no file)
         env['SWIFT_VORA_RECIPE'] = os.path.abspath(recipe.path)
         if recipe.overrides:  # recorded next to the recipe's hash in fingerprint.json (guards/fingerprint.py)

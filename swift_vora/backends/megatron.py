@@ -30,7 +30,7 @@ import os
 from typing import Dict, List, Mapping, Optional
 
 from ..guards.registry import GUARDS, MEGATRON_GUARDS, enabled_guards
-from ..plan.backend import Backend
+from ..plan.backend import AUTO, Backend
 from . import megatron_fla
 from .base import Launch, Launcher, LaunchUsageError, PlanView
 from .common import (
@@ -145,7 +145,7 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
 def build_megatron_launch(view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
     if recipe['train.tuner'] != 'lora':
         raise LaunchUsageError('megatron_ep_lora trains LoRA (train.tuner=lora)')
-    if recipe['train.checkpoint_layers'] is not None:
+    if recipe['train.checkpoint_layers'] not in (None, AUTO):  # auto: the plan checkpointed every layer here
         raise LaunchUsageError(f'{recipe.path}: train.checkpoint_layers applies to swift sft and Unsloth; Megatron '
                                'recomputes by its own settings (megatron.recompute, megatron.recompute_num_layers)')
     env = common_env(recipe, view, environ)

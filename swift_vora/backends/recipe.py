@@ -83,8 +83,9 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'train.logging_steps': ((int, ), 5),
     'train.gradient_checkpointing': ((bool, ), True),  # recompute activations: much less memory, ~30 % slower
     # With gradient checkpointing: checkpoint only the first N decoder layers, the others keep their activations
-    # (swift_vora/speed/partial_checkpoint.py; swift sft and Unsloth). None: all. The plan says which N fit.
-    'train.checkpoint_layers': ((int, type(None)), None),
+    # (swift_vora/speed/partial_checkpoint.py; swift sft and Unsloth). None: all. The plan says which N fit; 'auto':
+    # the plan picks the fewest that fit (plan/fit.py), every layer where none fewer does.
+    'train.checkpoint_layers': ((int, str, type(None)), None),
     'train.freeze_vit': ((bool, ), True),  # keep the vision tower frozen (LoRA on the language model only)
     'train.dtype': ((str, ), 'bfloat16'),  # bfloat16 | float16 | float32 (float32: CPU only)
     'train.attn_impl': ((str, type(None)), 'sdpa'),  # sdpa | flash_attn | eager (flash_attn: install it)
@@ -408,13 +409,16 @@ def _check(values: Dict[str, Any], where: str) -> None:
         raise RecipeError(f'{where}: train.packing={values["train.packing"]} needs an attention that keeps packed '
                           f'samples apart; train.attn_impl={values["train.attn_impl"]!r} does not (sdpa packs as '
                           f'vora_varlen; flash_attn works too)')
+    if isinstance(values['train.checkpoint_layers'], str) and values['train.checkpoint_layers'] != AUTO:
+        raise RecipeError(f'{where}: key \'train.checkpoint_layers\' must be a number of layers or auto, got '
+                          f'{_show(values["train.checkpoint_layers"])}')
     if values['train.checkpoint_layers'] is not None and not values['train.gradient_checkpointing']:
         raise RecipeError(f'{where}: train.checkpoint_layers={values["train.checkpoint_layers"]} says how many layers '
                           f'to checkpoint, but train.gradient_checkpointing is false (nothing is checkpointed); '
                           f'set gradient_checkpointing true, or drop checkpoint_layers')
     for key, (low, high, low_ok) in RANGES.items():
         value = values[key]
-        if value is None or isinstance(value, bool):
+        if value is None or isinstance(value, (bool, str)):  # a string here is checkpoint_layers' auto
             continue
         if not math.isfinite(value):
             raise RecipeError(f'{where}: key {key!r} must be a finite number, got {_show(value)}')

@@ -16,7 +16,7 @@ from typing import Dict, List
 from .. import switches
 from ..backends.recipe import Recipe, recipe_from_dict
 from ..budget import ENV_PREFIX, VideoBudget
-from ..cli_values import nonnegative_int, number, positive_int
+from ..cli_values import count_or_auto, nonnegative_int, number, positive_int
 from ..data.windowing import WindowConfig
 from ..errors import InvalidInput, UsageError
 from ..json_output import dumps
@@ -70,9 +70,10 @@ def register_commands(subparsers) -> None:
     t.add_argument('--lora-targets', choices=LORA_TARGETS, default='all-linear',
                    help='all-linear includes the routed experts (one rank-r pair per expert)')
     t.add_argument('--no-gradient-checkpointing', action='store_true')
-    t.add_argument('--checkpoint-layers', type=nonnegative_int(100_000), default=None, metavar='N',
+    t.add_argument('--checkpoint-layers', type=count_or_auto(nonnegative_int(100_000)), default=None, metavar='N',
                    help='with gradient checkpointing: checkpoint the first N decoder layers only, the others keep '
-                        'their activations (recipe train.checkpoint_layers; default: all)')
+                        'their activations; auto: the fewest the plan fits (recipe train.checkpoint_layers; '
+                        'default: all)')
     t.add_argument('--samples', type=positive_int(10 ** 12), default=None, metavar='N',
                    help='windowed samples per epoch of your dataset: the plan estimates hours per epoch (train '
                         'counts them from the recipe\'s dataset)')

@@ -50,6 +50,7 @@ def _alt_dict(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardwa
             'gpu_mem_gib': hw.gpu_mem_gib, 'gpu_peak_gib': round(est.gpu_peak / C.GiB, 2),
             'host_peak_gib': round(est.host_peak / C.GiB, 2), 'host_limit_gib': hw.host_ram_gib,
             'trainable_params': est.trainable_params, 'checkpoints': checkpoints_of(est),
+            'checkpoint_layers': est.setup.checkpoint_layers,
             'est_tokens_per_s': speed.for_setup(spec, tokens, est.setup, hw.gpu_name).tokens_per_s}
 
 

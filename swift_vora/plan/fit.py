@@ -3,14 +3,14 @@ write the sizes."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from . import constants as C
 from .backend import Backend
 from .hardware import Hardware
 from .memory import MemoryEstimate, TrainSetup, estimate
 from .model_spec import ModelSpec
-from .request import PlanRequest
+from .request import CHECKPOINT_LAYERS_AUTO, PlanRequest
 from .video_budget import VideoTokens
 
 
@@ -44,7 +44,9 @@ def train_setup(req: PlanRequest, hw: Hardware, backend: Backend, ep: int, tp: i
                       samples_per_row=samples_per_row(req, tokens),
                       lora_rank=req.lora_rank, lora_targets=req.lora_targets,
                       gradient_checkpointing=req.gradient_checkpointing, vision_mode=req.vision_mode,
-                      checkpoint_layers=req.checkpoint_layers if req.gradient_checkpointing else None,
+                      # 'auto' not yet decided (estimate_for decides it) is planned as every layer checkpointed
+                      checkpoint_layers=(req.checkpoint_layers if req.gradient_checkpointing and
+                                         req.checkpoint_layers != CHECKPOINT_LAYERS_AUTO else None),
                       checkpoint_offload=req.checkpoints == 'host',
                       # swift-vora compiles the layers under swift sft without DeepSpeed only (compile_layers.py)
                       compiled_layers=req.compile == 'layers' and backend == Backend.DDP,
@@ -62,9 +64,46 @@ def fits(est: MemoryEstimate, hw: Hardware) -> Tuple[bool, bool]:
 
 def estimate_for(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend, ep: int,
                  tp: int) -> Tuple[MemoryEstimate, PlanRequest]:
-    """The estimate and the request it was made for, with `checkpoints=auto` decided: Unsloth keeps its layer
-    checkpoints on the GPU when that fits (the faster path, measured: docs/benchmarks.md) and offloads them to
-    pinned host RAM only when the GPU-resident plan does not fit and the offloaded one does."""
+    """The estimate and the request it was made for, with `checkpoints=auto` and `checkpoint_layers=auto`
+    decided (the checkpoints' place first, with every layer checkpointed; then how many layers)."""
+    est, req = _checkpoints_decided(spec, tokens, req, hw, backend, ep, tp)
+    if req.checkpoint_layers == CHECKPOINT_LAYERS_AUTO:
+        return _fewest_checkpointed_layers(spec, tokens, req, hw, backend, ep, tp, est)
+    return est, req
+
+
+# Where the first N layers can be checkpointed and the rest keep their activations: swift sft (speed/
+# partial_checkpoint.py, ddp and DeepSpeed) and the Unsloth runner; Megatron recomputes by its own flags.
+PARTIAL_CHECKPOINT_BACKENDS = (Backend.DDP, Backend.DEEPSPEED_ZERO2, Backend.DEEPSPEED_ZERO3,
+                               Backend.UNSLOTH_SPLIT_LORA)
+
+
+def _fewest_checkpointed_layers(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware,
+                                backend: Backend, ep: int, tp: int,
+                                every_layer: MemoryEstimate) -> Tuple[MemoryEstimate, PlanRequest]:
+    """`checkpoint_layers=auto`: the fewest checkpointed layers (the first ones) whose plan fits -- each layer
+    not checkpointed is one the backward does not recompute, paid for in memory. Every layer when no fewer fits,
+    when every layer does not fit either, with the checkpoints offloaded to host RAM (the offload is there because
+    the GPU is short), or where the backend has no partial checkpointing."""
+    every = replace(req, checkpoint_layers=None)
+    if (not req.gradient_checkpointing or backend not in PARTIAL_CHECKPOINT_BACKENDS or req.checkpoints == 'host'
+            or not all(fits(every_layer, hw))):
+        return every_layer, every
+    best, best_k = every_layer, None
+    for k in range(spec.num_layers - 1, -1, -1):  # memory grows as k falls: stop at the first that does not fit
+        fewer = replace(req, checkpoint_layers=k)
+        est = estimate(spec, tokens, train_setup(fewer, hw, backend, ep, tp, tokens))
+        if not all(fits(est, hw)):
+            break
+        best, best_k = est, k
+    return best, replace(req, checkpoint_layers=best_k)
+
+
+def _checkpoints_decided(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend,
+                         ep: int, tp: int) -> Tuple[MemoryEstimate, PlanRequest]:
+    """`checkpoints=auto` decided: Unsloth keeps its layer checkpoints on the GPU when that fits (the faster path,
+    measured: docs/benchmarks.md) and offloads them to pinned host RAM only when the GPU-resident plan does not fit
+    and the offloaded one does."""
     if backend != Backend.UNSLOTH_SPLIT_LORA or req.checkpoints != 'auto' or not req.gradient_checkpointing:
         return estimate(spec, tokens, train_setup(req, hw, backend, ep, tp, tokens)), req
     on_gpu = replace(req, checkpoints='gpu')
@@ -74,6 +113,29 @@ def estimate_for(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Har
     on_host = replace(req, checkpoints='host')
     est_host = estimate(spec, tokens, train_setup(on_host, hw, backend, ep, tp, tokens))
     return (est_host, on_host) if all(fits(est_host, hw)) else (est, on_gpu)
+
+
+def checkpoint_layers_sentence(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, asked: Any, hw: Hardware,
+                               backend: Backend, ep: int, tp: int, est: MemoryEstimate) -> Optional[str]:
+    """What `checkpoint_layers=auto` decided (`req` is the decided request), with the every-layer peak beside it."""
+    if asked != CHECKPOINT_LAYERS_AUTO or not req.gradient_checkpointing:
+        return None
+    n = spec.num_layers
+    k = req.checkpoint_layers
+    if k is None:
+        if backend not in PARTIAL_CHECKPOINT_BACKENDS:
+            why = f'{backend} recomputes by its own settings'
+        elif req.checkpoints == 'host':
+            why = 'the layer checkpoints go to host RAM because the GPU is short'
+        else:
+            why = 'no fewer fit'
+        return f'train.checkpoint_layers=auto: every one of the {n} decoder layers checkpointed ({why}).'
+    every = estimate(spec, tokens, train_setup(replace(req, checkpoint_layers=None), hw, backend, ep, tp, tokens))
+    which = (f'no decoder layer checkpointed, all {n} keep their activations' if k == 0 else
+             f'the first {k} of {n} decoder layers checkpointed, the last {n - k} keep their activations')
+    return (f'train.checkpoint_layers=auto: {which} -- the fewest the plan fits ({gib(est.gpu_peak)} on the GPU; '
+            f'with every layer checkpointed {gib(every.gpu_peak)}). A layer not checkpointed is a forward the '
+            'backward does not recompute; train.checkpoint_layers=N sets the number.')
 
 
 def checkpoints_of(est: MemoryEstimate) -> Optional[str]:

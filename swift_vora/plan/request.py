@@ -14,6 +14,7 @@ BACKEND_CHOICES = (AUTO, ) + BACKENDS
 OFFLOADS = ('none', 'cpu')
 QUANTS = ('none', '4bit')
 CHECKPOINTS = ('auto', 'gpu', 'host')  # unsloth_split_lora's layer checkpoints
+CHECKPOINT_LAYERS_AUTO = 'auto'  # checkpoint_layers: the plan picks the fewest checkpointed layers that fit
 VERDICTS = ('fits', 'does_not_fit', 'refused')
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_REFUSED = 0, 3, 4
 
@@ -44,8 +45,8 @@ class PlanRequest:
     nodes: int = 1
     gradient_checkpointing: bool = True
     # with gradient checkpointing: the first N decoder layers checkpointed, the others keep their activations
-    # (recipe train.checkpoint_layers); None: every layer
-    checkpoint_layers: Optional[int] = None
+    # (recipe train.checkpoint_layers); None: every layer; 'auto': the fewest whose plan fits (plan/fit.py)
+    checkpoint_layers: Optional[Union[int, str]] = None
     # unsloth_split_lora's layer checkpoints: auto (on the GPU when the plan fits so, else host RAM) | gpu | host
     checkpoints: str = 'auto'
     samples_per_epoch: Optional[int] = None  # windowed samples of the dataset (train counts them): hours per epoch
@@ -74,6 +75,10 @@ class PlanRequest:
                 raise ValueError(f'{name} must be >= 1')
         if self.fps <= 0 or self.clip_seconds <= 0:
             raise ValueError('fps and clip_seconds must be positive')
+        k = self.checkpoint_layers
+        if k is not None and k != CHECKPOINT_LAYERS_AUTO and (isinstance(k, (bool, str)) or int(k) < 0):
+            raise ValueError(f'checkpoint_layers must be a number of layers >= 0 or {CHECKPOINT_LAYERS_AUTO} '
+                             f'(got {k!r})')
 
 
 @dataclass
@@ -111,6 +116,9 @@ class Plan:
     assumptions: List[str] = field(default_factory=list)
     config_source: Dict[str, Any] = field(default_factory=dict)  # where config.json came from (model_source)
     checkpoints: Optional[str] = None  # unsloth_split_lora: where the layer checkpoints live, 'gpu' | 'host'
+    # with gradient checkpointing: the first N decoder layers checkpointed (the request's number, or the plan's pick
+    # for 'auto'); None: every layer
+    checkpoint_layers: Optional[int] = None
     fp8: str = 'off'  # off | frozen_base: the decoder's frozen base linears computed and held in FP8
     # speed (plan/speed.py): from the model's FLOPs and an efficiency measured on an H200; est_source says which
     est_tokens_per_s: Optional[float] = None
@@ -144,4 +152,5 @@ def alternative_plan(plan: Plan, alternative: Dict[str, Any]) -> Plan:
                 nodes=a['nodes'], tuner=a['tuner'], offload=a['offload'], quant=a['quant'], ep=a['ep'], tp=a['tp'],
                 micro_batch=a['micro_batch'], lora_rank=plan.lora_rank, tokens=plan.tokens, model=plan.model,
                 gpu_capacity_gib=a['gpu_mem_gib'], spec=plan.spec, checkpoints=a.get('checkpoints'),
+                checkpoint_layers=a.get('checkpoint_layers'),
                 fp8=a.get('fp8', 'off'))

@@ -16,7 +16,18 @@ from . import backend_ratio, speed
 from . import constants as C
 from .alternatives import describe_alternative, find_alternatives
 from .backend import AUTO, Backend
-from .fit import checkpoint_sentence, checkpoints_of, estimate_for, fits, gb, gb_and_gib, gib, param_count, train_setup
+from .fit import (
+    checkpoint_layers_sentence,
+    checkpoint_sentence,
+    checkpoints_of,
+    estimate_for,
+    fits,
+    gb,
+    gb_and_gib,
+    gib,
+    param_count,
+    train_setup,
+)
 from .hardware import Hardware
 from .hardware import resolve as resolve_hardware
 from .memory import DEEPSPEED_BACKENDS, MemoryEstimate, estimate, fp8_saving
@@ -171,7 +182,7 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
     choice = None
     if _single_gpu_moe_lora(req, spec, world, backend):
         choice, backend, why = _measured_choice(spec, tokens, req, hw, backend, why)
-    asked_checkpoints = req.checkpoints
+    asked_checkpoints, asked_layers = req.checkpoints, req.checkpoint_layers
     est, req = estimate_for(spec, tokens, req, hw, backend, ep, tp)
     gpu_ok, host_ok = fits(est, hw)
     verdict = 'fits' if gpu_ok and host_ok else 'does_not_fit'
@@ -181,6 +192,9 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
     where = checkpoint_sentence(spec, tokens, req, asked_checkpoints, hw, backend, est)
     if where:
         reasons.append(where)
+    layers = checkpoint_layers_sentence(spec, tokens, req, asked_layers, hw, backend, ep, tp, est)
+    if layers:
+        reasons.append(layers)
     pace = speed.for_setup(spec, tokens, est.setup, hw.gpu_name)
     reasons.append(speed.describe(pace, req.samples_per_epoch))
     offer = fp8_offer(spec, tokens, req, hw, backend, est)
@@ -200,7 +214,8 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
                 breakdown=est.gpu_gib(), command=[], host_breakdown=est.host_gib(), phases=est.phases_gib(),
                 trainable_params=est.trainable_params, alternative=alternatives[0] if alternatives else None,
                 alternatives=alternatives, assumptions=list(est.assumptions) + list(spec.notes) + list(hw.notes),
-                checkpoints=checkpoints_of(est), est_tokens_per_s=pace.tokens_per_s,
+                checkpoints=checkpoints_of(est), checkpoint_layers=est.setup.checkpoint_layers,
+                est_tokens_per_s=pace.tokens_per_s,
                 est_samples_per_s=pace.samples_per_s, est_samples_per_epoch=req.samples_per_epoch,
                 est_hours_per_epoch=speed.hours_per_epoch(req.samples_per_epoch, pace), est_source=pace.source,
                 backend_choice=choice, **base)

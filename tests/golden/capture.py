@@ -67,6 +67,8 @@ EXTRA_CASES: List[Tuple[str, List[str]]] = [
     ('train-3060x4-packed', ['train', 'recipes/3060x4.yaml', 'train.packing=dataset', 'data.max_length=8192',
                              '--dry-run', '--json']),
     ('train-h200x8-ep2', ['train', 'recipes/h200x8.yaml', 'megatron.ep=2', '--dry-run', '--json']),
+    ('train-h200x1-checkpoint-layers-auto', ['train', 'recipes/h200x1.yaml', 'train.checkpoint_layers=auto',
+                                             '--dry-run', '--json']),
 ]
 
 
