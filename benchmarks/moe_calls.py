@@ -36,6 +36,8 @@ HOST_LEVERS = '_nosync'
 # `step_clock`, 2026-12-04, after call l): its median step is the step period, its mean is not (one step short over
 # the window -- docs/runs/h200-moe-full/README.md, "Call l").
 HOST_CLOCK_MEAN = 'not comparable: one step in flight, timed by the host before the GPU step clock (call l)'
+# Each lever against its twin of the same call: (summary key, the lever's name suffix, its label in the text)
+LEVER_TWINS = (('rank_scale_vs_default', RANK_SCALE, ''), ('host_levers_vs_twin', HOST_LEVERS, ' (host levers)'))
 
 
 def setting(name: str, variant: Dict[str, Any], date: str) -> str:
@@ -90,7 +92,7 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
             speedups.append({'file': c['file'], 'ours': best, 'speedup_median': round(ours[best] / plain, 3),
                              'by_variant': {n: round(r / plain, 3) for n, r in sorted(ours.items())}})
     # the autocast default against its fp32-LoRA twin of the same call: the same learning, step by step
-    twins, rank_scale, host_levers = [], [], []
+    twins, levers = [], {key: [] for key, _, _ in LEVER_TWINS}
     for c in calls:
         for name, v in c['variants'].items():
             twin = c['variants'].get(name.removesuffix(SERIAL) + FP32_LORA) or {}  # call e's twin was serial too
@@ -99,14 +101,11 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
                 twins.append({'file': c['file'], 'variant': name, 'losses': found['losses'],
                               'loss_max_rel_diff_vs_fp32_lora': found['loss_max_rel_diff'],
                               'median_step_ratio': found['median_step_ratio']})
-            default = c['variants'].get(name.removesuffix(RANK_SCALE)) if name.endswith(RANK_SCALE) else None
-            if default and v.get('losses') and default.get('losses'):
-                rank_scale.append({'file': c['file'], 'variant': name, 'twin': name.removesuffix(RANK_SCALE),
-                                   **_against(v, default)})
-            plain = c['variants'].get(name.removesuffix(HOST_LEVERS)) if name.endswith(HOST_LEVERS) else None
-            if plain and v.get('losses') and plain.get('losses'):
-                host_levers.append({'file': c['file'], 'variant': name, 'twin': name.removesuffix(HOST_LEVERS),
-                                    **_against(v, plain)})
+            for key, suffix, _ in LEVER_TWINS:
+                other = c['variants'].get(name.removesuffix(suffix)) if name.endswith(suffix) else None
+                if other and v.get('losses') and other.get('losses'):
+                    levers[key].append({'file': c['file'], 'variant': name, 'twin': name.removesuffix(suffix),
+                                        **_against(v, other)})
     # across calls (not side by side, say so): the fastest swift-vora run of any call over each plain swift run
     ours_all = [(r['tokens_per_s'], n, r['file']) for n, v in per_variant.items() if n.startswith('vora_')
                 for r in v['calls']]
@@ -118,7 +117,7 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
                  if r['file'] != where]  # the same call is side by side: speedup_per_call has it
     return {'calls': [{k: c[k] for k in ('file', 'date', 'partial', 'layers')} for c in calls],
             'variants': per_variant, 'speedup_per_call': speedups, 'speedup_across_calls': cross,
-            'autocast_vs_fp32_lora': twins, 'rank_scale_vs_default': rank_scale, 'host_levers_vs_twin': host_levers}
+            'autocast_vs_fp32_lora': twins, **levers}
 
 
 def _mean_step(variant: Dict[str, Any]) -> Dict[str, Any]:
@@ -155,12 +154,10 @@ def render(s: Dict[str, Any]) -> str:
     for t in s.get('autocast_vs_fp32_lora') or []:
         lines.append(f'{t["file"]}: {t["variant"]} against its fp32-LoRA twin: {t["median_step_ratio"]}x (median '
                      f'steps), {t["losses"]} logged losses within {100 * t["loss_max_rel_diff_vs_fp32_lora"]:.2f} %')
-    for t in s.get('rank_scale_vs_default') or []:
-        lines.append(f'{t["file"]}: {t["variant"]} against {t["twin"]}: {t["median_step_ratio"]}x (median steps), '
-                     f'{t["losses"]} logged losses within {100 * t["loss_max_rel_diff"]:.2f} %')
-    for t in s.get('host_levers_vs_twin') or []:
-        lines.append(f'{t["file"]}: {t["variant"]} (host levers) against {t["twin"]}: {t["median_step_ratio"]}x '
-                     f'(median steps), {t["losses"]} logged losses within {100 * t["loss_max_rel_diff"]:.2f} %')
+    for key, _, label in LEVER_TWINS:
+        for t in s.get(key) or []:
+            lines.append(f'{t["file"]}: {t["variant"]}{label} against {t["twin"]}: {t["median_step_ratio"]}x (median '
+                         f'steps), {t["losses"]} logged losses within {100 * t["loss_max_rel_diff"]:.2f} %')
     for sp in s.get('speedup_across_calls') or []:
         lines.append(f'across calls (not side by side): {sp["ours"]} of {sp["ours_file"]} / swift_peft of '
                      f'{sp["plain_file"]} = {sp["speedup_median"]}x (median steps)')

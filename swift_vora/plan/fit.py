@@ -86,8 +86,7 @@ def _fewest_checkpointed_layers(spec: ModelSpec, tokens: VideoTokens, req: PlanR
     when every layer does not fit either, with the checkpoints offloaded to host RAM (the offload is there because
     the GPU is short), or where the backend has no partial checkpointing."""
     every = replace(req, checkpoint_layers=None)
-    if (not req.gradient_checkpointing or backend not in PARTIAL_CHECKPOINT_BACKENDS or req.checkpoints == 'host'
-            or not all(fits(every_layer, hw))):
+    if not req.gradient_checkpointing or _every_layer_kept(req, backend) or not all(fits(every_layer, hw)):
         return every_layer, every
     best, best_k = every_layer, None
     for k in range(spec.num_layers - 1, -1, -1):  # memory grows as k falls: stop at the first that does not fit
@@ -97,6 +96,15 @@ def _fewest_checkpointed_layers(spec: ModelSpec, tokens: VideoTokens, req: PlanR
             break
         best, best_k = est, k
     return best, replace(req, checkpoint_layers=best_k)
+
+
+def _every_layer_kept(req: PlanRequest, backend: Backend) -> Optional[str]:
+    """Why `checkpoint_layers=auto` does not look for fewer layers here, or None where it does."""
+    if backend not in PARTIAL_CHECKPOINT_BACKENDS:
+        return f'{backend} recomputes by its own settings'
+    if req.checkpoints == 'host':
+        return 'the layer checkpoints go to host RAM because the GPU is short'
+    return None
 
 
 def _checkpoints_decided(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend,
@@ -123,12 +131,7 @@ def checkpoint_layers_sentence(spec: ModelSpec, tokens: VideoTokens, req: PlanRe
     n = spec.num_layers
     k = req.checkpoint_layers
     if k is None:
-        if backend not in PARTIAL_CHECKPOINT_BACKENDS:
-            why = f'{backend} recomputes by its own settings'
-        elif req.checkpoints == 'host':
-            why = 'the layer checkpoints go to host RAM because the GPU is short'
-        else:
-            why = 'no fewer fit'
+        why = _every_layer_kept(req, backend) or 'no fewer fit'
         return f'train.checkpoint_layers=auto: every one of the {n} decoder layers checkpointed ({why}).'
     every = estimate(spec, tokens, train_setup(replace(req, checkpoint_layers=None), hw, backend, ep, tp, tokens))
     which = (f'no decoder layer checkpointed, all {n} keep their activations' if k == 0 else

@@ -14,7 +14,7 @@ BACKEND_CHOICES = (AUTO, ) + BACKENDS
 OFFLOADS = ('none', 'cpu')
 QUANTS = ('none', '4bit')
 CHECKPOINTS = ('auto', 'gpu', 'host')  # unsloth_split_lora's layer checkpoints
-CHECKPOINT_LAYERS_AUTO = 'auto'  # checkpoint_layers: the plan picks the fewest checkpointed layers that fit
+CHECKPOINT_LAYERS_AUTO = AUTO  # checkpoint_layers: the plan picks the fewest checkpointed layers that fit
 VERDICTS = ('fits', 'does_not_fit', 'refused')
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_REFUSED = 0, 3, 4
 
