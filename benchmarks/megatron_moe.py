@@ -361,6 +361,11 @@ def parse_args(argv=None):
                         help='py-spy stack dump of a Megatron variant SECONDS after its training began (its log shows '
                              f'{MEGATRON_TRAIN_MARK!r}): py-spy-dump.txt in its folder')
     parser.add_argument('--dry-run', action='store_true', help='print each Megatron variant\'s plan and argv (CPU)')
+    parser.add_argument('--summarize-logs', metavar='VARIANT_DIR', nargs='+', default=None,
+                        help='no run: Megatron variants\' kept folders (VARIANT_DIR/plan.json, output/logging.jsonl, '
+                             'e.g. from a logs-megatron_moe.tgz) through the summary a run writes, printed as a result '
+                             'file\'s variants (a variant killed after its steps were logged); with the run\'s '
+                             '--global-batch/--warmup-steps')
     parser.add_argument('--megatron-site', default=tp.switch('SWIFT_VORA_MEGATRON_SITE') or '',
                         help='folder holding the Megatron set (put on PYTHONPATH for the Megatron variants only)')
     args = parser.parse_args(argv)
@@ -407,10 +412,23 @@ def dry_run(args) -> int:
     return 1 if failed else 0
 
 
+def summarize_kept_variant(name: str, vdir: str, args) -> Dict[str, Any]:
+    """--summarize-logs: one kept Megatron variant folder as run_megatron summarizes it (its wall time unknown)."""
+    with open(os.path.join(vdir, 'plan.json')) as f:
+        plan_json = json.load(f)
+    result = summarize_megatron(name, os.path.join(vdir, 'output'), plan_json, args, 0.0)
+    result['wall_s'] = None
+    return result
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run:
         return dry_run(args)
+    if args.summarize_logs:  # derived figures, from logs a run kept (its result file stays as written)
+        derived = tp.summarize_kept_logs(args.summarize_logs, lambda name, vdir: summarize_kept_variant(
+            name, vdir, args))
+        return tp.print_derived('megatron_moe', argv, args, derived)
     t_start = time.time()
     work = args.work or os.path.join(__import__('tempfile').gettempdir(), 'swift_vora_megatron_moe')
     os.makedirs(work, exist_ok=True)

@@ -93,7 +93,10 @@ MOE_BACKEND_VARIANTS = {'vora_unsloth_mb4_triton': (4, 'unsloth_triton')}
 # Fewer checkpointed layers where the plan leaves room (train.checkpoint_layers, speed/partial_checkpoint.py):
 # (micro-batch, decoder layers checkpointed of 40); the planner fits both on an H200 (131.5 and 113.4 GiB planned)
 CHECKPOINT_LAYERS_VARIANTS = {'vora_unsloth_mb4_ck36': (4, 36), 'vora_unsloth_mb4_ck34': (4, 34),
-                              'vora_unsloth_mb2_ck34': (2, 34)}
+                              'vora_unsloth_mb2_ck34': (2, 34),
+                              # the twin of vora_unsloth_mb4_ck32_rank_scale without the lever (the lever's
+                              # second twin call, at the setting recipes/h200x1.yaml's auto picks)
+                              'vora_unsloth_mb4_ck32': (4, 32)}
 # The runner before autocast (unsloth.autocast=false): every LoRA layer in fp32 on fp32 copies of its input, as the
 # runner trained until 2026-12-03 (unsloth_runner.forward_autocast): the lever measured against the default
 AUTOCAST_OFF_VARIANTS = {'vora_unsloth_mb4_fp32_lora': 4}

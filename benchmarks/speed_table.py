@@ -85,6 +85,15 @@ ROWS: List[Dict[str, Any]] = [
              'levers (call l)',
      'source': ('moe-h200-full-l-partial.json', 'vora_unsloth_mb4_ck32_rank_scale_nosync'),
      'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4', '--checkpoint-layers', '32']},
+    # calls m and n (2026-12-04): the same without the host levers, side by side with plain swift; and the 30 of 40
+    # that train.checkpoint_layers=auto chose at the clips' 220 tokens a pair
+    {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, rank-scale lever, first 32 of 40 layers checkpointed (call m)',
+     'source': ('moe-h200-full-m-2026-12-04.json', 'vora_unsloth_mb4_ck32_rank_scale'),
+     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4', '--checkpoint-layers', '32']},
+    {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, rank-scale lever, first 30 of 40 layers checkpointed '
+             '(checkpoint_layers=auto, call n)',
+     'source': ('moe-h200-full-n-2026-12-04.json', 'vora_unsloth_mb4_ckauto_rank_scale'),
+     'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4', '--checkpoint-layers', '30']},
     # the same under autocast before the encode pool and the batched vision attention (the efficiency was fitted to
     # it until call f)
     {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 4, LoRA under autocast, one encode thread (call e)',

@@ -96,9 +96,12 @@ def test_encode_threads_reach_the_run_config_and_a_bad_value_names_the_key():
 
 
 def test_checkpoints_offload_to_host_only_when_the_gpu_has_no_room():
+    # every layer checkpointed: the recipe's train.checkpoint_layers=auto would spend the room this test measures
+    every_layer = 'train.checkpoint_layers=null'
+
     def plan(*overrides):
         return plan_recipe(load_recipe(H200X1, [f'model.path={os.path.join(CONFIGS, "qwen3_5_moe_35b_a3b.json")}',
-                                                'hardware=null', 'gpus=1', *overrides]))
+                                                'hardware=null', 'gpus=1', every_layer, *overrides]))
 
     on_gpu = plan('gpu_mem_gib=139.8', 'unsloth.gradient_checkpointing=true')
     on_host = plan('gpu_mem_gib=139.8', 'unsloth.gradient_checkpointing=unsloth')
@@ -108,7 +111,7 @@ def test_checkpoints_offload_to_host_only_when_the_gpu_has_no_room():
     # a GPU between the two peaks: only the offloaded plan fits, and auto takes it
     between = f'gpu_mem_gib={(on_gpu.gpu_peak_gib + on_host.gpu_peak_gib) / 2:.2f}'
     tight = load_recipe(H200X1, [f'model.path={os.path.join(CONFIGS, "qwen3_5_moe_35b_a3b.json")}', 'hardware=null',
-                                 'gpus=1', between])
+                                 'gpus=1', every_layer, between])
     chosen = plan_recipe(tight)
     assert chosen.verdict == 'fits' and chosen.checkpoints == 'host'
     assert any('offloaded to pinned host RAM' in r and 'on the GPU they would need' in r for r in chosen.reasons)

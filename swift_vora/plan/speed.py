@@ -7,7 +7,9 @@ frozen weights forward + input gradient (4 x active parameters x tokens; 6 x for
 selective tuning), LoRA 6 x the adapter parameters a token passes through (k of E experts' adapters), causal
 attention of the full-attention layers (6 x layers x tokens^2 x heads x head_dim), the frozen vision tower's forward
 on its patches, and the LM head on the supervised positions. Recompute (gradient checkpointing) is not useful work:
-it is in the efficiency.
+it is in the efficiency. Where a backend was measured only with every layer checkpointed, its efficiency without
+checkpointing is derived, not assumed equal: the same time per FLOP run, less the decoder's forward that the recompute
+repeats (`recompute_flops`) -- what `train.checkpoint_layers` buys, priced by the FLOPs it removes.
 
 The efficiency is MFU over these FLOPs, measured on the lent H200 (790 TFLOP/s bf16 matmul, measured there) for each
 backend and setting that ran there, from the result files in benchmarks/results/ (`EFFICIENCY`); a setting that did not
@@ -108,6 +110,23 @@ def flops_per_sample(spec: ModelSpec, tokens: VideoTokens, tuner: str = 'lora', 
     return parts
 
 
+def recompute_flops(spec: ModelSpec, tokens: VideoTokens, tuner: str = 'lora', lora_rank: int = 8,
+                    lora_targets: str = 'all-linear') -> float:
+    """FLOPs gradient checkpointing adds per sample with every decoder layer checkpointed: the decoder's forward run
+    again in backward -- its matmuls (2 x active parameters x tokens), the adapters' forward and causal attention's
+    forward (a third of flops_per_sample's 6x). Not the vision tower's (frozen: outside the decoder's checkpoints) nor
+    the LM head's (after the last layer)."""
+    T = float(tokens.total_tokens)
+    adapters = 2 * lora_active_params(spec, lora_rank, lora_targets) * T if tuner == 'lora' else 0.0
+    return (2 * active_matmul_params(spec) * T + adapters
+            + 2 * spec.num_full_attention_layers * T ** 2 * spec.num_heads * spec.head_dim)
+
+
+def _checkpointed_setting(measured: Measured) -> bool:
+    """Whether the runs behind this efficiency checkpointed every layer (its EFFICIENCY key)."""
+    return any(m is measured and key[2] for key, m in EFFICIENCY.items())
+
+
 @dataclass
 class SpeedEstimate:
     tokens_per_s: float
@@ -185,6 +204,11 @@ def estimate_speed(spec: ModelSpec, tokens: VideoTokens, backend: Backend, tuner
     flops = flops_per_sample(spec, tokens, tuner, lora_rank, lora_targets)['total']
     eff, assumed = measured_efficiency(str(backend), compiled, checkpointing, micro_batch)
     value, notes = eff.value, [assumed] if assumed else []
+    if not checkpointing and _checkpointed_setting(eff):  # measured only checkpointed: no recompute here
+        gain = (flops + recompute_flops(spec, tokens, tuner, lora_rank, lora_targets)) / flops
+        value *= gain
+        notes.append(f'without the recompute of the decoder\'s forward that run paid: x{gain:.3f} (derived from the '
+                     f'FLOPs, not measured)')
     pair = measured_pair(spec.model_type, gpu_name, str(backend))
     if pair is not None:  # this backend measured against the one whose efficiency stands in for it
         factor, why = pair
