@@ -414,7 +414,10 @@ def dry_run(args) -> int:
 
 def summarize_kept_variant(name: str, vdir: str, args) -> Dict[str, Any]:
     """--summarize-logs: one kept Megatron variant folder as run_megatron summarizes it (its wall time unknown)."""
-    with open(os.path.join(vdir, 'plan.json')) as f:
+    plan_path = os.path.join(vdir, 'plan.json')
+    if not os.path.isfile(plan_path):
+        raise SystemExit(f'{plan_path}: not found (a megatron_moe variant folder holds plan.json and output/)')
+    with open(plan_path) as f:
         plan_json = json.load(f)
     result = summarize_megatron(name, os.path.join(vdir, 'output'), plan_json, args, 0.0)
     result['wall_s'] = None

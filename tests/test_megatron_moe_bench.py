@@ -160,3 +160,30 @@ def test_a_slow_megatron_variant_gets_a_stack_dump_once_training_began(tmp_path)
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_killed_variants_kept_folder_is_summarized_as_a_run_would_be(tmp_path, capsys):
+    """`--summarize-logs`: a variant killed by its timeout after its steps were logged (call f's mg_f32) keeps its
+    folder in the phase's log archive; the summary a run writes is made from it (peak, plan error, step times)."""
+    vdir = tmp_path / 'mg_f32'
+    run = vdir / 'output' / 'v0-20261204-030410'
+    run.mkdir(parents=True)
+    plan = {'plan': {'backend': 'megatron_ep_lora', 'gpu_peak_gib': 30.8, 'micro_batch': 1,
+                     'phases': {'steady': {'gpu_reserved_gib': 30.05}}}, 'launch': {'argv': ['megatron', 'sft']}}
+    (vdir / 'plan.json').write_text(json.dumps(plan))
+    records = megatron_records([184.0, 9.0, 8.5, 8.0, 9.0], n=5)
+    (run / 'logging.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+    (vdir / 'output' / 'encode_log.jsonl').write_text(json.dumps({'mode': 'train', 'total_tokens': 4000}) + '\n')
+    assert mm.main(['--summarize-logs', str(vdir), '--steps', '5']) == 0
+    out = json.loads(capsys.readouterr().out)
+    v = out['variants']['mg_f32']
+    assert out['derived_from_logs'] is True and '--summarize-logs' in out['command']
+    assert v['peak_reserved_gib'] == pytest.approx(50.5)  # the largest memory(GiB) logged
+    assert v['plan_error'] == pytest.approx(round(50.5 / 30.05 - 1, 3))
+    assert v['step_s'] == pytest.approx([8.5, 8.0, 9.0], abs=1e-3) and v['first_step_s'] == 184.0
+    assert v['wall_s'] is None  # not known from the logs
+    with pytest.raises(SystemExit, match='plan.json: not found'):
+        mm.main(['--summarize-logs', str(tmp_path / 'missing')])
+    (vdir / 'plan.json').rename(vdir / 'kept.json')
+    with pytest.raises(SystemExit, match='mg_f32/plan.json: not found'):
+        mm.main(['--summarize-logs', str(vdir)])
