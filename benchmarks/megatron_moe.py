@@ -211,7 +211,8 @@ def megatron_step_stats(records: List[Dict[str, Any]], tokens_per_sample: Option
     return stats
 
 
-def summarize_megatron(name: str, out: str, plan_json: Dict[str, Any], args, wall: float) -> Dict[str, Any]:
+def summarize_megatron(name: str, out: str, plan_json: Dict[str, Any], args, wall: Optional[float]
+                       ) -> Dict[str, Any]:
     rdir = run_dir(out)
     records = tp.read_jsonl(os.path.join(rdir, 'logging.jsonl'))
     encode = tp.read_jsonl(os.path.join(out, 'encode_log.jsonl'))
@@ -231,7 +232,7 @@ def summarize_megatron(name: str, out: str, plan_json: Dict[str, Any], args, wal
             else None,
             'tokens_per_sample': tokens_per_sample,
             'losses': [float(r['loss']) for r in records if isinstance(r.get('loss'), (int, float))],
-            'argv': (plan_json.get('launch') or {}).get('argv'), 'wall_s': round(wall, 1),
+            'argv': (plan_json.get('launch') or {}).get('argv'), 'wall_s': round(wall, 1) if wall is not None else None,
             'guard_files': guard_files(out, rdir)}
 
 
@@ -419,9 +420,7 @@ def summarize_kept_variant(name: str, vdir: str, args) -> Dict[str, Any]:
         raise SystemExit(f'{plan_path}: not found (a megatron_moe variant folder holds plan.json and output/)')
     with open(plan_path) as f:
         plan_json = json.load(f)
-    result = summarize_megatron(name, os.path.join(vdir, 'output'), plan_json, args, 0.0)
-    result['wall_s'] = None
-    return result
+    return summarize_megatron(name, os.path.join(vdir, 'output'), plan_json, args, None)
 
 
 def main(argv=None) -> int:

@@ -107,11 +107,12 @@ ENCODE_THREADS_VARIANTS = {'vora_unsloth_mb4_enc1': (4, 1)}
 RANK_SCALE_VARIANTS = {'vora_unsloth_mb4_rank_scale': (4, None), 'vora_unsloth_mb4_ck36_rank_scale': (4, 36),
                        # fewer checkpointed layers than 36 (call k: 11,703 tokens/s at 36, 3.11 GiB a freed layer,
                        # ~116 GiB expected at 32): the recipe's plan fits 32 (136.1 GiB), not 30 (146.2)
-                       'vora_unsloth_mb4_ck32_rank_scale': (4, 32)}
-# train.checkpoint_layers=auto with the frame-pair cap at what the clips encode (640x360: 220 tokens a pair, the
-# recipe caps 256): the plan then picks the fewest checkpointed layers for the samples themselves (30 of 40 on an H200;
-# 32 at the cap). (micro-batch, video.pair_tokens); with the rank-scale lever, as its ck32 twin
-AUTO_CHECKPOINT_VARIANTS = {'vora_unsloth_mb4_ckauto_rank_scale': (4, 220)}
+                       'vora_unsloth_mb4_ck32_rank_scale': (4, 32),
+                       # the plan picks (train.checkpoint_layers=auto) at the frame-pair cap of RANK_SCALE_VIDEO
+                       'vora_unsloth_mb4_ckauto_rank_scale': (4, 'auto')}
+# Video overrides of a rank-scale variant: auto with the frame-pair cap at what the clips encode (640x360: 220 tokens a
+# pair; the recipe caps 256), so that the plan picks for the samples themselves (30 of 40 on an H200; 32 at the cap)
+RANK_SCALE_VIDEO = {'vora_unsloth_mb4_ckauto_rank_scale': ['video.pair_tokens=220']}
 # The host's share of the step (call k: 95-148 ms a step the GPU waits, at the step boundary): the vision tower's
 # preamble made on the prefetch thread (SWIFT_VORA_VISION_PREAMBLE=prefetch, speed/vision_preamble.py) and one step
 # kept in flight (SWIFT_VORA_STEP_SYNC=lagged, backends/step_ends.py), on top of the named rank-scale variant
@@ -640,22 +641,16 @@ def main(argv=None) -> int:
                                                    'unsloth.gradient_checkpointing=true',
                                                    f'train.checkpoint_layers={checkpointed}'])
             elif name in RANK_SCALE_VARIANTS or name in HOST_SYNC_VARIANTS:
-                micro_batch, checkpointed = RANK_SCALE_VARIANTS[HOST_SYNC_VARIANTS.get(name, name)]
+                base = HOST_SYNC_VARIANTS.get(name, name)
+                micro_batch, checkpointed = RANK_SCALE_VARIANTS[base]
                 # exactly its twin's overrides (the micro-batch variant's, or the checkpoint-layers variant's) + the
                 # switch, so that the twin comparison measures the lever alone
                 layers = ['unsloth.gradient_checkpointing=true', f'train.checkpoint_layers={checkpointed}'] \
                     if checkpointed else []
                 env = {'SWIFT_VORA_MOE_LORA_SCALE': 'rank', **(HOST_SYNC_ENV if name in HOST_SYNC_VARIANTS else {})}
+                video = RANK_SCALE_VIDEO.get(base, [])
                 result = run_vora(name, args, b, inputs, work, flagship=False, fla=False, extra_env=env,
-                                  extra_overrides=[f'train.micro_batch={micro_batch}', *layers])
-            elif name in AUTO_CHECKPOINT_VARIANTS:
-                micro_batch, pair_tokens = AUTO_CHECKPOINT_VARIANTS[name]
-                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
-                                  extra_env={'SWIFT_VORA_MOE_LORA_SCALE': 'rank'},
-                                  extra_overrides=[f'train.micro_batch={micro_batch}',
-                                                   f'video.pair_tokens={pair_tokens}',
-                                                   'unsloth.gradient_checkpointing=true',
-                                                   'train.checkpoint_layers=auto'])
+                                  extra_overrides=[f'train.micro_batch={micro_batch}', *video, *layers])
             elif name == 'swift_peft':
                 result = run_swift(name, args, b, inputs, work, 'peft', TARGET_MODULES, TARGET_PARAMETERS)
             elif name == 'swift_peft_attn':
