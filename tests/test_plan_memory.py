@@ -207,6 +207,33 @@ def test_plan_cli_cross_entropy_flag_changes_the_megatron_plan():
     assert te.gpu_peak_gib < native.gpu_peak_gib
 
 
+def test_megatron_recompute_none_or_selective_plans_every_layers_activations():
+    """megatron.recompute (--recompute_granularity): full keeps one checkpoint per layer; none keeps every layer's
+    activations, and so does selective (Megatron's core_attn recompute saves nothing with fused attention) -- a
+    recipe that turns recompute off is planned at the memory it will take, and says why for selective."""
+    from swift_vora.backends.planning import plan_request
+    from swift_vora.backends.recipe import recipe_from_dict
+    from swift_vora.cli.plan import plan_from_argv
+    args = ['--model', os.path.join(CONFIGS, 'qwen3_moe_30b_a3b.json'), '--gpus', '8', '--gpu-mem-gib', '139.8',
+            '--backend', 'megatron_ep_lora', '--ep', '8', '--seq-len', '8192']
+    full, none, selective = (plan_from_argv(args + extra) for extra in ([], ['--recompute', 'none'],
+                                                                        ['--recompute', 'selective']))
+    assert any(k == 'activations: layer checkpoints' for k in full.breakdown)
+    assert 'activations: all layers (no checkpointing)' in none.breakdown
+    layers = none.breakdown['activations: all layers (no checkpointing)']
+    assert layers > 5 * full.breakdown['activations: layer checkpoints']
+    assert none.gpu_peak_gib > full.gpu_peak_gib
+    assert selective.gpu_peak_gib == none.gpu_peak_gib
+    assert any('recompute=selective' in a for a in selective.assumptions)
+    assert not any('recompute=selective' in a for a in none.assumptions)
+    # the recipe key reaches the planner; the other backends ignore it (they checkpoint by train.*)
+    doc = {'model': {'path': os.path.join(CONFIGS, 'qwen3_moe_30b_a3b.json')}, 'data': {'dataset': 'x.jsonl'},
+           'megatron': {'recompute': 'none'}}
+    assert plan_request(recipe_from_dict(doc, where='<test>')).recompute == 'none'
+    ddp = ['--model', os.path.join(CONFIGS, 'qwen3_vl_2b.json'), '--hardware', 'h200x1', '--backend', 'ddp']
+    assert plan_from_argv(ddp + ['--recompute', 'none']).gpu_peak_gib == plan_from_argv(ddp).gpu_peak_gib
+
+
 def test_checkpointing_fewer_layers_plans_their_activations_and_a_speed_in_between():
     from swift_vora.cli.plan import plan_from_argv
     base = ['--model', os.path.join(os.path.dirname(__file__), 'fixtures', 'configs', 'qwen3_vl_2b.json'),

@@ -47,7 +47,7 @@ def plan_request(recipe: Recipe) -> PlanRequest:
         gradient_checkpointing=recipe['train.gradient_checkpointing'], checkpoints=unsloth_checkpoints(recipe),
         checkpoint_layers=recipe['train.checkpoint_layers'],
         compile=recipe['train.compile'], fp8=recipe['train.fp8'], samples_per_epoch=samples_per_epoch(recipe),
-        cross_entropy=recipe['megatron.cross_entropy_fusion_impl'])
+        cross_entropy=recipe['megatron.cross_entropy_fusion_impl'], recompute=recipe['megatron.recompute'])
 
 
 def samples_per_epoch(recipe: Recipe) -> Optional[int]:

@@ -90,6 +90,9 @@ def register_commands(subparsers) -> None:
                    help='megatron_ep_lora\'s loss (recipe megatron.cross_entropy_fusion_impl): native = Megatron\'s '
                         'fused vocab-parallel cross entropy (ms-swift\'s default; an fp32 softmax of every '
                         'position), te = Transformer Engine\'s (bf16 logits only)')
+    t.add_argument('--recompute', choices=C.MEGATRON_RECOMPUTE, default='full',
+                   help='megatron_ep_lora\'s recompute (recipe megatron.recompute): full = every layer recomputed in '
+                        'backward (the least memory); selective and none keep every layer\'s activations')
     t.add_argument('--vision-mode', choices=VISION_MODES, default=None,
                    help='frozen vision tower: no_grad (default; measured with ms-swift 4.6 + transformers 5.17) or '
                         'checkpointed_requires_grad')
@@ -175,7 +178,7 @@ def request_from_args(args, budget: VideoBudget, window: float) -> PlanRequest:
         lora_targets=args.lora_targets, nodes=args.nodes,
         gradient_checkpointing=not args.no_gradient_checkpointing, compile=args.compile, checkpoints=args.checkpoints,
         checkpoint_layers=None if args.no_gradient_checkpointing else args.checkpoint_layers,
-        fp8=args.fp8, samples_per_epoch=args.samples, cross_entropy=args.cross_entropy,
+        fp8=args.fp8, samples_per_epoch=args.samples, cross_entropy=args.cross_entropy, recompute=args.recompute,
         vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT)
 
 
@@ -200,7 +203,8 @@ def stand_in_recipe(args, budget: VideoBudget, window: float, hw) -> Recipe:
                      if args.checkpoint_layers is not None and not args.no_gradient_checkpointing else {}),
                   'fp8': args.fp8, **({'packing': 'dataset'} if pack else {})},
         'deepspeed': {'offload': args.offload},
-        'megatron': {'ep': args.ep, 'tp': args.tp, 'cross_entropy_fusion_impl': args.cross_entropy},
+        'megatron': {'ep': args.ep, 'tp': args.tp, 'cross_entropy_fusion_impl': args.cross_entropy,
+                     'recompute': args.recompute},
     }
     return recipe_from_dict(doc, where='<plan request>')
 

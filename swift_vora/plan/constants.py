@@ -138,6 +138,12 @@ LOGITS_BYTES_MEGATRON_NATIVE = 10
 #     [derived]
 LOGITS_BYTES_MEGATRON_TE = 2
 LOGITS_BYTES_MEGATRON = {'native': LOGITS_BYTES_MEGATRON_NATIVE, 'te': LOGITS_BYTES_MEGATRON_TE}  # by CE impl
+# megatron_ep_lora's --recompute_granularity (recipe megatron.recompute). full: every layer's input kept, the layer
+# recomputed in backward (the plan's checkpoint + working-set terms); selective: Megatron's default recompute_modules
+# ['core_attn'] -- with fused (flash) attention the core attention saves nothing a recompute drops (its inputs are
+# the QKV projection's outputs, its output the out-projection's input), so it is planned as none: every layer keeps
+# its activations
+MEGATRON_RECOMPUTE = ('full', 'selective', 'none')
 MEGATRON_CROSS_ENTROPY = ('native', 'te')  # --cross_entropy_fusion_impl values of ms-swift 4.6
 MEGATRON_CROSS_ENTROPY_DEFAULT = 'native'  # ms-swift 4.6's default
 # Until 2026-12-02 this was one constant, 17, fitted to the single one-H200 run of a random Qwen3-VL-MoE (hidden 512,

@@ -43,7 +43,10 @@ def train_setup(req: PlanRequest, hw: Hardware, backend: Backend, ep: int, tp: i
                       offload=req.offload, quant=req.quant, tp=tp, ep=ep, micro_batch=req.micro_batch,
                       samples_per_row=samples_per_row(req, tokens),
                       lora_rank=req.lora_rank, lora_targets=req.lora_targets,
-                      gradient_checkpointing=req.gradient_checkpointing, vision_mode=req.vision_mode,
+                      # Megatron recomputes by megatron.recompute: only 'full' is a layer checkpoint
+                      gradient_checkpointing=req.gradient_checkpointing and (backend != Backend.MEGATRON_EP_LORA or
+                                                                             req.recompute == 'full'),
+                      vision_mode=req.vision_mode,
                       # 'auto' not yet decided (estimate_for decides it) is planned as every layer checkpointed
                       checkpoint_layers=(req.checkpoint_layers if req.gradient_checkpointing and
                                          req.checkpoint_layers != CHECKPOINT_LAYERS_AUTO else None),
@@ -51,7 +54,7 @@ def train_setup(req: PlanRequest, hw: Hardware, backend: Backend, ep: int, tp: i
                       # swift-vora compiles the layers under swift sft without DeepSpeed only (compile_layers.py)
                       compiled_layers=req.compile == 'layers' and backend == Backend.DDP,
                       fp8=req.fp8 == 'frozen_base',
-                      cross_entropy=req.cross_entropy,
+                      cross_entropy=req.cross_entropy, recompute=req.recompute,
                       zero3_max_live_params=(C.ZERO3_MAX_LIVE_PARAMS_SMALL_GPU
                                              if hw.gpu_mem_gib <= C.ZERO3_SMALL_GPU_GIB else C.ZERO3_MAX_LIVE_PARAMS))
 

@@ -70,6 +70,9 @@ class TrainSetup:
     logits_positions: str = 'auto'  # 'auto' (the backend's default) | 'supervised' | 'all'
     # megatron_ep_lora: --cross_entropy_fusion_impl (recipe megatron.cross_entropy_fusion_impl): native | te
     cross_entropy: str = C.MEGATRON_CROSS_ENTROPY_DEFAULT
+    # megatron_ep_lora: --recompute_granularity (recipe megatron.recompute): full | selective | none; the last two
+    # are planned with gradient_checkpointing off (constants.MEGATRON_RECOMPUTE says why for selective)
+    recompute: str = 'full'
     dataloader_workers: int = C.HOST_DATALOADER_WORKERS
     zero3_max_live_params: float = C.ZERO3_MAX_LIVE_PARAMS  # the generated DeepSpeed JSON's value
 
@@ -365,6 +368,9 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
         gpu['activations: all layers (no checkpointing)'] = sum(per_layer)
         llm_ws = backward * max(per_layer) - max(per_layer)
         notes.append('gradient checkpointing off: every layer keeps its activations')
+        if s.backend == Backend.MEGATRON_EP_LORA and s.recompute == 'selective':
+            notes.append('megatron.recompute=selective recomputes the core attention only, which with fused '
+                         'attention keeps nothing a recompute drops: planned as no recompute')
 
     # vision tower ---------------------------------------------------------------------------------------------
     vit_ws = 0.0

@@ -55,6 +55,8 @@ class PlanRequest:
     vision_mode: str = C.VISION_MODE_DEFAULT  # no_grad (measured default) | checkpointed_requires_grad
     # megatron_ep_lora's loss (recipe megatron.cross_entropy_fusion_impl): native (ms-swift's default) | te
     cross_entropy: str = C.MEGATRON_CROSS_ENTROPY_DEFAULT
+    # megatron_ep_lora's recompute (recipe megatron.recompute): full | selective | none (constants.py)
+    recompute: str = 'full'
 
     def validate(self) -> None:
         checks = [('tuner', self.tuner, TUNERS), ('backend', self.backend, BACKEND_CHOICES),
@@ -62,7 +64,8 @@ class PlanRequest:
                   ('lora_targets', self.lora_targets, LORA_TARGETS), ('vision_mode', self.vision_mode, VISION_MODES),
                   ('compile', self.compile, COMPILE_MODES), ('checkpoints', self.checkpoints, CHECKPOINTS),
                   ('fp8', self.fp8, FP8_MODES),
-                  ('cross_entropy', self.cross_entropy, C.MEGATRON_CROSS_ENTROPY)]
+                  ('cross_entropy', self.cross_entropy, C.MEGATRON_CROSS_ENTROPY),
+                  ('recompute', self.recompute, C.MEGATRON_RECOMPUTE)]
         for name, val, allowed in checks:
             if val not in allowed:
                 raise ValueError(f'{name} must be one of {", ".join(allowed)} (got {val!r})')
