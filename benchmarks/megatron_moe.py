@@ -18,7 +18,8 @@ Hopper with Triton < 3.7.1). Every Megatron variant trains `--global-batch` samp
   over the 248k vocabulary, planned with its own logits bytes).
 - `mg_selective`, `mg_norecompute`: megatron.recompute=selective (Megatron's core_attn recompute) / none.
 - `mg_no_grouped_gemm`, `mg_no_permute_fusion`: those two levers off.
-- `mg_mb2`, `mg_mb4`: micro-batch 2 / 4 (train.micro_batch; the same global batch).
+- `mg_mb2`, `mg_mb4`: micro-batch 2 / 4 (train.micro_batch; the same global batch); `mg_mb2_norecompute`,
+  `mg_mb2_te_ce`: micro-batch 2 with no recompute / TE's cross entropy.
 Others: `vora_unsloth_best` (swift-vora's Unsloth path in its best measured configuration: micro-batch 4, GPU-resident
 checkpoints, `unsloth.gradient_checkpointing=true`), `swift_peft` (moe_throughput's plain `swift sft` PEFT).
 
@@ -73,6 +74,9 @@ MEGATRON_LEVERS: Dict[str, List[str]] = {
     'mg_no_permute_fusion': ['megatron.moe_permute_fusion=false'],
     'mg_mb2': ['train.micro_batch=2'],
     'mg_mb4': ['train.micro_batch=4'],
+    # micro-batch 2 (the fastest lever of call g) with the next ones: no recompute, TE's cross entropy
+    'mg_mb2_norecompute': ['train.micro_batch=2', 'megatron.recompute=none'],
+    'mg_mb2_te_ce': ['train.micro_batch=2', 'megatron.cross_entropy_fusion_impl=te'],
     # shorter samples (32 frames: about half the tokens) for the memory fit of item 4: the per-token terms against
     # the fixed ones; with and without TE's cross entropy (the logits term)
     'mg_f32': ['video.max_frames=32'],

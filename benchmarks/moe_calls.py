@@ -32,12 +32,15 @@ RANK_SCALE = '_rank_scale'
 # The host levers (moe_throughput's *_nosync variants: the vision preamble on the prefetch thread, one step in
 # flight) against the same variant without them, in the same call.
 HOST_LEVERS = '_nosync'
+# The routed-row gather through the inverse permutation (moe_throughput's *_gather variants) against its twin.
+GATHER = '_gather'
 # A run with one step in flight whose runner timed held steps by when the host read them (before the runner wrote
 # `step_clock`, 2026-12-04, after call l): its median step is the step period, its mean is not (one step short over
 # the window -- docs/runs/h200-moe-full/README.md, "Call l").
 HOST_CLOCK_MEAN = 'not comparable: one step in flight, timed by the host before the GPU step clock (call l)'
 # Each lever against its twin of the same call: (summary key, the lever's name suffix, its label in the text)
-LEVER_TWINS = (('rank_scale_vs_default', RANK_SCALE, ''), ('host_levers_vs_twin', HOST_LEVERS, ' (host levers)'))
+LEVER_TWINS = (('rank_scale_vs_default', RANK_SCALE, ''), ('host_levers_vs_twin', HOST_LEVERS, ' (host levers)'),
+               ('gather_vs_twin', GATHER, ' (permutation gather)'))
 
 
 def setting(name: str, variant: Dict[str, Any], date: str) -> str:

@@ -118,6 +118,12 @@ RANK_SCALE_VIDEO = {'vora_unsloth_mb4_ckauto_rank_scale': ['video.pair_tokens=22
 # kept in flight (SWIFT_VORA_STEP_SYNC=lagged, backends/step_ends.py), on top of the named rank-scale variant
 HOST_SYNC_VARIANTS = {name + '_nosync': name for name in RANK_SCALE_VARIANTS}
 HOST_SYNC_ENV = {'SWIFT_VORA_VISION_PREAMBLE': 'prefetch', 'SWIFT_VORA_STEP_SYNC': 'lagged'}
+# The routed-row gather's backward through the inverse permutation instead of a sorted index_put (call m's profile:
+# 51 ms of a 2.46 s step; SWIFT_VORA_MOE_GATHER=permutation, speed/moe_gather.py), on top of the named variant
+GATHER_VARIANTS = {name + '_gather': name for name in RANK_SCALE_VARIANTS}
+GATHER_ENV = {'SWIFT_VORA_MOE_GATHER': 'permutation'}
+# each lever on top of a rank-scale variant: its variants (name -> the twin) and its switches
+LEVERS_ON_RANK_SCALE = ((HOST_SYNC_VARIANTS, HOST_SYNC_ENV), (GATHER_VARIANTS, GATHER_ENV))
 
 
 def budget(smoke: bool) -> Dict[str, Any]:
@@ -640,14 +646,15 @@ def main(argv=None) -> int:
                                   extra_overrides=[f'train.micro_batch={micro_batch}',
                                                    'unsloth.gradient_checkpointing=true',
                                                    f'train.checkpoint_layers={checkpointed}'])
-            elif name in RANK_SCALE_VARIANTS or name in HOST_SYNC_VARIANTS:
-                base = HOST_SYNC_VARIANTS.get(name, name)
+            elif name in RANK_SCALE_VARIANTS or any(name in v for v, _ in LEVERS_ON_RANK_SCALE):
+                lever = next(((v, e) for v, e in LEVERS_ON_RANK_SCALE if name in v), ({}, {}))
+                base = lever[0].get(name, name)
                 micro_batch, checkpointed = RANK_SCALE_VARIANTS[base]
                 # exactly its twin's overrides (the micro-batch variant's, or the checkpoint-layers variant's) + the
                 # switch, so that the twin comparison measures the lever alone
                 layers = ['unsloth.gradient_checkpointing=true', f'train.checkpoint_layers={checkpointed}'] \
                     if checkpointed else []
-                env = {'SWIFT_VORA_MOE_LORA_SCALE': 'rank', **(HOST_SYNC_ENV if name in HOST_SYNC_VARIANTS else {})}
+                env = {'SWIFT_VORA_MOE_LORA_SCALE': 'rank', **lever[1]}
                 video = RANK_SCALE_VIDEO.get(base, [])
                 result = run_vora(name, args, b, inputs, work, flagship=False, fla=False, extra_env=env,
                                   extra_overrides=[f'train.micro_batch={micro_batch}', *video, *layers])

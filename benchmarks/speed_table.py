@@ -2,7 +2,7 @@
 
     python benchmarks/speed_table.py            # markdown table
     python benchmarks/speed_table.py --json
-    python benchmarks/speed_table.py --check    # exit 1 if a row is outside +-20 %
+    python benchmarks/speed_table.py --check    # exit 1 if a row is outside +-20 % (or a listed miss came inside)
 
 Each row plans the run's configuration (`swift-vora plan` arguments, the sample the run encoded) and compares the
 plan's `est_tokens_per_s` with the tokens/s the run measured (its result file under benchmarks/results/). `efficiency`
@@ -115,7 +115,24 @@ ROWS: List[Dict[str, Any]] = [
      'plan': [*MOE, '--checkpoints', 'host']},
     {'what': '35B-A3B MoE cut to 8 layers, Unsloth, mb 1, offloaded checkpoints (2026-12-01)',
      'source': ('moe-h200-2026-12-01.json', 'vora_unsloth'), 'model': 8, 'plan': [*MOE, '--checkpoints', 'host']},
+    # #31 call g (2026-12-04): the Unsloth side of the Megatron benchmark, the 8-layer cut at micro-batch 4 with
+    # train.checkpoint_layers=auto, which kept every layer's activations (0 of 8 checkpointed): the uncheckpointed
+    # efficiency derived from the recompute FLOPs, out of sample
+    {'what': '35B-A3B MoE cut to 8 layers, Unsloth, mb 4, no layer checkpointed (auto; megatron_moe call g)',
+     'source': ('megatron-h200-moe-g-2026-12-04.json', 'vora_unsloth_best'), 'model': 8,
+     'plan': [*MOE, '--checkpoints', 'gpu', '--micro-batch', '4', '--checkpoint-layers', '0']},
 ]
+
+
+# Checked rows outside the tolerance, kept visible instead of refitted (a refit would make them in-sample): the
+# check fails on any other row outside, and on one of these coming back inside (then this list is out of date).
+KNOWN_MISSES: Dict[str, str] = {
+    '35B-A3B MoE cut to 8 layers, Unsloth, mb 4, no layer checkpointed (auto; megatron_moe call g)':
+        'estimated 20.1 % low (the slow side: a longer time per epoch than the run took). The efficiency is '
+        'measured at 40 layers with 30-40 checkpointed; on the 8-layer cut the 27-block vision tower, the LM head '
+        'and the uncheckpointed factor derived from the recompute FLOPs (x1.18 here) all weigh differently. One '
+        'run; not refitted',
+}
 
 
 @functools.lru_cache(maxsize=None)
@@ -157,7 +174,8 @@ def table(rows=None) -> List[Dict[str, Any]]:
                     row['source'][1], 'measured_tokens_per_s': round(got, 1), 'est_tokens_per_s': estimate,
                     'error': round(error, 4), 'within': abs(error) <= TOLERANCE, 'efficiency': efficiency,
                     'in_sample': bool(row.get('fit')), 'est_source': plan.est_source,
-                    'checked': not row.get('unplanned'), 'unplanned': row.get('unplanned')})
+                    'checked': not row.get('unplanned'), 'unplanned': row.get('unplanned'),
+                    'known_miss': KNOWN_MISSES.get(row['what'])})
     return out
 
 
@@ -176,6 +194,9 @@ def render(rows) -> str:
     checked = [r for r in rows if r['checked']]
     lines.append(f'\n{sum(r["within"] for r in checked)} of {len(checked)} checked rows within '
                  f'±{100 * TOLERANCE:.0f} %.')
+    for r in rows:
+        if r['known_miss']:
+            lines.append(f'Listed miss: {r["what"]}: {r["known_miss"]}.')
     unplanned = [r for r in rows if not r['checked']]
     if unplanned:
         lines.append(f'{len(unplanned)} not checked: {unplanned[0]["unplanned"]}.')
@@ -194,7 +215,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rows = table()
     print(json.dumps(rows, indent=1) if args.json else render(rows))
-    return 1 if args.check and not all(r['within'] for r in rows if r['checked']) else 0
+    return 1 if args.check and not all(r['within'] != bool(r['known_miss']) for r in rows if r['checked']) else 0
 
 
 if __name__ == '__main__':

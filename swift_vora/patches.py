@@ -26,6 +26,7 @@ import hashlib
 import importlib
 import inspect
 import logging
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
@@ -189,6 +190,12 @@ PATCHES = (
           {'2026.10.9': '847af07a72257c2f'},
           uses=('lora_out = lora_out.contiguous()', 'mm1_out = mm1_out + lora_delta * scaling',
                 'mm2_out = mm2_out + lora_delta * scaling'), needs=('unsloth_zoo', )),
+    # the routed-row gather of the same forward: unsloth_zoo's own permutation-undoing autograd function in eager
+    # mode too, not only under torch.compile (speed/moe_gather.py)
+    Patch('moe_gather_permutation', 'unsloth_zoo.temporary_patches.moe_utils:gather_routed_rows', 'unsloth_zoo',
+          'wraps', ('hidden_states', 'sorted_indices', 'top_k'), 'speed/moe_gather.py',
+          'SWIFT_VORA_MOE_GATHER=index (the default)', 'tests/test_moe_gather.py',
+          uses=('_RoutedRowGather.apply', 'hidden_states[sorted_indices // top_k]'), needs=('unsloth_zoo', )),
 )
 BY_NAME = {patch.name: patch for patch in PATCHES}
 
@@ -265,6 +272,21 @@ def resolve(target: str) -> Any:
     for part in qualname.split('.'):
         obj = upstream(getattr(obj, part))
     return obj
+
+
+def rebind_importers(prefix: str, skip, function: str, replaced: Dict[int, Any]) -> List[str]:
+    """Modules named `prefix*` (but those in `skip`, patched themselves) that imported an original by name (`from
+    .moe_utils import forward_native_grouped_mm`) and call it through their own global: bound to its replacement
+    (`replaced`: id(original) -> replacement; by identity, nothing else is touched). Returns their names."""
+    rebound = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(prefix) or name in skip:
+            continue
+        bound = getattr(module, function, None)
+        if bound is not None and id(bound) in replaced:
+            setattr(module, function, replaced[id(bound)])
+            rebound.append(name)
+    return sorted(rebound)
 
 
 def source_hash(source: str) -> str:

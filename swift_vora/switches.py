@@ -158,6 +158,10 @@ def _table() -> Tuple[Switch, ...]:
         Switch(PREFIX + 'MOE_LORA_SCALE', 'choice', 'output', 'Unsloth MoE expert LoRA: scaling applied to the expert '
                'output (output, unsloth_zoo as it is) | to the rank-r intermediate (rank: same product, fewer kernels)',
                choices=('output', 'rank'), where='speed/moe_lora_scale.py'),
+        Switch(PREFIX + 'MOE_GATHER', 'choice', 'index', 'Unsloth MoE routed-row gather in eager mode: index '
+               '(unsloth_zoo as it is: indexing, a sort-based backward) | permutation (unsloth_zoo\'s '
+               '_RoutedRowGather: the backward undoes the permutation and sums over top_k)',
+               choices=('index', 'permutation'), where='speed/moe_gather.py'),
         Switch(PREFIX + 'STEP_SYNC', 'choice', 'each', 'Unsloth runner, CUDA: synchronise after each optimizer step '
                '(each) | keep one step in flight and record it one step late (lagged)', choices=('each', 'lagged'),
                where='backends/step_ends.py'),

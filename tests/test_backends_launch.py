@@ -301,6 +301,22 @@ def test_a_user_allocator_setting_is_kept():
     assert 'PYTORCH_CUDA_ALLOC_CONF' not in d['launch']['env']  # inherited from the user's environment as set
 
 
+def test_every_backend_launches_with_expandable_segments_unless_the_user_or_recipe_says_otherwise():
+    """The Unsloth and Megatron launches grow CUDA segments as the swift sft one does: the plan counts the
+    expandable allocator's fragmentation for the Unsloth path (plan/memory.py), measured with it."""
+    moe = os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json')
+    for recipe, backend in (('h200x1.yaml', 'unsloth_split_lora'), ('h200x8.yaml', 'megatron_ep_lora')):
+        path = os.path.join(REPO, 'recipes', recipe)
+        rc, d, err = dry_json(path, f'model.path={moe}', env={'PYTORCH_CUDA_ALLOC_CONF': ''})
+        assert rc == 0, err
+        assert d['plan']['backend'] == backend
+        assert d['launch']['env']['PYTORCH_CUDA_ALLOC_CONF'] == 'expandable_segments:True'
+        rc, d, err = dry_json(path, f'model.path={moe}', 'env.PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64',
+                              env={'PYTORCH_CUDA_ALLOC_CONF': ''})
+        assert rc == 0, err
+        assert d['launch']['env']['PYTORCH_CUDA_ALLOC_CONF'] == 'max_split_size_mb:64'
+
+
 def test_budget_env_round_trips_to_the_template_budget():
     from swift_vora.budget import VideoBudget
     rc, d, _ = dry_json(os.path.join(REPO, 'recipes', '3090x3.yaml'), f'model.path={DENSE_2B}', 'video.max_frames=20',

@@ -166,11 +166,6 @@ def build_swift_sft_launch(view: PlanView, recipe: Recipe, environ: Optional[Map
                          'choose one')
     if recipe['train.fp8'] != 'off':  # the plan refused it where it cannot run (plan/rules.py)
         env['SWIFT_VORA_FP8'] = recipe['train.fp8']
-    # Grow CUDA segments instead of caching fixed blocks: the same allocations in less reserved memory
-    # (docs/benchmarks.md); a value the user set wins.
-    if 'PYTORCH_CUDA_ALLOC_CONF' not in env and not (os.environ if environ is None else environ).get(
-            'PYTORCH_CUDA_ALLOC_CONF'):
-        env['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'
     argv += ['--dataloader_num_workers', str(recipe['train.dataloader_workers']), '--save_steps',
              str(recipe['train.save_steps']), '--logging_steps', str(recipe['train.logging_steps']), '--output_dir',
              recipe['train.output_dir'], '--add_version', bool_arg(recipe['train.add_version']), '--seed',

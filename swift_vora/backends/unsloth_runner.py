@@ -199,6 +199,10 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     info['moe_lora_scale'] = moe_lora_scale.install()
     if info['moe_lora_scale']['setting'] != 'output':
         log(f'expert LoRA scaling (SWIFT_VORA_MOE_LORA_SCALE): {json.dumps(info["moe_lora_scale"])}')
+    from ..speed import moe_gather
+    info['moe_gather'] = moe_gather.install()
+    if info['moe_gather']['setting'] != 'index':
+        log(f'routed-row gather (SWIFT_VORA_MOE_GATHER): {json.dumps(info["moe_gather"])}')
     counts = assert_router_frozen(model)
     check_not_quantized(model)
     if cfg.is_moe and counts['expert_lora_tensors'] == 0:

@@ -96,6 +96,13 @@ ACT_CHECKPOINT_BYTES_PER_HIDDEN = 2
 # saved fraction (0.85 and 0.85 of the eager accounting above), the checkpointed runs at micro-batch 1 and 4 the
 # backward factor (saved activations + their gradients, ~1.4x instead of 2x). [fit]
 ACT_COMPILED_SAVED_FRACTION = 0.85  # of the eager per-layer accounting above [fit]
+# Megatron-SWIFT without recompute (megatron.recompute=none | selective) keeps fewer activations per layer than the
+# HF accounting above: Transformer Engine's LayerNormLinear saves one normalised input for q/k/v (and for the
+# shared expert's fc1 and the router), the grouped expert GEMMs save the permuted tokens once, and the LoRA inputs
+# are those same tensors. Fitted on one run -- #31 call g's mg_norecompute (the 35B-A3B cut to 8 layers, 7,788
+# tokens, EP 1: 47.75 GiB reserved against 57.22 planned with the HF accounting; docs/memory-model.md row 46, in
+# sample). The layer working set under full recompute keeps the HF accounting: rows 34, 35, 40, 42 check it. [fit]
+MEGATRON_ACT_SAVED_FRACTION = 0.51  # of the per-layer accounting above, every layer kept (no recompute) [fit]
 ACT_BACKWARD_FACTOR_COMPILED = 1.4  # instead of ACT_BACKWARD_FACTOR for a compiled layer [fit]
 
 # Vision tower (Qwen3-VL ViT blocks: LayerNorm, qkv, proj, GELU MLP), bf16 per patch [fit]
@@ -168,8 +175,10 @@ NCCL_BUFFERS_GIB = 0.5  # NCCL communicator buffers per GPU when world size > 1 
 # buckets, optimizer temporaries); long-lived weights/states allocated once fragment little. [fit]
 ALLOCATOR_FRAGMENTATION = 0.10  # fraction of the dynamic allocations (5-15 % is typical)
 ALLOCATOR_FRAGMENTATION_STATIC = 0.01  # fraction of the static allocations (weights, optimizer states)
-# With PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set by every compiled run swift-vora launches) segments
-# grow in place: reserved - allocated measured 0.09-0.5 GiB on 6-100 GiB peaks (the r14 runs above). [fit]
+# With PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set by every launch, backends/common.py) segments grow in
+# place: reserved - allocated measured 0.09-0.5 GiB on 6-100 GiB peaks (the r14 runs above) [fit]; applied to the
+# compiled layers and the Unsloth path (its MoE runs: 0.35 GiB on a 58 GiB peak, #31 call g; rows 19-22, 31-33,
+# 37-47 of docs/memory-model.md), not refitted for it.
 ALLOCATOR_FRAGMENTATION_EXPANDABLE = 0.01
 ADAM_STEP_TEMP_FRACTION = 0.5  # torch foreach AdamW: _foreach_sqrt(exp_avg_sq) copies one of the two moments [fit]
 MOE_DISPATCH_COPIES = 3  # permuted tokens, expert outputs, un-permuted combine buffers (x k x hidden, bf16) [fit]

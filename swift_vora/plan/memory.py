@@ -365,7 +365,8 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
             gpu['activations: layer checkpoints'] = ckpt
         llm_ws = ws
     else:
-        gpu['activations: all layers (no checkpointing)'] = sum(per_layer)
+        kept = C.MEGATRON_ACT_SAVED_FRACTION if s.backend == Backend.MEGATRON_EP_LORA else 1.0
+        gpu['activations: all layers (no checkpointing)'] = kept * sum(per_layer)
         llm_ws = backward * max(per_layer) - max(per_layer)
         notes.append('gradient checkpointing off: every layer keeps its activations')
         if s.backend == Backend.MEGATRON_EP_LORA and s.recompute == 'selective':
@@ -485,7 +486,11 @@ def estimate(spec: ModelSpec, tokens: VideoTokens, setup: TrainSetup) -> MemoryE
 
     def total(w, o, g, a):
         """(total on the device, fragmentation, allocated) of one moment."""
-        dynamic_frag = C.ALLOCATOR_FRAGMENTATION_EXPANDABLE if s.compiled_layers else C.ALLOCATOR_FRAGMENTATION
+        # expandable segments (every launch sets them, backends/common.py): checked by allocated and reserved
+        # peaks for the compiled layers and the Unsloth path; the others keep the caching allocator's fraction,
+        # which their rows were fitted and checked with
+        expandable = s.compiled_layers or s.backend == Backend.UNSLOTH_SPLIT_LORA
+        dynamic_frag = C.ALLOCATOR_FRAGMENTATION_EXPANDABLE if expandable else C.ALLOCATOR_FRAGMENTATION
         frag = (g + a) * dynamic_frag + (w + o) * C.ALLOCATOR_FRAGMENTATION_STATIC
         alloc = w + o + g + a
         return alloc + frag + ctx + nccl, frag, alloc

@@ -101,19 +101,5 @@ def install(environ=None) -> Dict[str, Any]:
         setattr(module, FUNCTION, replaced[id(original)])
         done.append(module.__name__)
     state['patched'] = done
-    state['rebound'] = _rebind_importers(replaced)
+    state['rebound'] = patches.rebind_importers('unsloth_zoo.', MODULES, FUNCTION, replaced)
     return state
-
-
-def _rebind_importers(replaced: Dict[int, Any]) -> List[str]:
-    """unsloth_zoo modules that imported an original by name (`from .moe_utils import forward_native_grouped_mm`)
-    and call it through their own global: bound to its rewrite. Returns their names."""
-    rebound = []
-    for name, module in list(sys.modules.items()):
-        if not name.startswith('unsloth_zoo.') or name in MODULES:
-            continue
-        bound = getattr(module, FUNCTION, None)
-        if bound is not None and id(bound) in replaced:
-            setattr(module, FUNCTION, replaced[id(bound)])
-            rebound.append(name)
-    return sorted(rebound)
