@@ -28,7 +28,7 @@ import inspect
 import logging
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 # Every replacement swift-vora installs carries this attribute: (the patch's name, the object it replaced).
 MARKER = '_swift_vora_patch'
@@ -272,6 +272,29 @@ def resolve(target: str) -> Any:
     for part in qualname.split('.'):
         obj = upstream(getattr(obj, part))
     return obj
+
+
+def install_in_loaded(name: str, modules: Sequence[str], function: str, make: Callable[[Any], Any],
+                      what: str) -> Dict[str, Any]:
+    """Patch `name`: `function` of every loaded module of `modules` replaced by `make(module)` (a module already
+    patched keeps its replacement), and the other modules of the first one's package that imported an original by
+    name pointed at its replacement. Returns {'patched': [...], 'rebound': [...]}, or {'patched': [], 'skipped': why}
+    where none of `modules` is loaded (`what` names them) or the installed upstream is not one the inventory knows
+    (warned once; upstream's code runs)."""
+    loaded = [sys.modules[m] for m in modules if m in sys.modules]
+    if not loaded:
+        return {'patched': [], 'skipped': f'{what} is not loaded'}
+    if not applicable(name):
+        return {'patched': [], 'skipped': check(name)}
+    replaced: Dict[int, Any] = {}  # id(original) -> its replacement
+    for module in loaded:
+        if patched_by(getattr(module, function, None)) != name:
+            original = getattr(module, function)
+            replaced[id(original)] = make(module)
+            setattr(module, function, replaced[id(original)])
+    package = modules[0].split('.', 1)[0] + '.'
+    return {'patched': [m.__name__ for m in loaded],
+            'rebound': rebind_importers(package, modules, function, replaced)}
 
 
 def rebind_importers(prefix: str, skip, function: str, replaced: Dict[int, Any]) -> List[str]:

@@ -20,17 +20,17 @@ imported the function by name. Upstream: the eager branch could use `_RoutedRowG
 from __future__ import annotations
 
 import functools
-import sys
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 from .. import patches, switches
+from . import moe_lora_scale
 
 ENV = 'SWIFT_VORA_MOE_GATHER'
 PATCH = 'moe_gather_permutation'
 FUNCTION = 'gather_routed_rows'
 GATHER_CLASS = '_RoutedRowGather'  # unsloth_zoo's autograd function, read from the same module as the function
 # the module unsloth_zoo defines it in, and the copy it loads from its compile cache (as speed/moe_lora_scale.py)
-MODULES = ('unsloth_zoo.temporary_patches.moe_utils', 'unsloth_cached_moe_utils')
+MODULES = moe_lora_scale.MODULES
 
 
 def wanted(environ=None) -> bool:
@@ -59,23 +59,6 @@ def install(environ=None) -> Dict[str, Any]:
     what the runner records (`moe_gather` in its result): the setting, the modules patched, or why none was."""
     setting = switches.read(ENV, environ)
     state: Dict[str, Any] = {'setting': setting, 'patched': []}
-    if setting != 'permutation':
-        return state
-    loaded = [sys.modules[name] for name in MODULES if name in sys.modules]
-    if not loaded:
-        state['skipped'] = 'unsloth_zoo\'s MoE module is not loaded (no Unsloth MoE model in this process)'
-        return state
-    if not patches.applicable(PATCH):  # an unknown unsloth_zoo: warned once, upstream's code runs
-        state['skipped'] = patches.check(PATCH)
-        return state
-    done: List[str] = []
-    replaced: Dict[int, Any] = {}  # id(original) -> its wrapper
-    for module in loaded:
-        if patches.patched_by(getattr(module, FUNCTION, None)) != PATCH:
-            original = getattr(module, FUNCTION)
-            replaced[id(original)] = _wrapped(module)
-            setattr(module, FUNCTION, replaced[id(original)])
-        done.append(module.__name__)
-    state['patched'] = done
-    state['rebound'] = patches.rebind_importers('unsloth_zoo.', MODULES, FUNCTION, replaced)
+    if setting == 'permutation':
+        state.update(patches.install_in_loaded(PATCH, MODULES, FUNCTION, _wrapped, moe_lora_scale.LOADED_WHAT))
     return state

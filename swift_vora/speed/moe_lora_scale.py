@@ -24,8 +24,7 @@ forward's multiplications; scaling the intermediate saves them all).
 from __future__ import annotations
 
 import inspect
-import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from .. import patches, switches
 
@@ -35,6 +34,7 @@ FUNCTION = 'forward_native_grouped_mm'
 # the module unsloth_zoo defines it in, and the copy it loads from its compile cache (unsloth_zoo moe_utils.py,
 # _load_cached_moe_utils_module)
 MODULES = ('unsloth_zoo.temporary_patches.moe_utils', 'unsloth_cached_moe_utils')
+LOADED_WHAT = 'unsloth_zoo\'s MoE module (no Unsloth MoE model in this process)'
 # (statement as upstream writes it, what it becomes, how many times the function holds it)
 REWRITES = (
     ('lora_out = lora_out.contiguous()', 'lora_out = (lora_out * scaling).contiguous()', 2),
@@ -81,25 +81,6 @@ def install(environ=None) -> Dict[str, Any]:
     what the runner records (`moe_lora_scale` in its result): the setting, the modules patched, or why none was."""
     setting = switches.read(ENV, environ)
     state: Dict[str, Any] = {'setting': setting, 'patched': []}
-    if setting != 'rank':
-        return state
-    loaded = [sys.modules[name] for name in MODULES if name in sys.modules]
-    if not loaded:
-        state['skipped'] = 'unsloth_zoo\'s MoE module is not loaded (no Unsloth MoE model in this process)'
-        return state
-    if not patches.applicable(PATCH):  # an unknown unsloth_zoo: warned once, upstream's code runs
-        state['skipped'] = patches.check(PATCH)
-        return state
-    done: List[str] = []
-    replaced: Dict[int, Any] = {}  # id(original) -> its rewrite
-    for module in loaded:
-        if patches.patched_by(getattr(module, FUNCTION, None)) == PATCH:
-            done.append(module.__name__)
-            continue
-        original = getattr(module, FUNCTION)
-        replaced[id(original)] = _patched(module)
-        setattr(module, FUNCTION, replaced[id(original)])
-        done.append(module.__name__)
-    state['patched'] = done
-    state['rebound'] = patches.rebind_importers('unsloth_zoo.', MODULES, FUNCTION, replaced)
+    if setting == 'rank':
+        state.update(patches.install_in_loaded(PATCH, MODULES, FUNCTION, _patched, LOADED_WHAT))
     return state
