@@ -122,8 +122,10 @@ HOST_SYNC_ENV = {'SWIFT_VORA_VISION_PREAMBLE': 'prefetch', 'SWIFT_VORA_STEP_SYNC
 # 51 ms of a 2.46 s step; SWIFT_VORA_MOE_GATHER=permutation, speed/moe_gather.py), on top of the named variant
 GATHER_VARIANTS = {name + '_gather': name for name in RANK_SCALE_VARIANTS}
 GATHER_ENV = {'SWIFT_VORA_MOE_GATHER': 'permutation'}
-# each lever on top of a rank-scale variant: its variants (name -> the twin) and its switches
-LEVERS_ON_RANK_SCALE = ((HOST_SYNC_VARIANTS, HOST_SYNC_ENV), (GATHER_VARIANTS, GATHER_ENV))
+# each lever's variant on top of a rank-scale variant: name -> (its twin, the lever's switches)
+LEVERS_ON_RANK_SCALE = {name: (twin, env) for variants, env in ((HOST_SYNC_VARIANTS, HOST_SYNC_ENV),
+                                                               (GATHER_VARIANTS, GATHER_ENV))
+                        for name, twin in variants.items()}
 
 
 def budget(smoke: bool) -> Dict[str, Any]:
@@ -646,15 +648,14 @@ def main(argv=None) -> int:
                                   extra_overrides=[f'train.micro_batch={micro_batch}',
                                                    'unsloth.gradient_checkpointing=true',
                                                    f'train.checkpoint_layers={checkpointed}'])
-            elif name in RANK_SCALE_VARIANTS or any(name in v for v, _ in LEVERS_ON_RANK_SCALE):
-                lever = next(((v, e) for v, e in LEVERS_ON_RANK_SCALE if name in v), ({}, {}))
-                base = lever[0].get(name, name)
+            elif name in RANK_SCALE_VARIANTS or name in LEVERS_ON_RANK_SCALE:
+                base, lever_env = LEVERS_ON_RANK_SCALE.get(name, (name, {}))
                 micro_batch, checkpointed = RANK_SCALE_VARIANTS[base]
                 # exactly its twin's overrides (the micro-batch variant's, or the checkpoint-layers variant's) + the
                 # switch, so that the twin comparison measures the lever alone
                 layers = ['unsloth.gradient_checkpointing=true', f'train.checkpoint_layers={checkpointed}'] \
                     if checkpointed else []
-                env = {'SWIFT_VORA_MOE_LORA_SCALE': 'rank', **lever[1]}
+                env = {'SWIFT_VORA_MOE_LORA_SCALE': 'rank', **lever_env}
                 video = RANK_SCALE_VIDEO.get(base, [])
                 result = run_vora(name, args, b, inputs, work, flagship=False, fla=False, extra_env=env,
                                   extra_overrides=[f'train.micro_batch={micro_batch}', *video, *layers])

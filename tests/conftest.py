@@ -161,3 +161,22 @@ def workspace(tmp_path, monkeypatch):
     from cli_harness import write_inputs
     monkeypatch.chdir(tmp_path)
     return write_inputs(tmp_path)
+
+
+# --- speed/moe_lora_scale.py and speed/moe_gather.py (tests/test_moe_lora_scale.py, tests/test_moe_gather.py) ---
+@pytest.fixture
+def load_cached_moe_utils(tmp_path, monkeypatch):
+    """Loads a stand-in for unsloth_zoo's MoE module from its source as unsloth_zoo loads its compile-cache copy (a
+    module from a file, `unsloth_cached_moe_utils` in sys.modules for the test): what the MoE levers patch."""
+    import importlib.util
+    import sys
+
+    def load(source: str):
+        path = tmp_path / 'moe_utils_stand_in.py'
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location('unsloth_cached_moe_utils', path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        monkeypatch.setitem(sys.modules, 'unsloth_cached_moe_utils', module)
+        return module
+    return load

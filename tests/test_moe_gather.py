@@ -6,7 +6,6 @@ recorded. unsloth_zoo is GPU-only here: a stand-in module holds `gather_routed_r
 compiled-only branch, its eager indexing) and an autograd function with `_RoutedRowGather`'s contract; the real
 function is checked against the inventory where .whl/moe has the wheel."""
 import glob
-import importlib.util
 import os
 import sys
 import zipfile
@@ -57,14 +56,9 @@ def gather_routed_rows(hidden_states, sorted_indices, top_k):
 
 
 @pytest.fixture
-def stand_in(tmp_path, monkeypatch):
+def stand_in(load_cached_moe_utils, monkeypatch):
     """The stand-in loaded as unsloth_zoo's cached copy is, with a module that imported the function by name."""
-    path = tmp_path / 'moe_utils_stand_in.py'
-    path.write_text(STAND_IN)
-    spec = importlib.util.spec_from_file_location('unsloth_cached_moe_utils', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setitem(sys.modules, 'unsloth_cached_moe_utils', module)
+    module = load_cached_moe_utils(STAND_IN)
     importer = type(sys)('unsloth_zoo.temporary_patches.stand_in_importer')
     importer.gather_routed_rows = module.gather_routed_rows
     monkeypatch.setitem(sys.modules, importer.__name__, importer)

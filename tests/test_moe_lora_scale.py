@@ -7,7 +7,6 @@ stand-in module holds the statements exactly as upstream writes them, and the re
 checked against the wheel where .whl/moe has it."""
 import ast
 import glob
-import importlib.util
 import inspect
 import os
 import sys
@@ -49,14 +48,9 @@ def forward_native_grouped_mm(self, hidden_states, top_k_index, top_k_weights):
 
 
 @pytest.fixture
-def stand_in(tmp_path, monkeypatch):
+def stand_in(load_cached_moe_utils, monkeypatch):
     """The stand-in loaded as unsloth_zoo's cached copy is (a module from a file), its source pinned for the test."""
-    path = tmp_path / 'moe_utils_stand_in.py'
-    path.write_text(STAND_IN)
-    spec = importlib.util.spec_from_file_location('unsloth_cached_moe_utils', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setitem(sys.modules, 'unsloth_cached_moe_utils', module)
+    module = load_cached_moe_utils(STAND_IN)
     digest = patches.source_hash(inspect.getsource(module.forward_native_grouped_mm))
     monkeypatch.setitem(patches.BY_NAME, mls.PATCH, patches.BY_NAME[mls.PATCH]._replace(sources={'test': digest}))
     monkeypatch.setattr(patches, 'applicable', lambda name: True)
