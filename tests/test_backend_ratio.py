@@ -15,9 +15,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MOE = os.path.join(REPO, 'tests', 'fixtures', 'configs', 'qwen3_5_moe_35b_a3b.json')
 
 
-def result(megatron=15000.0, unsloth=12000.0, failures=()):
+def variant(tokens_per_s, steps=10, **extra):
+    return {'tokens_per_s': tokens_per_s, 'step_s': [1.0] * steps, **extra}
+
+
+def result(megatron=15000.0, unsloth=12000.0, failures=(), steps=10, others=None):
     return {'date': '2026-12-03', 'machine': {'gpu': 'NVIDIA H200', 'gpu_mem_gib': 139.8}, 'failures': list(failures),
             'model': 'random Qwen3.5-MoE, 8 layers',
+            'variants': {'mg_te_ce': variant(megatron, steps), 'vora_unsloth_best': variant(unsloth, steps),
+                         **(others or {})},
             'backend_ratio': {'megatron_variant': 'mg_te_ce', 'unsloth_variant': 'vora_unsloth_best',
                               'megatron_tokens_per_s': megatron, 'unsloth_tokens_per_s': unsloth,
                               'megatron_over_unsloth': round(megatron / unsloth, 3),
@@ -111,6 +117,52 @@ def test_a_failed_or_one_sided_result_is_not_recorded(tmp_path):
     one.write_text(json.dumps({**result(), 'backend_ratio': None}))
     assert br.main([str(one), '--table', str(table)]) == 1
     assert br.load(str(table)) == []
+
+
+def test_a_variant_outside_the_comparison_that_did_not_report_does_not_refuse_the_ratio(tmp_path):
+    """Call g: the item-1 run (mg_base) was killed by its variant timeout after the compared variants had run; the
+    ratio of the two that ran their steps is recorded and the entry keeps the other's failure. A failure of a compared
+    variant, or one that names no variant (a failed check), still refuses the file."""
+    table = tmp_path / 'backend_ratios.json'
+    timed_out = 'mg_base (the item-1 run) did not report: megatron sft (mg_base) failed (exit timeout)'
+    ok = tmp_path / 'ok.json'
+    ok.write_text(json.dumps(result(failures=[timed_out], others={'mg_base': {'failed': 'exit timeout'}})))
+    entry = br.record(str(ok), str(table))
+    assert entry['not_compared'] == [timed_out] and entry['measured_steps'] == {br.MEGATRON: 10, br.UNSLOTH: 10}
+    compared_failed = tmp_path / 'compared.json'
+    compared_failed.write_text(json.dumps(result(failures=['mg_te_ce (a lever) did not report: exit timeout'],
+                                                 others={'mg_base': {'failed': 'exit timeout'}})))
+    with pytest.raises(ValueError, match='failed its checks'):
+        br.entry_from_result(json.loads(compared_failed.read_text()), 'compared.json')
+    check_failed = result(failures=[timed_out, 'no expert weight changed by LoRA (16 expert tensors)'],
+                          others={'mg_base': {'failed': 'exit timeout'}})
+    with pytest.raises(ValueError, match='no expert weight changed'):
+        br.entry_from_result(check_failed, 'check.json')
+
+
+def test_fewer_measured_steps_than_the_protocol_or_a_failed_compared_variant_is_not_recorded():
+    with pytest.raises(ValueError, match='mg_te_ce has 9 measured step'):
+        br.entry_from_result(result(steps=9), 'short.json')
+    failed = result()
+    failed['variants']['vora_unsloth_best']['failed'] = 'out of memory'
+    with pytest.raises(ValueError, match='vora_unsloth_best failed: out of memory'):
+        br.entry_from_result(failed, 'failed.json')
+    no_variants = result()
+    del no_variants['variants']
+    with pytest.raises(ValueError, match='not among its variants'):
+        br.entry_from_result(no_variants, 'old.json')
+
+
+def test_call_gs_file_gives_best_against_best():
+    """The kept call-g file (its item-1 run timed out): Megatron's fastest lever that ran (micro-batch 2) against the
+    Unsloth path's best, 12 measured steps each."""
+    source = 'benchmarks/results/megatron-h200-moe-g-2026-12-04.json'
+    with open(os.path.join(REPO, source), encoding='utf-8') as f:
+        entry = br.entry_from_result(json.load(f), source)
+    assert entry['settings'] == {br.MEGATRON: 'mg_mb2', br.UNSLOTH: 'vora_unsloth_best'}
+    assert entry['faster'] == br.UNSLOTH and entry['ratio'] == pytest.approx(42941.0 / 4669.6, abs=1e-3)
+    assert entry['not_compared'] and entry['not_compared'][0].startswith('mg_base ')
+    assert '/tmp' not in json.dumps(entry)  # the shipped table names no folder of the machine it ran on
 
 
 def test_several_gpus_are_not_compared(tmp_path):

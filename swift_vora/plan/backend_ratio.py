@@ -15,7 +15,13 @@ variant, tokens/s on median steps, on the same model and clips):
     python -m swift_vora.plan.backend_ratio benchmarks/results/megatron-h200-moe-<date>.json   # record it
     python -m swift_vora.plan.backend_ratio --show
 
-A result whose run failed a check (its `failures`), or which has no `backend_ratio`, is refused.
+Refused: a result with no `backend_ratio`; one where either compared variant failed or has fewer than
+MIN_MEASURED_STEPS measured steps (the benchmark protocol: a median of fewer is one slow step away from another
+ratio); and one with any failure that is not a variant outside the comparison failing to report. A variant the
+ratio does not compare that did not finish (call g's mg_base, the item-1 run, killed by its variant timeout after
+the compared variants had run) says nothing about the two speeds: the entry keeps its failure (`not_compared`)
+and the ratio stands. A failed check (loss, merged load, LoRA placement, guards) names no variant and refuses
+the whole file.
 """
 from __future__ import annotations
 
@@ -23,11 +29,12 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'backend_ratios.json')
 MEGATRON, UNSLOTH = 'megatron_ep_lora', 'unsloth_split_lora'
 NOT_MEASURED, MEASURED = 'not_measured', 'measured'
+MIN_MEASURED_STEPS = 10
 
 
 def gpu_key(gpu_name: str) -> str:
@@ -55,13 +62,45 @@ def lookup(model_type: str, gpu_name: str, path: Optional[str] = None) -> Option
     return None
 
 
+def compared_variants_refusal(result: Dict[str, Any], compared: List[str]) -> Optional[str]:
+    """Why the two compared variants do not support a ratio (failed, unmeasured, too few steps), or None."""
+    variants = result.get('variants') or {}
+    for name in compared:
+        v = variants.get(name)
+        if not isinstance(v, dict):
+            return f'{name} is not among its variants'
+        if v.get('failed') or v.get('error'):
+            return f'{name} failed: {str(v.get("failed") or v.get("error"))[:200]}'
+        steps = len(v.get('step_s') or [])
+        if not v.get('tokens_per_s') or steps < MIN_MEASURED_STEPS:
+            return (f'{name} has {steps} measured step(s), the protocol needs {MIN_MEASURED_STEPS} '
+                    '(a median of fewer is one slow step away from another ratio)')
+    return None
+
+
+def split_failures(result: Dict[str, Any], compared: List[str]) -> Tuple[List[str], List[str]]:
+    """(failures that refuse the file, failures of variants outside the comparison). A failure belongs to a variant
+    when it starts with that variant's name and a space (megatron_moe.assemble: '<variant> (the item-1 run) did not
+    report: ...'); anything else -- a failed check, a silent guard, merge_for_vllm -- refuses the file."""
+    others = [n for n in (result.get('variants') or {}) if n not in compared]
+    refusing, outside = [], []
+    for failure in result.get('failures') or []:
+        (outside if any(str(failure).startswith(n + ' ') for n in others) else refusing).append(str(failure))
+    return refusing, outside
+
+
 def entry_from_result(result: Dict[str, Any], source: str) -> Dict[str, Any]:
     """The table entry a megatron_moe result file supports; ValueError when it supports none."""
     ratio = result.get('backend_ratio')
     if not ratio:
         raise ValueError(f'{source}: no backend_ratio (both a Megatron and the Unsloth variant must have run)')
-    if result.get('failures'):
-        raise ValueError(f'{source}: the Megatron run failed its checks ({"; ".join(result["failures"])[:300]})')
+    compared = [ratio['megatron_variant'], ratio['unsloth_variant']]
+    refusing, outside = split_failures(result, compared)
+    if refusing:
+        raise ValueError(f'{source}: the Megatron run failed its checks ({"; ".join(refusing)[:300]})')
+    why = compared_variants_refusal(result, compared)
+    if why:
+        raise ValueError(f'{source}: {why}')
     machine = result.get('machine') or {}
     gpu = machine.get('gpu_name') or machine.get('gpu') or (machine.get('gpus') or [''])[0] \
         if isinstance(machine, dict) else str(machine)
@@ -69,14 +108,20 @@ def entry_from_result(result: Dict[str, Any], source: str) -> Dict[str, Any]:
         raise ValueError(f'{source}: the result names no GPU (machine)')
     m, u = ratio['megatron_tokens_per_s'], ratio['unsloth_tokens_per_s']
     faster = MEGATRON if m > u else UNSLOTH
-    return {'model_family': result.get('model_family', 'qwen3_5_moe'), 'gpu': gpu_key(str(gpu)), 'faster': faster,
-            'ratio': round(max(m, u) / min(m, u), 3),
-            'tokens_per_s': {MEGATRON: m, UNSLOTH: u},
-            'peak_reserved_gib': {MEGATRON: ratio.get('megatron_peak_reserved_gib'),
-                                  UNSLOTH: ratio.get('unsloth_peak_reserved_gib')},
-            'settings': {MEGATRON: ratio.get('megatron_variant'), UNSLOTH: ratio.get('unsloth_variant')},
-            'megatron_levers': ratio.get('megatron_levers'), 'model': result.get('model'),
-            'date': result.get('date'), 'source': source}
+    entry = {'model_family': result.get('model_family', 'qwen3_5_moe'), 'gpu': gpu_key(str(gpu)), 'faster': faster,
+             'ratio': round(max(m, u) / min(m, u), 3),
+             'tokens_per_s': {MEGATRON: m, UNSLOTH: u},
+             'peak_reserved_gib': {MEGATRON: ratio.get('megatron_peak_reserved_gib'),
+                                   UNSLOTH: ratio.get('unsloth_peak_reserved_gib')},
+             'settings': {MEGATRON: ratio.get('megatron_variant'), UNSLOTH: ratio.get('unsloth_variant')},
+             'measured_steps': {MEGATRON: len(result['variants'][compared[0]]['step_s']),
+                                UNSLOTH: len(result['variants'][compared[1]]['step_s'])},
+             'megatron_levers': ratio.get('megatron_levers'), 'model': result.get('model'),
+             'date': result.get('date'), 'source': source}
+    if outside:
+        # without the log path the failure names: a folder of the machine it ran on
+        entry['not_compared'] = [f.split('; see ')[0][:300] for f in outside]
+    return entry
 
 
 def record(result_path: str, path: Optional[str] = None) -> Dict[str, Any]:
