@@ -2,6 +2,7 @@
 binaries (the real wheel is 171 MiB and not in the repository: docs/backends.md has its measured result). Kept
 entries stay byte-identical, the others' payloads become zeros with their headers untouched, and anything that does
 not parse stops before a byte is changed."""
+import glob
 import os
 import struct
 import sys
@@ -101,3 +102,56 @@ def test_a_repacked_wheel_keeps_a_record_pip_accepts(tmp_path):
         + 'pkg-1.0.dist-info/RECORD,,\n'
     with pytest.raises(SystemExit, match='OUT_DIR must differ'):
         slim_wheel.repack(str(src), str(src.parent), 'test')
+
+
+def unsloth_slimming():
+    """fetch_wheels.sh's --drop / --keep patterns for the unsloth wheel (its continuation lines joined)."""
+    import re
+    import shlex
+    with open(os.path.join(os.path.dirname(slim_te.__file__), 'fetch_wheels.sh'), encoding='utf-8') as f:
+        script = f.read().replace('\\\n', ' ')
+    line = next(ln for ln in script.splitlines() if 'slim_wheel.py' in ln and 'unsloth-2026' in ln)
+    words = shlex.split(line)
+    patterns = {'--drop': [], '--keep': []}
+    for flag, value in zip(words, words[1:]):
+        if flag in patterns:
+            patterns[flag].append(value)
+    assert patterns['--drop'] and not re.search(r'unsloth(_zoo)?/', ' '.join(patterns['--drop']))
+    return patterns['--drop'], patterns['--keep']
+
+
+# What the unsloth package reads from the wheel's `studio/` folder by path (lazily, for its decision models):
+# unsloth/models/_decision_common.py (_VENDORED_LAYA) and unsloth/models/decision_gguf.py (_CONTRACT_FILE).
+READ_BY_UNSLOTH = ('studio/backend/vendor/laya/__init__.py', 'studio/backend/core/systemone/gguf_export_contract.py')
+
+
+def test_the_unsloth_slimming_drops_studio_but_what_unsloth_reads_from_it():
+    """The Studio web UI and server leave the carried unsloth wheel (9 of its 12 MiB: the Megatron pack and the
+    kernel cache then fit one call); training code and the two files unsloth itself opens under studio/ stay."""
+    import slim_wheel
+    drop, keep = unsloth_slimming()
+
+    def dropped(path):
+        return slim_wheel._match(path, drop) and not slim_wheel._match(path, keep)
+    assert dropped('studio/backend/main.py') and dropped('studio/frontend/dist/index.html')
+    assert not any(dropped(p) for p in READ_BY_UNSLOTH)
+    assert not dropped('unsloth/models/loader.py') and not dropped('unsloth_cli/config.py')
+
+
+def test_the_slimmed_unsloth_wheel_holds_what_unsloth_opens_under_studio():
+    """On the checkout that built the carried wheels (fetch_wheels.sh): every `studio` path the unsloth package
+    builds from its own location is in the slimmed wheel."""
+    import re
+    import zipfile
+    wheels = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(slim_te.__file__)), '..', '.whl',
+                                           'unsloth', 'unsloth-*.whl')))
+    if not wheels:
+        pytest.skip('no .whl/unsloth here: scripts/gpu/fetch_wheels.sh builds it for GPU calls (downloads; not in CI)')
+    with zipfile.ZipFile(wheels[-1]) as z:
+        names = set(z.namelist())
+        sources = {n: z.read(n).decode('utf-8', 'replace') for n in names
+                   if n.startswith('unsloth/') and n.endswith('.py')}
+    assert not any(n.startswith('studio/frontend/') or n == 'studio/backend/main.py' for n in names)
+    opened = [n for n, text in sources.items() if re.search(r'parents\[2\]\s*/\s*"studio"', text)]
+    assert sorted(opened) == ['unsloth/models/_decision_common.py', 'unsloth/models/decision_gguf.py'], opened
+    assert all(p in names for p in READ_BY_UNSLOTH)

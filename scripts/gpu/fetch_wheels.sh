@@ -116,10 +116,13 @@ if [ "$WHAT" = all ] || [ "$WHAT" = unsloth ] || [ "$WHAT" = moe ]; then
     case "$req" in unsloth==*|bitsandbytes==*) ;; *) rest+=("$req");; esac
   done
   fetch "$UNSLOTH" "${rest[@]}"
-  # Two slimmings, no code touched (gpu-machine.md): the Studio web-UI assets out of unsloth, and the
+  # Two slimmings, no code touched (gpu-machine.md): Unsloth Studio (its web UI and its server, 9 of the wheel's
+  # 12 MiB) out of unsloth -- training never imports it; the two files the unsloth package reads from it by path,
+  # lazily, for its decision models (unsloth/_decision_common.py, models/decision_gguf.py) stay -- and the
   # bitsandbytes native libraries for other CUDA/ROCm/XPU versions out of bitsandbytes. RECORD follows.
   "$PY" "$ROOT/scripts/gpu/slim_wheel.py" "$ORIG"/unsloth-2026.10.9-*.whl "$UNSLOTH" \
-    --drop 'studio/frontend/**' --drop 'studio/src-tauri/**'
+    --drop 'studio/**' --keep 'studio/backend/vendor/laya/**' \
+    --keep 'studio/backend/core/systemone/gguf_export_contract.py'
   "$PY" "$ROOT/scripts/gpu/slim_wheel.py" "$ORIG"/bitsandbytes-0.50.2-*.whl "$UNSLOTH" \
     --drop '**/*.so' --drop '**/*.dll' --drop '**/*.dylib' \
     --keep '**/libbitsandbytes_cpu.so' --keep '**/libbitsandbytes_cuda130.so'

@@ -1,7 +1,7 @@
 """Every wheel set a GPU call needs, in ONE file that a bare machine unpacks: so that a call that needs Megatron does
 not depend on earlier calls having left wheels on a warm machine.
 
-    python scripts/gpu/wheel_pack.py pack [--sets swift,moe,megatron] [--exclude py_spy,torchao] [--out FILE]
+    python scripts/gpu/wheel_pack.py pack [--sets swift,moe,megatron] [--exclude py_spy,torchao,...] [--out FILE]
     python scripts/gpu/wheel_pack.py unpack .wpk/wheels.tar.xz [--root .]   # on the GPU machine (run_all.sh does)
 
 Why: a device call carries at most 64 MiB with the repository, and wheels are zip files whose members are already
@@ -253,7 +253,8 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest='verb', required=True)
     p = sub.add_parser('pack', help='the wheel sets -> one xz-compressed tar of stored wheels')
     p.add_argument('--sets', default='swift,moe,megatron', help=f'comma-separated, of {", ".join(SETS)}')
-    p.add_argument('--exclude', default='', help='comma-separated wheel-name prefixes to leave out (py_spy,torchao)')
+    p.add_argument('--exclude', default='', help='comma-separated wheel-name prefixes to leave out (py_spy,torchao,'
+                   'deepspeed,liger_kernel: what the MoE and Megatron phases never import)')
     p.add_argument('--out', default=os.path.join(REPO, DEFAULT_OUT))
     p.add_argument('--root', default=REPO, help='where .whl/ and .teN/ are (the repository root)')
     u = sub.add_parser('unpack', help='extract and check an archive pack wrote')
