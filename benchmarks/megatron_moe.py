@@ -269,7 +269,7 @@ def flagship_report(out: str, model: str, plan_path: str, args, vdir: str) -> Di
     report['merge_for_vllm_rc'] = rc
     with open(merge_log, errors='replace') as f:
         report['merge_for_vllm_tail'] = f.read()[-1500:]
-    shutil.rmtree(os.path.join(vdir, 'vllm'), ignore_errors=True)  # a second 16 GB copy: the disk is 64 GiB
+    shutil.rmtree(os.path.join(vdir, 'vllm'), ignore_errors=True)  # hard links to the export (copies elsewhere)
     out_json = os.path.join(vdir, 'megatron-report.json')
     proc = subprocess.run([sys.executable, os.path.join(REPO, 'scripts', 'gpu', 'megatron_report.py'), '--base', model,
                            '--checkpoint', ckpt, '--merged', merged, '--plan', plan_path, '--encode-log',

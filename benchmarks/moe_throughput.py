@@ -39,8 +39,8 @@ shared expert's MLP and the routed experts' fused tensors -- micro-batch 1, the 
 
 Full depth (`--layers 40`, the whole 35B-A3B: ~65 GiB of bf16 weights) needs a checkpoint folder with room for it:
 scripts/gpu/moe_full.sh builds it in a RAM-backed tmpfs on the GPU machine (its disk is smaller than the model).
-`--flagship` there skips the merged export when the checkpoint's filesystem has no room for a second copy (and says
-so in the result).
+`--flagship` there skips the merged export when the work folder's filesystem has no room for one merged copy (the
+runner's; merge_for_vllm.sh hard-links its files since 2026-12-04) and says so in the result.
 
 Every variant runs `--steps` optimizer steps (default 12); the first `--warmup-steps` (default 2) are not measured.
 Per variant: `median_step_s` and `mean_step_s` over the measured steps, `tokens_per_s` = tokens per step / the median
@@ -242,13 +242,14 @@ def run_vora(name: str, args, b, inputs, work: str, flagship: bool, fla: bool,
 
 
 def merge_room(model: str, work: str) -> Dict[str, Any]:
-    """Whether a merged 16-bit copy of the model (the runner's export, then merge_for_vllm.sh's) has room: the
-    runner writes its copy under `work`, merge_for_vllm.sh another next to it. At full depth (65 GiB) the GPU
-    machine has room for neither: the base checkpoint fills a tmpfs, the disk is smaller than one copy."""
+    """Whether a merged 16-bit copy of the model has room: the runner writes it under `work`, and merge_for_vllm.sh
+    hard-links its weight files next to it (the same filesystem: no second copy; until 2026-12-04 it copied them and
+    this asked for two). At full depth (65 GiB) the GPU machine has room for none: the base checkpoint fills a
+    tmpfs, the disk is smaller than one copy."""
     need = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if f.endswith('.safetensors'))
     free = shutil.disk_usage(work).free
-    return {'needs_gib': round(2 * need * 1.05 / 2**30, 1), 'free_gib': round(free / 2**30, 1),
-            'fits': free >= 2 * need * 1.05, 'where': work}
+    return {'needs_gib': round(need * 1.05 / 2**30, 1), 'free_gib': round(free / 2**30, 1),
+            'fits': free >= need * 1.05, 'where': work}
 
 
 FIRST_STEP_MARK = 'first step: Triton compiles'  # the runner's line as its first step starts (on a GPU)
@@ -468,8 +469,9 @@ def flagship_checks(out: str, model: str, vdir: str, room: Optional[Dict[str, An
     ckpts = sorted((d for d in os.listdir(out) if d.startswith('checkpoint-') and not d.endswith('-merged')),
                    key=lambda d: int(d.split('-')[1]))
     if room is not None and not room['fits']:
-        report['merge_skipped'] = (f'a merged 16-bit copy needs {room["needs_gib"]} GiB (the runner\'s export and '
-                                   f'merge_for_vllm.sh\'s) and {room["where"]} has {room["free_gib"]} GiB free')
+        report['merge_skipped'] = (f'a merged 16-bit copy needs {room["needs_gib"]} GiB (the runner\'s export; '
+                                   f'merge_for_vllm.sh links its files) and {room["where"]} has '
+                                   f'{room["free_gib"]} GiB free')
         return report
     merged = os.path.join(vdir, 'merged')
     proc = subprocess.run(['bash', os.path.join(REPO, 'scripts', 'merge_for_vllm.sh'), os.path.join(out, ckpts[-1]),
@@ -481,7 +483,7 @@ def flagship_checks(out: str, model: str, vdir: str, room: Optional[Dict[str, An
     if os.path.isfile(check):
         with open(check) as f:
             report['merge_check'] = json.load(f)
-    shutil.rmtree(merged, ignore_errors=True)  # 16 GB per 8 layers: the disk is for the next variant
+    shutil.rmtree(merged, ignore_errors=True)  # links to the runner's export (a copy where they could not be)
     return report
 
 

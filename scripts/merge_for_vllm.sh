@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Merged bf16 weights that vLLM can load, from a swift / Megatron / Unsloth adapter checkpoint.
 #
-#   scripts/merge_for_vllm.sh ADAPTER_DIR OUT_DIR [--base MODEL_DIR]
+#   scripts/merge_for_vllm.sh ADAPTER_DIR OUT_DIR [--base MODEL_DIR] [--copy]
 #
 # Detects where the adapter came from (swift LoRA -> swift export --merge_lora; Megatron -> its
-# checkpoint-N-merged, copied and verified; Unsloth -> merged_16bit), writes into a temporary directory
+# checkpoint-N-merged, copied and verified; Unsloth -> merged_16bit). An existing merged folder's weight
+# files are hard-linked on the same filesystem (no second copy; --copy copies them). Writes into a temporary directory
 # next to OUT_DIR and renames it at the end. Refuses to overwrite OUT_DIR. Checks the result (bf16
 # safetensors, complete index, no LoRA keys, an architecture vLLM serves, tokenizer/processor files).
 # Exit codes: 0 merged and verified, 1 merge or check failed, 2 usage (missing input, OUT_DIR exists).
 set -euo pipefail
 
 if [ "$#" -lt 2 ]; then
-  echo "usage: $0 ADAPTER_DIR OUT_DIR [--base MODEL_DIR]" >&2
+  echo "usage: $0 ADAPTER_DIR OUT_DIR [--base MODEL_DIR] [--copy]" >&2
   exit 2
 fi
 adapter_dir="$1"

@@ -151,6 +151,44 @@ def test_megatron_checkpoint_uses_its_merged_export(tiny_moe_model_dir, tmp_path
     files = os.listdir(tmp_path / 'out')
     assert 'model.safetensors' in files and 'latest_checkpointed_iteration.txt' not in files
     assert 'iter_0000007' not in files
+    # the weights are the export's own file (no second copy on the disk); config and tokenizer are copies
+    report = json.loads(proc.stdout)
+    assert report['weights_linked'] == 1 and report['weights_copied'] == 0
+    assert os.path.samefile(tmp_path / 'out' / 'model.safetensors', merged / 'model.safetensors')
+    assert not os.path.samefile(tmp_path / 'out' / 'config.json', merged / 'config.json')
+    proc = run_script(ckpt, tmp_path / 'copied', '--copy')
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)['weights_copied'] == 1
+    assert not os.path.samefile(tmp_path / 'copied' / 'model.safetensors', merged / 'model.safetensors')
+
+
+def test_weights_are_copied_where_they_cannot_be_linked_and_other_link_errors_stop(tiny_moe_model_dir, tmp_path,
+                                                                                   monkeypatch):
+    """Another filesystem (EXDEV) or one without hard links: the weight files are copied and the merge goes on;
+    an error that a copy would meet too (no permission) stops it, naming the file, with nothing left in OUT_DIR."""
+    import errno
+
+    from swift_vora.backends import merge as merge_mod
+    ckpt = tmp_path / 'checkpoint-7'
+    merged = tmp_path / 'checkpoint-7-merged'
+    shutil.copytree(tiny_moe_model_dir, merged)
+    args = {'model': tiny_moe_model_dir, 'expert_model_parallel_size': 1, 'tuner_type': 'lora'}
+    for folder in (ckpt, merged):
+        folder.mkdir(exist_ok=True)
+        (folder / 'args.json').write_text(json.dumps(args))
+
+    def link_fails(code):
+        def link(src, dst, *a, **k):
+            raise OSError(code, os.strerror(code), src)
+        return link
+    monkeypatch.setattr(merge_mod.os, 'link', link_fails(errno.EXDEV))
+    report = merge(str(ckpt), str(tmp_path / 'out'))
+    assert report['weights_copied'] == 1 and report['weights_linked'] == 0
+    assert not os.path.samefile(tmp_path / 'out' / 'model.safetensors', merged / 'model.safetensors')
+    monkeypatch.setattr(merge_mod.os, 'link', link_fails(errno.EACCES))
+    with pytest.raises(OSError, match='Permission denied'):
+        merge(str(ckpt), str(tmp_path / 'out2'))
+    assert not (tmp_path / 'out2').exists() and not [p for p in os.listdir(tmp_path) if '.partial-' in p]
 
 
 def test_refuses_existing_out_dir_and_bad_input(tmp_path, tiny_model_dir):

@@ -11,6 +11,10 @@ Where the adapter came from decides how it is merged (`detect_source`):
   swift export).
 - Unsloth (swift_vora_adapter.json with source "unsloth") -> the runner's checkpoint-N-merged if it exists,
   else Unsloth's `save_pretrained_merged(..., save_method="merged_16bit")` (needs unsloth, i.e. a GPU).
+Where an existing merged folder is copied (Megatron, Unsloth), its `*.safetensors` files are hard-linked when OUT_DIR
+is on the same filesystem -- no second copy of the weights (65 GiB for the 35B-A3B); nothing here or in vLLM writes
+into a weight file, and a checkpoint's files are replaced by new files, never rewritten in place. `--copy` copies
+them anyway; across filesystems they are copied. The report counts both (`weights_linked`, `weights_copied`).
 - PEFT (swift_vora_adapter.json with source "peft", or a plain PEFT adapter) -> transformers + PEFT
   merge_and_unload in float32, saved in bf16.
 
@@ -24,6 +28,7 @@ not write them).
 from __future__ import annotations
 
 import argparse
+import errno
 import glob
 import json
 import os
@@ -135,11 +140,34 @@ def _megatron_merged_dir(adapter_dir: str) -> str:
     return merged
 
 
-def _copy_model_dir(src: str, staged: str) -> None:
+# os.link's failures that mean "not here" (another filesystem, one that has no hard links, the link limit): copy
+NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
+
+
+def _copy_model_dir(src: str, staged: str, link_weights: bool = True) -> Dict[str, int]:
+    """`src` into `staged` without Megatron's and the runner's bookkeeping; its weight files hard-linked where the
+    filesystem allows (`link_weights`), everything else copied. Counts of weight files linked and copied."""
+    counts = {'weights_linked': 0, 'weights_copied': 0}
+
     def ignore(directory, names):
         return [n for n in names if n in MEGATRON_ONLY or n.startswith('iter_') or n == MARKER_FILE]
 
-    shutil.copytree(src, staged, ignore=ignore)
+    def copy(source: str, target: str) -> str:
+        if not source.endswith('.safetensors'):
+            return shutil.copy2(source, target)
+        if link_weights:
+            try:
+                os.link(source, target)
+                counts['weights_linked'] += 1
+                return target
+            except OSError as e:
+                if e.errno not in NO_LINK:
+                    raise
+        counts['weights_copied'] += 1
+        return shutil.copy2(source, target)
+
+    shutil.copytree(src, staged, ignore=ignore, copy_function=copy)
+    return counts
 
 
 def _peft_merge(adapter_dir: str, base: str, staged: str) -> None:
@@ -153,11 +181,10 @@ def _peft_merge(adapter_dir: str, base: str, staged: str) -> None:
     model.to(torch.bfloat16).save_pretrained(staged, safe_serialization=True)
 
 
-def _unsloth_merge(adapter_dir: str, staged: str) -> None:
+def _unsloth_merge(adapter_dir: str, staged: str, link_weights: bool = True) -> Dict[str, int]:
     merged = adapter_dir.rstrip(os.sep) + '-merged'
     if os.path.isfile(os.path.join(merged, 'config.json')):
-        _copy_model_dir(merged, staged)
-        return
+        return _copy_model_dir(merged, staged, link_weights)
     try:
         import unsloth  # noqa: F401
         from unsloth import FastModel
@@ -166,6 +193,7 @@ def _unsloth_merge(adapter_dir: str, staged: str) -> None:
                          '(a CUDA GPU). Run this on the GPU machine, or train with unsloth.save_merged=true.') from None
     model, tokenizer = FastModel.from_pretrained(model_name=adapter_dir, load_in_4bit=False, load_in_8bit=False)
     model.save_pretrained_merged(staged, tokenizer, save_method='merged_16bit')
+    return {}
 
 
 def _copy_processor_files(base: Optional[str], staged: str) -> List[str]:
@@ -264,7 +292,7 @@ def _check_experts(adapter_dir: str, base: str, staged: str) -> Dict[str, Any]:
     return {k: check[k] for k in ('checked', 'ok', 'layers', 'elements_telling', 'loaded_with')}
 
 
-def merge(adapter_dir: str, out_dir: str, base: Optional[str] = None) -> Dict[str, Any]:
+def merge(adapter_dir: str, out_dir: str, base: Optional[str] = None, link_weights: bool = True) -> Dict[str, Any]:
     adapter_dir = os.path.abspath(adapter_dir)
     out_dir = os.path.abspath(out_dir)
     if os.path.lexists(out_dir):
@@ -286,13 +314,14 @@ def merge(adapter_dir: str, out_dir: str, base: Optional[str] = None) -> Dict[st
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f'.{os.path.basename(out_dir)}.partial-', dir=parent)
     staged = os.path.join(tmp, 'model')
+    weights: Dict[str, int] = {}
     try:
         if source == 'swift':
             _swift_export(adapter_dir, staged)
         elif source == 'megatron':
-            _copy_model_dir(_megatron_merged_dir(adapter_dir), staged)
+            weights = _copy_model_dir(_megatron_merged_dir(adapter_dir), staged, link_weights)
         elif source == 'unsloth':
-            _unsloth_merge(adapter_dir, staged)
+            weights = _unsloth_merge(adapter_dir, staged, link_weights)
         else:
             if not base:
                 raise MergeError(f'{adapter_dir}: base model unknown; pass --base MODEL_DIR', 2)
@@ -310,7 +339,7 @@ def merge(adapter_dir: str, out_dir: str, base: Optional[str] = None) -> Dict[st
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     report.update({'source': source, 'adapter': adapter_dir, 'base': base, 'out_dir': out_dir,
-                   'copied_from_base': copied})
+                   'copied_from_base': copied, **weights})
     return report
 
 
@@ -319,11 +348,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument('adapter_dir')
     parser.add_argument('out_dir')
     parser.add_argument('--base', default=None, help='base model directory (default: from the checkpoint)')
+    parser.add_argument('--copy', action='store_true', help='copy the weight files of an existing merged folder '
+                        '(Megatron, Unsloth) instead of hard-linking them on the same filesystem')
     parser.add_argument('--verify-only', action='store_true', help='check an existing merged directory (ADAPTER_DIR '
                         'is ignored; OUT_DIR is checked)')
     args = parser.parse_args(argv)
     try:
-        report = verify_merged(args.out_dir) if args.verify_only else merge(args.adapter_dir, args.out_dir, args.base)
+        report = verify_merged(args.out_dir) if args.verify_only else merge(args.adapter_dir, args.out_dir, args.base,
+                                                                              link_weights=not args.copy)
     except MergeError as e:
         print(f'merge_for_vllm: {e}', file=sys.stderr)
         return e.exit_code
