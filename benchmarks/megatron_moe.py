@@ -2,23 +2,26 @@
 Unsloth path and plain `swift sft` PEFT: same random checkpoint, same 64-frame clips as benchmarks/moe_throughput.py
 (its builders and measurement are reused, not copied).
 
-    python benchmarks/megatron_moe.py [--variants mg_base,mg_te_ce,...] [--steps 12]   # GPU machine:
+    python benchmarks/megatron_moe.py [--variants mg_mb2,mg_te_ce,...] [--steps 12]    # GPU machine:
                                                                 # scripts/gpu/run_all.sh megatron_moe
     python benchmarks/megatron_moe.py --dry-run --model-dir CONFIG_OR_DIR               # CPU: the commands only
 
 Megatron variants: `swift-vora train recipes/h200x8.yaml` overridden to one H200 (hardware=h200x1, megatron.ep=1,
 tp=1) on the built model -- the planner, then `megatron sft` LoRA (mcore-bridge, TE grouped experts, Gated DeltaNet
 through the flash-linear-attention that swift_vora/backends/megatron_fla.py binds: unsloth_zoo's vendored copy on
-Hopper with Triton < 3.7.1). Every Megatron variant trains `--global-batch` samples per optimizer step (default 4):
-- `mg_base`: the recipe's own levers (full recompute, grouped GEMM, permute fusion, micro-batch 1, native cross
-  entropy). With `--flagship` (the default) it is also issue #31 item 1's run: merged checkpoint
-  (checkpoint-N-merged), scripts/merge_for_vllm.sh's expert check, scripts/gpu/megatron_report.py's checks (loss
-  falling, expert + attention LoRA, router untouched, merged loads in transformers, lora_update), the guard reports.
+Hopper with Triton < 3.7.1). Every Megatron variant trains `--global-batch` samples per optimizer step (default 4), at
+micro-batch 1 unless its name says otherwise (whatever the recipe ships: each name keeps what it measured before):
+- `mg_base`: the recipe's own levers (full recompute, grouped GEMM, permute fusion, native cross entropy) at
+  micro-batch 1 -- the recipe as shipped until call g.
+- `mg_mb2`: micro-batch 2, the recipe as shipped since call g. With `--flagship` (the default) it is also issue #31
+  item 1's run (FLAGSHIP): merged checkpoint (checkpoint-N-merged), scripts/merge_for_vllm.sh's expert check,
+  scripts/gpu/megatron_report.py's checks (loss falling, expert + attention LoRA, router untouched, merged loads in
+  transformers, lora_update), the guard reports. Until 2026-12-04 the flagship was mg_base.
 - `mg_te_ce`: `megatron.cross_entropy_fusion_impl=te` (`--cross_entropy_fusion_impl te`: TE's fused cross entropy
   over the 248k vocabulary, planned with its own logits bytes).
 - `mg_selective`, `mg_norecompute`: megatron.recompute=selective (Megatron's core_attn recompute) / none.
 - `mg_no_grouped_gemm`, `mg_no_permute_fusion`: those two levers off.
-- `mg_mb2`, `mg_mb4`: micro-batch 2 / 4 (train.micro_batch; the same global batch); `mg_mb2_norecompute`,
+- `mg_mb4`: micro-batch 4 (train.micro_batch; the same global batch); `mg_mb2_norecompute`,
   `mg_mb2_te_ce`: micro-batch 2 with no recompute / TE's cross entropy.
 Others: `vora_unsloth_best` (swift-vora's Unsloth path in its best measured configuration: micro-batch 4, GPU-resident
 checkpoints, `unsloth.gradient_checkpointing=true`), `swift_peft` (moe_throughput's plain `swift sft` PEFT).
@@ -39,9 +42,9 @@ Expected wall time on the H200 (fresh machine, 8-layer checkpoint 16.4 GB): mode
 DeltaNet gradient check ~2.5 min (scripts/gpu/gdn_grad_check.py, run by the phase first; 143 s measured), per
 Megatron variant ~2-3 min (load + convert ~60-90 s, first step ~60 s once the kernel cache is warm -- the first
 attempt, without the shared cache, averaged 147 s over its first two steps -- then 12 steps),
-the flagship +3 min (merged save, merge_for_vllm.sh's copy and check, merged load), vora_unsloth_best ~5 min (its
+the flagship +3 min (merged save, merge_for_vllm.sh's check, merged load), vora_unsloth_best ~5 min (its
 first step autotunes ~225 s on a fresh machine), swift_peft ~2 min. The default list puts the side-by-side first
-(mg_base, mg_te_ce, vora_unsloth_best, swift_peft: ~15 min), then mg_selective and mg_mb2; with `--deadline 840` the
+(mg_mb2, mg_base, mg_te_ce, vora_unsloth_best, swift_peft: ~17 min), then mg_selective; with `--deadline 840` the
 run ends within ~15-17 min. Run it through scripts/gpu/background.sh and wait from back-to-back calls
 (docs/backends.md lists the calls).
 """
@@ -64,7 +67,11 @@ import throughput as tp  # noqa: E402
 
 REPO = tp.REPO
 RECIPE = os.path.join(REPO, 'recipes', 'h200x8.yaml')
-# Megatron variants: recipe overrides on top of the one-GPU base (MEGATRON_LEVERS[name]).
+# Megatron variants: recipe overrides on top of the one-GPU base (MEGATRON_LEVERS[name]). The base trains at
+# micro-batch 1 whatever the recipe ships (BASE_MICRO_BATCH): each name keeps the setting its calibration rows and
+# predictions were made for (calls b-g: the recipe shipped micro-batch 1 then; it ships 2 since call g); a lever that
+# sets the micro-batch says so in its name.
+BASE_MICRO_BATCH = 'train.micro_batch=1'
 MEGATRON_LEVERS: Dict[str, List[str]] = {
     'mg_base': [],
     'mg_te_ce': ['megatron.cross_entropy_fusion_impl=te'],  # the recipe key: the plan's logits term follows it
@@ -83,8 +90,10 @@ MEGATRON_LEVERS: Dict[str, List[str]] = {
     'mg_f32_te_ce': ['video.max_frames=32', 'megatron.cross_entropy_fusion_impl=te'],
 }
 UNSLOTH_BEST = ['train.micro_batch=4', 'unsloth.gradient_checkpointing=true']
-DEFAULT_VARIANTS = 'mg_base,mg_te_ce,vora_unsloth_best,swift_peft,mg_selective,mg_mb2'
-FLAGSHIP = 'mg_base'
+DEFAULT_VARIANTS = 'mg_mb2,mg_base,mg_te_ce,vora_unsloth_best,swift_peft,mg_selective'
+# Item 1's run (the merged export, merge_for_vllm.sh, the report): recipes/h200x8.yaml as shipped, one GPU -- its
+# micro-batch is 2 since call g (a test holds the two together); until then mg_base
+FLAGSHIP = 'mg_mb2'
 # The result keys of megatron-h200-2026-12-01.json (scripts/gpu/megatron_report.py) every result file carries.
 REPORT_KEYS = ('backend', 'gpus', 'ep', 'tp', 'steps', 'losses', 'expert_lora_tensors', 'expert_lora_source',
                'router_trainable', 'merged_loads', 'peak_reserved_gib', 'planned_peak_gib', 'tokens_per_s',
@@ -107,7 +116,7 @@ def megatron_overrides(name: str, args, b: Dict[str, Any], model: str, ann: str,
             f'train.lora_alpha={mt.LORA_ALPHA}', f'train.max_steps={args.steps}', f'train.save_steps={args.steps}',
             'train.logging_steps=1', f'train.lr={args.lr:g}', f'train.output_dir={out}',
             f'train.dataloader_workers={args.workers}',
-            f'megatron.merge_lora={"true" if flagship else "false"}', *MEGATRON_LEVERS[name]]
+            f'megatron.merge_lora={"true" if flagship else "false"}', BASE_MICRO_BATCH, *MEGATRON_LEVERS[name]]
 
 
 def megatron_command(overrides: List[str], dry_run: bool = False) -> List[str]:
@@ -306,7 +315,7 @@ def backend_ratio(variants: Dict[str, Dict[str, Any]]) -> Optional[Dict[str, Any
 def assemble(payload: Dict[str, Any]) -> Dict[str, Any]:
     """The result file: the flagship report's keys at the top (as megatron-h200-2026-12-01.json), the variants'
     headline keys, the backend ratio. Under `--no-flagship` (the payload's `flagship_asked` false, read by the partial
-    and the final file alike) a mg_base that ran, or was not asked for, is not a failure: its item-1 report was not
+    and the final file alike) a FLAGSHIP that ran, or was not asked for, is not a failure: its item-1 report was not
     asked for, and the file says so in `flagship`."""
     variants = payload['variants']
     mg = variants.get(FLAGSHIP) or {}
@@ -352,7 +361,7 @@ def parse_args(argv=None):
     parser.add_argument('--layers', type=int, default=8)
     parser.add_argument('--model-dir', default=None, help='reuse a built checkpoint (dry run: a config.json path)')
     parser.add_argument('--variants', default=DEFAULT_VARIANTS)
-    parser.add_argument('--no-flagship', action='store_true', help='mg_base without the merged export and checks')
+    parser.add_argument('--no-flagship', action='store_true', help=f'{FLAGSHIP} without the merged export and checks')
     parser.add_argument('--steps', type=int, default=12)
     parser.add_argument('--warmup-steps', type=int, default=2)
     parser.add_argument('--global-batch', type=int, default=4, help='samples per Megatron optimizer step')

@@ -53,7 +53,8 @@ def flag(argv, name):
 def test_every_lever_reaches_megatron_sft(launches):
     base = launches['mg_base'].argv
     assert flag(base, '--expert_model_parallel_size') == '1' and flag(base, '--global_batch_size') == '4'
-    assert flag(base, '--recompute_granularity') == 'full' and flag(base, '--merge_lora') == 'true'
+    assert flag(base, '--recompute_granularity') == 'full' and flag(base, '--merge_lora') == 'false'
+    assert flag(launches[mm.FLAGSHIP].argv, '--merge_lora') == 'true'  # item 1's run writes the merged copy
     assert flag(base, '--train_iters') == '12' and flag(base, '--logging_steps') == '1'
     env = launches['mg_base'].env
     assert env['NPROC_PER_NODE'] == '1' and env['SWIFT_VORA_MEGATRON_FLA'] == 'auto'
@@ -67,6 +68,24 @@ def test_every_lever_reaches_megatron_sft(launches):
     assert flag(launches['mg_no_grouped_gemm'].argv, '--moe_grouped_gemm') == 'false'
     assert flag(launches['mg_no_permute_fusion'].argv, '--moe_permute_fusion') == 'false'
     assert flag(launches['mg_mb2'].argv, '--micro_batch_size') == '2'
+
+
+def test_each_variant_trains_at_the_micro_batch_its_name_says_whatever_the_recipe_ships(launches):
+    """Call g's recipe change (micro-batch 1 -> 2) would have turned mg_base into mg_mb2 and every lever measured at
+    micro-batch 1 into its micro-batch-2 twin, under the same names as their calibration rows and predictions."""
+    for name, launch in launches.items():
+        micro = next((o.split('=')[1] for o in mm.MEGATRON_LEVERS[name] if o.startswith('train.micro_batch=')), '1')
+        assert flag(launch.argv, '--micro_batch_size') == micro, name
+    assert flag(launches['mg_mb2_norecompute'].argv, '--recompute_granularity') == 'none'
+
+
+def test_the_flagship_is_the_recipe_as_shipped():
+    """Item 1 trains `swift-vora train recipes/h200x8.yaml` overridden to one GPU: the flagship variant is the one
+    whose micro-batch is the recipe's, and it changes no other lever."""
+    from swift_vora.backends.recipe import load_recipe
+    shipped = load_recipe(mm.RECIPE)
+    levers = mm.MEGATRON_LEVERS[mm.FLAGSHIP]
+    assert levers == [f'train.micro_batch={shipped.values["train.micro_batch"]}'], (levers, mm.FLAGSHIP)
 
 
 def test_the_argvs_parse_with_megatron_swift(launches):
@@ -106,7 +125,7 @@ def test_step_times_from_the_running_mean():
 def test_result_file_keys_and_backend_ratio():
     report = {k: None for k in mm.REPORT_KEYS} | {'failures': [], 'backend': 'megatron_ep_lora', 'merged_loads': True}
     payload = {'date': '2026-12-03', 'variants': {
-        'mg_base': {'tokens_per_s': 9000.0, 'median_step_s': 3.6, 'peak_reserved_gib': 60.0, 'planned_peak_gib': 63.0,
+        mm.FLAGSHIP: {'tokens_per_s': 9000.0, 'median_step_s': 3.6, 'peak_reserved_gib': 60.0, 'planned_peak_gib': 63.0,
                     'plan_error': -0.02, 'report': report,
                     'guard_files': {'fingerprint': 'v0/fingerprint.json', 'memory': 'v0/memory_phases.rank0.jsonl',
                                     'lora_update': 'v0/lora_update.json'}},
@@ -120,28 +139,28 @@ def test_result_file_keys_and_backend_ratio():
     ratio = final['backend_ratio']
     assert ratio['megatron_variant'] == 'mg_te_ce' and ratio['megatron_over_unsloth'] == 0.8
     silent = json.loads(json.dumps(payload))
-    silent['variants']['mg_base']['guard_files']['lora_update'] = None
+    silent['variants'][mm.FLAGSHIP]['guard_files']['lora_update'] = None
     assert mm.assemble(silent)['failures'] == ['guards lora_update wrote no report under megatron sft']
-    no_flagship = mm.assemble({'variants': {'mg_base': {'failed': 'TE import failed'}}})
+    no_flagship = mm.assemble({'variants': {mm.FLAGSHIP: {'failed': 'TE import failed'}}})
     assert 'TE import failed' in no_flagship['failures'][0] and no_flagship['backend_ratio'] is None
 
 
 def test_no_flagship_run_is_not_a_failure_and_still_gives_the_backend_ratio():
-    # The 2026-12-02 call b shape: --no-flagship, mg_base measured without its item-1 report, Unsloth measured.
+    # The 2026-12-02 call b shape: --no-flagship, the flagship measured without its item-1 report, Unsloth measured.
     payload = {'variants': {
-        'mg_base': {'tokens_per_s': 4483.2, 'median_step_s': 6.949, 'peak_reserved_gib': 38.62},
+        mm.FLAGSHIP: {'tokens_per_s': 4483.2, 'median_step_s': 6.949, 'peak_reserved_gib': 38.62},
         'vora_unsloth_best': {'tokens_per_s': 29726.8, 'median_step_s': 1.048, 'peak_reserved_gib': 30.164},
         'mg_te_ce': {'skipped': 'deadline 520 s passed'}}}
     final = mm.assemble({**json.loads(json.dumps(payload)), 'flagship_asked': False})
     assert not final['failures'] and 'not asked' in final['flagship']
     assert final['backend_ratio']['megatron_over_unsloth'] == pytest.approx(0.151, abs=1e-3)
     assert mm.assemble(json.loads(json.dumps(payload)))['failures']  # asked for and missing: still a failure
-    failed = {'variants': {'mg_base': {'failed': 'out of memory'}}, 'flagship_asked': False}
+    failed = {'variants': {mm.FLAGSHIP: {'failed': 'out of memory'}}, 'flagship_asked': False}
     assert 'out of memory' in mm.assemble(failed)['failures'][0]
-    # a memory call of other variants (memory calls d-f): mg_base neither asked for nor run is no failure
-    memory_call = mm.assemble({'variants': {'mg_mb2': {'peak_reserved_gib': 58.77}}, 'flagship_asked': False})
+    # a memory call of other variants (memory calls d-f): the flagship neither asked for nor run is no failure
+    memory_call = mm.assemble({'variants': {'mg_f32': {'peak_reserved_gib': 28.82}}, 'flagship_asked': False})
     assert not memory_call.get('failures') and 'not among the variants' in memory_call['flagship']
-    assert mm.assemble({'variants': {'mg_mb2': {'peak_reserved_gib': 58.77}}})['failures']  # asked: still missing
+    assert mm.assemble({'variants': {'mg_f32': {'peak_reserved_gib': 28.82}}})['failures']  # asked: still missing
 
 
 def test_a_slow_megatron_variant_gets_a_stack_dump_once_training_began(tmp_path):
