@@ -22,7 +22,9 @@ micro-batch 1 unless its name says otherwise (whatever the recipe ships: each na
 - `mg_selective`, `mg_norecompute`: megatron.recompute=selective (Megatron's core_attn recompute) / none.
 - `mg_no_grouped_gemm`, `mg_no_permute_fusion`: those two levers off.
 - `mg_mb4`: micro-batch 4 (train.micro_batch; the same global batch); `mg_mb2_norecompute`,
-  `mg_mb2_te_ce`: micro-batch 2 with no recompute / TE's cross entropy.
+  `mg_mb2_te_ce`: micro-batch 2 with no recompute / TE's cross entropy; `mg_mb2_eager`: micro-batch 2 with
+  `TORCHDYNAMO_DISABLE=1` (megatron-core's torch.compile'd fusions run eagerly: what the first step spends compiling
+  and what the steady steps lose without the fusions).
 Others: `vora_unsloth_best` (swift-vora's Unsloth path in its best measured configuration: micro-batch 4, GPU-resident
 checkpoints, `unsloth.gradient_checkpointing=true`), `swift_peft` (moe_throughput's plain `swift sft` PEFT).
 
@@ -84,6 +86,10 @@ MEGATRON_LEVERS: Dict[str, List[str]] = {
     # micro-batch 2 (the fastest lever of call g) with the next ones: no recompute, TE's cross entropy
     'mg_mb2_norecompute': ['train.micro_batch=2', 'megatron.recompute=none'],
     'mg_mb2_te_ce': ['train.micro_batch=2', 'megatron.cross_entropy_fusion_impl=te'],
+    # megatron-core compiles its fusions with torch.compile (megatron/core/jit.py: jit_fuser), among them Gated
+    # DeltaNet's gated norm, whose TE RMSNorm dynamo cannot trace (call g's logs: a graph break in every GDN layer);
+    # call g's first steps took 110-211 s. Dynamo off runs them eagerly: the first step, and the steady steps it costs
+    'mg_mb2_eager': ['train.micro_batch=2', 'env.TORCHDYNAMO_DISABLE=1'],
     # shorter samples (32 frames: about half the tokens) for the memory fit of item 4: the per-token terms against
     # the fixed ones; with and without TE's cross entropy (the logits term)
     'mg_f32': ['video.max_frames=32'],

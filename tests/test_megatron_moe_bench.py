@@ -77,6 +77,8 @@ def test_each_variant_trains_at_the_micro_batch_its_name_says_whatever_the_recip
         micro = next((o.split('=')[1] for o in mm.MEGATRON_LEVERS[name] if o.startswith('train.micro_batch=')), '1')
         assert flag(launch.argv, '--micro_batch_size') == micro, name
     assert flag(launches['mg_mb2_norecompute'].argv, '--recompute_granularity') == 'none'
+    assert launches['mg_mb2_eager'].env.get('TORCHDYNAMO_DISABLE') == '1'  # the recipe's env reaches megatron sft
+    assert 'TORCHDYNAMO_DISABLE' not in launches[mm.FLAGSHIP].env
 
 
 def test_the_flagship_is_the_recipe_as_shipped():
