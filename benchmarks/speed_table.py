@@ -35,6 +35,13 @@ DENSE = [*H200, '--model', os.path.join(CONFIGS, 'qwen3_vl_2b.json'), '--backend
 # moe_throughput.py's sample: 64 frames x 220 tokens per pair, r16, Unsloth
 MOE = [*H200, '--backend', 'unsloth_split_lora', '--tuner', 'lora', '--lora-rank', '16', '--fps', '2', '--max-frames',
        '64', '--frame-tokens', '220', '--clip-seconds', '32', '--answer-tokens', '16']
+# megatron_moe.py's Megatron side: the same sample, `megatron sft` LoRA r16 with EP 1 on one H200, full recompute
+MEGATRON = [*H200, '--backend', 'megatron_ep_lora', '--ep', '1', '--tp', '1', '--tuner', 'lora', '--lora-rank', '16',
+            '--fps', '2', '--max-frames', '64', '--frame-tokens', '220', '--clip-seconds', '32', '--answer-tokens',
+            '16']
+MEGATRON_SPREAD = ('estimated 37.5 % high (the fast side). The same setting measured 4,483, 3,606 and 2,622 tokens/s '
+                   'in calls b, c and g (machine to machine, 1.71x); the efficiency is fitted on call c\'s, the middle '
+                   'one. Not refitted')
 
 ROWS: List[Dict[str, Any]] = [
     {'what': '2B LoRA, compiled layers, GC, mb 1 (run 16b)', 'source': ('throughput-r16b-2026-12-02.json',
@@ -125,6 +132,25 @@ ROWS: List[Dict[str, Any]] = [
                    'is measured at 40 layers with 30-40 checkpointed; on the 8-layer cut the 27-block vision tower, '
                    'the LM head and the uncheckpointed factor derived from the recompute FLOPs (x1.18 here) all weigh '
                    'differently. One run; not refitted'},
+    # #31: Megatron-SWIFT's own efficiency (plan/speed.py), fitted on call c's micro-batch 1 and call g's micro-batch
+    # 2; the other Megatron runs on the 8-layer cut were used for nothing
+    {'what': '35B-A3B MoE cut to 8 layers, Megatron LoRA EP 1, mb 1, full recompute (megatron_moe call c)',
+     'source': ('megatron-h200-moe-c-2026-12-03.json', 'mg_base'), 'model': 8, 'plan': MEGATRON, 'fit': True},
+    {'what': '35B-A3B MoE cut to 8 layers, Megatron LoRA EP 1, mb 2, full recompute (megatron_moe call g)',
+     'source': ('megatron-h200-moe-g-2026-12-04.json', 'mg_mb2'), 'model': 8,
+     'plan': [*MEGATRON, '--micro-batch', '2'], 'fit': True},
+    {'what': '35B-A3B MoE cut to 8 layers, Megatron LoRA EP 1, mb 1, full recompute (megatron_moe call b)',
+     'source': ('megatron-h200-moe-b-2026-12-02.json', 'mg_base'), 'model': 8, 'plan': MEGATRON},
+    {'what': '35B-A3B MoE cut to 8 layers, Megatron LoRA EP 1, mb 1, full recompute (megatron_moe call g, from its '
+             'kept logs)',
+     'source': ('derived-megatron-h200-moe-g-mg_base-logs.json', 'mg_base'), 'model': 8, 'plan': MEGATRON,
+     'known_miss': MEGATRON_SPREAD},
+    {'what': '35B-A3B MoE cut to 8 layers, Megatron LoRA EP 1, mb 1, no recompute (megatron_moe call g)',
+     'source': ('megatron-h200-moe-g-2026-12-04.json', 'mg_norecompute'), 'model': 8,
+     'plan': [*MEGATRON, '--recompute', 'none'],
+     'known_miss': 'estimated 30.3 % high (the fast side): derived from call c\'s micro-batch-1 efficiency with the '
+                   'recompute FLOPs removed (x1.18); in call g the micro-batch-1 run itself was 27 % slower than in '
+                   'call c, and no recompute was 1.25x it there. Not refitted'},
 ]
 
 

@@ -48,25 +48,21 @@ def test_the_shipped_table_is_what_its_result_files_support():
             assert br.entry_from_result(json.load(f), entry['source']) == entry
 
 
-def test_megatrons_speed_estimate_uses_the_measured_ratio(tmp_path):
-    """Where the two backends ran side by side, the slower one's estimate is the other's efficiency times the
-    measured ratio (not the other's efficiency assumed), and the plan says where that comes from."""
-    import unittest.mock as mock
-
-    from swift_vora.plan import speed
+def test_megatrons_speed_estimate_is_its_own_measured_efficiency_whatever_the_ratio_table_says(tmp_path):
+    """Megatron's estimate comes from its own runs (plan/speed.py EFFICIENCY, megatron_moe calls c and g), not from
+    Unsloth's efficiency times the selector's ratio: that ratio compares each backend's best setting (call g: Megatron
+    recomputing every layer, Unsloth none), and applied to Unsloth's full-depth efficiency it priced Megatron's own
+    8-layer runs 41-64 % low (benchmarks/speed_table.py). The ratio still decides the backend and is cited."""
     table = tmp_path / 'backend_ratios.json'
     res = tmp_path / 'megatron-h200-moe-x.json'
     res.write_text(json.dumps(result(megatron=3000.0, unsloth=12000.0)))
     br.record(str(res), str(table))
-    with mock.patch.object(br, 'TABLE', str(tmp_path / 'none.json')):
-        assumed = plan(tmp_path / 'none.json').backend_choice['compared'][br.MEGATRON]['est_tokens_per_s']
-        assert speed.measured_pair('qwen3_5_moe', 'NVIDIA H200', br.MEGATRON) is None
-    p = plan(table)
-    measured = p.backend_choice['compared'][br.MEGATRON]['est_tokens_per_s']
-    assert measured == pytest.approx(assumed * 0.25, rel=1e-3)
-    assert 'Megatron measured at 0.250x' in p.backend_choice['sentence']
-    with mock.patch.object(br, 'TABLE', str(table)):
-        assert speed.measured_pair('qwen3_5_moe', 'NVIDIA H200', br.UNSLOTH) is None  # only the stand-in is scaled
+    measured = plan(table).backend_choice
+    none = plan(tmp_path / 'none.json').backend_choice
+    est = measured['compared'][br.MEGATRON]
+    assert est['est_tokens_per_s'] == none['compared'][br.MEGATRON]['est_tokens_per_s']
+    assert 'megatron_moe call' in est['est_source'] and 'Unsloth' not in est['est_source']
+    assert measured['status'] == br.MEASURED and '4x the tokens/s' in measured['sentence']
 
 
 def test_gpu_names_match_the_profile():

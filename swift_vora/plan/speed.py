@@ -47,6 +47,7 @@ class Measured:
 # the planner-FLOPs MFU of the named runs (benchmarks/speed_table.py recomputes them); in-sample for those runs.
 _DENSE = 'Qwen3-VL 2B shape, 64 frames, 6.5k tokens'
 _MOE = 'Qwen3.5-MoE 35B-A3B, 40 layers, 64 frames, 7.8k tokens'
+_MOE8 = 'Qwen3.5-MoE 35B-A3B cut to 8 layers, EP 1 on one H200, full recompute, 64 frames, 7.8k tokens'
 EFFICIENCY: Dict[Tuple[str, bool, bool, int], Measured] = {
     ('ddp', True, True, 1): Measured(0.351, f'throughput run 16b vora_gc_compile ({_DENSE})'),
     ('ddp', True, False, 1): Measured(0.435, f'throughput run 14c vora_compile ({_DENSE})'),
@@ -58,6 +59,12 @@ EFFICIENCY: Dict[Tuple[str, bool, bool, int], Measured] = {
     ('unsloth_split_lora', False, True, 1): Measured(0.116, f'moe full depth vora_unsloth, fp32 LoRA ({_MOE})'),
     ('unsloth_split_lora', False, True, 2): Measured(0.174, f'moe full depth vora_unsloth_mb2, fp32 LoRA ({_MOE})'),
     ('unsloth_split_lora', False, True, 4): Measured(0.2264, f'moe full depth call f vora_unsloth_mb4 ({_MOE})'),
+    # Megatron-SWIFT's own runs (benchmarks/megatron_moe.py), on the 8-layer cut only: at 40 layers the vision tower,
+    # the LM head and the embeddings weigh less, so these are expected to price a full-depth run on the slow side.
+    # The same micro-batch-1 setting measured 4,483 / 3,606 / 2,622 tokens/s in calls b, c and g (machine to
+    # machine): the fit takes call c's, the middle one
+    ('megatron_ep_lora', False, True, 1): Measured(0.0281, f'megatron_moe call c mg_base ({_MOE8})'),
+    ('megatron_ep_lora', False, True, 2): Measured(0.0364, f'megatron_moe call g mg_mb2 ({_MOE8})'),
 }
 # FP8 frozen base weights (train.fp8) against their bf16 twin -- same call, flags, seed and samples (compiled layers,
 # checkpointed, micro-batch 1): a factor on the bf16 efficiency, in-sample for that one run. Below 1: at this size
@@ -69,8 +76,6 @@ NEAREST = {
     'deepspeed_zero3': ('ddp', 'ZeRO-3 on the swift sft path was not benchmarked for speed: ddp without compiled '
                                'layers assumed (its gathers cost more on several GPUs)'),
     'deepspeed_zero2': ('ddp', 'ZeRO-2 was not benchmarked for speed: ddp without compiled layers assumed'),
-    'megatron_ep_lora': ('unsloth_split_lora', 'Megatron ran only a small model here: Unsloth\'s MoE efficiency '
-                                               'assumed'),
 }
 
 
@@ -168,22 +173,6 @@ def measured_efficiency(backend: str, compiled: bool, checkpointing: bool, micro
     return pool[nearest], '; '.join(notes)
 
 
-def measured_pair(model_type: str, gpu_name: str, backend: str) -> Optional[Tuple[float, str]]:
-    """Megatron's speed relative to the Unsloth efficiency that stands in for it (NEAREST), where both ran side by
-    side on this model family and GPU (plan/backend_ratios.json): (factor, why), else None."""
-    from . import backend_ratio
-    if backend != backend_ratio.MEGATRON or NEAREST.get(backend, ('', ''))[0] != backend_ratio.UNSLOTH:
-        return None
-    entry = backend_ratio.lookup(model_type, gpu_name) if gpu_name else None
-    if entry is None:
-        return None
-    tps = entry['tokens_per_s']
-    factor = tps[backend_ratio.MEGATRON] / tps[backend_ratio.UNSLOTH]
-    return factor, (f'Megatron measured at {factor:.3f}x Unsloth\'s tokens/s on this model family '
-                    f'({entry["settings"][backend_ratio.MEGATRON]} vs {entry["settings"][backend_ratio.UNSLOTH]}, '
-                    f'{entry["model"]}; {entry["source"]}): Unsloth\'s efficiency x that')
-
-
 def gpu_rate(gpu_name: str) -> Tuple[float, str]:
     """(achievable bf16 TFLOP/s of one GPU, where it comes from)."""
     from .hardware import gpu_class_of
@@ -209,11 +198,6 @@ def estimate_speed(spec: ModelSpec, tokens: VideoTokens, backend: Backend, tuner
         value *= gain
         notes.append(f'without the recompute of the decoder\'s forward that run paid: x{gain:.3f} (derived from the '
                      f'FLOPs, not measured)')
-    pair = measured_pair(spec.model_type, gpu_name, str(backend))
-    if pair is not None:  # this backend measured against the one whose efficiency stands in for it
-        factor, why = pair
-        value *= factor
-        notes = [why]
     for setting in ('offload' if offload != 'none' else None, '4bit' if quant == '4bit' else None):
         if setting in ASSUMED_FACTORS:
             factor, why = ASSUMED_FACTORS[setting]
