@@ -252,7 +252,18 @@ def summarize_megatron(name: str, out: str, plan_json: Dict[str, Any], args, wal
             'tokens_per_sample': tokens_per_sample,
             'losses': [float(r['loss']) for r in records if isinstance(r.get('loss'), (int, float))],
             'argv': (plan_json.get('launch') or {}).get('argv'), 'wall_s': round(wall, 1) if wall is not None else None,
-            'guard_files': guard_files(out, rdir)}
+            'guard_files': guard_files(out, rdir), 'first_step': first_step_caches(out, rdir)}
+
+
+def first_step_caches(out: str, rdir: str) -> Optional[Dict[str, Any]]:
+    """The memory guard's first_step.json (guards/megatron.py): the first step as the process timed it and whether
+    the kernel caches were warm; None where it wrote none."""
+    paths = sorted(glob.glob(os.path.join(rdir, 'first_step.json')) + glob.glob(os.path.join(out, 'first_step.json')))
+    if not paths:
+        return None
+    with open(paths[0]) as f:
+        report = json.load(f)
+    return {k: report.get(k) for k in ('first_step_s', 'warm', 'cache_entries_before', 'cache_entries_written')}
 
 
 GUARD_FILES = {'fingerprint': 'fingerprint.json', 'memory': 'memory_phases.rank*.jsonl',

@@ -219,6 +219,45 @@ def test_memory_records_phases_only_on_cuda(tmp_path, monkeypatch):
     assert rows[2]['allocated_gib'] == 1.0 and rows[2]['reserved_gib'] == 2.0
 
 
+def test_memory_guard_says_how_long_the_first_step_took_and_whether_the_caches_were_warm(tmp_path, monkeypatch):
+    """Under `megatron sft` nothing said why a first step took 211 s in one launch and 32 s in the next (#31 call g):
+    the memory guard now times the first step and counts what it wrote to the kernel caches, as the Unsloth runner
+    does -- a log line and `first_step.json` on rank 0; a launch that compiled nothing says its caches were warm."""
+    from swift_vora.backends import kernel_cache
+    monkeypatch.setenv('SWIFT_VORA_CACHE_DIR', str(tmp_path / 'cache'))
+    for var in kernel_cache.CACHE_FOLDERS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    triton = kernel_cache.cache_dirs()['TRITON_CACHE_DIR']
+
+    class Compiles:  # a kernel written to Triton's cache during the first step only
+        def __init__(self, trainer, kernels):
+            self.trainer, self.kernels = trainer, kernels
+
+        def on_step_begin(self):
+            if self.trainer.state.iteration == 0:
+                for i in range(self.kernels):
+                    os.makedirs(os.path.join(triton, f'k{i}'), exist_ok=True)
+                    with open(os.path.join(triton, f'k{i}', 'kernel.cubin'), 'w') as f:
+                        f.write('x')
+
+        def __getattr__(self, name):  # the other events: nothing
+            return lambda *a, **k: None
+
+    reports = []
+    for launch, kernels in (('cold', 2), ('warm', 2)):  # the same kernels again: already in the cache
+        out = tmp_path / launch
+        out.mkdir()
+        trainer = FakeTrainer(out, lrs=[0.1])
+        trainer.run([MegatronMemoryGuard(trainer), Compiles(trainer, kernels)], steps=3)
+        reports.append(json.loads((out / 'first_step.json').read_text()))
+    cold, warm = reports
+    assert cold['warm'] is False and cold['cache_entries_written']['TRITON_CACHE_DIR'] == 2
+    assert warm['warm'] is True and warm['cache_entries_before']['TRITON_CACHE_DIR'] == 2
+    assert cold['first_step_s'] >= 0 and cold['cache_dirs']['TRITON_CACHE_DIR'] == triton
+    assert 'cold cache: wrote 2 triton entries' in kernel_cache.describe(cold)
+
+
 def test_fingerprint_written_when_the_trainer_is_built(tmp_path):
     trainer = FakeTrainer(tmp_path, lrs=[0.1])
     MegatronFingerprintGuard(trainer)

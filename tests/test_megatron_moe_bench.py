@@ -195,9 +195,14 @@ def test_a_killed_variants_kept_folder_is_summarized_as_a_run_would_be(tmp_path,
     records = megatron_records([184.0, 9.0, 8.5, 8.0, 9.0], n=5)
     (run / 'logging.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
     (vdir / 'output' / 'encode_log.jsonl').write_text(json.dumps({'mode': 'train', 'total_tokens': 4000}) + '\n')
+    (run / 'first_step.json').write_text(json.dumps({  # the memory guard's (guards/megatron.py), rank 0
+        'first_step_s': 183.9, 'warm': False, 'cache_entries_before': {'TRITON_CACHE_DIR': 0},
+        'cache_entries_written': {'TRITON_CACHE_DIR': 41}, 'cache_dirs': {'TRITON_CACHE_DIR': '/c/triton'}}))
     assert mm.main(['--summarize-logs', str(vdir), '--steps', '5']) == 0
     out = json.loads(capsys.readouterr().out)
     v = out['variants']['mg_f32']
+    assert v['first_step'] == {'first_step_s': 183.9, 'warm': False, 'cache_entries_before': {'TRITON_CACHE_DIR': 0},
+                               'cache_entries_written': {'TRITON_CACHE_DIR': 41}}
     assert out['derived_from_logs'] is True and '--summarize-logs' in out['command']
     assert v['peak_reserved_gib'] == pytest.approx(50.5)  # the largest memory(GiB) logged
     assert v['plan_error'] == pytest.approx(round(50.5 / 30.05 - 1, 3))

@@ -15,7 +15,8 @@ All three go under one folder, `SWIFT_VORA_CACHE_DIR` (default `$XDG_CACHE_HOME/
 is left as it is -- except torch's own default for inductor: `import torch._dynamo` (which transformers and peft do)
 writes `/tmp/torchinductor_<user>` into the environment, so that value is torch's, not a choice (#30 call j found
 inductor's entries there). `first_step_report` says how long the first step took and how many cache entries it had
-to write (none: everything it needed was there -- a warm cache).
+to write (none: everything it needed was there -- a warm cache); `FirstStepClock` takes it inside a training loop
+that only offers step events (the Megatron-SWIFT callbacks: `megatron sft` processes use the same caches).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ import getpass
 import os
 import re
 import tempfile
-from typing import Any, Dict, Iterator, Mapping, Optional
+import time
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional
 
 from .. import switches
 
@@ -137,6 +139,38 @@ def first_step_report(seconds: float, before: Mapping[str, int], after: Mapping[
         'cache_entries_written': written,
         'warm': not any(written.values()),
     }
+
+
+class FirstStepClock:
+    """The first optimizer step of a process, timed from its step-begin event to its step-end event, and what it
+    added to the caches (`first_step_report`). The caches are counted at train begin (or, without that event, at the
+    first step's begin), so the load before training is not in the count."""
+
+    def __init__(self, environ: Optional[Mapping[str, str]] = None) -> None:
+        self.environ = environ
+        self.before: Optional[Dict[str, int]] = None
+        self.start: Optional[float] = None
+        self.report: Optional[Dict[str, Any]] = None
+
+    def train_begin(self) -> None:
+        self.before = snapshot(self.environ)
+
+    def step_begin(self) -> None:
+        if self.start is None and self.report is None:
+            if self.before is None:
+                self.before = snapshot(self.environ)
+            self.start = time.perf_counter()
+
+    def step_end(self, synchronize: Optional[Callable[[], None]] = None) -> Optional[Dict[str, Any]]:
+        """The report once, at the first step's end (`synchronize`: wait for the device's queued work first);
+        None at every other step."""
+        if self.start is None or self.report is not None:
+            return None
+        if synchronize is not None:
+            synchronize()
+        self.report = first_step_report(time.perf_counter() - self.start, self.before or {}, snapshot(self.environ),
+                                        self.environ)
+        return self.report
 
 
 def describe(report: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> str:

@@ -11,7 +11,10 @@ events not handled here) when it registers them inside a `megatron sft` process.
 - fingerprint: `fingerprint.json` when the trainer is built (guards/fingerprint.py's record).
 - memory: on CUDA, `memory_phases.rank{R}.jsonl` rows (guards/memory.py's measurement) when the trainer is built,
   at train begin/end, and at step begin/end of the first `SWIFT_VORA_MEMORY_FIRST` steps and every
-  `SWIFT_VORA_MEMORY_EVERY`. Without CUDA it records nothing.
+  `SWIFT_VORA_MEMORY_EVERY`. Without CUDA it records nothing. With the phases, the first step's time and whether the
+  kernel caches were warm (backends/kernel_cache.py `FirstStepClock`): one log line and, on rank 0,
+  `first_step.json` -- as the Unsloth runner says it (call g's Megatron first steps: 211, 110 and 32 s as the caches
+  warmed, and nothing said which).
 - lora_update: float64 checksums of every trainable LoRA tensor of every model chunk at train begin; after
   `SWIFT_VORA_LORA_CHECK_STEPS` steps that updated (learning rate > 0 -- Megatron's warm-up starts at 0 -- and
   the scheduler advanced, i.e. the step was not skipped) every one must have changed -- an expert's, unless no
@@ -28,6 +31,7 @@ import os
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from .. import switches
+from ..backends.kernel_cache import FirstStepClock, describe
 from .common import all_gather_objects, append_jsonl, logger, now, rank, world_size, write_json
 from .fingerprint import build_fingerprint
 from .lora_update import (
@@ -119,6 +123,7 @@ class MegatronMemoryGuard(MegatronGuard):
         self.recording = False
         self.last: Deque[Dict[str, Any]] = collections.deque(maxlen=8)
         self.path = os.path.join(self.output_dir(), f'memory_phases.rank{rank()}.jsonl')
+        self.clock = FirstStepClock()
         self.record('model_loaded')
 
     def record(self, phase: str) -> Optional[Dict[str, Any]]:
@@ -130,14 +135,23 @@ class MegatronMemoryGuard(MegatronGuard):
         return row
 
     def on_train_begin(self):
+        self.clock.train_begin()
         self.record('train_begin')
 
     def on_step_begin(self):
+        self.clock.step_begin()
         self.recording = is_recorded_step(self.iteration(), self.first, self.every)
         if self.recording:
             self.record('step_begin')
 
     def on_step_end(self):
+        import torch
+        # the step's queued kernels are in its time (a process that never used the device has none)
+        first = self.clock.step_end(torch.cuda.synchronize if self.active and torch.cuda.is_initialized() else None)
+        if first is not None:
+            logger.info(f'swift-vora: {describe(first)}')
+            if rank() == 0:
+                write_json(os.path.join(self.output_dir(), 'first_step.json'), first)
         if self.recording:
             self.record('step_end')
 
