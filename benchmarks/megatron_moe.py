@@ -258,10 +258,10 @@ def summarize_megatron(name: str, out: str, plan_json: Dict[str, Any], args, wal
 def first_step_caches(out: str, rdir: str) -> Optional[Dict[str, Any]]:
     """The memory guard's first_step.json (guards/megatron.py): the first step as the process timed it and whether
     the kernel caches were warm; None where it wrote none."""
-    paths = sorted(glob.glob(os.path.join(rdir, 'first_step.json')) + glob.glob(os.path.join(out, 'first_step.json')))
-    if not paths:
+    path = report_file(out, rdir, 'first_step.json')
+    if path is None:
         return None
-    with open(paths[0]) as f:
+    with open(path) as f:
         report = json.load(f)
     return {k: report.get(k) for k in ('first_step_s', 'warm', 'cache_entries_before', 'cache_entries_written')}
 
@@ -275,9 +275,15 @@ def guard_files(out: str, rdir: str) -> Dict[str, Optional[str]]:
     folder; None for a guard that wrote nothing."""
     found: Dict[str, Optional[str]] = {}
     for guard, pattern in GUARD_FILES.items():
-        paths = sorted(glob.glob(os.path.join(rdir, pattern)) + glob.glob(os.path.join(out, pattern)))
-        found[guard] = os.path.relpath(paths[0], out) if paths else None
+        path = report_file(out, rdir, pattern)
+        found[guard] = os.path.relpath(path, out) if path else None
     return found
+
+
+def report_file(out: str, rdir: str, pattern: str) -> Optional[str]:
+    """The first (by name) file matching `pattern` in the run folder or the output folder; None: neither has one."""
+    paths = sorted(glob.glob(os.path.join(rdir, pattern)) + glob.glob(os.path.join(out, pattern)))
+    return paths[0] if paths else None
 
 
 def flagship_report(out: str, model: str, plan_path: str, args, vdir: str) -> Dict[str, Any]:
