@@ -38,9 +38,11 @@ shared expert's MLP and the routed experts' fused tensors -- micro-batch 1, the 
   per Python launch; the step then holds that many samples.
 
 Full depth (`--layers 40`, the whole 35B-A3B: ~65 GiB of bf16 weights) needs a checkpoint folder with room for it:
-scripts/gpu/moe_full.sh builds it in a RAM-backed tmpfs on the GPU machine (its disk is smaller than the model).
-`--flagship` there skips the merged export when the work folder's filesystem has no room for one merged copy (the
-runner's; merge_for_vllm.sh hard-links its files since 2026-12-04) and says so in the result.
+`scripts/gpu/run_all.sh moe_full` builds it in a RAM-backed tmpfs on the GPU machine (its disk is smaller than the
+model). The flagship writes one merged copy (the runner's export; merge_for_vllm.sh hard-links its files) in
+`--flagship-work`, there beside the checkpoint on the tmpfs, after `--spill-dir` took enough base shards to the disk
+(links left in their place, benchmarks/merge_room.py); where no move makes room it skips the merge and says why in
+the result (`flagship.merge_room`, `merge_skipped`).
 
 Every variant runs `--steps` optimizer steps (default 12); the first `--warmup-steps` (default 2) are not measured.
 Per variant: `median_step_s` and `mean_step_s` over the measured steps, `tokens_per_s` = tokens per step / the median
@@ -67,6 +69,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import merge_room  # noqa: E402  (room for the flagship's merged copy: shards moved to another filesystem)
 import step_timeline  # noqa: E402  (the kernel families of a profiled step)
 import throughput as tp  # noqa: E402  (shared helpers: env, logged processes, clips, swift instrumentation)
 
@@ -207,10 +210,12 @@ def swift_budget_env(b: Dict[str, Any]) -> Dict[str, str]:
 
 def run_vora(name: str, args, b, inputs, work: str, flagship: bool, fla: bool,
              extra_env: Optional[Dict[str, str]] = None, extra_overrides: Optional[List[str]] = None) -> Dict[str, Any]:
-    vdir = os.path.join(work, name)
+    # the flagship writes where its merged copy has room (--flagship-work: beside the checkpoint, on its filesystem)
+    vdir = os.path.join(args.flagship_work or work if flagship else work, name)
     shutil.rmtree(vdir, ignore_errors=True)
+    os.makedirs(os.path.dirname(vdir), exist_ok=True)
     out = os.path.join(vdir, 'output')
-    room = merge_room(inputs['model'], work) if flagship else None
+    room = flagship_room(inputs['model'], os.path.dirname(vdir), args.spill_dir) if flagship else None
     cmd = vora_command(args, b, inputs['model'], inputs['annotations'], out, flagship, extra_overrides or [],
                        merge=bool(room and room['fits']))
     env = {'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True', 'SWIFT_VORA_LOG_FIRST': '1', **(extra_env or {})}
@@ -241,15 +246,15 @@ def run_vora(name: str, args, b, inputs, work: str, flagship: bool, fla: bool,
     return result
 
 
-def merge_room(model: str, work: str) -> Dict[str, Any]:
-    """Whether a merged 16-bit copy of the model has room: the runner writes it under `work`, and merge_for_vllm.sh
-    hard-links its weight files next to it (the same filesystem: no second copy; until 2026-12-04 it copied them and
-    this asked for two). At full depth (65 GiB) the GPU machine has room for none: the base checkpoint fills a
-    tmpfs, the disk is smaller than one copy."""
-    need = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if f.endswith('.safetensors'))
-    free = shutil.disk_usage(work).free
-    return {'needs_gib': round(need * 1.05 / 2**30, 1), 'free_gib': round(free / 2**30, 1),
-            'fits': free >= need * 1.05, 'where': work}
+def flagship_room(model: str, where: str, spill_dir: Optional[str]) -> Dict[str, Any]:
+    """Room for the flagship's one merged copy in `where` (merge_room.room): the runner writes it there and
+    merge_for_vllm.sh hard-links its weight files beside it. With `spill_dir` (--spill-dir), base shards move there
+    first where that makes the room (merge_room.make_room: at full depth on the lent H200 the base fills a tmpfs and
+    the disk is smaller than one copy; the two together hold both)."""
+    if not spill_dir:
+        return merge_room.room(model, where)
+    spill = merge_room.make_room(model, where, spill_dir)
+    return {**spill.pop('room'), 'spill': spill}
 
 
 FIRST_STEP_MARK = 'first step: Triton compiles'  # the runner's line as its first step starts (on a GPU)
@@ -470,8 +475,7 @@ def flagship_checks(out: str, model: str, vdir: str, room: Optional[Dict[str, An
                    key=lambda d: int(d.split('-')[1]))
     if room is not None and not room['fits']:
         report['merge_skipped'] = (f'a merged 16-bit copy needs {room["needs_gib"]} GiB (the runner\'s export; '
-                                   f'merge_for_vllm.sh links its files) and {room["where"]} has '
-                                   f'{room["free_gib"]} GiB free')
+                                   f'merge_for_vllm.sh links its files): {room.get("why_not") or "no room"}')
         return report
     merged = os.path.join(vdir, 'merged')
     proc = subprocess.run(['bash', os.path.join(REPO, 'scripts', 'merge_for_vllm.sh'), os.path.join(out, ckpts[-1]),
@@ -484,6 +488,11 @@ def flagship_checks(out: str, model: str, vdir: str, room: Optional[Dict[str, An
         with open(check) as f:
             report['merge_check'] = json.load(f)
     shutil.rmtree(merged, ignore_errors=True)  # links to the runner's export (a copy where they could not be)
+    # the export itself once checked: at full depth 65 GiB, in RAM where it sits on the checkpoint's tmpfs, which a
+    # later call on the same machine needs for its own processes (the logs archive leaves checkpoints out anyway)
+    export = os.path.join(out, ckpts[-1] + '-merged')
+    report['merged_export_removed'] = os.path.isdir(export)
+    shutil.rmtree(export, ignore_errors=True)
     return report
 
 
@@ -544,6 +553,12 @@ def main(argv=None) -> int:
     parser.add_argument('--variants', default='vora_unsloth,swift_peft,swift_unsloth')
     parser.add_argument('--flagship', action='store_true',
                         help='vora_unsloth with every guard, the merged export and its check')
+    parser.add_argument('--flagship-work', default=None,
+                        help="the flagship variant's folder (default --work): on the filesystem its merged copy "
+                             'has room on (scripts/gpu/run_all.sh moe_full: the checkpoint\'s tmpfs)')
+    parser.add_argument('--spill-dir', default=None,
+                        help="a folder on another filesystem: base shards move there (links left in their place) "
+                             "until the flagship's folder has room for a merged copy (benchmarks/merge_room.py)")
     parser.add_argument('--steps', type=int, default=None, help='optimizer steps per variant (default 12; smoke 2)')
     parser.add_argument('--grad-accum', type=int, default=None, help='micro-batches per step (default 1)')
     parser.add_argument('--warmup-steps', type=int, default=None, help='default 2 (smoke 1)')

@@ -427,7 +427,8 @@ def test_moe_benchmark_smoke_runs_both_paths_and_the_flagship_checks(tmp_path):
     """CPU: the tiny Qwen3.5-MoE through the runner (PEFT stand-in, every guard, merge + expert check) and plain
     `swift sft` with --target_parameters; the results JSON carries the keys the issue names."""
     cmd = [sys.executable, os.path.join(REPO, 'benchmarks', 'moe_throughput.py'), '--smoke', '--work', str(tmp_path),
-           '--variants', 'vora_unsloth,swift_peft', '--flagship', '--profile-step', '3', '--out', str(tmp_path / 'out')]
+           '--variants', 'vora_unsloth,swift_peft', '--flagship', '--profile-step', '3', '--out', str(tmp_path / 'out'),
+           '--flagship-work', str(tmp_path / 'flagship'), '--spill-dir', str(tmp_path / 'spill')]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     written = [p for p in (tmp_path / 'out').iterdir() if p.name.startswith('moe-h200-')]
@@ -449,6 +450,9 @@ def test_moe_benchmark_smoke_runs_both_paths_and_the_flagship_checks(tmp_path):
     assert data['side_by_side'] is True and 'memory_ratio_floor' not in data  # the floor needs GPU peaks
     flagship = ours['flagship']
     assert flagship['verify_adapter']['ok'] and flagship['merge_exit_code'] == 0 and flagship['merge_check']['ok']
+    # the flagship wrote in its own folder; the disk had room for a merged copy, so no shard moved
+    assert (tmp_path / 'flagship' / 'vora_unsloth' / 'merge.log').is_file()
+    assert flagship['merge_room']['fits'] and flagship['merge_room']['spill']['moved'] == []
     assert flagship['lora_update']['expert_updated'] == flagship['lora_update']['expert_tensors'] > 0
 
 

@@ -20,8 +20,9 @@
 #   moe           benchmarks/moe_throughput.py: Unsloth split LoRA vs plain swift PEFT, Qwen3.5-MoE 35B-A3B shape with
 #                 N layers (needs carry [".whl/swift", ".whl/moe"]: ~56 MiB with the repo)
 #   moe_full      the same at full depth: all 40 layers of the 35B-A3B (~65 GiB), built in a RAM-backed tmpfs
-#                 ($TMPDIR/model_tmpfs, 72 GiB) because the disk is smaller; longer than one call: run it through
-#                 scripts/gpu/background.sh (start, then wait from back-to-back calls)
+#                 ($TMPDIR/model_tmpfs, 84 GiB at most) because the disk is smaller; with --flagship, base shards
+#                 move to the disk ($TMPDIR/model_spill) until the tmpfs holds the merged copy too; longer than one
+#                 call: run it through scripts/gpu/background.sh (start, then wait from back-to-back calls)
 #   unsloth       scripts/gpu/unsloth_smoke.sh (needs carry [".whl/swift", ".whl/unsloth"]: ~59 MiB with the repo)
 #   megatron      scripts/gpu/megatron_smoke.sh: Megatron-SWIFT EP=1 LoRA on one GPU, random Qwen3-VL-MoE, checks +
 #                 megatron-h200-<date>.json. Needs scripts/gpu/setup_megatron.sh's inputs: .te0, .te1, .te2 carried
@@ -69,13 +70,18 @@ install_moe_wheels() {
 unsloth_zoo.__version__, "| fla", getattr(fla, "__version__", "?"), fla.__file__)' 2>&1 | grep -v -i warn | tail -3
 }
 
-# A tmpfs for the full-depth MoE checkpoint: 72 GiB of RAM at most, only what is written is used.
+# A tmpfs for the full-depth MoE checkpoint: 84 GiB of RAM at most, only what is written is used (65.4 GiB of base
+# weights; with --flagship, the flagship's merged copy beside what is left of them after base shards moved to the
+# disk: benchmarks/merge_room.py). Remounted larger where an earlier call mounted it at 72 GiB.
 MODEL_TMPFS="$SCRATCH/model_tmpfs"
-MODEL_TMPFS_GIB=72
+MODEL_TMPFS_GIB=84
+MODEL_SPILL="$SCRATCH/model_spill"  # on the disk: base shards moved out of the tmpfs (links left in their place)
 mount_model_tmpfs() {
   if ! mountpoint -q "$MODEL_TMPFS"; then
     mkdir -p "$MODEL_TMPFS" && mount -t tmpfs -o "size=${MODEL_TMPFS_GIB}g" tmpfs "$MODEL_TMPFS" || {
       echo "moe_full: cannot mount a ${MODEL_TMPFS_GIB} GiB tmpfs at $MODEL_TMPFS (root needed)"; return 1; }
+  else
+    mount -o "remount,size=${MODEL_TMPFS_GIB}g" "$MODEL_TMPFS" || echo "moe_full: $MODEL_TMPFS kept its size"
   fi
   df -h "$MODEL_TMPFS" | tail -1
   free -g | head -2
@@ -104,11 +110,11 @@ main() {
   fi
   echo "== setup done in $((SECONDS - t0)) s"
 
-  local rc=0 phase t1 work
+  local rc=0 phase t1 work extra_logs
   IFS=',' read -r -a list <<< "$phases"
   for phase in "${list[@]}"; do
     t1=$SECONDS
-    work=""
+    work="" extra_logs=""
     echo "== phase $phase"
     case "$phase" in
       setup) ;;
@@ -144,8 +150,12 @@ main() {
         install_moe_wheels || { rc=1; continue; }
         mount_model_tmpfs || { rc=1; continue; }
         work="$SCRATCH/swift_vora_moe_full"
+        # --flagship writes beside the checkpoint (its merged copy is hard-linked there, not copied) after moving
+        # base shards to the disk until the tmpfs has room for that copy; other variants leave both as they are
+        extra_logs="${MODEL_TMPFS#"$SCRATCH"/}/flagship"
         python3 benchmarks/moe_throughput.py --out "$OUT" --work "$work" --model-dir "$MODEL_TMPFS/model" \
-          --layers 40 --name moe-h200-full "$@" || rc=1;;
+          --flagship-work "$MODEL_TMPFS/flagship" --spill-dir "$MODEL_SPILL" --layers 40 --name moe-h200-full "$@" \
+          || rc=1;;
       unsloth)
         if [ -f scripts/gpu/unsloth_smoke.sh ]; then
           mkdir -p "$LOGS/$phase"
@@ -194,6 +204,7 @@ main() {
     local dirs=()
     [ -d "$LOGS/$phase" ] && dirs+=("${LOGS#"$SCRATCH"/}/$phase")
     [ -n "$work" ] && [ -d "$work" ] && dirs+=("${work#"$SCRATCH"/}")
+    [ -n "$extra_logs" ] && [ -d "$SCRATCH/$extra_logs" ] && dirs+=("$extra_logs")
     if [ ${#dirs[@]} -gt 0 ]; then
       tar czf "$OUT/logs-$phase.tgz" -C "$SCRATCH" --exclude='*.mp4' --exclude='*.safetensors' --exclude='*.pt' \
         --exclude='*.bin' --exclude='*.pth' --exclude='checkpoint-*' --exclude='model' --exclude='model-*' \
