@@ -20,7 +20,7 @@
 #   moe           benchmarks/moe_throughput.py: Unsloth split LoRA vs plain swift PEFT, Qwen3.5-MoE 35B-A3B shape with
 #                 N layers (needs carry [".whl/swift", ".whl/moe"]: ~56 MiB with the repo)
 #   moe_full      the same at full depth: all 40 layers of the 35B-A3B (~65 GiB), built in a RAM-backed tmpfs
-#                 ($TMPDIR/model_tmpfs, 84 GiB at most) because the disk is smaller; with --flagship, base shards
+#                 ($TMPDIR/model_tmpfs, 88 GiB at most) because the disk is smaller; with --flagship, base shards
 #                 move to the disk ($TMPDIR/model_spill) until the tmpfs holds the merged copy too; longer than one
 #                 call: run it through scripts/gpu/background.sh (start, then wait from back-to-back calls)
 #   unsloth       scripts/gpu/unsloth_smoke.sh (needs carry [".whl/swift", ".whl/unsloth"]: ~59 MiB with the repo)
@@ -70,11 +70,11 @@ install_moe_wheels() {
 unsloth_zoo.__version__, "| fla", getattr(fla, "__version__", "?"), fla.__file__)' 2>&1 | grep -v -i warn | tail -3
 }
 
-# A tmpfs for the full-depth MoE checkpoint: 84 GiB of RAM at most, only what is written is used (65.4 GiB of base
+# A tmpfs for the full-depth MoE checkpoint: 88 GiB of RAM at most, only what is written is used (65.4 GiB of base
 # weights; with --flagship, the flagship's merged copy beside what is left of them after base shards moved to the
 # disk: benchmarks/merge_room.py). Remounted larger where an earlier call mounted it at 72 GiB.
 MODEL_TMPFS="$SCRATCH/model_tmpfs"
-MODEL_TMPFS_GIB=84
+MODEL_TMPFS_GIB=88
 MODEL_SPILL="$SCRATCH/model_spill"  # on the disk: base shards moved out of the tmpfs (links left in their place)
 mount_model_tmpfs() {
   if ! mountpoint -q "$MODEL_TMPFS"; then
