@@ -125,10 +125,19 @@ HOST_SYNC_ENV = {'SWIFT_VORA_VISION_PREAMBLE': 'prefetch', 'SWIFT_VORA_STEP_SYNC
 # 51 ms of a 2.46 s step; SWIFT_VORA_MOE_GATHER=permutation, speed/moe_gather.py), on top of the named variant
 GATHER_VARIANTS = {name + '_gather': name for name in RANK_SCALE_VARIANTS}
 GATHER_ENV = {'SWIFT_VORA_MOE_GATHER': 'permutation'}
-# each lever's variant on top of a rank-scale variant: name -> (its twin, the lever's switches)
+# each lever's variant on top of a rank-scale variant: name -> (the rank-scale variant it builds on, the lever's
+# switches); its twin in the comparison (moe_calls.py) is the name without the lever's suffix
 LEVERS_ON_RANK_SCALE = {name: (twin, env) for variants, env in ((HOST_SYNC_VARIANTS, HOST_SYNC_ENV),
                                                                (GATHER_VARIANTS, GATHER_ENV))
                         for name, twin in variants.items()}
+# unsloth_zoo's fused router (one Triton kernel forward and backward for softmax, top-k and the renormalisation;
+# call n's profile: torch.topk alone 30 ms of a 2.505 s step; UNSLOTH_MOE_FUSED_ROUTER=1, speed/moe_router.py), on top
+# of a rank-scale variant or of its gather lever: `*_router` against the same name without the suffix
+ROUTER_ENV = {'UNSLOTH_MOE_FUSED_ROUTER': '1'}
+ROUTER_VARIANTS = {name + '_router': name for name in (*RANK_SCALE_VARIANTS, *GATHER_VARIANTS)}
+LEVERS_ON_RANK_SCALE.update({name: (LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[0],
+                                    {**LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[1], **ROUTER_ENV})
+                             for name, twin in ROUTER_VARIANTS.items()})
 
 
 def budget(smoke: bool) -> Dict[str, Any]:
@@ -411,8 +420,8 @@ def summarize_runner(name: str, out: str, args, command: Optional[str], wall: Op
         'losses': [r['loss'] for r in steps], 'wall_s': round(wall, 1) if wall is not None else None,
         'runner': {k: run.get(k) for k in ('loader', 'split_lora', 'moe_backend', 'lora_tensors', 'expert_lora_tensors',
                                            'trainable_params', 'linear_attention_kernel', 'autocast',
-                                           'encode_threads', 'moe_lora_scale', 'step_sync', 'step_clock',
-                                           'steps_left_in_flight', 'vision_preamble')},
+                                           'encode_threads', 'moe_lora_scale', 'moe_gather', 'moe_router',
+                                           'step_sync', 'step_clock', 'steps_left_in_flight', 'vision_preamble')},
         'planned': read_plan(out),
     }
 

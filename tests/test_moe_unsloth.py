@@ -453,6 +453,9 @@ def test_moe_benchmark_smoke_runs_both_paths_and_the_flagship_checks(tmp_path):
     # the flagship wrote in its own folder; the disk had room for a merged copy, so no shard moved
     assert (tmp_path / 'flagship' / 'vora_unsloth' / 'merge.log').is_file()
     assert flagship['merge_room']['fits'] and flagship['merge_room']['spill']['moved'] == []
+    # the MoE levers' records reach the result (what a lever variant's twin comparison checks first)
+    assert ours['runner']['moe_gather'] == {'setting': 'index', 'patched': []}
+    assert ours['runner']['moe_router'] == {'setting': '0'}
     assert flagship['lora_update']['expert_updated'] == flagship['lora_update']['expert_tensors'] > 0
 
 
@@ -839,3 +842,28 @@ def test_runner_with_the_vision_preamble_on_the_prefetch_thread_trains_the_same(
                                       'unmatched': 0}
     assert fed['step_sync'] == 'each'  # lagged is CUDA-only
     assert len(fed_losses) == 2 and fed_losses == plain_losses
+
+
+def test_moe_calls_compares_the_fused_router_with_its_twin_alone_and_on_top_of_the_gather(tmp_path):
+    """`*_router` (UNSLOTH_MOE_FUSED_ROUTER=1) against the same name without the suffix in its call -- the rank-scale
+    variant, or its gather lever for `*_gather_router` -- and the benchmark runs each with exactly its twin's switches
+    plus Unsloth's."""
+    sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
+    import moe_calls
+    import moe_throughput
+    base = 'vora_unsloth_mb4_ck32_rank_scale'
+    for lever, twin in ((base + '_router', base), (base + '_gather_router', base + '_gather')):
+        built_on, env = moe_throughput.LEVERS_ON_RANK_SCALE[lever]
+        twin_env = moe_throughput.LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[1]
+        assert built_on == base and env == {**twin_env, 'UNSLOTH_MOE_FUSED_ROUTER': '1'}
+    runner = {'autocast': 'bfloat16', 'encode_threads': 4, 'step_sync': 'each'}
+    rows = {name: {'tokens_per_s': rate, 'runner': runner, 'median_step_s': step, 'losses': [13.0, 12.0]}
+            for name, rate, step in ((base, 12200.0, 2.55), (base + '_gather', 12450.0, 2.5),
+                                     (base + '_router', 12400.0, 2.51), (base + '_gather_router', 12700.0, 2.45))}
+    (tmp_path / 'moe-h200-full-p.json').write_text(json.dumps({'date': '2026-12-06', 'model': {'layers': 40},
+                                                               'variants': rows}))
+    s = moe_calls.summarize(moe_calls.load('moe-h200-full-*.json', str(tmp_path)))
+    assert [(r['variant'], r['twin'], r['median_step_ratio']) for r in s['router_vs_twin']] == [
+        (base + '_router', base, 1.016), (base + '_gather_router', base + '_gather', 1.02)]
+    assert [(r['variant'], r['twin']) for r in s['gather_vs_twin']] == [(base + '_gather', base)]
+    assert '(fused router) against ' + base + '_gather: 1.02x' in moe_calls.render(s)

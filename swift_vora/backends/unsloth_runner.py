@@ -203,6 +203,10 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     info['moe_gather'] = moe_gather.install()
     if info['moe_gather']['setting'] != 'index':
         log(f'routed-row gather (SWIFT_VORA_MOE_GATHER): {json.dumps(info["moe_gather"])}')
+    from ..speed import moe_router  # Unsloth's own switch: its fused router reached on this model's classes too
+    info['moe_router'] = moe_router.install(model)
+    if moe_router.wanted():
+        log(f'fused MoE router ({moe_router.ENV}): {json.dumps(info["moe_router"])}')
     counts = assert_router_frozen(model)
     check_not_quantized(model)
     if cfg.is_moe and counts['expert_lora_tensors'] == 0:
@@ -371,6 +375,9 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
         encoder.close()  # first: unblocks a prefetch thread waiting on an encode
         prefetch.close()
     info['supervision'] = guards.finish()
+    if moe_router.wanted():  # unsloth_zoo's count: 0 means no router took the fused path
+        info['moe_router']['fused_calls'] = moe_router.fused_calls()
+        log(f'fused MoE router calls: {info["moe_router"]["fused_calls"]}')
     info['profile'] = profiler.written
     info['steps_left_in_flight'] = ends.held  # lagged: steps recorded after the next one was launched
     if preamble is not None:

@@ -1,0 +1,63 @@
+"""Unsloth's fused MoE router under the runner: reached on the loaded model, and counted (opt-in upstream,
+`UNSLOTH_MOE_FUSED_ROUTER=1`; not yet measured here).
+
+transformers' Qwen3.5-MoE router (`Qwen3_5MoeTopKRouter.forward`) runs an fp32 softmax over the 256 experts,
+`torch.topk`, a renormalisation and a cast as separate kernels, each with its backward. At full depth and
+micro-batch 4 the H200 profile of #30 call n shows `torch.topk` alone at 30 ms of a 2.505 s step (70 calls over
+[31,192 x 256]: the forward and the recompute). unsloth_zoo ships the same routing as one Triton kernel forward and
+one backward (`temporary_patches/moe_router_triton.py`: "ties pick the lower index, the same set as CUDA
+torch.topk"), off unless `UNSLOTH_MOE_FUSED_ROUTER=1` when unsloth is imported: then it replaces the forward of
+the transformers router classes whose source reads exactly as it expects. Classes Unsloth's compiler re-creates in
+its cache modules are out of that import-time patch's reach; its loader hook `enable_fused_router(model)` reaches
+them, and unsloth_zoo calls it from its ModuleList MoE path only, where the Qwen3.5-MoE's fused expert tensors do
+not go.
+
+With Unsloth's switch on, `install(model)` runs that hook on the loaded model and reports which router classes
+route fused (`moe_router` in the runner's result); `fused_calls()` reads unsloth_zoo's own count of fused routing
+calls, which the runner adds after training -- 0 means the lever did nothing (a router whose source unsloth_zoo does
+not recognise keeps its own forward; its routing off CUDA is the eager one). Nothing is patched here: the switch is
+Unsloth's (set it in a recipe's `env:`), read the way unsloth_zoo reads it.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Dict, Mapping, Optional
+
+ENV = 'UNSLOTH_MOE_FUSED_ROUTER'
+MODULE = 'unsloth_zoo.temporary_patches.moe_router_triton'
+
+
+def wanted(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """unsloth_zoo's own reading of its switch: exactly '1' turns it on."""
+    environ = os.environ if environ is None else environ
+    return environ.get(ENV, '0') == '1'
+
+
+def install(model: Any, environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """With the switch on: unsloth_zoo's loader hook on `model`; returns what the runner records -- the setting, the
+    router classes patched now, the model's router classes and those of them that still route as before, or why none."""
+    environ = os.environ if environ is None else environ
+    state: Dict[str, Any] = {'setting': environ.get(ENV, '0')}
+    if not wanted(environ):
+        return state
+    try:
+        router = importlib.import_module(MODULE)
+    except ImportError as error:  # an unsloth_zoo without the fused router: say so, train as before
+        state['not_installed'] = f'{MODULE}: {error}'
+        return state
+    state['patched_now'] = list(router.enable_fused_router(model))
+    routers = {type(m) for m in model.modules() if type(m).__name__.endswith(('TopKRouter', 'TopkRouter'))}
+    state['router_classes'] = sorted(f'{cls.__module__}.{cls.__name__}' for cls in routers)
+    # unsloth_zoo marks each forward it replaced: a class whose forward is unmarked routes as before
+    state['unfused'] = sorted(f'{cls.__module__}.{cls.__name__}' for cls in routers
+                              if not getattr(cls.__dict__.get('forward'), '_unsloth_fused_router', False))
+    return state
+
+
+def fused_calls() -> Optional[int]:
+    """unsloth_zoo's count of fused routing calls in this process (None where its module is not loaded)."""
+    import sys
+    router = sys.modules.get(MODULE)
+    calls = getattr(router, 'ROUTER_CALLS', None) if router is not None else None
+    return calls.get('fused') if isinstance(calls, dict) else None
