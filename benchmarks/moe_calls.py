@@ -36,13 +36,16 @@ HOST_LEVERS = '_nosync'
 GATHER = '_gather'
 # unsloth_zoo's fused router (moe_throughput's *_router variants) against the same variant without it.
 ROUTER = '_router'
+# The down-projection LoRA folded into the base GEMM (moe_throughput's *_fold variants) against the variant without it.
+FOLD = '_fold'
 # A run with one step in flight whose runner timed held steps by when the host read them (before the runner wrote
 # `step_clock`, 2026-12-04, after call l): its median step is the step period, its mean is not (one step short over
 # the window -- docs/runs/h200-moe-full/README.md, "Call l").
 HOST_CLOCK_MEAN = 'not comparable: one step in flight, timed by the host before the GPU step clock (call l)'
 # Each lever against its twin of the same call: (summary key, the lever's name suffix, its label in the text)
 LEVER_TWINS = (('rank_scale_vs_default', RANK_SCALE, ''), ('host_levers_vs_twin', HOST_LEVERS, ' (host levers)'),
-               ('gather_vs_twin', GATHER, ' (permutation gather)'), ('router_vs_twin', ROUTER, ' (fused router)'))
+               ('gather_vs_twin', GATHER, ' (permutation gather)'), ('router_vs_twin', ROUTER, ' (fused router)'),
+               ('fold_vs_twin', FOLD, ' (down LoRA folded)'))
 
 
 def setting(name: str, variant: Dict[str, Any], date: str) -> str:

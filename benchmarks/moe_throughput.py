@@ -138,6 +138,15 @@ ROUTER_VARIANTS = {name + '_router': name for name in (*RANK_SCALE_VARIANTS, *GA
 LEVERS_ON_RANK_SCALE.update({name: (LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[0],
                                     {**LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[1], **ROUTER_ENV})
                              for name, twin in ROUTER_VARIANTS.items()})
+# the experts' down-projection LoRA folded into the base grouped GEMM (SWIFT_VORA_MOE_DOWN_LORA=fold,
+# speed/moe_down_fold.py; call n's profile: the LoRA delta's product and addition ~80 ms of 2.505 s), on top of a
+# rank-scale variant or of its gather + router levers (every lever at once): `*_fold` against the name without it
+FOLD_ENV = {'SWIFT_VORA_MOE_DOWN_LORA': 'fold'}
+FOLD_VARIANTS = {name + '_fold': name for name in (*RANK_SCALE_VARIANTS,
+                                                   *(n for n in ROUTER_VARIANTS if n.endswith('_gather_router')))}
+LEVERS_ON_RANK_SCALE.update({name: (LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[0],
+                                    {**LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[1], **FOLD_ENV})
+                             for name, twin in FOLD_VARIANTS.items()})
 
 
 def budget(smoke: bool) -> Dict[str, Any]:

@@ -190,6 +190,15 @@ PATCHES = (
           {'2026.10.9': '847af07a72257c2f'},
           uses=('lora_out = lora_out.contiguous()', 'mm1_out = mm1_out + lora_delta * scaling',
                 'mm2_out = mm2_out + lora_delta * scaling'), needs=('unsloth_zoo', )),
+    # the same forward's down projection: its LoRA folded into the base grouped GEMM along the reduction axis (three
+    # statements rewritten, by the same rewriter and against the same pinned source; speed/moe_down_fold.py)
+    Patch('moe_down_lora_fold', 'unsloth_zoo.temporary_patches.moe_utils:forward_native_grouped_mm', 'unsloth_zoo',
+          'replaces', ('self', 'hidden_states', 'top_k_index', 'top_k_weights'), 'speed/moe_down_fold.py',
+          'SWIFT_VORA_MOE_DOWN_LORA=add (the default)', 'tests/test_moe_down_fold.py',
+          {'2026.10.9': '847af07a72257c2f'},
+          uses=('lora_delta = _grouped_mm_with_backward_fix(lora_out, second_weight, offsets)',
+                'mm2_out = mm2_out + lora_delta * scaling', 'inter, offsets, _down_provider, _recompute'),
+          needs=('unsloth_zoo', )),
     # the routed-row gather of the same forward: unsloth_zoo's own permutation-undoing autograd function in eager
     # mode too, not only under torch.compile (speed/moe_gather.py)
     Patch('moe_gather_permutation', 'unsloth_zoo.temporary_patches.moe_utils:gather_routed_rows', 'unsloth_zoo',

@@ -158,6 +158,9 @@ def _table() -> Tuple[Switch, ...]:
         Switch(PREFIX + 'MOE_LORA_SCALE', 'choice', 'output', 'Unsloth MoE expert LoRA: scaling applied to the expert '
                'output (output, unsloth_zoo as it is) | to the rank-r intermediate (rank: same product, fewer kernels)',
                choices=('output', 'rank'), where='speed/moe_lora_scale.py'),
+        Switch(PREFIX + 'MOE_DOWN_LORA', 'choice', 'add', 'Unsloth MoE expert down projection\'s LoRA: add '
+               '(unsloth_zoo as it is: base GEMM, B product, addition) | fold (one grouped GEMM over '
+               '[inter | s inter A] x [W_down ; B])', choices=('add', 'fold'), where='speed/moe_down_fold.py'),
         Switch(PREFIX + 'MOE_GATHER', 'choice', 'index', 'Unsloth MoE routed-row gather in eager mode: index '
                '(unsloth_zoo as it is: indexing, a sort-based backward) | permutation (unsloth_zoo\'s '
                '_RoutedRowGather: the backward undoes the permutation and sums over top_k)',

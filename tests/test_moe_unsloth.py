@@ -847,15 +847,19 @@ def test_runner_with_the_vision_preamble_on_the_prefetch_thread_trains_the_same(
 def test_moe_calls_compares_the_fused_router_with_its_twin_alone_and_on_top_of_the_gather(tmp_path):
     """`*_router` (UNSLOTH_MOE_FUSED_ROUTER=1) against the same name without the suffix in its call -- the rank-scale
     variant, or its gather lever for `*_gather_router` -- and the benchmark runs each with exactly its twin's switches
-    plus Unsloth's."""
+    plus Unsloth's; likewise `*_fold` (SWIFT_VORA_MOE_DOWN_LORA=fold) on top of its twin's."""
     sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
     import moe_calls
     import moe_throughput
     base = 'vora_unsloth_mb4_ck32_rank_scale'
-    for lever, twin in ((base + '_router', base), (base + '_gather_router', base + '_gather')):
+    for lever, twin, switch in ((base + '_router', base, {'UNSLOTH_MOE_FUSED_ROUTER': '1'}),
+                                (base + '_gather_router', base + '_gather', {'UNSLOTH_MOE_FUSED_ROUTER': '1'}),
+                                (base + '_fold', base, {'SWIFT_VORA_MOE_DOWN_LORA': 'fold'}),
+                                (base + '_gather_router_fold', base + '_gather_router',
+                                 {'SWIFT_VORA_MOE_DOWN_LORA': 'fold'})):
         built_on, env = moe_throughput.LEVERS_ON_RANK_SCALE[lever]
         twin_env = moe_throughput.LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[1]
-        assert built_on == base and env == {**twin_env, 'UNSLOTH_MOE_FUSED_ROUTER': '1'}
+        assert built_on == base and env == {**twin_env, **switch}, lever
     runner = {'autocast': 'bfloat16', 'encode_threads': 4, 'step_sync': 'each'}
     rows = {name: {'tokens_per_s': rate, 'runner': runner, 'median_step_s': step, 'losses': [13.0, 12.0]}
             for name, rate, step in ((base, 12200.0, 2.55), (base + '_gather', 12450.0, 2.5),

@@ -197,8 +197,8 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     info['load_s'] = round(time.time() - t_load, 1)
     from ..speed import moe_lora_scale  # after the load: Unsloth has set up its MoE forward by now
     info['moe_lora_scale'] = moe_lora_scale.install()
-    if info['moe_lora_scale']['setting'] != 'output':
-        log(f'expert LoRA scaling (SWIFT_VORA_MOE_LORA_SCALE): {json.dumps(info["moe_lora_scale"])}')
+    if info['moe_lora_scale']['setting'] != 'output' or 'down_lora' in info['moe_lora_scale']:
+        log(f'expert LoRA (SWIFT_VORA_MOE_LORA_SCALE, SWIFT_VORA_MOE_DOWN_LORA): {json.dumps(info["moe_lora_scale"])}')
     from ..speed import moe_gather
     info['moe_gather'] = moe_gather.install()
     if info['moe_gather']['setting'] != 'index':
@@ -375,6 +375,10 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
         encoder.close()  # first: unblocks a prefetch thread waiting on an encode
         prefetch.close()
     info['supervision'] = guards.finish()
+    if 'down_lora' in info['moe_lora_scale']:  # how many down projections folded, and why others did not
+        from ..speed import moe_down_fold
+        info['moe_lora_scale']['down_fold'] = moe_down_fold.counts()
+        log(f'down-projection LoRA folded: {json.dumps(info["moe_lora_scale"]["down_fold"])}')
     if moe_router.wanted():  # unsloth_zoo's count: 0 means no router took the fused path
         info['moe_router']['fused_calls'] = moe_router.fused_calls()
         log(f'fused MoE router calls: {info["moe_router"]["fused_calls"]}')

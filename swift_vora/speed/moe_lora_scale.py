@@ -27,6 +27,7 @@ import inspect
 from typing import Any, Dict, Optional
 
 from .. import patches, switches
+from . import moe_down_fold
 
 ENV = 'SWIFT_VORA_MOE_LORA_SCALE'
 PATCH = 'moe_lora_rank_scale'
@@ -51,9 +52,10 @@ def wanted(environ=None) -> bool:
     return switches.read(ENV, environ) == 'rank'
 
 
-def rewrite(source: str) -> str:
-    """`source` with every statement of REWRITES replaced; RewriteMismatch when one is not there exactly as often."""
-    for old, new, count in REWRITES:
+def rewrite(source: str, rewrites=REWRITES) -> str:
+    """`source` with every statement of `rewrites` replaced in order; RewriteMismatch when one is not there exactly as
+    often."""
+    for old, new, count in rewrites:
         found = source.count(old)
         if found != count:
             raise RewriteMismatch(f'{FUNCTION}: {old!r} found {found} times, the rewrite expects {count}')
@@ -61,26 +63,40 @@ def rewrite(source: str) -> str:
     return source
 
 
-def _patched(module: Any) -> Optional[Any]:
+def _patched(module: Any, name: str, rewrites) -> Optional[Any]:
     """The rewritten function for `module`'s `forward_native_grouped_mm`, compiled against the module's globals."""
     original = getattr(module, FUNCTION)
     source = inspect.getsource(original)
-    if patches.source_hash(source) not in patches.BY_NAME[PATCH].sources.values():
-        raise RewriteMismatch(f'{module.__name__}.{FUNCTION}: not the source {PATCH} was checked against')
+    if patches.source_hash(source) not in patches.BY_NAME[name].sources.values():
+        raise RewriteMismatch(f'{module.__name__}.{FUNCTION}: not the source {name} was checked against')
     first_line = original.__code__.co_firstlineno
-    filename = f'{original.__code__.co_filename} ({PATCH}, swift_vora/speed/moe_lora_scale.py)'
+    filename = f'{original.__code__.co_filename} ({name}, swift_vora/speed/moe_lora_scale.py)'
     # blank lines in front: tracebacks keep upstream's line numbers
-    code = compile('\n' * (first_line - 1) + rewrite(source), filename, 'exec')
+    code = compile('\n' * (first_line - 1) + rewrite(source, rewrites), filename, 'exec')
+    if any(new.count(moe_down_fold.GLOBAL) for _, new, _ in rewrites):
+        # the fold's statements call its helpers through one global of the module's own
+        setattr(module, moe_down_fold.GLOBAL, moe_down_fold)
     defined: Dict[str, Any] = {}
     exec(code, module.__dict__, defined)  # its globals are the module's: every name it calls resolves as before
-    return patches.mark(defined[FUNCTION], PATCH, original)
+    return patches.mark(defined[FUNCTION], name, original)
 
 
 def install(environ=None) -> Dict[str, Any]:
-    """Install the rewrite into every loaded copy of unsloth_zoo's MoE module when the switch asks for it. Returns
-    what the runner records (`moe_lora_scale` in its result): the setting, the modules patched, or why none was."""
+    """Install the rewrites the switches ask for -- this module's (SWIFT_VORA_MOE_LORA_SCALE=rank) and the down
+    projection's fold (SWIFT_VORA_MOE_DOWN_LORA=fold, speed/moe_down_fold.py), one function for both -- into every
+    loaded copy of unsloth_zoo's MoE module. Returns what the runner records (`moe_lora_scale` in its result): the
+    setting, the fold's where asked, the modules patched, or why none was."""
     setting = switches.read(ENV, environ)
     state: Dict[str, Any] = {'setting': setting, 'patched': []}
-    if setting == 'rank':
-        state.update(patches.install_in_loaded(PATCH, MODULES, FUNCTION, _patched, LOADED_WHAT))
+    fold = moe_down_fold.wanted(environ)
+    rewrites = REWRITES if setting == 'rank' else ()
+    if fold:
+        state['down_lora'] = 'fold'
+        rewrites = rewrites + moe_down_fold.rewrites(rank_scaled=setting == 'rank')
+    if rewrites:
+        name = PATCH if setting == 'rank' else moe_down_fold.PATCH
+        state.update(patches.install_in_loaded(name, MODULES, FUNCTION, lambda m: _patched(m, name, rewrites),
+                                               LOADED_WHAT))
+        if fold and name != moe_down_fold.PATCH and state['patched']:
+            patches.applied(moe_down_fold.PATCH)  # one replacement carries both rewrites
     return state
