@@ -84,6 +84,7 @@ class Deferred(NamedTuple):
 class Pending(NamedTuple):
     lora_out: Any  # [T, r]: inter @ A (already times the scaling under moe_lora_scale's rank rewrite)
     second_weight: Any  # [E, r, N]: B, in the GEMM's dtype, rank padded as upstream pads it
+    grouped_mm: Callable[..., Any]  # upstream's `_grouped_mm_with_backward_fix`: its kernel choice and checks
 
 
 def base(inter, offsets, weight_provider: Callable[[], Any], recompute, plan, source, down_lora,
@@ -137,7 +138,7 @@ def _unfoldable(inter, weight, down_lora) -> Optional[str]:
 def lora_delta(mm2_out, lora_out, second_weight, offsets, grouped_mm: Callable[..., Any]):
     """Upstream's B product, or a `Pending` one when the base product was deferred."""
     if isinstance(mm2_out, Deferred):
-        return Pending(lora_out, second_weight)
+        return Pending(lora_out, second_weight, grouped_mm)
     return grouped_mm(lora_out, second_weight, offsets)
 
 
@@ -149,10 +150,10 @@ def add(mm2_out, delta, scaling: Optional[float]):
         inter, offsets = mm2_out.inter, mm2_out.offsets
         if ((inter.shape[-1] + lora_out.shape[-1]) * inter.element_size()) % 16:  # the rank as upstream padded it
             _count('unaligned_rank')
-            return torch._grouped_mm(inter.contiguous(), mm2_out.weight, offs=offsets) + torch._grouped_mm(
-                lora_out.contiguous(), delta.second_weight, offs=offsets)
+            return delta.grouped_mm(inter, mm2_out.weight, offsets) + delta.grouped_mm(
+                lora_out, delta.second_weight, offsets)
         _count('folded')
-        return FoldedDownLora.apply(inter, lora_out, mm2_out.weight, delta.second_weight, offsets)
+        return FoldedDownLora.apply(inter, lora_out, mm2_out.weight, delta.second_weight, offsets, delta.grouped_mm)
     return mm2_out + delta if scaling is None else mm2_out + delta * scaling
 
 
@@ -165,24 +166,27 @@ def _folded_autograd_function():
     import torch
 
     class FoldedDownLora(torch.autograd.Function):
-        """[inter | lora] @ [W ; B] per expert group; gradients for inter, lora and B (W is frozen)."""
+        """[inter | lora] @ [W ; B] per expert group; gradients for inter, lora and B (W is frozen). The two products
+        over the stack go through upstream's grouped-GEMM helper (its kernel choice, its check that a transposed
+        view is safe on this device); B's weight gradient is torch's, as autograd computes it for upstream's B
+        product."""
 
         @staticmethod
-        def forward(ctx, inter, lora, weight, second_weight, offsets):
-            ctx.k = inter.shape[-1]
+        def forward(ctx, inter, lora, weight, second_weight, offsets, grouped_mm):
+            ctx.k, ctx.grouped_mm = inter.shape[-1], grouped_mm
             ctx.save_for_backward(lora, weight, second_weight, offsets)
             rows = torch.cat([inter, lora.to(inter.dtype)], dim=-1)  # [T, K + r]
-            return torch._grouped_mm(rows, _stack(weight, second_weight), offs=offsets)
+            return grouped_mm(rows, _stack(weight, second_weight), offsets)
 
         @staticmethod
         def backward(ctx, grad):
             lora, weight, second_weight, offsets = ctx.saved_tensors
             grad = grad.contiguous()
-            both = torch._grouped_mm(grad, _stack(weight, second_weight).transpose(-2, -1), offs=offsets)
+            both = ctx.grouped_mm(grad, _stack(weight, second_weight).transpose(-2, -1), offsets)  # [T, K + r]
             grad_second = None
             if ctx.needs_input_grad[3]:  # B's weight gradient, per expert: lora[g]^T @ grad[g]
                 grad_second = torch._grouped_mm(lora.to(grad.dtype).t(), grad, offs=offsets)
-            return both[:, :ctx.k], both[:, ctx.k:], None, grad_second, None
+            return both[:, :ctx.k], both[:, ctx.k:], None, grad_second, None, None
 
     return FoldedDownLora
 
