@@ -145,7 +145,6 @@ def lora_delta(mm2_out, lora_out, second_weight, offsets, grouped_mm: Callable[.
 def add(mm2_out, delta, scaling: Optional[float]):
     """Upstream's addition (`scaling` None: moe_lora_scale already scaled the intermediate), or the folded GEMM."""
     if isinstance(mm2_out, Deferred):
-        import torch
         lora_out = delta.lora_out if scaling is None else delta.lora_out * scaling
         inter, offsets = mm2_out.inter, mm2_out.offsets
         if ((inter.shape[-1] + lora_out.shape[-1]) * inter.element_size()) % 16:  # the rank as upstream padded it
