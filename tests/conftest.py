@@ -180,3 +180,22 @@ def load_cached_moe_utils(tmp_path, monkeypatch):
         monkeypatch.setitem(sys.modules, 'unsloth_cached_moe_utils', module)
         return module
     return load
+
+
+@pytest.fixture
+def load_pinned_moe_forward(load_cached_moe_utils, monkeypatch):
+    """load_cached_moe_utils, then the stand-in's forward_native_grouped_mm pinned as the source the named rewrite
+    patches were checked against (tests/test_moe_lora_scale.py, tests/test_moe_down_fold.py), every patch
+    applicable."""
+    import inspect
+
+    from swift_vora import patches
+
+    def load(source: str, *names: str):
+        module = load_cached_moe_utils(source)
+        digest = patches.source_hash(inspect.getsource(module.forward_native_grouped_mm))
+        for name in names:
+            monkeypatch.setitem(patches.BY_NAME, name, patches.BY_NAME[name]._replace(sources={'test': digest}))
+        monkeypatch.setattr(patches, 'applicable', lambda name: True)
+        return module
+    return load

@@ -8,7 +8,6 @@ folds (rebuilding a parameter in the backward is taking it again); the switch of
 GPU-only here: a stand-in module holds upstream's statements exactly as written around torch._grouped_mm (which
 runs on the CPU), and the rewrite is applied to the wheel's real source where .whl/moe has it."""
 import glob
-import inspect
 import os
 import zipfile
 
@@ -82,13 +81,9 @@ def forward_native_grouped_mm(self, hidden_states, top_k_index, top_k_weights):
 
 
 @pytest.fixture
-def stand_in(load_cached_moe_utils, monkeypatch):
+def stand_in(load_pinned_moe_forward, monkeypatch):
     """The stand-in loaded as unsloth_zoo's cached copy is, its source pinned for both patches in the test."""
-    module = load_cached_moe_utils(STAND_IN)
-    digest = patches.source_hash(inspect.getsource(module.forward_native_grouped_mm))
-    for name in (mls.PATCH, fold.PATCH):
-        monkeypatch.setitem(patches.BY_NAME, name, patches.BY_NAME[name]._replace(sources={'test': digest}))
-    monkeypatch.setattr(patches, 'applicable', lambda name: True)
+    module = load_pinned_moe_forward(STAND_IN, mls.PATCH, fold.PATCH)
     monkeypatch.setattr(fold, 'COUNTS', {})
     for env in (mls.ENV, fold.ENV):
         monkeypatch.delenv(env, raising=False)

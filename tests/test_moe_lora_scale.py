@@ -48,13 +48,9 @@ def forward_native_grouped_mm(self, hidden_states, top_k_index, top_k_weights):
 
 
 @pytest.fixture
-def stand_in(load_cached_moe_utils, monkeypatch):
+def stand_in(load_pinned_moe_forward):
     """The stand-in loaded as unsloth_zoo's cached copy is (a module from a file), its source pinned for the test."""
-    module = load_cached_moe_utils(STAND_IN)
-    digest = patches.source_hash(inspect.getsource(module.forward_native_grouped_mm))
-    monkeypatch.setitem(patches.BY_NAME, mls.PATCH, patches.BY_NAME[mls.PATCH]._replace(sources={'test': digest}))
-    monkeypatch.setattr(patches, 'applicable', lambda name: True)
-    return module
+    return load_pinned_moe_forward(STAND_IN, mls.PATCH)
 
 
 class Experts:
