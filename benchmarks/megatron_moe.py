@@ -412,25 +412,14 @@ def parse_args(argv=None):
     return args
 
 
-def cut_config(config: str, layers: int, out_dir: str) -> str:
-    """The 35B-A3B config.json with `layers` decoder layers (the 3:1 pattern kept), as build_model builds it: what
-    the planner reads for the dry run (no weights)."""
-    with open(config) as f:
-        data = json.load(f)
-    text = data['text_config']
-    text['num_hidden_layers'] = layers
-    text['layer_types'] = text['layer_types'][:layers]
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, 'config.json')
-    with open(path, 'w') as f:
-        json.dump(data, f)
-    return path
+# the 35B-A3B config cut to N layers, as the builder builds it (moe_throughput's): what a dry run plans
+cut_config = mt.cut_config
 
 
 def dry_run(args) -> int:
     """The argv of every Megatron variant, from `swift-vora train --dry-run --json` (runs on CPU)."""
     b = mt.budget(False)
-    model = args.model_dir or cut_config(os.path.join(REPO, 'tests', 'fixtures', 'configs', 'qwen3_5_moe_35b_a3b.json'),
+    model = args.model_dir or cut_config(mt.CONFIG_35B_A3B,
                                          args.layers, os.path.join(args.work or '/tmp', 'megatron_moe_dry_run'))
     failed = 0
     names = list(MEGATRON_LEVERS) if args.variants == 'all' else [v for v in args.variants.split(',')

@@ -65,8 +65,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import merge_room  # noqa: E402  (room for the flagship's merged copy: shards moved to another filesystem)
@@ -557,6 +558,118 @@ def lora_params_active(text: Dict[str, Any]) -> int:
     return n
 
 
+# ---- swift-vora variants -----------------------------------------------------------------------------------------
+FLAGSHIP = 'vora_unsloth'  # the recipe as shipped; --flagship adds every guard, the merged export and its check
+
+
+class VoraVariant(NamedTuple):
+    env: Dict[str, str]  # switches on top of the runner's defaults
+    overrides: List[str]  # recipe overrides after the common ones (vora_command)
+    fla: bool = False  # an installed flash-linear-attention on the path (--fla-path)
+
+
+def vora_variant(name: str) -> Optional[VoraVariant]:
+    """A swift-vora variant's switches and recipe overrides (None: not a swift-vora variant). One table for the run
+    and for --dry-run."""
+    fixed = {'vora_unsloth': VoraVariant({}, []), 'vora_unsloth_fla': VoraVariant({}, [], fla=True),
+             # = vora_unsloth since the runner turns the block compile off
+             'vora_unsloth_nocompile': VoraVariant({'UNSLOTH_BLOCK_COMPILE': '0'}, []),
+             # Unsloth's own default: each decoder block compiled
+             'vora_unsloth_compile': VoraVariant({'UNSLOTH_BLOCK_COMPILE': '1'}, []),
+             # the Gated DeltaNet kernel plain swift runs: the PyTorch reference
+             'vora_unsloth_torchgdn': VoraVariant({'UNSLOTH_DISABLE_VENDORED_FLA': '1'}, []),
+             # checkpoints kept on the GPU instead of Unsloth's host offload
+             'vora_unsloth_gpu_ckpt': VoraVariant({}, ['unsloth.gradient_checkpointing=true']),
+             # Unsloth's offloaded checkpointing forced (the planner's fallback)
+             'vora_unsloth_offload': VoraVariant({}, ['unsloth.gradient_checkpointing=unsloth'])}
+    if name in fixed:
+        return fixed[name]
+    if name in MICRO_BATCH_VARIANTS:  # more samples (tokens per expert GEMM) per micro-batch
+        return VoraVariant({}, [f'train.micro_batch={MICRO_BATCH_VARIANTS[name]}'])
+    if name in MOE_BACKEND_VARIANTS:
+        micro_batch, moe_backend = MOE_BACKEND_VARIANTS[name]
+        return VoraVariant({'UNSLOTH_MOE_BACKEND': moe_backend}, [f'train.micro_batch={micro_batch}'])
+    if name in ENCODE_THREADS_VARIANTS:
+        micro_batch, threads = ENCODE_THREADS_VARIANTS[name]
+        return VoraVariant({}, [f'train.micro_batch={micro_batch}', f'unsloth.encode_threads={threads}'])
+    if name in AUTOCAST_OFF_VARIANTS:
+        return VoraVariant({}, [f'train.micro_batch={AUTOCAST_OFF_VARIANTS[name]}', 'unsloth.autocast=false'])
+    if name in CHECKPOINT_LAYERS_VARIANTS:
+        micro_batch, checkpointed = CHECKPOINT_LAYERS_VARIANTS[name]
+        return VoraVariant({}, [f'train.micro_batch={micro_batch}', 'unsloth.gradient_checkpointing=true',
+                                f'train.checkpoint_layers={checkpointed}'])
+    if name in RANK_SCALE_VARIANTS or name in LEVERS_ON_RANK_SCALE:
+        base, lever_env = LEVERS_ON_RANK_SCALE.get(name, (name, {}))
+        micro_batch, checkpointed = RANK_SCALE_VARIANTS[base]
+        # exactly its twin's overrides (the micro-batch variant's, or the checkpoint-layers variant's) + the switch,
+        # so that the twin comparison measures the lever alone
+        layers = ['unsloth.gradient_checkpointing=true', f'train.checkpoint_layers={checkpointed}'] \
+            if checkpointed else []
+        return VoraVariant({'SWIFT_VORA_MOE_LORA_SCALE': 'rank', **lever_env},
+                           [f'train.micro_batch={micro_batch}', *RANK_SCALE_VIDEO.get(base, []), *layers])
+    return None
+
+
+CONFIG_35B_A3B = os.path.join(REPO, 'tests', 'fixtures', 'configs', 'qwen3_5_moe_35b_a3b.json')
+
+
+def cut_config(config: str, layers: int, out_dir: str) -> str:
+    """The 35B-A3B config.json with `layers` decoder layers (the 3:1 pattern kept), as build_model builds it: what
+    the planner reads for a dry run (no weights)."""
+    with open(config) as f:
+        data = json.load(f)
+    text = data['text_config']
+    text['num_hidden_layers'] = layers
+    text['layer_types'] = text['layer_types'][:layers]
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, 'config.json')
+    with open(path, 'w') as f:
+        json.dump(data, f)
+    return path
+
+
+def dry_run(args) -> int:
+    """Each swift-vora variant of --variants as a device call would launch it, planned on the CPU by `swift-vora
+    train --dry-run --json`: its backend, verdict and planned peak, its switches (each read as the runner will read
+    it) and overrides. A recipe override that is refused, a switch value that does not exist or a plan that does not
+    fit is found here, not on the GPU. Plain swift variants are listed, not planned."""
+    from swift_vora import switches
+    b = budget(False)
+    model = args.model_dir or cut_config(CONFIG_35B_A3B, args.layers, os.path.join(
+        args.work or tempfile.gettempdir(), 'moe_throughput_dry_run'))
+    failed = 0
+    for name in [v for v in args.variants.split(',') if v]:
+        variant = vora_variant(name)
+        if variant is None:
+            print(f'== {name}: ' + ('plain swift sft (not planned by swift-vora)' if name.startswith('swift_')
+                                    else 'unknown variant'))
+            failed += not name.startswith('swift_')
+            continue
+        try:
+            for key, value in variant.env.items():
+                if key.startswith(switches.PREFIX):
+                    switches.read(key, {key: value})
+        except switches.SwitchError as error:
+            failed += 1
+            print(f'== {name}: {error}')
+            continue
+        flagship = args.flagship and name == FLAGSHIP
+        out = os.path.join(tempfile.gettempdir(), name, 'output')
+        cmd = vora_command(args, b, model, 'data/train.jsonl', out, flagship, variant.overrides)
+        cmd += ['--dry-run', '--json']
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=tp.base_env(variant.env))
+        plan = json.loads(proc.stdout)['plan'] if proc.stdout.strip().startswith('{') else None
+        if proc.returncode != 0 or not plan or plan.get('verdict') != 'fits':
+            failed += 1
+            print(f'== {name}: refused (rc {proc.returncode}): ' + (' '.join(plan.get('reasons', [])[:2]) if plan
+                                                                  else proc.stderr[-1500:]))
+            continue
+        print(f'== {name}: {plan["backend"]} {plan["verdict"]} {plan["gpu_peak_gib"]} GiB; '
+              f'switches {json.dumps(variant.env, sort_keys=True)}; overrides {" ".join(variant.overrides)}'
+              + ('; flagship' if flagship else ''))
+    return 1 if failed else 0
+
+
 # ---- main ---------------------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
@@ -571,6 +684,9 @@ def main(argv=None) -> int:
     parser.add_argument('--variants', default='vora_unsloth,swift_peft,swift_unsloth')
     parser.add_argument('--flagship', action='store_true',
                         help='vora_unsloth with every guard, the merged export and its check')
+    parser.add_argument('--dry-run', action='store_true',
+                        help="CPU, no run: each swift-vora variant's plan (swift-vora train --dry-run) and switches, "
+                             'for the 35B-A3B config cut to --layers (or --model-dir); exit 1 if any is refused')
     parser.add_argument('--flagship-work', default=None,
                         help="the flagship variant's folder (default --work): on the filesystem its merged copy "
                              'has room on (scripts/gpu/run_all.sh moe_full: the checkpoint\'s tmpfs)')
@@ -605,12 +721,14 @@ def main(argv=None) -> int:
     args.workers = args.workers if args.workers is not None else (0 if smoke else 8)
     # summarize_variant (throughput.py) reads these
     args.torch_profile, args.sync_debug = [], []
+    if args.dry_run:  # CPU: what a device call would launch, checked before it is sent
+        return dry_run(args)
     if args.summarize_logs:  # derived figures, from logs a run kept (its result file stays as written)
         variants = tp.summarize_kept_logs(args.summarize_logs, lambda name, vdir: summarize_runner(
             name, os.path.join(vdir, 'output'), args, None, None))
         return tp.print_derived('moe_throughput', argv, args, variants)
     t_start = time.time()
-    work = args.work or os.path.join(__import__('tempfile').gettempdir(), 'swift_vora_moe')
+    work = args.work or os.path.join(tempfile.gettempdir(), 'swift_vora_moe')
     os.makedirs(work, exist_ok=True)
     b = budget(smoke)
     device = 'cuda' if tp.cuda_available() else 'cpu'
@@ -642,58 +760,10 @@ def main(argv=None) -> int:
             payload['variants'][name] = {'skipped': f'deadline {args.deadline:.0f} s passed'}
             continue
         try:
-            if name in ('vora_unsloth', 'vora_unsloth_fla'):
-                result = run_vora(name, args, b, inputs, work, flagship=args.flagship and name == 'vora_unsloth',
-                                  fla=name == 'vora_unsloth_fla')
-            elif name == 'vora_unsloth_nocompile':  # = vora_unsloth since the runner turns the block compile off
-                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
-                                  extra_env={'UNSLOTH_BLOCK_COMPILE': '0'})
-            elif name == 'vora_unsloth_compile':  # Unsloth's own default: each decoder block compiled
-                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
-                                  extra_env={'UNSLOTH_BLOCK_COMPILE': '1'})
-            elif name == 'vora_unsloth_torchgdn':  # the Gated DeltaNet kernel plain swift runs: the PyTorch reference
-                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
-                                  extra_env={'UNSLOTH_DISABLE_VENDORED_FLA': '1'})
-            elif name == 'vora_unsloth_gpu_ckpt':  # checkpoints kept on the GPU instead of Unsloth's host offload
-                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
-                                  extra_overrides=['unsloth.gradient_checkpointing=true'])
-            elif name == 'vora_unsloth_offload':  # Unsloth's offloaded checkpointing forced (the planner's fallback)
-                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
-                                  extra_overrides=['unsloth.gradient_checkpointing=unsloth'])
-            elif name in MICRO_BATCH_VARIANTS:  # more samples (tokens per expert GEMM) per micro-batch
-                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
-                                  extra_overrides=[f'train.micro_batch={MICRO_BATCH_VARIANTS[name]}'])
-            elif name in MOE_BACKEND_VARIANTS:
-                micro_batch, moe_backend = MOE_BACKEND_VARIANTS[name]
-                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
-                                  extra_env={'UNSLOTH_MOE_BACKEND': moe_backend},
-                                  extra_overrides=[f'train.micro_batch={micro_batch}'])
-            elif name in ENCODE_THREADS_VARIANTS:
-                micro_batch, threads = ENCODE_THREADS_VARIANTS[name]
-                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
-                                  extra_overrides=[f'train.micro_batch={micro_batch}',
-                                                   f'unsloth.encode_threads={threads}'])
-            elif name in AUTOCAST_OFF_VARIANTS:
-                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
-                                  extra_overrides=[f'train.micro_batch={AUTOCAST_OFF_VARIANTS[name]}',
-                                                   'unsloth.autocast=false'])
-            elif name in CHECKPOINT_LAYERS_VARIANTS:
-                micro_batch, checkpointed = CHECKPOINT_LAYERS_VARIANTS[name]
-                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False,
-                                  extra_overrides=[f'train.micro_batch={micro_batch}',
-                                                   'unsloth.gradient_checkpointing=true',
-                                                   f'train.checkpoint_layers={checkpointed}'])
-            elif name in RANK_SCALE_VARIANTS or name in LEVERS_ON_RANK_SCALE:
-                base, lever_env = LEVERS_ON_RANK_SCALE.get(name, (name, {}))
-                micro_batch, checkpointed = RANK_SCALE_VARIANTS[base]
-                # exactly its twin's overrides (the micro-batch variant's, or the checkpoint-layers variant's) + the
-                # switch, so that the twin comparison measures the lever alone
-                layers = ['unsloth.gradient_checkpointing=true', f'train.checkpoint_layers={checkpointed}'] \
-                    if checkpointed else []
-                env = {'SWIFT_VORA_MOE_LORA_SCALE': 'rank', **lever_env}
-                video = RANK_SCALE_VIDEO.get(base, [])
-                result = run_vora(name, args, b, inputs, work, flagship=False, fla=False, extra_env=env,
-                                  extra_overrides=[f'train.micro_batch={micro_batch}', *video, *layers])
+            variant = vora_variant(name)
+            if variant is not None:
+                result = run_vora(name, args, b, inputs, work, flagship=args.flagship and name == FLAGSHIP,
+                                  fla=variant.fla, extra_env=variant.env, extra_overrides=variant.overrides)
             elif name == 'swift_peft':
                 result = run_swift(name, args, b, inputs, work, 'peft', TARGET_MODULES, TARGET_PARAMETERS)
             elif name == 'swift_peft_attn':

@@ -871,3 +871,21 @@ def test_moe_calls_compares_the_fused_router_with_its_twin_alone_and_on_top_of_t
         (base + '_router', base, 1.016), (base + '_gather_router', base + '_gather', 1.02)]
     assert [(r['variant'], r['twin']) for r in s['gather_vs_twin']] == [(base + '_gather', base)]
     assert '(fused router) against ' + base + '_gather: 1.02x' in moe_calls.render(s)
+
+
+def test_moe_benchmark_dry_run_plans_each_variant_with_its_switches_and_refuses_an_unknown_one(tmp_path):
+    """`--dry-run` (CPU): what a device call would launch, planned by `swift-vora train --dry-run` on the 35B-A3B
+    config at full depth -- each lever's switches on top of its twin's overrides -- and exit 1 for a name the
+    benchmark does not know, before any device time is spent on it."""
+    base = [sys.executable, os.path.join(REPO, 'benchmarks', 'moe_throughput.py'), '--dry-run', '--layers', '40',
+            '--work', str(tmp_path)]
+    proc = subprocess.run(base + ['--variants', 'vora_unsloth_mb4_ck32_rank_scale_fold,swift_peft'],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith('== ')]
+    assert lines[0].startswith('== vora_unsloth_mb4_ck32_rank_scale_fold: unsloth_split_lora fits ')
+    assert '"SWIFT_VORA_MOE_DOWN_LORA": "fold"' in lines[0] and 'train.checkpoint_layers=32' in lines[0]
+    assert lines[1] == '== swift_peft: plain swift sft (not planned by swift-vora)'
+    proc = subprocess.run(base + ['--variants', 'vora_unsloth_mb4_ck32_rank_scale_folded'], capture_output=True,
+                          text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 1 and 'unknown variant' in proc.stdout
