@@ -38,6 +38,8 @@ GATHER = '_gather'
 ROUTER = '_router'
 # The down-projection LoRA folded into the base GEMM (moe_throughput's *_fold variants) against the variant without it.
 FOLD = '_fold'
+# The gate gradient's dot product fused (moe_throughput's *_gategrad variants) against the variant without it.
+GATE_GRAD = '_gategrad'
 # A run with one step in flight whose runner timed held steps by when the host read them (before the runner wrote
 # `step_clock`, 2026-12-04, after call l): its median step is the step period, its mean is not (one step short over
 # the window -- docs/runs/h200-moe-full/README.md, "Call l").
@@ -45,7 +47,8 @@ HOST_CLOCK_MEAN = 'not comparable: one step in flight, timed by the host before 
 # Each lever against its twin of the same call: (summary key, the lever's name suffix, its label in the text)
 LEVER_TWINS = (('rank_scale_vs_default', RANK_SCALE, ''), ('host_levers_vs_twin', HOST_LEVERS, ' (host levers)'),
                ('gather_vs_twin', GATHER, ' (permutation gather)'), ('router_vs_twin', ROUTER, ' (fused router)'),
-               ('fold_vs_twin', FOLD, ' (down LoRA folded)'))
+               ('fold_vs_twin', FOLD, ' (down LoRA folded)'),
+               ('gate_grad_vs_twin', GATE_GRAD, ' (fused gate gradient)'))
 
 
 def setting(name: str, variant: Dict[str, Any], date: str) -> str:

@@ -148,6 +148,15 @@ FOLD_VARIANTS = {name + '_fold': name for name in (*RANK_SCALE_VARIANTS,
 LEVERS_ON_RANK_SCALE.update({name: (LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[0],
                                     {**LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[1], **FOLD_ENV})
                              for name, twin in FOLD_VARIANTS.items()})
+# the gate-gradient identity's fp32 dot product as one compiled reduction (SWIFT_VORA_MOE_GATE_GRAD=fused,
+# speed/moe_gate_grad.py; call n's profile: its two fp32 copies alone 29.6 ms of 2.505 s), on top of a rank-scale
+# variant or of every other lever: `*_gategrad` against the name without it
+GATE_GRAD_ENV = {'SWIFT_VORA_MOE_GATE_GRAD': 'fused'}
+GATE_GRAD_VARIANTS = {name + '_gategrad': name for name in (*RANK_SCALE_VARIANTS,
+                                                            *(n for n in FOLD_VARIANTS if n.endswith('_router_fold')))}
+LEVERS_ON_RANK_SCALE.update({name: (LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[0],
+                                    {**LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[1], **GATE_GRAD_ENV})
+                             for name, twin in GATE_GRAD_VARIANTS.items()})
 
 
 def budget(smoke: bool) -> Dict[str, Any]:
@@ -431,6 +440,7 @@ def summarize_runner(name: str, out: str, args, command: Optional[str], wall: Op
         'runner': {k: run.get(k) for k in ('loader', 'split_lora', 'moe_backend', 'lora_tensors', 'expert_lora_tensors',
                                            'trainable_params', 'linear_attention_kernel', 'autocast',
                                            'encode_threads', 'moe_lora_scale', 'moe_gather', 'moe_router',
+                                           'moe_gate_grad',
                                            'step_sync', 'step_clock', 'steps_left_in_flight', 'vision_preamble')},
         'planned': read_plan(out),
     }

@@ -199,6 +199,14 @@ PATCHES = (
           uses=('lora_delta = _grouped_mm_with_backward_fix(lora_out, second_weight, offsets)',
                 'mm2_out = mm2_out + lora_delta * scaling', 'inter, offsets, _down_provider, _recompute'),
           needs=('unsloth_zoo', )),
+    # the gate-gradient identity's backward (the same module): its fp32 dot product as one fused reduction
+    # (speed/moe_gate_grad.py)
+    Patch('moe_gate_grad_fused', 'unsloth_zoo.temporary_patches.moe_utils:_MoEGateGradIdentity.backward',
+          'unsloth_zoo', 'replaces', ('ctx', 'grad_inter'), 'speed/moe_gate_grad.py',
+          'SWIFT_VORA_MOE_GATE_GRAD=eager (the default)', 'tests/test_moe_gate_grad.py',
+          {'2026.10.9': '8f9c1d5a82935f32'},
+          uses=('dgate = (inter.to(torch.float32) * grad_inter.to(torch.float32)).sum(dim=-1)', ),
+          needs=('unsloth_zoo', )),
     # the routed-row gather of the same forward: unsloth_zoo's own permutation-undoing autograd function in eager
     # mode too, not only under torch.compile (speed/moe_gather.py)
     Patch('moe_gather_permutation', 'unsloth_zoo.temporary_patches.moe_utils:gather_routed_rows', 'unsloth_zoo',

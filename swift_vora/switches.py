@@ -161,6 +161,9 @@ def _table() -> Tuple[Switch, ...]:
         Switch(PREFIX + 'MOE_DOWN_LORA', 'choice', 'add', 'Unsloth MoE expert down projection\'s LoRA: add '
                '(unsloth_zoo as it is: base GEMM, B product, addition) | fold (one grouped GEMM over '
                '[inter | s inter A] x [W_down ; B])', choices=('add', 'fold'), where='speed/moe_down_fold.py'),
+        Switch(PREFIX + 'MOE_GATE_GRAD', 'choice', 'eager', 'Unsloth MoE gate-gradient identity\'s fp32 dot product: '
+               'eager (unsloth_zoo as it is: fp32 copies, product, sum) | fused (one compiled reduction)',
+               choices=('eager', 'fused'), where='speed/moe_gate_grad.py'),
         Switch(PREFIX + 'MOE_GATHER', 'choice', 'index', 'Unsloth MoE routed-row gather in eager mode: index '
                '(unsloth_zoo as it is: indexing, a sort-based backward) | permutation (unsloth_zoo\'s '
                '_RoutedRowGather: the backward undoes the permutation and sums over top_k)',

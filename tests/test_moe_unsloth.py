@@ -856,7 +856,10 @@ def test_moe_calls_compares_the_fused_router_with_its_twin_alone_and_on_top_of_t
                                 (base + '_gather_router', base + '_gather', {'UNSLOTH_MOE_FUSED_ROUTER': '1'}),
                                 (base + '_fold', base, {'SWIFT_VORA_MOE_DOWN_LORA': 'fold'}),
                                 (base + '_gather_router_fold', base + '_gather_router',
-                                 {'SWIFT_VORA_MOE_DOWN_LORA': 'fold'})):
+                                 {'SWIFT_VORA_MOE_DOWN_LORA': 'fold'}),
+                                (base + '_gategrad', base, {'SWIFT_VORA_MOE_GATE_GRAD': 'fused'}),
+                                (base + '_gather_router_fold_gategrad', base + '_gather_router_fold',
+                                 {'SWIFT_VORA_MOE_GATE_GRAD': 'fused'})):
         built_on, env = moe_throughput.LEVERS_ON_RANK_SCALE[lever]
         twin_env = moe_throughput.LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[1]
         assert built_on == base and env == {**twin_env, **switch}, lever

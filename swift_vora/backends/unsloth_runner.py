@@ -203,6 +203,10 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     info['moe_gather'] = moe_gather.install()
     if info['moe_gather']['setting'] != 'index':
         log(f'routed-row gather (SWIFT_VORA_MOE_GATHER): {json.dumps(info["moe_gather"])}')
+    from ..speed import moe_gate_grad
+    info['moe_gate_grad'] = moe_gate_grad.install()
+    if info['moe_gate_grad']['setting'] != 'eager':
+        log(f'gate-gradient dot product (SWIFT_VORA_MOE_GATE_GRAD): {json.dumps(info["moe_gate_grad"])}')
     from ..speed import moe_router  # Unsloth's own switch: its fused router reached on this model's classes too
     info['moe_router'] = moe_router.install(model)
     if moe_router.wanted():
