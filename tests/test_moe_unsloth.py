@@ -456,6 +456,7 @@ def test_moe_benchmark_smoke_runs_both_paths_and_the_flagship_checks(tmp_path):
     # the MoE levers' records reach the result (what a lever variant's twin comparison checks first)
     assert ours['runner']['moe_gather'] == {'setting': 'index', 'patched': []}
     assert ours['runner']['moe_router'] == {'setting': '0'}
+    assert ours['runner']['moe_gate_grad'] == {'setting': 'eager', 'patched': []}
     assert flagship['lora_update']['expert_updated'] == flagship['lora_update']['expert_tensors'] > 0
 
 
