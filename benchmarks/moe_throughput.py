@@ -2,6 +2,7 @@
 
     python benchmarks/moe_throughput.py --layers 8    # on the GPU machine (scripts/gpu/run_all.sh moe)
     python benchmarks/moe_throughput.py --smoke       # CPU: tiny Qwen3.5-MoE, PEFT stand-in, 2 steps
+    python benchmarks/moe_throughput.py --dry-run --layers 40 --variants A,B   # CPU: each variant's plan and switches
 
 The model: a random-weight Qwen3.5/3.6-MoE of the published 35B-A3B configuration (hidden 2048, 256 experts, 8
 routed + 1 shared, Gated DeltaNet + gated attention in a 3:1 pattern, the 27-block vision tower, vocab 248,320),
@@ -36,6 +37,10 @@ shared expert's MLP and the routed experts' fused tensors -- micro-batch 1, the 
   unsloth`: layer inputs in pinned host RAM), what the planner picks only when the GPU has no room.
 - `vora_unsloth_mb2`, `vora_unsloth_mb4`: micro-batch 2 / 4 (`train.micro_batch`): more tokens per expert GEMM and
   per Python launch; the step then holds that many samples.
+- the levers, each named by its suffixes and documented beside its table below (`vora_variant` reads them all):
+  checkpointed layers (`_ck32`), the rank-scale rewrite (`_rank_scale`), then on top of it the permutation gather
+  (`_gather`), Unsloth's fused router (`_router`), the folded down-projection LoRA (`_fold`), the fused gate gradient
+  (`_gategrad`); a lever's twin is the same name without its last suffix.
 
 Full depth (`--layers 40`, the whole 35B-A3B: ~65 GiB of bf16 weights) needs a checkpoint folder with room for it:
 `scripts/gpu/run_all.sh moe_full` builds it in a RAM-backed tmpfs on the GPU machine (its disk is smaller than the
