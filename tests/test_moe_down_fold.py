@@ -116,13 +116,19 @@ class Experts:
         dtype = dtype or self.dtype
         t = {k: v.to(dtype) for k, v in self.params.items()}
         self.gate_up = t['gate_up'].transpose(-2, -1)
-        self.down = t['down'].transpose(-2, -1)
+        self._down, self.down_taken = t['down'].transpose(-2, -1), 0
         self.gate_up_lora = (t['gate_up_a'], t['gate_up_b'], self.scaling)
         self.down_lora = (t['down_a'], t['down_b'], self.scaling) if self.with_down_lora else None
         return self
 
     def trained(self):
         return [v for v in self.params.values() if v.requires_grad]
+
+    @property
+    def down(self):
+        """The stack as upstream's provider hands it, counted (upstream's recompute takes it again in the backward)."""
+        self.down_taken += 1
+        return self._down
 
 
 def run(forward, experts, dtype=None):
@@ -235,8 +241,11 @@ def test_upstreams_recompute_of_a_plain_frozen_stack_folds(stand_in, monkeypatch
     upstream = stand_in.forward_native_grouped_mm
     plain = run(upstream, Experts(torch.float32, recompute=True))
     install(monkeypatch)
-    folded = run(stand_in.forward_native_grouped_mm, Experts(torch.float32, recompute=True))
+    experts = Experts(torch.float32, recompute=True)
+    folded = run(stand_in.forward_native_grouped_mm, experts)
     assert fold.counts() == {'folded': 1}
+    # the stand-in's `hasattr`, the forward's, and the backward's again: like upstream's recompute, no stack is kept
+    assert experts.down_taken == 3
     for f, u in zip(folded, plain):
         torch.testing.assert_close(f, u, rtol=1e-4, atol=1e-4)
 

@@ -79,6 +79,9 @@ class Deferred(NamedTuple):
     inter: Any
     offsets: Any
     weight: Any  # [E, K, N]: the frozen stack as the grouped GEMM takes it (a transposed view of [E, N, K])
+    # upstream's provider where it chose to take the stack again in the backward instead of keeping it (its
+    # `recompute`): the fold keeps that choice, whatever the provider returns; None: the stack is kept
+    provider: Optional[Callable[[], Any]] = None
 
 
 class Pending(NamedTuple):
@@ -105,7 +108,7 @@ def base(inter, offsets, weight_provider: Callable[[], Any], recompute, plan, so
     if why:
         _count(why)
         return base_grouped_mm(inter, offsets, lambda: weight, recompute, plan)
-    return Deferred(inter, offsets, weight)
+    return Deferred(inter, offsets, weight, weight_provider if recompute else None)
 
 
 def _not_a_plain_stack(source) -> Optional[str]:
@@ -152,7 +155,8 @@ def add(mm2_out, delta, scaling: Optional[float]):
             return delta.grouped_mm(inter, mm2_out.weight, offsets) + delta.grouped_mm(
                 lora_out, delta.second_weight, offsets)
         _count('folded')
-        return FoldedDownLora.apply(inter, lora_out, mm2_out.weight, delta.second_weight, offsets, delta.grouped_mm)
+        return FoldedDownLora.apply(inter, lora_out, mm2_out.weight, delta.second_weight, offsets, delta.grouped_mm,
+                                    mm2_out.provider)
     return mm2_out + delta if scaling is None else mm2_out + delta * scaling
 
 
@@ -171,21 +175,24 @@ def _folded_autograd_function():
         product."""
 
         @staticmethod
-        def forward(ctx, inter, lora, weight, second_weight, offsets, grouped_mm):
-            ctx.k, ctx.grouped_mm = inter.shape[-1], grouped_mm
-            ctx.save_for_backward(lora, weight, second_weight, offsets)
+        def forward(ctx, inter, lora, weight, second_weight, offsets, grouped_mm, provider):
+            ctx.k, ctx.grouped_mm, ctx.provider = inter.shape[-1], grouped_mm, provider
+            # the stack is kept for the backward only where upstream would keep it
+            ctx.save_for_backward(lora, weight if provider is None else None, second_weight, offsets)
             rows = torch.cat([inter, lora.to(inter.dtype)], dim=-1)  # [T, K + r]
             return grouped_mm(rows, _stack(weight, second_weight), offsets)
 
         @staticmethod
         def backward(ctx, grad):
             lora, weight, second_weight, offsets = ctx.saved_tensors
+            if weight is None:
+                weight = ctx.provider()
             grad = grad.contiguous()
             both = ctx.grouped_mm(grad, _stack(weight, second_weight).transpose(-2, -1), offsets)  # [T, K + r]
             grad_second = None
             if ctx.needs_input_grad[3]:  # B's weight gradient, per expert: lora[g]^T @ grad[g]
                 grad_second = torch._grouped_mm(lora.to(grad.dtype).t(), grad, offs=offsets)
-            return both[:, :ctx.k], both[:, ctx.k:], None, grad_second, None, None
+            return both[:, :ctx.k], both[:, ctx.k:], None, grad_second, None, None, None
 
     return FoldedDownLora
 
