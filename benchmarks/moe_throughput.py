@@ -157,8 +157,9 @@ LEVERS_ON_RANK_SCALE.update({name: (LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[0
 # speed/moe_gate_grad.py; call n's profile: its two fp32 copies alone 29.6 ms of 2.505 s), on top of a rank-scale
 # variant or of every other lever: `*_gategrad` against the name without it
 GATE_GRAD_ENV = {'SWIFT_VORA_MOE_GATE_GRAD': 'fused'}
-GATE_GRAD_VARIANTS = {name + '_gategrad': name for name in (*RANK_SCALE_VARIANTS,
-                                                            *(n for n in FOLD_VARIANTS if n.endswith('_router_fold')))}
+GATE_GRAD_VARIANTS = {name + '_gategrad': name for name in (
+    *RANK_SCALE_VARIANTS, *(n for n in ROUTER_VARIANTS if n.endswith('_gather_router')),
+    *(n for n in FOLD_VARIANTS if n.endswith('_router_fold')))}
 LEVERS_ON_RANK_SCALE.update({name: (LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[0],
                                     {**LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[1], **GATE_GRAD_ENV})
                              for name, twin in GATE_GRAD_VARIANTS.items()})
