@@ -1,5 +1,5 @@
 """The routed experts' down-projection LoRA folded into their base grouped GEMM along the reduction axis (opt-in,
-`SWIFT_VORA_MOE_DOWN_LORA=fold`; not yet measured on a GPU).
+`SWIFT_VORA_MOE_DOWN_LORA=fold`; measured at full depth, #30 call p: 0.951x its twin -- it loses, see below).
 
 unsloth_zoo's `forward_native_grouped_mm` runs each MoE layer's down projection as three products and an addition
 over the routed rows: the base `inter @ W_down`, the LoRA's `inter @ A` (rank r) and `(inter A) @ B`, then
@@ -13,8 +13,10 @@ again in the backward. Folded, the base GEMM does the LoRA's work along its redu
 one grouped GEMM writes the output once; its backward is one grouped GEMM too (`grad @ [W_down ; B]^T`, split
 into the gradients of `inter` and of `s (inter A)`) plus B's weight gradient -- never W_down's, which is frozen.
 The concatenations cost a 0.5 GB weight copy and a 0.25 GB input copy per call, below the 1 GB delta's write and
-the addition's 3 GB of traffic. The sum is accumulated in fp32 inside one GEMM instead of two bf16 roundings and a
-bf16 addition: the same product, rounded once (so close to upstream's result, not bit-equal to it).
+the addition's 3 GB of traffic -- by that count; on the H200 the 528-deep grouped GEMM and its column-major backward
+cost more than both (call p: 132 ms a step slower, every call folded). The sum is accumulated in fp32 inside one
+GEMM instead of two bf16 roundings and a bf16 addition: the same product, rounded once (so close to upstream's
+result, not bit-equal to it).
 
 Installed as statements of the same function rewritten (speed/moe_lora_scale.py holds the one rewriter of that
 function and its source pin; with `SWIFT_VORA_MOE_LORA_SCALE=rank` both rewrites apply, the scaling then already
@@ -27,6 +29,7 @@ down_fold` in the runner's result). The rewritten function reaches these helpers
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 from .. import switches
@@ -155,8 +158,8 @@ def add(mm2_out, delta, scaling: Optional[float]):
             return delta.grouped_mm(inter, mm2_out.weight, offsets) + delta.grouped_mm(
                 lora_out, delta.second_weight, offsets)
         _count('folded')
-        return FoldedDownLora.apply(inter, lora_out, mm2_out.weight, delta.second_weight, offsets, delta.grouped_mm,
-                                    mm2_out.provider)
+        return _folded_autograd_function().apply(inter, lora_out, mm2_out.weight, delta.second_weight, offsets,
+                                                 delta.grouped_mm, mm2_out.provider)
     return mm2_out + delta if scaling is None else mm2_out + delta * scaling
 
 
@@ -165,7 +168,9 @@ def _stack(weight, second_weight):
     return torch.cat([weight, second_weight.to(weight.dtype)], dim=1)  # [E, K + r, N]
 
 
+@functools.lru_cache(maxsize=None)
 def _folded_autograd_function():
+    """The autograd function, built at first use (importing this module does not import torch)."""
     import torch
 
     class FoldedDownLora(torch.autograd.Function):
@@ -195,16 +200,3 @@ def _folded_autograd_function():
             return both[:, :ctx.k], both[:, ctx.k:], None, grad_second, None, None, None
 
     return FoldedDownLora
-
-
-class _Lazy:
-    """The autograd function, built at first use (importing this module does not import torch)."""
-    _fn = None
-
-    def apply(self, *args):
-        if _Lazy._fn is None:
-            _Lazy._fn = _folded_autograd_function()
-        return _Lazy._fn.apply(*args)
-
-
-FoldedDownLora = _Lazy()

@@ -1,5 +1,5 @@
 """The routing weights' gradient of unsloth_zoo's MoE gate-gradient identity as one fused fp32 reduction (opt-in,
-`SWIFT_VORA_MOE_GATE_GRAD=fused`; not yet measured on a GPU).
+`SWIFT_VORA_MOE_GATE_GRAD=fused`; measured once, with the gather: #30 call r, 1.019x their twin).
 
 unsloth_zoo derives each routed row's gate gradient without the expert output (`_MoEGateGradIdentity.backward`):
 `dgate = (inter.to(torch.float32) * grad_inter.to(torch.float32)).sum(dim=-1)` over the routed rows x expert
@@ -10,16 +10,14 @@ more by their traffic). With `fused` the same statement computes the same fp32 p
 (inductor, `torch.compile` of the two-line reduction with a dynamic row count; eager off CUDA) that reads the two
 bf16 tensors once. Only the summation order can differ (ulps of fp32, before the gradient's cast to the gate's bf16).
 
-The patch rewrites that one statement of the method's source after checking the source is the one the inventory
-pins (swift_vora/patches.py, `moe_gate_grad_fused`), compiles it against the module's globals, and sets it on the
+The patch rewrites that one statement of the method's source with moe_lora_scale's rewriter, after checking the
+source is the one the inventory pins (swift_vora/patches.py, `moe_gate_grad_fused`), and sets it on the
 class in every loaded copy of unsloth_zoo's MoE module (its own and the compile-cache copy unsloth_zoo calls from).
 The rest of the backward -- the gate's floor, the division, the input gradient passed through -- is upstream's.
 Upstream: the statement could be `torch.linalg.vecdot` on fp32 views or a fused kernel in unsloth_zoo itself.
 """
 from __future__ import annotations
 
-import inspect
-import textwrap
 from typing import Any, Dict
 
 from .. import patches, switches
@@ -30,6 +28,7 @@ PATCH = 'moe_gate_grad_fused'
 CLASS = '_MoEGateGradIdentity'
 STATEMENT = 'dgate = (inter.to(torch.float32) * grad_inter.to(torch.float32)).sum(dim=-1)'
 FUSED = 'dgate = swift_vora_gate_grad.dot(inter, grad_inter)'
+REWRITES = ((STATEMENT, FUSED, 1), )
 GLOBAL = 'swift_vora_gate_grad'  # the name the rewritten method calls this module by
 MODULES = moe_lora_scale.MODULES
 
@@ -57,32 +56,19 @@ def dot(a, b, compiled: bool = None):
     return _dot(a, b)
 
 
-class RewriteMismatch(RuntimeError):
-    """The method's source is not the pinned one, or does not hold the statement exactly once."""
+RewriteMismatch = moe_lora_scale.RewriteMismatch
 
 
 def rewrite(source: str) -> str:
-    found = source.count(STATEMENT)
-    if found != 1:
-        raise RewriteMismatch(f'{CLASS}.backward: {STATEMENT!r} found {found} times, the rewrite expects 1')
-    return source.replace(STATEMENT, FUSED)
+    return moe_lora_scale.rewrite(source, REWRITES, f'{CLASS}.backward')
 
 
 def _patched(module: Any) -> Any:
     """The rewritten backward of `module`'s `_MoEGateGradIdentity`, compiled against the module's globals."""
-    cls = getattr(module, CLASS)
-    original = cls.backward  # the function (a once_differentiable wrapper) behind the staticmethod
-    source = inspect.getsource(original)
-    if patches.source_hash(source) not in patches.BY_NAME[PATCH].sources.values():
-        raise RewriteMismatch(f'{module.__name__}.{CLASS}.backward: not the source {PATCH} was checked against')
-    first_line = inspect.unwrap(original).__code__.co_firstlineno
-    filename = f'{inspect.getsourcefile(original)} ({PATCH}, swift_vora/speed/moe_gate_grad.py)'
-    # dedented out of its class, blank lines in front: tracebacks keep upstream's line numbers
-    code = compile('\n' * (first_line - 1) + textwrap.dedent(rewrite(source)), filename, 'exec')
     import sys
+    original = getattr(module, CLASS).backward  # the function (a once_differentiable wrapper) behind the staticmethod
     setattr(module, GLOBAL, sys.modules[__name__])  # what the rewritten statement calls
-    defined: Dict[str, Any] = {}
-    exec(code, module.__dict__, defined)
+    defined = moe_lora_scale.compile_rewritten(module, original, PATCH, REWRITES, f'{CLASS}.backward', dedent=True)
     return patches.mark(defined['backward'].__func__, PATCH, original)
 
 

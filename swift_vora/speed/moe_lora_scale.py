@@ -24,6 +24,7 @@ forward's multiplications; scaling the intermediate saves them all).
 from __future__ import annotations
 
 import inspect
+import textwrap
 from typing import Any, Dict, Optional
 
 from .. import patches, switches
@@ -52,32 +53,41 @@ def wanted(environ=None) -> bool:
     return switches.read(ENV, environ) == 'rank'
 
 
-def rewrite(source: str, rewrites=REWRITES) -> str:
+def rewrite(source: str, rewrites=REWRITES, what: str = FUNCTION) -> str:
     """`source` with every statement of `rewrites` replaced in order; RewriteMismatch when one is not there exactly as
-    often."""
+    often. The one statement rewriter of the MoE levers (moe_down_fold's statements and moe_gate_grad's too)."""
     for old, new, count in rewrites:
         found = source.count(old)
         if found != count:
-            raise RewriteMismatch(f'{FUNCTION}: {old!r} found {found} times, the rewrite expects {count}')
+            raise RewriteMismatch(f'{what}: {old!r} found {found} times, the rewrite expects {count}')
         source = source.replace(old, new)
     return source
+
+
+def compile_rewritten(module: Any, original: Any, name: str, rewrites, what: str,
+                      dedent: bool = False) -> Dict[str, Any]:
+    """`original`'s source, checked against patch `name`'s pin, rewritten and compiled against `module`'s globals
+    (every name it calls resolves as before) at upstream's line numbers (blank lines in front, so tracebacks keep
+    them; `dedent`: a method taken out of its class). Returns the names the compiled source defines."""
+    source = inspect.getsource(original)
+    if patches.source_hash(source) not in patches.BY_NAME[name].sources.values():
+        raise RewriteMismatch(f'{module.__name__}.{what}: not the source {name} was checked against')
+    code_of = inspect.unwrap(original).__code__
+    text = rewrite(source, rewrites, what)
+    code = compile('\n' * (code_of.co_firstlineno - 1) + (textwrap.dedent(text) if dedent else text),
+                   f'{code_of.co_filename} ({name}, swift_vora/{patches.BY_NAME[name].where})', 'exec')
+    defined: Dict[str, Any] = {}
+    exec(code, module.__dict__, defined)
+    return defined
 
 
 def _patched(module: Any, name: str, rewrites) -> Optional[Any]:
     """The rewritten function for `module`'s `forward_native_grouped_mm`, compiled against the module's globals."""
     original = getattr(module, FUNCTION)
-    source = inspect.getsource(original)
-    if patches.source_hash(source) not in patches.BY_NAME[name].sources.values():
-        raise RewriteMismatch(f'{module.__name__}.{FUNCTION}: not the source {name} was checked against')
-    first_line = original.__code__.co_firstlineno
-    filename = f'{original.__code__.co_filename} ({name}, swift_vora/speed/moe_lora_scale.py)'
-    # blank lines in front: tracebacks keep upstream's line numbers
-    code = compile('\n' * (first_line - 1) + rewrite(source, rewrites), filename, 'exec')
     if any(new.count(moe_down_fold.GLOBAL) for _, new, _ in rewrites):
         # the fold's statements call its helpers through one global of the module's own
         setattr(module, moe_down_fold.GLOBAL, moe_down_fold)
-    defined: Dict[str, Any] = {}
-    exec(code, module.__dict__, defined)  # its globals are the module's: every name it calls resolves as before
+    defined = compile_rewritten(module, original, name, rewrites, FUNCTION)
     return patches.mark(defined[FUNCTION], name, original)
 
 

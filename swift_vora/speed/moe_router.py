@@ -1,5 +1,6 @@
 """Unsloth's fused MoE router under the runner: reached on the loaded model, and counted (opt-in upstream,
-`UNSLOTH_MOE_FUSED_ROUTER=1`; not yet measured here).
+`UNSLOTH_MOE_FUSED_ROUTER=1`). On the GPU machine (#30 calls p and r, transformers 5.17) the record showed it never
+engaged: 0 fused calls, the model's `Qwen3_5MoeTopKRouter` unfused.
 
 transformers' Qwen3.5-MoE router (`Qwen3_5MoeTopKRouter.forward`) runs an fp32 softmax over the 256 experts,
 `torch.topk`, a renormalisation and a cast as separate kernels, each with its backward. At full depth and
