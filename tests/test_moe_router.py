@@ -82,6 +82,34 @@ def test_a_router_the_hook_does_not_recognise_is_reported_unfused(tiny_moe, monk
     stand_in(monkeypatch, recognise=False)
     state = moe_router.install(tiny_moe, {moe_router.ENV: '1'})
     assert state['patched_now'] == [] and state['unfused'] == state['router_classes'] != []
+    (name, why), = state['why_unfused'].items()
+    assert name == state['unfused'][0]
+    # the forward in the class is transformers' own, from its modeling file; a stand-in without unsloth_zoo's
+    # reader says so instead of guessing
+    assert why['forward'].endswith('Qwen3_5MoeTopKRouter.forward')
+    assert why['defined_at'].split(':')[0].endswith(os.path.join('qwen3_5_moe', 'modeling_qwen3_5_moe.py'))
+    assert why['_body_lines'] == why['_router_form'] == 'not in this unsloth_zoo'
+
+
+def test_why_unfused_names_a_forward_that_replaced_the_routers_and_what_unsloth_zoo_read_of_it(tiny_moe,
+                                                                                                 monkeypatch):
+    """Calls p and r: the class unfused, its forward not the one unsloth_zoo knows. The record names the forward
+    in the class (module, name, file and line), the body lines unsloth_zoo compared and its verdict."""
+    module = stand_in(monkeypatch, recognise=False)
+    read = []
+    module._body_lines = lambda fn: read.append(fn) or ('return wrapped(self, hidden_states)',)
+    module._router_form = lambda cls: None
+    cls = type(tiny_moe.model.language_model.layers[0].mlp.gate)
+
+    def replacement(self, hidden_states):
+        return original(self, hidden_states)
+    original = cls.__dict__['forward']
+    monkeypatch.setattr(cls, 'forward', replacement)
+    why = moe_router.install(tiny_moe, {moe_router.ENV: '1'})['why_unfused'][f'{cls.__module__}.{cls.__name__}']
+    assert read == [replacement]
+    assert why == {'forward': f'{__name__}.{replacement.__qualname__}',
+                   'defined_at': f'{__file__}:{replacement.__code__.co_firstlineno}',
+                   'body': ['return wrapped(self, hidden_states)'], 'form': None}
 
 
 def test_an_unsloth_zoo_without_the_fused_router_is_said_not_raised(tiny_moe, monkeypatch):
@@ -120,6 +148,10 @@ def test_the_real_module_offers_the_hook_and_recognises_this_transformers_router
     assert ('qwen3_5_moe', 'Qwen3_5MoeTopKRouter') in module._ROUTER_CLASSES
     form = module._router_form(modeling_qwen3_5_moe.Qwen3_5MoeTopKRouter)
     assert form is not None and form.startswith('softmax'), form
+    # the record's reading through the real reader: transformers' forward, the body unsloth_zoo compares, its form
+    why = moe_router.why_unfused(module, modeling_qwen3_5_moe.Qwen3_5MoeTopKRouter)
+    assert why['form'] == form and why['body'][0] == 'hidden_states = hidden_states.reshape(-1, self.hidden_dim)'
+    assert why['defined_at'].startswith(modeling_qwen3_5_moe.__file__ + ':')
     # its eager reference routes as transformers' router does (the Triton kernels keep "the same set")
     router = modeling_qwen3_5_moe.Qwen3_5MoeTopKRouter(
         __import__('swift_vora.tiny_model', fromlist=['x']).qwen3_5_moe_config('tiny', None).text_config)

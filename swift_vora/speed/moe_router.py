@@ -51,9 +51,34 @@ def install(model: Any, environ: Optional[Mapping[str, str]] = None) -> Dict[str
     routers = {type(m) for m in model.modules() if type(m).__name__.endswith(('TopKRouter', 'TopkRouter'))}
     state['router_classes'] = sorted(f'{cls.__module__}.{cls.__name__}' for cls in routers)
     # unsloth_zoo marks each forward it replaced: a class whose forward is unmarked routes as before
-    state['unfused'] = sorted(f'{cls.__module__}.{cls.__name__}' for cls in routers
-                              if not getattr(cls.__dict__.get('forward'), '_unsloth_fused_router', False))
+    unfused = [cls for cls in routers if not getattr(cls.__dict__.get('forward'), '_unsloth_fused_router', False)]
+    state['unfused'] = sorted(f'{cls.__module__}.{cls.__name__}' for cls in unfused)
+    if unfused:  # calls p and r: unfused, and nothing said why -- the record now says what unsloth_zoo read
+        state['why_unfused'] = {f'{cls.__module__}.{cls.__name__}': why_unfused(router, cls)
+                                for cls in sorted(unfused, key=lambda c: c.__name__)}
     return state
+
+
+def why_unfused(router: Any, cls: type) -> Dict[str, Any]:
+    """What unsloth_zoo saw in `cls`: the forward it read (its module, name, file and line: the class's own, or one
+    that replaced it), the first lines of the body it compared against its known router forms, and its verdict.
+    Read through unsloth_zoo's own reader where it has one, so the record shows exactly what it compared."""
+    import inspect
+    forward = cls.__dict__.get('forward')
+    seen: Dict[str, Any] = {'forward': None if forward is None else
+                            f"{getattr(forward, '__module__', '?')}.{getattr(forward, '__qualname__', '?')}"}
+    code = getattr(inspect.unwrap(forward), '__code__', None) if forward is not None else None
+    if code is not None:
+        seen['defined_at'] = f'{code.co_filename}:{code.co_firstlineno}'
+    for name in ('_body_lines', '_router_form'):
+        if not callable(getattr(router, name, None)):
+            seen[name] = 'not in this unsloth_zoo'
+    if callable(getattr(router, '_body_lines', None)) and forward is not None:
+        body = router._body_lines(forward)
+        seen['body'] = None if body is None else list(body[:4])  # None: its inspect.getsource failed
+    if callable(getattr(router, '_router_form', None)):
+        seen['form'] = router._router_form(cls)
+    return seen
 
 
 def fused_calls() -> Optional[int]:
