@@ -401,6 +401,40 @@ def test_expert_check_catches_swapped_experts(expert_adapter, tmp_path):
     assert torch.equal(load_file(str(merged / 'model.safetensors'))[key1], first)
 
 
+def test_expert_check_holds_one_model_at_a_time_each_where_it_fits(expert_adapter, tmp_path, monkeypatch):
+    """At full depth the base (65 GiB in bf16, 140 GB in float32) and the merged copy cannot both be in the H200
+    machine's RAM beside the checkpoint's tmpfs: the check loads the base, keeps only the sampled experts, lets it go,
+    then loads the merged model -- each on the device the adapter reload would choose (`load_device`)."""
+    import gc
+    import weakref
+
+    import transformers
+
+    from swift_vora.backends import expert_merge_check
+    from swift_vora.backends.merge import merge
+    from swift_vora.guards import verify_adapter
+    base, adapter = expert_adapter
+    merged = tmp_path / 'merged'
+    merge(adapter, str(merged), base=base)
+    cls = getattr(transformers, json.loads((merged / 'config.json').read_text())['architectures'][0])
+    loaded, asked = [], []
+    real = cls.from_pretrained.__func__
+
+    def from_pretrained(klass, path, **kwargs):
+        gc.collect()
+        alive = [p for p, ref in loaded if ref() is not None]
+        assert alive == [], f'{alive} still in memory while {path} loads'
+        model = real(klass, path, **kwargs)
+        loaded.append((path, weakref.ref(model)))
+        return model
+    monkeypatch.setattr(cls, 'from_pretrained', classmethod(from_pretrained))
+    monkeypatch.setattr(verify_adapter, 'load_device', lambda path: asked.append(path))  # None: host RAM
+    report = expert_merge_check.check_expert_merge(adapter, base, str(merged))
+    assert report['ok'] and report['trained'] and report['checked'] >= 6
+    assert [p for p, _ in loaded] == asked == [base, str(merged)]
+    assert report['loaded_on'] == {'base': 'cpu', 'merged': 'cpu'}
+
+
 # ---- benchmarks/moe_throughput.py: the FLOP count ----------------------------------------------------------------
 def test_active_lora_parameters_equal_peft_when_every_expert_is_active():
     """With top-k = all experts, the LoRA parameters a token passes through are all of them: PEFT's own count."""

@@ -4,9 +4,10 @@ A merged export of LoRA on fused expert tensors (Unsloth's `save_pretrained_merg
 code other than the code that trained it; a wrong layout (experts transposed, gate/up halves swapped, the scale
 forgotten) still produces a checkpoint that loads and generates text. So the merged weights are compared, for a
 sample of layers and experts, with what PEFT itself says the adapter adds: PEFT's own `ParamWrapper.get_delta_weight`
-on the float32 base model with the saved adapter (the layout that PEFT loads and vLLM's LoRA serving follows), summed
-in float32; the merged bf16 value must be that sum rounded to bf16, within one unit in the last place. The merged
-directory is loaded with transformers, which is the other half of the check ("transformers loads it").
+on the base model with the saved adapter (the layout that PEFT loads and vLLM's LoRA serving follows), summed in
+float32; the merged bf16 value must be that sum rounded to bf16, within one unit in the last place. The merged
+directory is loaded with transformers, which is the other half of the check ("transformers loads it"). The two
+models are loaded one after the other, each where it fits, so a 35B checkpoint is checked on one H200.
 """
 from __future__ import annotations
 
@@ -75,52 +76,93 @@ def _sample(n: int, k: int) -> List[int]:
 
 def check_expert_merge(adapter_dir: str, base: str, merged_dir: str, layers: int = 2, experts: int = 3,
                        adapter_name: str = 'default') -> Dict[str, Any]:
-    """Compare sampled experts of `merged_dir` with base + delta from PEFT; returns a report with `ok`."""
+    """Compare sampled experts of `merged_dir` with base + delta from PEFT; returns a report with `ok`.
+
+    One model at a time, each where it fits (host RAM, else the GPU: `load_device`, as the adapter reload chooses):
+    the base with the adapter first, from which only the sampled experts' base values and PEFT's deltas are kept (on
+    the host, float32), then the merged model. The base loads in its own dtype and is widened to float32 for the sum:
+    a bf16 value widens exactly, so the oracle is the same as a float32 load -- which at full depth (35 B parameters:
+    140 GB in float32, then 65 GiB more for the merged copy) no host of the H200 machine's 125 GiB could hold."""
+    import gc
+
     import torch
     import transformers
     from peft import PeftModel
     from peft.tuners.lora.layer import ParamWrapper
 
+    from ..guards.verify_adapter import load_device
+
     config = transformers.AutoConfig.from_pretrained(merged_dir)
     cls = getattr(transformers, (config.architectures or [''])[0], None) or transformers.AutoModelForCausalLM
-    # float32 base: the oracle adds the delta exactly; only the final bf16 rounding is left to compare
-    peft_model = PeftModel.from_pretrained(cls.from_pretrained(base, dtype=torch.float32), adapter_dir)
-    merged = cls.from_pretrained(merged_dir, dtype=torch.bfloat16)
+
+    def load(path: str):
+        device = load_device(path)
+        return cls.from_pretrained(path, dtype='auto', **({'device_map': device} if device else {})), device
+
+    base_model, base_device = load(base)
+    peft_model = PeftModel.from_pretrained(base_model, adapter_dir)
     wrappers = [(name, module) for name, module in peft_model.named_modules() if isinstance(module, ParamWrapper)]
     if not wrappers:
         raise ValueError(f'{adapter_dir}: no LoRA on expert parameters (ParamWrapper) in the reloaded adapter')
     layer_ids = sorted({_layer_of(name) for name, _ in wrappers} - {None})
     keep = set(_sample(len(layer_ids), layers))
     chosen_layers = {layer_ids[i] for i in keep}
+    wanted = []  # (target, sampled experts, base values, deltas), all float32 on the host
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # PEFT's B@A on a GPU in full float32, as on the host
+    try:
+        with torch.no_grad():
+            for name, module in wrappers:
+                if _layer_of(name) not in chosen_layers:
+                    continue
+                base_param = module.get_param()
+                # PEFT casts the delta to the parameter's dtype; widened for the call, it stays float32 (one layer's
+                # experts at a time: 2 GB at full depth), so the oracle rounds once, at the end, as before
+                narrow = base_param.data
+                base_param.data = narrow.float()
+                try:
+                    delta = module.get_delta_weight(adapter_name).detach()
+                finally:
+                    base_param.data = narrow
+                base_param = narrow
+                picked = _sample(base_param.shape[0], experts)
+                wanted.append((f'{_merged_name(name)}.{module.parameter_name}', picked, list(base_param.shape),
+                               base_param[picked].float().cpu(), delta[picked].float().cpu()))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    del peft_model, base_model, wrappers, module, base_param, delta
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    merged, merged_device = load(merged_dir)
     checks = []
-    for name, module in wrappers:
-        if _layer_of(name) not in chosen_layers:
-            continue
-        target = f'{_merged_name(name)}.{module.parameter_name}'
-        base_param = module.get_param().detach().float()
-        delta = module.get_delta_weight(adapter_name).detach().float()
-        merged_param = merged.get_parameter(target).detach().float()
-        if merged_param.shape != base_param.shape:
+    for target, picked, base_shape, base_values, deltas in wanted:
+        merged_param = merged.get_parameter(target).detach()
+        if list(merged_param.shape) != base_shape:
             checks.append({'tensor': target, 'ok': False, 'reason': f'merged shape {list(merged_param.shape)} != base '
-                                                                     f'{list(base_param.shape)}'})
+                                                                     f'{base_shape}'})
             continue
-        for e in _sample(base_param.shape[0], experts):
-            expected = base_param[e] + delta[e]
-            diff = (merged_param[e] - expected).abs()
+        merged_values = merged_param[picked].float().cpu()
+        for i, e in enumerate(picked):
+            expected = base_values[i] + deltas[i]
+            diff = (merged_values[i] - expected).abs()
             # one bf16 unit in the last place (8 significant bits), whichever way the merge rounded
-            ulp = torch.maximum(expected.abs(), merged_param[e].abs()) * 2.0 ** -7
+            ulp = torch.maximum(expected.abs(), merged_values[i].abs()) * 2.0 ** -7
             ok = bool((diff <= ulp + 1e-7).all())
             # elements where the delta is larger than the rounding: there a wrong layout, a missing scale or an
             # unmerged expert cannot hide inside the tolerance
-            telling = int((delta[e].abs() > 2 * ulp).sum())
+            telling = int((deltas[i].abs() > 2 * ulp).sum())
             checks.append({'tensor': target, 'expert': e, 'ok': ok, 'max_abs_diff': float(diff.max()),
-                           'delta_max_abs': float(delta[e].abs().max()), 'elements_telling': telling,
-                           'merged_moved_from_base': float((merged_param[e] - base_param[e]).abs().max())})
+                           'delta_max_abs': float(deltas[i].abs().max()), 'elements_telling': telling,
+                           'merged_moved_from_base': float((merged_values[i] - base_values[i]).abs().max())})
+    del merged
+    gc.collect()
     report = {'adapter': adapter_dir, 'base': base, 'merged': merged_dir, 'layers': sorted(chosen_layers),
               'checked': len(checks), 'ok': bool(checks) and all(c['ok'] for c in checks),
               'trained': any(c.get('delta_max_abs', 0) > 0 for c in checks),
               'elements_telling': sum(c.get('elements_telling', 0) for c in checks), 'checks': checks,
               'loaded_with': f'transformers {cls.__name__}',
+              'loaded_on': {'base': base_device or 'cpu', 'merged': merged_device or 'cpu'},
               'source': "merged weights vs base + PEFT ParamWrapper.get_delta_weight, in bf16"}
     return report
 
