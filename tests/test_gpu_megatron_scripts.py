@@ -186,6 +186,73 @@ def test_report_fails_what_a_user_must_not_get(tmp_path, case, expected):
     assert any(expected in f for f in result['failures']), result['failures']
 
 
+def write_layouts(tmp_path, merged_fused_shape=None, expert_delta=0.1):
+    """Call h of #31: the base saved per expert (hub layout), Megatron's merged export with one fused tensor per
+    projection (transformers' layout, [E, 2I, H] and [E, H, I])."""
+    import torch
+    from safetensors.torch import save_file
+    write_run(tmp_path, [11.0, 10.0, 9.0, 8.0, 7.0])
+    layer, experts, inter, hidden = 'model.language_model.layers.0.', 3, 4, 6
+    base = {layer + 'mlp.gate.weight': torch.ones(experts, hidden),
+            layer + 'self_attn.q_proj.weight': torch.ones(hidden, hidden)}
+    gen = torch.Generator().manual_seed(0)
+    for e in range(experts):
+        for proj, shape in (('gate_proj', (inter, hidden)), ('up_proj', (inter, hidden)),
+                            ('down_proj', (hidden, inter))):
+            base[f'{layer}mlp.experts.{e}.{proj}.weight'] = torch.randn(*shape, generator=gen)
+    merged = {k: v for k, v in base.items() if '.experts.' not in k}
+    merged[layer + 'self_attn.q_proj.weight'] = base[layer + 'self_attn.q_proj.weight'] + 0.1
+    gate_up = torch.stack([torch.cat([base[f'{layer}mlp.experts.{e}.gate_proj.weight'],
+                                      base[f'{layer}mlp.experts.{e}.up_proj.weight']]) for e in range(experts)])
+    gate_up[1, inter:] += expert_delta  # expert 1's up projection moved by LoRA
+    down = torch.stack([base[f'{layer}mlp.experts.{e}.down_proj.weight'] for e in range(experts)])
+    if merged_fused_shape is not None:
+        gate_up = gate_up.reshape(merged_fused_shape)
+    merged[layer + 'mlp.experts.gate_up_proj'] = gate_up
+    merged[layer + 'mlp.experts.down_proj'] = down
+    for name, tensors in (('base', base), ('run/v0/checkpoint-8-merged', merged)):
+        save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()},
+                  str(tmp_path / name / 'model.safetensors'))
+
+
+def test_report_compares_a_fused_merged_export_with_a_per_expert_base_expert_by_expert(tmp_path):
+    """#31 call h failed a good run with "6144 base tensors missing" and "no expert weight changed": the merged
+    export fuses the experts the base holds one by one. Read in one layout, exactly the moved expert counts."""
+    write_layouts(tmp_path)
+    proc, result = report(tmp_path)
+    assert proc.returncode == 0, (proc.stderr, result['failures'])
+    assert result['weights_changed'] == {'experts': 1, 'attention': 1, 'router': 0}
+    assert result['weights_total'] == {'experts': 9, 'attention': 1, 'router': 1}
+
+    write_layouts(tmp_path, expert_delta=0.0)  # the same layouts, no expert moved: still caught
+    proc, result = report(tmp_path)
+    assert proc.returncode == 1 and any('no expert weight changed' in f for f in result['failures'])
+
+
+def test_report_refuses_a_fused_export_whose_shape_is_not_the_experts(tmp_path):
+    write_layouts(tmp_path, merged_fused_shape=(3, 6, 8))  # [E, H, 2I]: transposed, not transformers' layout
+    proc, result = report(tmp_path)
+    assert proc.returncode == 1
+    assert any('layout the comparison cannot read' in f and 'gate_up_proj [3, 6, 8]' in f for f in result['failures'])
+
+
+def test_report_counts_experts_no_token_reached_without_failing(tmp_path):
+    """The guard's own split (call h: 1877 of 8192 expert LoRA tensors of a random router's 8 layers got no token in
+    the two counted steps): counted in the result, not a failure; unchanged tensors nothing explains still fail."""
+    write_run(tmp_path, [11.0, 10.0, 9.0, 8.0, 7.0])
+    guard = {'tensors': 10, 'updated': 7, 'expert_tensors': 8, 'expert_updated': 5, 'not_updated': [],
+             'experts_not_reached': 3, 'steps_counted': 2}
+    (tmp_path / 'run/v0/lora_update.json').write_text(json.dumps(guard))
+    proc, result = report(tmp_path)
+    assert proc.returncode == 0, (proc.stderr, result['failures'])
+    assert result['lora_update']['experts_not_reached'] == 3
+    (tmp_path / 'run/v0/lora_update.json').write_text(json.dumps({**guard, 'experts_not_reached': 2}))
+    proc, result = report(tmp_path)
+    assert proc.returncode == 1
+    assert any(f.startswith('1 of 10 LoRA tensors did not update') and '2 more: experts no token reached' in f
+               for f in result['failures']), result['failures']
+
+
 def test_report_reads_the_lora_update_guard(tmp_path):
     write_run(tmp_path, [11.0, 10.0, 9.0, 8.0, 7.0])
     guard = {'tensors': 6, 'updated': 6, 'expert_tensors': 4, 'expert_updated': 4, 'not_updated': [],

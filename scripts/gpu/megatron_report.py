@@ -7,6 +7,8 @@ What a user relies on, checked from the files the run left (nothing is taken fro
 - LoRA on the experts and on attention, none on the router: the merged weights (checkpoint-N-merged) against the
   base model -- expert and attention weights changed, router weights (`mlp.gate.weight`) bit-identical -- and the
   LoRA tensor names of the saved adapter when the checkpoint holds one;
+  Where the two checkpoints hold the experts in different layouts (a base saved per expert, the hub layout; a merged
+  export with one fused tensor per projection, transformers' own -- call h of #31) they are compared expert by expert;
 - checkpoint-N-merged loads in transformers and gives finite logits;
 - the measured peak (`memory(GiB)`: torch.cuda.max_memory_reserved) next to the planner's prediction.
 - when the run wrote `lora_update.json` (swift-vora's `vora_lora_update` guard, next to logging.jsonl): every
@@ -21,8 +23,9 @@ import glob
 import json
 import math
 import os
+import re
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 ROUTER_KEYS = ('.mlp.gate.weight', '.router.')  # HF Qwen3-MoE / Qwen3-VL-MoE router; Megatron's TopKRouter
 EXPERT_KEY = '.experts.'
@@ -62,7 +65,26 @@ def read_lora_update(run_dir: str) -> Optional[Dict[str, object]]:
     checked = 'updated' in report and 'tensors' in report
     return {'checked': checked, 'note': report.get('note'),
             **{k: report.get(k) for k in ('tensors', 'updated', 'expert_tensors', 'expert_updated', 'steps_counted')},
-            'not_updated': list(report.get('not_updated') or [])}
+            'not_updated': list(report.get('not_updated') or []),
+            # the guard's own split: an expert's LoRA that no token was routed to in the counted steps cannot change
+            # (no gradient reaches it); it is counted, not failed -- the guard stops the run only on `not_updated`
+            'experts_not_reached': int(report.get('experts_not_reached') or 0)}
+
+
+def lora_update_failure(lora_update: Optional[Dict[str, object]]) -> Optional[str]:
+    """Why the guard's report fails the run: a tensor in `not_updated`, or unchanged tensors that neither list
+    explains (an older guard without the split); experts no token reached do not fail it."""
+    if not lora_update or not lora_update['checked']:
+        return None
+    stale = lora_update['not_updated']
+    unexplained = lora_update['tensors'] - lora_update['updated'] - lora_update['experts_not_reached'] - len(stale)
+    if not stale and unexplained <= 0:
+        return None
+    reached = (f' ({lora_update["experts_not_reached"]} more: experts no token reached)'
+               if lora_update['experts_not_reached'] else '')
+    more = f' and {len(stale) - 5} more' if len(stale) > 5 else ''
+    return (f'{len(stale) + max(unexplained, 0)} of {lora_update["tensors"]} LoRA tensors did not update '
+            f'(lora_update.json){reached}: {", ".join(stale[:5])}{more}')
 
 
 def _tensors(model_dir: str) -> Dict[str, 'object']:
@@ -77,10 +99,53 @@ def _tensors(model_dir: str) -> Dict[str, 'object']:
     return tensors
 
 
+PER_EXPERT = re.compile(r'^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$')
+
+
+def per_expert(tensors: Dict[str, 'object'], like: Dict[str, 'object']) -> Tuple[Dict[str, 'object'], List[str]]:
+    """`tensors` with each fused expert tensor of a checkpoint (`...experts.gate_up_proj` [E, 2I, H],
+    `...experts.down_proj` [E, H, I]: transformers' own layout, which Megatron's merged export writes) seen as the
+    per-expert tensors `like` holds (`...experts.{e}.gate_proj.weight` etc.: the hub layout the base was saved in),
+    as views -- the split transformers' conversion mapping for the Qwen MoE family undoes on load (per-expert
+    gate and up stacked over experts, concatenated on dim 1). Returns the tensors and the fused ones whose shape does
+    not fit the experts of `like` (a layout the comparison cannot read: a failure, not a silent mismatch)."""
+    shapes: Dict[Tuple[str, str], Tuple[int, Tuple[int, ...]]] = {}
+    for key, tensor in like.items():
+        m = PER_EXPERT.match(key)
+        if m:
+            n, _ = shapes.get((m['prefix'], m['proj']), (0, ()))
+            shapes[(m['prefix'], m['proj'])] = (max(n, int(m['expert']) + 1), tuple(tensor.shape))
+    out, unreadable = {}, []
+    for key, tensor in tensors.items():
+        prefix, _, name = key.rpartition('.')
+        if name == 'gate_up_proj' and (prefix, 'gate_proj') in shapes and (prefix, 'up_proj') in shapes:
+            experts, (inter, hidden) = shapes[(prefix, 'gate_proj')]
+            if tuple(tensor.shape) != (experts, 2 * inter, hidden):
+                unreadable.append(f'{key} {list(tensor.shape)}, experts of {[experts, inter, hidden]}')
+                continue
+            for e in range(experts):
+                out[f'{prefix}.{e}.gate_proj.weight'] = tensor[e, :inter]
+                out[f'{prefix}.{e}.up_proj.weight'] = tensor[e, inter:]
+        elif name == 'down_proj' and (prefix, 'down_proj') in shapes:
+            experts, shape = shapes[(prefix, 'down_proj')]
+            if tuple(tensor.shape) != (experts, *shape):
+                unreadable.append(f'{key} {list(tensor.shape)}, experts of {[experts, *shape]}')
+                continue
+            for e in range(experts):
+                out[f'{prefix}.{e}.down_proj.weight'] = tensor[e]
+        else:
+            out[key] = tensor
+    return out, unreadable
+
+
 def compare_weights(base_dir: str, merged_dir: str) -> Dict[str, object]:
-    """Which groups of weights LoRA changed: experts, attention, router (must stay identical)."""
+    """Which groups of weights LoRA changed: experts, attention, router (must stay identical). The merged experts
+    are read in the base's layout where the two differ (`per_expert`)."""
     import torch
-    base, merged = _tensors(base_dir), _tensors(merged_dir)
+    base_raw, merged_raw = _tensors(base_dir), _tensors(merged_dir)
+    base, unreadable_base = per_expert(base_raw, merged_raw)
+    merged, unreadable = per_expert(merged_raw, base_raw)
+    unreadable += unreadable_base
     missing = sorted(set(base) - set(merged))
     changed = {'experts': 0, 'attention': 0, 'router': 0}
     totals = {'experts': 0, 'attention': 0, 'router': 0}
@@ -94,7 +159,8 @@ def compare_weights(base_dir: str, merged_dir: str) -> Dict[str, object]:
         totals[group] += 1
         if not torch.equal(tensor.to(torch.float32), merged[key].to(torch.float32)):
             changed[group] += 1
-    return {'changed': changed, 'totals': totals, 'missing_in_merged': missing[:20], 'missing_count': len(missing)}
+    return {'changed': changed, 'totals': totals, 'missing_in_merged': missing[:20], 'missing_count': len(missing),
+            'unreadable_layout': unreadable}
 
 
 def adapter_lora_names(checkpoint: str) -> Dict[str, int]:
@@ -202,18 +268,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         failures.append('no attention weight changed by LoRA')
     if weights['changed']['router'] != 0:
         failures.append(f'{weights["changed"]["router"]} router tensors changed: the router must stay frozen')
+    if weights['unreadable_layout']:
+        failures.append('merged expert tensors in a layout the comparison cannot read: '
+                        f'{weights["unreadable_layout"][:3]}')
     if weights['missing_count']:
-        failures.append(f'{weights["missing_count"]} base tensors missing from the merged weights')
+        failures.append(f'{weights["missing_count"]} base tensors missing from the merged weights: '
+                        f'{weights["missing_in_merged"][:3]}')
     adapter = adapter_lora_names(a.checkpoint)
     if adapter['router']:
         failures.append(f'{adapter["router"]} LoRA tensors on the router in {a.checkpoint}')
     lora_update = read_lora_update(run_dir)
-    if lora_update and lora_update['checked'] and (lora_update['not_updated']
-                                                  or lora_update['updated'] != lora_update['tensors']):
-        stale = lora_update['not_updated']
-        failures.append(f'{lora_update["tensors"] - lora_update["updated"]} of {lora_update["tensors"]} LoRA tensors '
-                        f'did not update (lora_update.json): {", ".join(stale[:5])}'
-                        f'{f" and {len(stale) - 5} more" if len(stale) > 5 else ""}')
+    stale = lora_update_failure(lora_update)
+    if stale:
+        failures.append(stale)
     load_error = None if a.skip_load else merged_loads(a.merged)
     if load_error:
         failures.append(f'checkpoint-N-merged does not load: {load_error}')

@@ -117,9 +117,11 @@ if which == 'swift':
     from swift.template import TEMPLATE_MAPPING
     assert 'video_ora' in TEMPLATE_MAPPING, 'video_ora template not registered'
     print('plugin check: --custom_register_path swift_vora registers video_ora: ok')
-    missing = [v for v in ('ms-swift', 'deepspeed', 'decord', 'swift-vora') if not vers.get(v)]
+    missing = [v for v in ('ms-swift', 'decord', 'swift-vora') if not vers.get(v)]
     if missing:
         sys.exit(f'missing: {missing}')
+    if not vers.get('deepspeed'):  # the Megatron pack leaves it out (only ZeRO-3 imports it): say so, go on
+        print('setup_env: deepspeed not installed (this wheel pack leaves it out): the ZeRO-3 phases cannot run')
 PYEOF
   echo "setup_env: swift=$(command -v swift || echo none) py-spy=$(command -v py-spy || echo none)" \
        "swift-vora=$(command -v swift-vora || echo none)"
