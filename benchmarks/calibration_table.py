@@ -311,6 +311,11 @@ ROWS: List[Dict[str, Any]] = [
                        'megatron_moe vora_unsloth_best, call g), 4 x 7,788 tok',
      'source': ('megatron-h200-moe-g-2026-12-04.json', 'vora_unsloth_best'), 'scope': 'training', 'model': MOE8,
      'plan': [*UNSLOTH_FULL, '--micro-batch', '4', '--checkpoints', 'gpu', '--checkpoint-layers', '0']},
+    # --- #31 call h (2026-12-05): out of sample (row 45's configuration as item 1's flagship, 12 steps, a fresh
+    # machine; no constant changed since call g) ---
+    {'id': 48, 'what': 'as 45, item 1\'s flagship (megatron_moe mg_mb2, call h), 2 x 7,788 tok',
+     'source': ('megatron-h200-moe-h-2026-12-05.json', 'mg_mb2'), 'scope': 'run', 'model': MOE8,
+     'plan': [*MEGATRON_MOE8, '--micro-batch', '2']},
 ]
 # Checked rows outside the tolerance, kept visible instead of refitted (a refit would make them in-sample): the
 # check fails on any other row outside, and on one of these coming back inside (then this list is out of date).

@@ -151,6 +151,13 @@ ROWS: List[Dict[str, Any]] = [
      'known_miss': 'estimated 30.3 % high (the fast side): derived from call c\'s micro-batch-1 efficiency with the '
                    'recompute FLOPs removed (x1.18); in call g the micro-batch-1 run itself was 27 % slower than in '
                    'call c, and no recompute was 1.25x it there. Not refitted'},
+    # #31 call h (2026-12-05): micro-batch 2 again, as item 1's flagship, out of sample
+    {'what': '35B-A3B MoE cut to 8 layers, Megatron LoRA EP 1, mb 2, full recompute (megatron_moe call h, flagship)',
+     'source': ('megatron-h200-moe-h-2026-12-05.json', 'mg_mb2'), 'model': 8,
+     'plan': [*MEGATRON, '--micro-batch', '2'],
+     'known_miss': 'estimated 29.7 % low (the slow side: a longer time per epoch than the run took). The same setting '
+                   'ran 4,670 tokens/s in call g (the fit) and 6,644 here, its step times 3.9-8.3 s within the call: '
+                   'Megatron on this cut swings from call to call as at micro-batch 1. Not refitted'},
 ]
 
 
