@@ -301,6 +301,13 @@ def flagship_report(out: str, model: str, plan_path: str, args, vdir: str) -> Di
     report['merge_for_vllm_rc'] = rc
     with open(merge_log, errors='replace') as f:
         report['merge_for_vllm_tail'] = f.read()[-1500:]
+    check = os.path.join(vdir, 'vllm', 'swift_vora_merge_check.json')  # the expert check's report, beside the weights
+    if os.path.isfile(check):
+        with open(check) as f:
+            expert = json.load(f)
+        report['expert_check'] = {k: expert.get(k) for k in ('ok', 'trained', 'checked', 'layers', 'elements_telling',
+                                                             'scale')}
+        shutil.copy(check, os.path.join(vdir, 'swift_vora_merge_check.json'))  # kept with the logs
     shutil.rmtree(os.path.join(vdir, 'vllm'), ignore_errors=True)  # hard links to the export (copies elsewhere)
     out_json = os.path.join(vdir, 'megatron-report.json')
     proc = subprocess.run([sys.executable, os.path.join(REPO, 'scripts', 'gpu', 'megatron_report.py'), '--base', model,
@@ -316,6 +323,9 @@ def flagship_report(out: str, model: str, plan_path: str, args, vdir: str) -> Di
         report['failures'] = [f'megatron_report.py wrote nothing: {proc.stderr[-1500:]}']
     if rc != 0:
         report.setdefault('failures', []).append(f'scripts/merge_for_vllm.sh exited {rc} (see merge_for_vllm.log)')
+    elif 'expert_check' not in report:  # item 1: the merged experts checked against base + B @ A, not only loaded
+        report.setdefault('failures', []).append('scripts/merge_for_vllm.sh ran no expert check (no per-expert LoRA '
+                                                 f'found in {ckpt})')
     return report
 
 

@@ -8,7 +8,8 @@ Where the adapter came from decides how it is merged (`detect_source`):
   --merge_lora true --torch_dtype bfloat16` (ms-swift's own merge, the plugin re-imported from args.json).
 - Megatron (`megatron sft` checkpoint-N / checkpoint-N-merged) -> Megatron-SWIFT already wrote the merged HF
   weights to checkpoint-N-merged during training: copied and verified (MoE LoRA from Megatron is not merged with
-  swift export).
+  swift export); where checkpoint-N holds the adapter with LoRA on the experts, sampled experts are checked against
+  base + B@A (per_expert_merge_check.py).
 - Unsloth (swift_vora_adapter.json with source "unsloth") -> the runner's checkpoint-N-merged if it exists,
   else Unsloth's `save_pretrained_merged(..., save_method="merged_16bit")` (needs unsloth, i.e. a GPU).
 Where an existing merged folder is copied (Megatron, Unsloth), its `*.safetensors` files are hard-linked when OUT_DIR
@@ -41,6 +42,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .. import trained_budget
 from .expert_merge_check import REPORT_FILE as EXPERT_REPORT
 from .expert_merge_check import check_expert_merge, foreign_expert_layout, has_expert_adapters
+from .per_expert_merge_check import ExpertLayoutError, check_per_expert_merge, has_per_expert_adapters
 from .unsloth import MARKER_FILE
 
 # Architectures vLLM serves, restricted to the families this project trains. Source: vLLM's model registry,
@@ -280,9 +282,14 @@ def verify_merged(model_dir: str) -> Dict[str, Any]:
             'bytes': nbytes}
 
 
-def _check_experts(adapter_dir: str, base: str, staged: str) -> Dict[str, Any]:
-    """Sampled experts of the merged weights == base + B@A (expert_merge_check.py); the report is kept beside them."""
-    check = check_expert_merge(adapter_dir, base, staged)
+def _check_experts(adapter_dir: str, base: str, staged: str, per_expert: bool = False) -> Dict[str, Any]:
+    """Sampled experts of the merged weights == base + B@A (expert_merge_check.py; per_expert_merge_check.py for an
+    adapter on per-expert modules, Megatron's); the report is kept beside them."""
+    try:
+        check = check_per_expert_merge(adapter_dir, base, staged) if per_expert else \
+            check_expert_merge(adapter_dir, base, staged)
+    except ExpertLayoutError as e:
+        raise MergeError(f'expert check: {e}') from None
     with open(os.path.join(staged, EXPERT_REPORT), 'w', encoding='utf-8') as f:
         json.dump(check, f, indent=2)
     if not (check['ok'] and check['trained']):
@@ -333,6 +340,10 @@ def merge(adapter_dir: str, out_dir: str, base: Optional[str] = None, link_weigh
         report['trained_budget'] = os.path.join(out_dir, trained_budget.FILE) if budget else None
         if source in ('unsloth', 'peft') and base and has_expert_adapters(adapter_dir):
             report['expert_check'] = _check_experts(adapter_dir, base, staged)
+        elif source == 'megatron' and base:
+            lora_dir = adapter_dir[:-len('-merged')] if adapter_dir.endswith('-merged') else adapter_dir
+            if os.path.isdir(lora_dir) and has_per_expert_adapters(lora_dir):
+                report['expert_check'] = _check_experts(lora_dir, base, staged, per_expert=True)
         if os.path.lexists(out_dir):
             raise MergeError(f'{out_dir} appeared while merging: refusing to overwrite it', 2)
         os.rename(staged, out_dir)
