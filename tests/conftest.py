@@ -46,6 +46,15 @@ def reentrant_checkpoint(monkeypatch):
 
 
 @pytest.fixture(scope='session')
+def tiny_qwen3_5_moe_dir(tmp_path_factory):
+    """A tiny random Qwen3.5-MoE checkpoint (built once per test session, offline; its users only read it)."""
+    from swift_vora.tiny_model import build_qwen3_5_moe
+    out = str(tmp_path_factory.mktemp('tiny_qwen3_5_moe'))
+    build_qwen3_5_moe(out, shape='tiny')
+    return out
+
+
+@pytest.fixture(scope='session')
 def tiny_moe_model_dir(tmp_path_factory):
     """A tiny random Qwen3-VL-MoE checkpoint (built once per test session, offline)."""
     from swift_vora.tiny_model import build_tiny_qwen3_vl

@@ -21,14 +21,6 @@ from swift_vora.backends.per_expert_merge_check import (
 RANK, ALPHA = 4, 8
 
 
-@pytest.fixture(scope='module')
-def tiny_q35(tmp_path_factory):
-    from swift_vora.tiny_model import build_qwen3_5_moe
-    out = str(tmp_path_factory.mktemp('tiny_qwen3_5_moe_megatron'))
-    build_qwen3_5_moe(out, shape='tiny')
-    return out
-
-
 def sizes(base):
     with open(os.path.join(base, 'config.json')) as f:
         text = json.load(f)['text_config']
@@ -91,44 +83,44 @@ def megatron_run(base, root, fault=None, attention_delta=0.0):
     return ckpt, merged_dir
 
 
-def test_a_megatron_merge_passes_the_expert_check_through_merge_for_vllm(tiny_q35, tmp_path):
-    ckpt, _ = megatron_run(tiny_q35, str(tmp_path))
+def test_a_megatron_merge_passes_the_expert_check_through_merge_for_vllm(tiny_qwen3_5_moe_dir, tmp_path):
+    ckpt, _ = megatron_run(tiny_qwen3_5_moe_dir, str(tmp_path))
     assert has_per_expert_adapters(ckpt)
-    report = merge(ckpt, str(tmp_path / 'out'), base=tiny_q35)
+    report = merge(ckpt, str(tmp_path / 'out'), base=tiny_qwen3_5_moe_dir)
     check = report['expert_check']
     assert report['source'] == 'megatron' and check['ok'] and check['elements_telling'] > 0
-    layers, _, _, _ = sizes(tiny_q35)
+    layers, _, _, _ = sizes(tiny_qwen3_5_moe_dir)
     assert check['layers'] == [0, layers - 1] and check['checked'] == 2 * 3 * 3  # 2 layers x 3 experts x 3 proj
     saved = json.loads((tmp_path / 'out' / 'swift_vora_merge_check.json').read_text())
     assert saved['trained'] and saved['scale'] == ALPHA / RANK
 
 
 @pytest.mark.parametrize('fault', ['swap_halves', 'no_scale', 'permute'])
-def test_a_wrong_megatron_export_is_caught(tiny_q35, tmp_path, fault):
+def test_a_wrong_megatron_export_is_caught(tiny_qwen3_5_moe_dir, tmp_path, fault):
     """Each loads in transformers and generates text; the check names the tensors that differ."""
-    ckpt, merged_dir = megatron_run(tiny_q35, str(tmp_path), fault=fault)
-    report = check_per_expert_merge(ckpt, tiny_q35, merged_dir)
+    ckpt, merged_dir = megatron_run(tiny_qwen3_5_moe_dir, str(tmp_path), fault=fault)
+    report = check_per_expert_merge(ckpt, tiny_qwen3_5_moe_dir, merged_dir)
     assert not report['ok']
     bad = {c['tensor'].rsplit('.', 2)[-2] for c in report['checks'] if not c['ok']}
     assert bad == ({'gate_proj', 'up_proj'} if fault in ('swap_halves', 'permute')
                    else {'gate_proj', 'up_proj', 'down_proj'})
     with pytest.raises(MergeError, match='merged expert weights differ'):
-        merge(ckpt, str(tmp_path / 'out'), base=tiny_q35)
+        merge(ckpt, str(tmp_path / 'out'), base=tiny_qwen3_5_moe_dir)
     assert not (tmp_path / 'out').exists()
 
 
-def test_a_fused_tensor_in_another_layout_is_refused_not_guessed(tiny_q35, tmp_path):
-    ckpt, merged_dir = megatron_run(tiny_q35, str(tmp_path), fault='transposed')
+def test_a_fused_tensor_in_another_layout_is_refused_not_guessed(tiny_qwen3_5_moe_dir, tmp_path):
+    ckpt, merged_dir = megatron_run(tiny_qwen3_5_moe_dir, str(tmp_path), fault='transposed')
     with pytest.raises(ExpertLayoutError, match='down_proj is .* fused layout'):
-        check_per_expert_merge(ckpt, tiny_q35, merged_dir)
+        check_per_expert_merge(ckpt, tiny_qwen3_5_moe_dir, merged_dir)
     with pytest.raises(MergeError, match='expert check: .*layout this check cannot read'):
-        merge(ckpt, str(tmp_path / 'out'), base=tiny_q35)
+        merge(ckpt, str(tmp_path / 'out'), base=tiny_qwen3_5_moe_dir)
 
 
-def test_only_the_sampled_tensors_are_read(tiny_q35, tmp_path, monkeypatch):
+def test_only_the_sampled_tensors_are_read(tiny_qwen3_5_moe_dir, tmp_path, monkeypatch):
     """At full depth a whole expert tensor of every layer would be 65 GiB: the check reads one expert at a time."""
     from swift_vora.backends import per_expert_merge_check as mod
-    ckpt, merged_dir = megatron_run(tiny_q35, str(tmp_path))
+    ckpt, merged_dir = megatron_run(tiny_qwen3_5_moe_dir, str(tmp_path))
     read = []
     real = mod.Checkpoint.read
 
@@ -136,14 +128,14 @@ def test_only_the_sampled_tensors_are_read(tiny_q35, tmp_path, monkeypatch):
         read.append((os.path.basename(self.dir), key, index))
         return real(self, key, index)
     monkeypatch.setattr(mod.Checkpoint, 'read', spy)
-    report = check_per_expert_merge(ckpt, tiny_q35, merged_dir)
+    report = check_per_expert_merge(ckpt, tiny_qwen3_5_moe_dir, merged_dir)
     assert report['ok']
     fused = [r for r in read if r[0] == 'checkpoint-7-merged' and '.experts.' in r[1]]
     assert fused and all(index is not None for _, _, index in fused)  # one expert's slice of a fused tensor
     assert len(read) == 2 * report['checked']  # one base and one merged read per checked tensor
 
 
-def test_megatron_benchmarks_flagship_records_the_expert_check(tiny_q35, tmp_path):
+def test_megatron_benchmarks_flagship_records_the_expert_check(tiny_qwen3_5_moe_dir, tmp_path):
     """benchmarks/megatron_moe.py's item-1 report runs merge_for_vllm.sh and keeps its expert check; a run whose
     merge ran none fails (#31 item 1: "passes merge_for_vllm.sh's expert check", not only "loads")."""
     import sys
@@ -154,7 +146,7 @@ def test_megatron_benchmarks_flagship_records_the_expert_check(tiny_q35, tmp_pat
     run = out / 'v0-20261205'
     os.makedirs(run)
     os.makedirs(vdir)
-    megatron_run(tiny_q35, str(run), attention_delta=0.01)
+    megatron_run(tiny_qwen3_5_moe_dir, str(run), attention_delta=0.01)
     with open(run / 'logging.jsonl', 'w') as f:
         for i, loss in enumerate([12.0, 10.0, 8.0, 6.0, 5.0, 4.0, 3.0], 1):
             f.write(json.dumps({'loss': loss, 'iteration': f'{i}/7', 'memory(GiB)': 10.0,
@@ -163,7 +155,7 @@ def test_megatron_benchmarks_flagship_records_the_expert_check(tiny_q35, tmp_pat
     plan.write_text(json.dumps({'plan': {'backend': 'megatron_ep_lora', 'gpu_peak_gib': 12.0,
                                          'phases': {'steady': {'gpu_reserved_gib': 11.0}}}}))
     args = types.SimpleNamespace(steps=7, global_batch=2, megatron_site='')
-    report = mm.flagship_report(str(out), tiny_q35, str(plan), args, str(vdir))
+    report = mm.flagship_report(str(out), tiny_qwen3_5_moe_dir, str(plan), args, str(vdir))
     assert report['merge_for_vllm_rc'] == 0, report['merge_for_vllm_tail']
     assert report['expert_check']['ok'] and report['expert_check']['trained']
     assert (vdir / 'swift_vora_merge_check.json').is_file()
@@ -173,5 +165,5 @@ def test_megatron_benchmarks_flagship_records_the_expert_check(tiny_q35, tmp_pat
     os.remove(run / 'checkpoint-7' / 'adapter_model.safetensors')  # nothing for the check to compare with
     shutil.rmtree(vdir)
     os.makedirs(vdir)
-    report = mm.flagship_report(str(out), tiny_q35, str(plan), args, str(vdir))
+    report = mm.flagship_report(str(out), tiny_qwen3_5_moe_dir, str(plan), args, str(vdir))
     assert any('ran no expert check' in f for f in report['failures']), report['failures']

@@ -102,19 +102,11 @@ def test_off_by_default_and_a_tower_with_other_calls_is_left_alone():
     assert hook is None and record['not_installed'].startswith('no vision tower')
 
 
-@pytest.fixture(scope='module')
-def tiny_q35_dir(tmp_path_factory):
-    from swift_vora.tiny_model import build_qwen3_5_moe
-    out = str(tmp_path_factory.mktemp('tiny_qwen3_5_moe_preamble'))
-    build_qwen3_5_moe(out, shape='tiny')
-    return out
-
-
-def test_the_full_model_hands_the_tower_the_grid_tensor_it_was_given(tiny_q35_dir):
+def test_the_full_model_hands_the_tower_the_grid_tensor_it_was_given(tiny_qwen3_5_moe_dir):
     """Qwen3.5-MoE's get_video_features passes the caller's video_grid_thw to the tower as is: the runner stages
     the preamble for the tensor it passes to the model."""
     from transformers import AutoModelForImageTextToText
-    model = AutoModelForImageTextToText.from_pretrained(tiny_q35_dir, dtype=torch.float32).eval()
+    model = AutoModelForImageTextToText.from_pretrained(tiny_qwen3_5_moe_dir, dtype=torch.float32).eval()
     hook, record = vision_preamble.install(model, {vision_preamble.ENV: 'prefetch'})
     assert hook is not None, record
     tower = hook.tower

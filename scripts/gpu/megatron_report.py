@@ -106,9 +106,10 @@ def per_expert(tensors: Dict[str, 'object'], like: Dict[str, 'object']) -> Tuple
     """`tensors` with each fused expert tensor of a checkpoint (`...experts.gate_up_proj` [E, 2I, H],
     `...experts.down_proj` [E, H, I]: transformers' own layout, which Megatron's merged export writes) seen as the
     per-expert tensors `like` holds (`...experts.{e}.gate_proj.weight` etc.: the hub layout the base was saved in),
-    as views -- the split transformers' conversion mapping for the Qwen MoE family undoes on load (per-expert
-    gate and up stacked over experts, concatenated on dim 1). Returns the tensors and the fused ones whose shape does
-    not fit the experts of `like` (a layout the comparison cannot read: a failure, not a silent mismatch)."""
+    as views, split as swift_vora's expert check splits them (`per_expert_merge_check.expert_of_fused`). Returns the
+    tensors and the fused ones whose shape does not fit the experts of `like` (a layout the comparison cannot read:
+    a failure, not a silent mismatch)."""
+    from swift_vora.backends.per_expert_merge_check import FUSED, expert_of_fused, fused_shape
     shapes: Dict[Tuple[str, str], Tuple[int, Tuple[int, ...]]] = {}
     for key, tensor in like.items():
         m = PER_EXPERT.match(key)
@@ -118,23 +119,21 @@ def per_expert(tensors: Dict[str, 'object'], like: Dict[str, 'object']) -> Tuple
     out, unreadable = {}, []
     for key, tensor in tensors.items():
         prefix, _, name = key.rpartition('.')
-        if name == 'gate_up_proj' and (prefix, 'gate_proj') in shapes and (prefix, 'up_proj') in shapes:
-            experts, (inter, hidden) = shapes[(prefix, 'gate_proj')]
-            if tuple(tensor.shape) != (experts, 2 * inter, hidden):
-                unreadable.append(f'{key} {list(tensor.shape)}, experts of {[experts, inter, hidden]}')
-                continue
-            for e in range(experts):
-                out[f'{prefix}.{e}.gate_proj.weight'] = tensor[e, :inter]
-                out[f'{prefix}.{e}.up_proj.weight'] = tensor[e, inter:]
-        elif name == 'down_proj' and (prefix, 'down_proj') in shapes:
-            experts, shape = shapes[(prefix, 'down_proj')]
-            if tuple(tensor.shape) != (experts, *shape):
-                unreadable.append(f'{key} {list(tensor.shape)}, experts of {[experts, *shape]}')
-                continue
-            for e in range(experts):
-                out[f'{prefix}.{e}.down_proj.weight'] = tensor[e]
-        else:
+        projs = [p for p, f in FUSED.items() if f == name and (prefix, p) in shapes]
+        if not projs or (name == 'gate_up_proj' and len(projs) < 2):
             out[key] = tensor
+            continue
+        if name == 'gate_up_proj':  # the per-expert sizes: gate [I, H], down [H, I]
+            experts, (inter, hidden) = shapes[(prefix, 'gate_proj')]
+        else:
+            experts, (hidden, inter) = shapes[(prefix, 'down_proj')]
+        expected = fused_shape(name, experts, inter, hidden)
+        if list(tensor.shape) != expected:
+            unreadable.append(f'{key} {list(tensor.shape)}, the fused layout {expected}')
+            continue
+        for e in range(experts):
+            for proj in projs:
+                out[f'{prefix}.{e}.{proj}.weight'] = expert_of_fused(tensor[e], proj, inter)
     return out, unreadable
 
 

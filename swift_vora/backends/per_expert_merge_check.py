@@ -35,6 +35,21 @@ class ExpertLayoutError(ValueError):
     """A checkpoint holds an expert tensor in a shape the model's sizes do not explain."""
 
 
+# transformers' fused expert layout (its conversion mapping for the Qwen MoE family stacks the hub's per-expert
+# tensors over the experts and concatenates gate and up on dim 1): the one place this package reads it
+FUSED = {'gate_proj': 'gate_up_proj', 'up_proj': 'gate_up_proj', 'down_proj': 'down_proj'}
+
+
+def fused_shape(fused: str, experts: int, inter: int, hidden: int) -> List[int]:
+    """The shape of a fused expert tensor: `gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]."""
+    return [experts, 2 * inter, hidden] if fused == 'gate_up_proj' else [experts, hidden, inter]
+
+
+def expert_of_fused(row, proj: str, inter: int):
+    """Expert e's `proj` weight ([out, in], as the hub stores it) from row e of its fused tensor."""
+    return row if proj == 'down_proj' else (row[:inter] if proj == 'gate_proj' else row[inter:])
+
+
 def _adapter_files(adapter_dir: str) -> List[str]:
     return sorted(glob.glob(os.path.join(adapter_dir, '*.safetensors')))
 
@@ -99,8 +114,8 @@ class Checkpoint:
             return self.read(key)
         experts, hidden = self.text['num_experts'], self.text['hidden_size']
         inter = self.text.get('moe_intermediate_size') or self.text['intermediate_size']
-        fused, expected = (('gate_up_proj', [experts, 2 * inter, hidden]) if proj != 'down_proj'
-                           else ('down_proj', [experts, hidden, inter]))
+        fused = FUSED[proj]
+        expected = fused_shape(fused, experts, inter, hidden)
         key = self.find(f'layers.{layer}.mlp.experts.{fused}')
         if key is None:
             raise ExpertLayoutError(f'{self.dir}: layer {layer} has neither experts.{expert}.{proj}.weight nor a fused '
@@ -108,8 +123,7 @@ class Checkpoint:
         if self.shape(key) != expected:
             raise ExpertLayoutError(f'{self.dir}: {key} is {self.shape(key)}; the model\'s sizes (config.json) make '
                                     f'the fused layout {expected}: a layout this check cannot read')
-        weight = self.read(key, expert)
-        return weight if proj == 'down_proj' else (weight[:inter] if proj == 'gate_proj' else weight[inter:])
+        return expert_of_fused(self.read(key, expert), proj, inter)
 
 
 def _scale(adapter_dir: str) -> float:
