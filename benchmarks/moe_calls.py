@@ -40,6 +40,8 @@ ROUTER = '_router'
 FOLD = '_fold'
 # The gate gradient's dot product fused (moe_throughput's *_gategrad variants) against the variant without it.
 GATE_GRAD = '_gategrad'
+# Gated DeltaNet's query and key at their own head count (moe_throughput's *_gva variants) against the variant without.
+GVA = '_gva'
 # A run with one step in flight whose runner timed held steps by when the host read them (before the runner wrote
 # `step_clock`, 2026-12-04, after call l): its median step is the step period, its mean is not (one step short over
 # the window -- docs/runs/h200-moe-full/README.md, "Call l").
@@ -48,7 +50,8 @@ HOST_CLOCK_MEAN = 'not comparable: one step in flight, timed by the host before 
 LEVER_TWINS = (('rank_scale_vs_default', RANK_SCALE, ''), ('host_levers_vs_twin', HOST_LEVERS, ' (host levers)'),
                ('gather_vs_twin', GATHER, ' (permutation gather)'), ('router_vs_twin', ROUTER, ' (fused router)'),
                ('fold_vs_twin', FOLD, ' (down LoRA folded)'),
-               ('gate_grad_vs_twin', GATE_GRAD, ' (fused gate gradient)'))
+               ('gate_grad_vs_twin', GATE_GRAD, ' (fused gate gradient)'),
+               ('gva_vs_twin', GVA, ' (Gated DeltaNet grouped query/key heads)'))
 
 
 def setting(name: str, variant: Dict[str, Any], date: str) -> str:

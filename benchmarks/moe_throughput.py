@@ -40,7 +40,8 @@ shared expert's MLP and the routed experts' fused tensors -- micro-batch 1, the 
 - the levers, each named by its suffixes and documented beside its table below (`vora_variant` reads them all):
   checkpointed layers (`_ck32`), the rank-scale rewrite (`_rank_scale`), then on top of it the permutation gather
   (`_gather`), Unsloth's fused router (`_router`), the folded down-projection LoRA (`_fold`), the fused gate gradient
-  (`_gategrad`); a lever's twin is the same name without its last suffix.
+  (`_gategrad`), Gated DeltaNet's query/key at their own head count (`_gva`); a lever's twin is the same name
+  without its last suffix.
 
 Full depth (`--layers 40`, the whole 35B-A3B: ~65 GiB of bf16 weights) needs a checkpoint folder with room for it:
 `scripts/gpu/run_all.sh moe_full` builds it in a RAM-backed tmpfs on the GPU machine (its disk is smaller than the
@@ -163,6 +164,15 @@ GATE_GRAD_VARIANTS = {name + '_gategrad': name for name in (
 LEVERS_ON_RANK_SCALE.update({name: (LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[0],
                                     {**LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[1], **GATE_GRAD_ENV})
                              for name, twin in GATE_GRAD_VARIANTS.items()})
+# Gated DeltaNet's query and key handed to fla's kernel at their 16 heads, not repeated to the 32 value heads
+# (SWIFT_VORA_GDN_QK_HEADS=grouped, speed/gdn_qk_heads.py; call n's profile: 106 copies, 33.9 ms of 2.505 s), on top of
+# a rank-scale variant or of the gather + router + gate-gradient levers: `*_gva` against the name without it
+GVA_ENV = {'SWIFT_VORA_GDN_QK_HEADS': 'grouped'}
+GVA_VARIANTS = {name + '_gva': name for name in (
+    *RANK_SCALE_VARIANTS, *(n for n in GATE_GRAD_VARIANTS if n.endswith('_gather_router_gategrad')))}
+LEVERS_ON_RANK_SCALE.update({name: (LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[0],
+                                    {**LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[1], **GVA_ENV})
+                             for name, twin in GVA_VARIANTS.items()})
 
 
 def budget(smoke: bool) -> Dict[str, Any]:

@@ -55,6 +55,11 @@ MEGATRON_GDN_FORWARD_PARAMS = ('self', 'hidden_states', 'attention_mask', 'key_v
                                'attention_bias', 'packed_seq_params', 'sequence_len_offset', 'inference_params',
                                'kwargs')
 CONV3D_FORWARD_SOURCE = {version: '91cbbd182f3c8657' for version in ('2.14.1', '2.11.0', '2.11.0+cu130')}
+# transformers' Gated DeltaNet forward (Qwen3.5 and Qwen3.5-MoE share one source, Qwen3-Next has its own): hashed from
+# the 5.17.0 wheel (the H200 image's) and the installed 5.19.0 on 2026-12-05, the same bytes in both; 5.18.0 not read
+GDN_FORWARD_PARAMS = ('self', 'hidden_states', 'cache_params', 'attention_mask', 'kwargs')
+GDN_FORWARD_SOURCE = {v: 'bd25761e1031fff0' for v in ('5.17.0', '5.19.0')}
+GDN_NEXT_FORWARD_SOURCE = {v: 'fc80496fd00b7992' for v in ('5.17.0', '5.19.0')}
 
 
 class Patch(NamedTuple):
@@ -207,6 +212,17 @@ PATCHES = (
           {'2026.10.9': '8f9c1d5a82935f32'},
           uses=('dgate = (inter.to(torch.float32) * grad_inter.to(torch.float32)).sum(dim=-1)', ),
           needs=('unsloth_zoo', )),
+    # Gated DeltaNet's query and key at their own head count for fla's GVA kernel (one condition rewritten; the forward
+    # that runs -- transformers' or Unsloth's generated copy with the same statements; speed/gdn_qk_heads.py)
+    *(Patch(f'gdn_qk_grouped_heads_{short}', f'transformers.models.{module}:{cls}.forward', 'transformers', 'replaces',
+            GDN_FORWARD_PARAMS, 'speed/gdn_qk_heads.py', 'SWIFT_VORA_GDN_QK_HEADS=repeat (the default)',
+            'tests/test_gdn_qk_heads.py', sources,
+            uses=('query = query.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=2)',
+                  'torch_chunk_gated_delta_rule(', 'use_precomputed_states and seq_len == 1'))
+      for short, module, cls, sources in (
+          ('qwen3_5_moe', 'qwen3_5_moe.modeling_qwen3_5_moe', 'Qwen3_5MoeGatedDeltaNet', GDN_FORWARD_SOURCE),
+          ('qwen3_5', 'qwen3_5.modeling_qwen3_5', 'Qwen3_5GatedDeltaNet', GDN_FORWARD_SOURCE),
+          ('qwen3_next', 'qwen3_next.modeling_qwen3_next', 'Qwen3NextGatedDeltaNet', GDN_NEXT_FORWARD_SOURCE))),
     # the routed-row gather of the same forward: unsloth_zoo's own permutation-undoing autograd function in eager
     # mode too, not only under torch.compile (speed/moe_gather.py)
     Patch('moe_gather_permutation', 'unsloth_zoo.temporary_patches.moe_utils:gather_routed_rows', 'unsloth_zoo',

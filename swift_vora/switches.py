@@ -168,6 +168,10 @@ def _table() -> Tuple[Switch, ...]:
                '(unsloth_zoo as it is: indexing, a sort-based backward) | permutation (unsloth_zoo\'s '
                '_RoutedRowGather: the backward undoes the permutation and sums over top_k)',
                choices=('index', 'permutation'), where='speed/moe_gather.py'),
+        Switch(PREFIX + 'GDN_QK_HEADS', 'choice', 'repeat', 'Gated DeltaNet query and key under the Unsloth runner: '
+               'repeat (transformers as it is: repeated to the value heads) | grouped (handed to fla\'s kernel at '
+               'their own head count; it reads each for its group of value heads)', choices=('repeat', 'grouped'),
+               where='speed/gdn_qk_heads.py'),
         Switch(PREFIX + 'STEP_SYNC', 'choice', 'each', 'Unsloth runner, CUDA: synchronise after each optimizer step '
                '(each) | keep one step in flight and record it one step late (lagged)', choices=('each', 'lagged'),
                where='backends/step_ends.py'),

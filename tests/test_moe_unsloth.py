@@ -882,7 +882,8 @@ def test_runner_with_the_vision_preamble_on_the_prefetch_thread_trains_the_same(
 def test_moe_calls_compares_the_fused_router_with_its_twin_alone_and_on_top_of_the_gather(tmp_path):
     """`*_router` (UNSLOTH_MOE_FUSED_ROUTER=1) against the same name without the suffix in its call -- the rank-scale
     variant, or its gather lever for `*_gather_router` -- and the benchmark runs each with exactly its twin's switches
-    plus Unsloth's; likewise `*_fold` (SWIFT_VORA_MOE_DOWN_LORA=fold) on top of its twin's."""
+    plus Unsloth's; likewise `*_fold`, `*_gategrad` and `*_gva` (SWIFT_VORA_GDN_QK_HEADS=grouped) on top of their
+    twin's."""
     sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
     import moe_calls
     import moe_throughput
@@ -894,14 +895,18 @@ def test_moe_calls_compares_the_fused_router_with_its_twin_alone_and_on_top_of_t
                                  {'SWIFT_VORA_MOE_DOWN_LORA': 'fold'}),
                                 (base + '_gategrad', base, {'SWIFT_VORA_MOE_GATE_GRAD': 'fused'}),
                                 (base + '_gather_router_fold_gategrad', base + '_gather_router_fold',
-                                 {'SWIFT_VORA_MOE_GATE_GRAD': 'fused'})):
+                                 {'SWIFT_VORA_MOE_GATE_GRAD': 'fused'}),
+                                (base + '_gva', base, {'SWIFT_VORA_GDN_QK_HEADS': 'grouped'}),
+                                (base + '_gather_router_gategrad_gva', base + '_gather_router_gategrad',
+                                 {'SWIFT_VORA_GDN_QK_HEADS': 'grouped'})):
         built_on, env = moe_throughput.LEVERS_ON_RANK_SCALE[lever]
         twin_env = moe_throughput.LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[1]
         assert built_on == base and env == {**twin_env, **switch}, lever
     runner = {'autocast': 'bfloat16', 'encode_threads': 4, 'step_sync': 'each'}
     rows = {name: {'tokens_per_s': rate, 'runner': runner, 'median_step_s': step, 'losses': [13.0, 12.0]}
             for name, rate, step in ((base, 12200.0, 2.55), (base + '_gather', 12450.0, 2.5),
-                                     (base + '_router', 12400.0, 2.51), (base + '_gather_router', 12700.0, 2.45))}
+                                     (base + '_router', 12400.0, 2.51), (base + '_gather_router', 12700.0, 2.45),
+                                     (base + '_gva', 12350.0, 2.52))}
     (tmp_path / 'moe-h200-full-p.json').write_text(json.dumps({'date': '2026-12-06', 'model': {'layers': 40},
                                                                'variants': rows}))
     s = moe_calls.summarize(moe_calls.load('moe-h200-full-*.json', str(tmp_path)))
@@ -909,6 +914,8 @@ def test_moe_calls_compares_the_fused_router_with_its_twin_alone_and_on_top_of_t
         (base + '_router', base, 1.016), (base + '_gather_router', base + '_gather', 1.02)]
     assert [(r['variant'], r['twin']) for r in s['gather_vs_twin']] == [(base + '_gather', base)]
     assert '(fused router) against ' + base + '_gather: 1.02x' in moe_calls.render(s)
+    assert [(r['variant'], r['twin'], r['median_step_ratio']) for r in s['gva_vs_twin']] == [
+        (base + '_gva', base, 1.012)]
 
 
 def test_moe_benchmark_dry_run_plans_each_variant_with_its_switches_and_refuses_an_unknown_one(tmp_path):

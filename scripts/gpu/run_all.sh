@@ -14,7 +14,8 @@
 #   throughput    benchmarks/throughput.py: plain swift sft vs swift-vora, 2B-shape Qwen3-VL        [~6 min]
 #   learnability  benchmarks/learnability.py: true vs shuffled labels, R1@0.5 on held-out videos     [~6 min]
 #   calibrate     benchmarks/calibrate_memory.py (measured vs planned memory), JSON into $OUT
-#   e2e           pytest -m gpu tests/ (the GPU-marked tests; none marked = rc 0 with a note); junit XML into $OUT
+#   e2e           pytest -m gpu tests/ (the GPU-marked tests; none marked = rc 0 with a note); junit XML into $OUT;
+#                 with .whl/moe carried, the MoE set installed first (e.g. `e2e -k flas_grouped_kernel`)
 #   e2e_dense     scripts/gpu/e2e_dense.sh: recipe -> ZeRO-3 LoRA -> verify-adapter -> merge -> eval (2B shape) [~5 min]
 #   multi_gpu_zero3  scripts/gpu/multi_gpu_zero3.sh: NCCL sanity + ZeRO-3 LoRA on every GPU of the host, all guards
 #   moe           benchmarks/moe_throughput.py: Unsloth split LoRA vs plain swift PEFT, Qwen3.5-MoE 35B-A3B shape with
@@ -131,6 +132,8 @@ main() {
         else echo "calibrate: benchmarks/calibrate_memory.py is not in this checkout"; rc=2
         fi;;
       e2e)
+        # the MoE set where it was carried: its GPU tests (fla's kernel as Unsloth binds it) run instead of skipping
+        if ls .whl/moe/unsloth-*.whl >/dev/null 2>&1; then install_moe_wheels || rc=1; fi
         python3 -m pytest -m gpu -q -rs --junitxml="$OUT/e2e-junit.xml" tests/ "$@"
         case $? in 0) ;; 5) echo "e2e: no test is marked gpu";; *) rc=1;; esac;;
       e2e_dense)

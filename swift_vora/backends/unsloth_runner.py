@@ -211,6 +211,10 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     info['moe_router'] = moe_router.install(model)
     if moe_router.wanted():
         log(f'fused MoE router ({moe_router.ENV}): {json.dumps(info["moe_router"])}')
+    from ..speed import gdn_qk_heads  # query and key at their own head count where fla's kernel takes them
+    info['gdn_qk_heads'] = gdn_qk_heads.install(model)
+    if gdn_qk_heads.wanted():
+        log(f'Gated DeltaNet query/key heads ({gdn_qk_heads.ENV}): {json.dumps(info["gdn_qk_heads"])}')
     counts = assert_router_frozen(model)
     check_not_quantized(model)
     if cfg.is_moe and counts['expert_lora_tensors'] == 0:
@@ -351,7 +355,9 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                             for k, v in batch.vision.items()})
                     guards.enter('forward', step, micro)
                     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                        loss = model(**inputs).loss / cfg.grad_accum
+                        # no KV / recurrent cache: a training forward never reads one (Unsloth turns it off only
+                        # with its checkpointing; the PEFT stand-in kept one per forward)
+                        loss = model(**inputs, use_cache=False).loss / cfg.grad_accum
                     guards.enter('backward', step, micro)
                     loss.backward()
                     if lagged:  # summed on the device: no read-back until the step is recorded
@@ -386,6 +392,10 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     if moe_router.wanted():  # unsloth_zoo's count: 0 means no router took the fused path
         info['moe_router']['fused_calls'] = moe_router.fused_calls()
         log(f'fused MoE router calls: {info["moe_router"]["fused_calls"]}')
+    if gdn_qk_heads.wanted():  # 0 grouped calls: the lever did nothing (each class's `state` says why)
+        info['gdn_qk_heads']['grouped_calls'] = gdn_qk_heads.CALLS['grouped']
+        log(f'Gated DeltaNet grouped-head calls: {gdn_qk_heads.CALLS["grouped"]}; '
+            f'{json.dumps(info["gdn_qk_heads"].get("classes"))}')
     info['profile'] = profiler.written
     info['steps_left_in_flight'] = ends.held  # lagged: steps recorded after the next one was launched
     if preamble is not None:
@@ -454,10 +464,10 @@ def linear_attention_kernel() -> Optional[str]:
         fn = getattr(module, 'torch_chunk_gated_delta_rule', None) if module else None
         if fn is None:
             continue
-        for cell in getattr(fn, '__closure__', None) or ():
-            target = cell.cell_contents
-            if callable(target) and getattr(target, '__name__', '') == 'chunk_gated_delta_rule':
-                return f'{getattr(target, "__module__", "?")}.chunk_gated_delta_rule'
+        from ..speed.gdn_qk_heads import bound_kernel
+        target = bound_kernel(fn)
+        if target is not fn:
+            return f'{getattr(target, "__module__", "?")}.chunk_gated_delta_rule'
         return 'transformers torch_chunk_gated_delta_rule (PyTorch reference)'
     return None
 

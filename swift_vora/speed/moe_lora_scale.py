@@ -55,7 +55,8 @@ def wanted(environ=None) -> bool:
 
 def rewrite(source: str, rewrites=REWRITES, what: str = FUNCTION) -> str:
     """`source` with every statement of `rewrites` replaced in order; RewriteMismatch when one is not there exactly as
-    often. The one statement rewriter of the MoE levers (moe_down_fold's statements and moe_gate_grad's too)."""
+    often. The one statement rewriter of the source-rewriting levers (moe_down_fold's, moe_gate_grad's and
+    gdn_qk_heads' statements too)."""
     for old, new, count in rewrites:
         found = source.count(old)
         if found != count:
