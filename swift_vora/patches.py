@@ -212,6 +212,13 @@ PATCHES = (
           {'2026.10.9': '8f9c1d5a82935f32'},
           uses=('dgate = (inter.to(torch.float32) * grad_inter.to(torch.float32)).sum(dim=-1)', ),
           needs=('unsloth_zoo', )),
+    # unsloth_zoo's fused-router reader: where it finds no form, the copy Unsloth's compiler generated for the router
+    # class, looked up through the class forward's own globals (its generated module claims the modeling module's
+    # name, so upstream's sys.modules lookup misses it); the forms and the fused forward stay unsloth_zoo's
+    Patch('moe_router_compiled_copy', 'unsloth_zoo.temporary_patches.moe_router_triton:_router_form', 'unsloth_zoo',
+          'wraps', ('cls', ), 'speed/moe_router.py', 'UNSLOTH_MOE_FUSED_ROUTER=0 (the default: no fused router)',
+          'tests/test_moe_router.py', uses=('sys.modules.get(cls.__module__)', '_body_lines(', '_ROUTER_FORMS.items()'),
+          needs=('unsloth_zoo', )),
     # Gated DeltaNet's query and key at their own head count for fla's GVA kernel (one condition rewritten; the forward
     # that runs -- transformers' or Unsloth's generated copy with the same statements; speed/gdn_qk_heads.py)
     *(Patch(f'gdn_qk_grouped_heads_{short}', f'transformers.models.{module}:{cls}.forward', 'transformers', 'replaces',

@@ -9,7 +9,6 @@ fla's Triton kernel needs a GPU: here a stand-in with fla's contract (a function
 PyTorch reference, bound the way transformers' hub wrapper binds fla (a closure cell). The GPU test at the end runs
 the real kernel."""
 import functools
-import glob
 import importlib.util
 import inspect
 import os
@@ -17,6 +16,7 @@ import textwrap
 
 import pytest
 import torch
+import unsloth_compiled
 from transformers import Qwen3_5MoeTextConfig
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as M
 
@@ -47,6 +47,15 @@ def fake_fla(seen, refuse_groups=False):
         return implementation(*args, **kwargs)
 
     return wrapped
+
+
+def unsloth_disabled(fn):
+    """Shaped like unsloth_zoo's `torch_compiler_disable_unless_decode`: functools.wraps around a disabled call."""
+    @functools.wraps(fn)
+    def forward(*args, **kwargs):
+        return fn(*args, **kwargs)
+    forward._unsloth_undisabled = fn
+    return forward
 
 
 def gdn_layer(seed=0):
@@ -115,7 +124,7 @@ def test_torch_reference_kernel_keeps_the_repeat(restore):
     before = M.Qwen3_5MoeGatedDeltaNet.forward
     state = G.install(model, ON)
     entry = state['classes']['Qwen3_5MoeGatedDeltaNet']
-    assert entry['state'].startswith('kept its forward: the chunk kernel is transformers.')
+    assert entry['state'].startswith("kept its forward: the chunk kernel is transformers' PyTorch reference")
     assert 'takes no grouped heads' in entry['state']
     assert M.Qwen3_5MoeGatedDeltaNet.forward is before
 
@@ -133,7 +142,11 @@ def test_only_the_chunked_path_with_flas_kernel_groups():
     assert G.kernel_groups(fla, decode_step=False)
     assert not G.kernel_groups(fla, decode_step=True)  # the recurrent decode kernel keeps its repeated inputs
     assert not G.kernel_groups(REFERENCE, decode_step=False)
-    assert G.kernel_name(REFERENCE).startswith('transformers.')
+    assert G.kernel_name(REFERENCE).startswith("transformers' PyTorch reference")
+    # Unsloth's compiled module re-decorates the hub wrapper (torch_compiler_disable_unless_decode keeps it as
+    # __wrapped__): looked through, to fla's function or to nothing
+    assert G.kernel_groups(unsloth_disabled(fake_fla([])), decode_step=False)
+    assert not G.kernel_groups(unsloth_disabled(REFERENCE), decode_step=False)
 
 
 def test_a_kernel_that_refuses_grouped_heads_keeps_the_forward(restore):
@@ -346,60 +359,24 @@ def test_runner_trains_the_same_with_grouped_heads(tiny_qwen3_5_moe_dir, tmp_pat
     torch.testing.assert_close(torch.tensor(grouped_losses), torch.tensor(plain_losses), rtol=1e-5, atol=0)
 
 
-MOE_WHEELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '.whl', 'moe')
-# unsloth_zoo refuses to import where unsloth is not beside it: both wheels, unpacked side by side
-ZOO_WHEELS = [sorted(glob.glob(os.path.join(MOE_WHEELS, f'{name}-*.whl')))[-1:] for name in ('unsloth_zoo', 'unsloth')]
-ZOO_WHEELS = sum(ZOO_WHEELS, []) if all(ZOO_WHEELS) else []
-GENERATE = '''import sys, transformers, transformers.models.qwen3_5_moe.modeling_qwen3_5_moe
-import unsloth_zoo.compiler as compiler
-compiler.transformers = transformers  # the compiler evals the model's location in its own globals
-source = compiler.create_standalone_class('Qwen3_5MoeGatedDeltaNet',
-                                          'transformers.models.qwen3_5_moe.modeling_qwen3_5_moe', [],
-                                          fullgraph=False, disable=True)  # disabled: DISABLE_COMPILE_MODULES lists it
-open(sys.argv[1], 'w').write(source)
-'''
-
-
-@pytest.mark.skipif(not ZOO_WHEELS, reason='the unsloth and unsloth_zoo wheels (the GPU machine\'s MoE set, '
-                    'scripts/gpu/fetch_wheels.sh moe) are not in .whl/moe here: the runner records on the GPU machine '
-                    'which forward it rewrote')
+@pytest.mark.skipif(not unsloth_compiled.WHEELS, reason=unsloth_compiled.MISSING)
 def test_the_class_unsloths_compiler_generates_runs_grouped(tmp_path, restore):
     """Unsloth's compiler (read from the wheel, run on this transformers) writes the Qwen3.5-MoE Gated DeltaNet class
-    it trains with: its one-line forward and `Qwen3_5MoeGatedDeltaNet_forward` are recognised as transformers'
-    statements, rewritten, and give the repeat's outputs and gradients."""
-    import subprocess
-    import sys
-    import zipfile
-    for wheel in ZOO_WHEELS:
-        with zipfile.ZipFile(wheel) as z:
-            z.extractall(tmp_path / 'zoo')
-    generated = tmp_path / 'generated.py'
-    env = {**os.environ, 'PYTHONPATH': str(tmp_path / 'zoo'), 'UNSLOTH_IS_PRESENT': '1'}
-    proc = subprocess.run([sys.executable, '-c', GENERATE, str(generated)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    source = generated.read_text()
-    assert 'return Qwen3_5MoeGatedDeltaNet_forward(self, hidden_states=hidden_states' in source
-    header = '\n'.join([  # what the compiled module imports and defines before the class (compiler.py's prelude)
-        'import functools',
-        'import transformers.models.qwen3_5_moe.modeling_qwen3_5_moe as _modeling',
-        'globals().update({k: v for k, v in vars(_modeling).items() if not k.startswith("__")})',
-        'def torch_compiler_disable_unless_decode(fn):',
-        '    @functools.wraps(fn)',
-        '    def disabled(*args, **kwargs):',
-        '        return fn(*args, **kwargs)',
-        '    return disabled', ''])
-    path = tmp_path / 'unsloth_compiled_module_generated.py'
-    path.write_text(header + source)
-    spec = importlib.util.spec_from_file_location('unsloth_compiled_module_generated', path)
-    compiled = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compiled)
+    it trains with -- claiming transformers' module as its own, as Unsloth's generated module does: its one-line
+    forward and `Qwen3_5MoeGatedDeltaNet_forward` are recognised as transformers' statements, rewritten, and give the
+    repeat's outputs and gradients."""
+    compiled = unsloth_compiled.compiled_module(tmp_path, 'unsloth_compiled_module_generated',
+                                                ('Qwen3_5MoeGatedDeltaNet', True))
+    assert compiled.Qwen3_5MoeGatedDeltaNet.__module__ == M.__name__
     seen = []
-    compiled.torch_chunk_gated_delta_rule = fake_fla(seen)
+    # the compiled module re-decorates transformers' kernel wrapper as it does (compiler.py: the hub decorator, then
+    # torch_compiler_disable_unless_decode)
+    compiled.torch_chunk_gated_delta_rule = unsloth_disabled(fake_fla(seen))
     model = as_compiled(gdn_layer(), compiled)
     expected = forward_and_grads(model)
     entry = G.install(model, ON)['classes']['Qwen3_5MoeGatedDeltaNet']
     assert entry['what'] == 'unsloth copy', entry
+    assert entry['defined_at'].startswith(str(tmp_path / 'unsloth_compiled_module_generated.py'))
     forward_and_grads(model)
     assert entry['state'] == 'grouped', entry
     seen.clear()

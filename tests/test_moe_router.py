@@ -12,6 +12,7 @@ import zipfile
 
 import pytest
 import torch
+import unsloth_compiled
 
 from swift_vora.speed import moe_router
 
@@ -119,19 +120,14 @@ def test_an_unsloth_zoo_without_the_fused_router_is_said_not_raised(tiny_moe, mo
     assert moe_router.fused_calls() is None
 
 
-@pytest.mark.skipif(not WHEELS, reason='the unsloth_zoo wheel (the GPU machine\'s MoE set, scripts/gpu/fetch_wheels.sh '
-                    'moe) is not in .whl/moe here: the runner records on the GPU machine whether any router went fused')
-def test_the_real_module_offers_the_hook_and_recognises_this_transformers_router(tmp_path):
-    """unsloth_zoo's module, read from the wheel and run with its one package import stood in (it imports nothing
-    else of unsloth_zoo): the names the runner uses, the switch read as the runner reads it, and the installed
-    transformers' Qwen3.5-MoE router recognised -- a reworded router upstream would leave the lever silently off."""
-    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
+def real_router_module(tmp_path):
+    """unsloth_zoo's router module as the wheel has it, run with its one package import stood in (it imports nothing
+    else of unsloth_zoo): a package of its own in tmp_path (Triton reads a kernel's source from its file), beside a
+    `common` that holds the one name it imports. Returns (module, its source)."""
     with zipfile.ZipFile(WHEELS[-1]) as z:
         source = z.read('unsloth_zoo/temporary_patches/moe_router_triton.py').decode()
-    # a package of its own in tmp_path (Triton reads a kernel's source from its file): the module as the wheel has
-    # it, beside a `common` that holds the one name it imports from unsloth_zoo
     package = tmp_path / 'uz_stand_in'
-    package.mkdir()
+    package.mkdir(parents=True)
     (package / '__init__.py').write_text('')
     (package / 'common.py').write_text('TEMPORARY_PATCHES = []\n')
     (package / 'moe_router_triton.py').write_text(source)
@@ -143,6 +139,17 @@ def test_the_real_module_offers_the_hook_and_recognises_this_transformers_router
         sys.path.remove(str(tmp_path))
         for name in [n for n in sys.modules if n == 'uz_stand_in' or n.startswith('uz_stand_in.')]:
             del sys.modules[name]
+    return module, source
+
+
+@pytest.mark.skipif(not WHEELS, reason='the unsloth_zoo wheel (the GPU machine\'s MoE set, scripts/gpu/fetch_wheels.sh '
+                    'moe) is not in .whl/moe here: the runner records on the GPU machine whether any router went fused')
+def test_the_real_module_offers_the_hook_and_recognises_this_transformers_router(tmp_path):
+    """unsloth_zoo's module, read from the wheel and run with its one package import stood in (it imports nothing
+    else of unsloth_zoo): the names the runner uses, the switch read as the runner reads it, and the installed
+    transformers' Qwen3.5-MoE router recognised -- a reworded router upstream would leave the lever silently off."""
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
+    module, source = real_router_module(tmp_path)
     assert callable(module.enable_fused_router) and module.ROUTER_CALLS == {'fused': 0}
     assert f'"{moe_router.ENV}", "0") == "1"' in source
     assert ('qwen3_5_moe', 'Qwen3_5MoeTopKRouter') in module._ROUTER_CLASSES
@@ -160,3 +167,43 @@ def test_the_real_module_offers_the_hook_and_recognises_this_transformers_router
     logits, scores, ids = router(hidden)
     w, ref_ids = module.moe_router_reference(logits, router.top_k, 'softmax_topk', True)
     assert torch.equal(ids, ref_ids) and torch.allclose(scores, w.to(scores.dtype))
+
+
+@pytest.mark.skipif(not unsloth_compiled.WHEELS, reason=unsloth_compiled.MISSING)
+def test_the_router_class_unsloths_compiler_generates_is_read_and_routes_fused(tmp_path, monkeypatch):
+    """Calls p and r's unfused router, reproduced: Unsloth's compiler (from the wheel, on this transformers) generates
+    the router class with a compiled copy of its forward, in a module that claims transformers' modeling module as
+    its own; unsloth_zoo's reader looks the copy up there and finds nothing. With the switch on, the runner's lookup
+    reads the copy through the class forward's own globals: unsloth_zoo's hook then installs its fused forward, which
+    off CUDA falls back to the class's own -- the same routing."""
+    from transformers import Qwen3_5MoeForConditionalGeneration
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
+
+    from swift_vora import patches
+    from swift_vora.tiny_model import qwen3_5_moe_config
+    module, _ = real_router_module(tmp_path / 'router')
+    monkeypatch.setitem(sys.modules, moe_router.MODULE, module)
+    monkeypatch.delitem(patches._checked, moe_router.PATCH, raising=False)  # decided per process: here, for this
+    monkeypatch.setenv(moe_router.ENV, '1')  # unsloth_zoo reads its switch from the environment at each call
+    compiled = unsloth_compiled.compiled_module(tmp_path, 'unsloth_compiled_router', ('Qwen3_5MoeTopKRouter', False))
+    cls = compiled.Qwen3_5MoeTopKRouter
+    assert cls.__module__ == modeling_qwen3_5_moe.__name__  # as in the GPU record
+    assert module._router_form(cls) is None  # upstream's reading of it, unchanged: what left calls p and r unfused
+
+    torch.manual_seed(0)
+    model = Qwen3_5MoeForConditionalGeneration(qwen3_5_moe_config('tiny', None)).eval()
+    gates = [m for m in model.modules() if type(m).__name__ == 'Qwen3_5MoeTopKRouter']
+    for gate in gates:
+        gate.__class__ = cls
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    with torch.no_grad():
+        expected = model.model.language_model(input_ids=ids).last_hidden_state
+    state = moe_router.install(model, {moe_router.ENV: '1'})
+    assert state['compiled_copy_lookup'] == 'installed'
+    assert state['patched_now'] == ['Qwen3_5MoeTopKRouter'] and state['unfused'] == []
+    assert getattr(cls.__dict__['forward'], '_unsloth_fused_router', False)
+    assert module._SUPPORTED[f'{cls.__module__}.{cls.__name__}'] == 'softmax_true_cast'
+    with torch.no_grad():
+        got = model.model.language_model(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert moe_router.fused_calls() == 0  # off CUDA unsloth_zoo routes through the class's own forward

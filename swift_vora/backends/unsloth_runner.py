@@ -466,7 +466,7 @@ def linear_attention_kernel() -> Optional[str]:
             continue
         from ..speed.gdn_qk_heads import bound_kernel
         target = bound_kernel(fn)
-        if target is not fn:
+        if target is not None:
             return f'{getattr(target, "__module__", "?")}.chunk_gated_delta_rule'
         return 'transformers torch_chunk_gated_delta_rule (PyTorch reference)'
     return None

@@ -68,24 +68,32 @@ def wanted(environ=None) -> bool:
 
 
 def bound_kernel(kernel: Any) -> Optional[Any]:
-    """The implementation behind transformers' `torch_chunk_gated_delta_rule` global: its hub wrapper keeps the
-    package's function (fla's `chunk_gated_delta_rule`) in a closure cell when that package imported, else its own
-    PyTorch reference. None where neither is found."""
-    if kernel is None:
-        return None
-    for cell in getattr(kernel, '__closure__', None) or ():
-        try:
-            target = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if callable(target) and getattr(target, '__name__', '') == 'chunk_gated_delta_rule':
-            return target
-    return kernel
+    """The package implementation behind a `torch_chunk_gated_delta_rule` global, or None where it is transformers'
+    PyTorch reference. transformers' hub wrapper keeps the package's function (fla's `chunk_gated_delta_rule`) in a
+    closure cell when that package imported; Unsloth's compiled module wraps that wrapper once more
+    (`torch_compiler_disable_unless_decode`, which keeps it as `__wrapped__`): each layer is looked through."""
+    obj = kernel
+    for _ in range(8):  # a few decorator layers at most
+        if obj is None:
+            return None
+        if getattr(obj, '__name__', '') == 'chunk_gated_delta_rule':
+            return obj
+        for cell in getattr(obj, '__closure__', None) or ():
+            try:
+                target = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(target) and getattr(target, '__name__', '') == 'chunk_gated_delta_rule':
+                return target
+        obj = getattr(obj, '__wrapped__', None)
+    return None
 
 
 def kernel_name(kernel: Any) -> str:
     target = bound_kernel(kernel)
-    return 'none' if target is None else f'{getattr(target, "__module__", "?")}.{getattr(target, "__name__", "?")}'
+    if target is None:
+        return 'none' if kernel is None else 'transformers\' PyTorch reference (torch_chunk_gated_delta_rule)'
+    return f'{getattr(target, "__module__", "?")}.{getattr(target, "__name__", "?")}'
 
 
 def kernel_groups(kernel: Any, decode_step: bool) -> bool:
@@ -175,7 +183,9 @@ def grouped_forward(cls: type) -> Tuple[Any, Dict[str, Any]]:
     module_globals[GLOBAL] = sys.modules[__name__]
     defined: Dict[str, Any] = {}
     exec(code, module_globals, defined)
+    # where it was defined: Unsloth's generated module claims the modeling module's name (it imports `__name__`)
     info = {'forward': f'{function.__module__}.{function.__qualname__}', 'what': what,
+            'defined_at': f'{inner.__code__.co_filename}:{inner.__code__.co_firstlineno}',
             'kernel': kernel_name(module_globals.get('torch_chunk_gated_delta_rule'))}
     return defined[inner.__code__.co_name], info
 
