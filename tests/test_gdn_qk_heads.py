@@ -269,6 +269,23 @@ def test_a_copy_with_other_statements_keeps_its_forward(tmp_path, restore):
     assert compiled.Qwen3_5MoeGatedDeltaNet.forward is before
 
 
+def test_the_runner_names_the_kernel_the_models_forward_calls(tmp_path, restore):
+    """`linear_attention_kernel` (the runner's record, and what its Hopper warning reads) looks where the forward that
+    runs looks: Unsloth's generated module binds a global of its own, which may differ from transformers'."""
+    from swift_vora.backends.unsloth_runner import linear_attention_kernel
+    reference = 'transformers torch_chunk_gated_delta_rule (PyTorch reference)'
+    fla = 'fla.ops.gated_delta_rule.chunk.chunk_gated_delta_rule'
+    model = gdn_layer()
+    assert linear_attention_kernel(model) == linear_attention_kernel() == reference
+    M.torch_chunk_gated_delta_rule = fake_fla([])
+    assert linear_attention_kernel(model) == fla
+    M.torch_chunk_gated_delta_rule = REFERENCE
+    compiled = unsloth_compiled_module(tmp_path, 'unsloth_compiled_module_qwen3_5_moe_kernel')
+    compiled.torch_chunk_gated_delta_rule = unsloth_disabled(fake_fla([]))
+    assert linear_attention_kernel(as_compiled(gdn_layer(), compiled)) == fla
+    assert linear_attention_kernel() == reference  # transformers' module alone would have said so
+
+
 def test_statements_ignore_decorators_signature_and_comments():
     a = '@deco\ndef f(\n    self,\n    x,\n):\n    y = x  # note\n    # a comment\n    return y\n'
     b = '    def g(self, x):\n        y = x\n        return y\n'

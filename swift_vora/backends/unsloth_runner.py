@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import json
 import math
 import os
@@ -211,16 +212,16 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     info['moe_router'] = moe_router.install(model)
     if moe_router.wanted():
         log(f'fused MoE router ({moe_router.ENV}): {json.dumps(info["moe_router"])}')
-    from ..speed import gdn_qk_heads  # query and key at their own head count where fla's kernel takes them
-    info['gdn_qk_heads'] = gdn_qk_heads.install(model)
-    if gdn_qk_heads.wanted():
-        log(f'Gated DeltaNet query/key heads ({gdn_qk_heads.ENV}): {json.dumps(info["gdn_qk_heads"])}')
     counts = assert_router_frozen(model)
     check_not_quantized(model)
     if cfg.is_moe and counts['expert_lora_tensors'] == 0:
         raise AssertionError('no LoRA on the experts: the MoE split-LoRA path is not active')
     info.update(counts)
-    info['linear_attention_kernel'] = linear_attention_kernel()
+    info['linear_attention_kernel'] = linear_attention_kernel(model)  # read before a lever wraps the forward
+    from ..speed import gdn_qk_heads  # query and key at their own head count where fla's kernel takes them
+    info['gdn_qk_heads'] = gdn_qk_heads.install(model)
+    if gdn_qk_heads.wanted():
+        log(f'Gated DeltaNet query/key heads ({gdn_qk_heads.ENV}): {json.dumps(info["gdn_qk_heads"])}')
     risk = linear_attention_risk(info['linear_attention_kernel'])
     if risk:
         info['linear_attention_warning'] = risk
@@ -454,21 +455,32 @@ def _peak_memory(torch) -> Dict[str, float]:
             'max_memory_reserved_gib': round(torch.cuda.max_memory_reserved() / 2**30, 3)}
 
 
-def linear_attention_kernel() -> Optional[str]:
-    """Which Gated DeltaNet kernel transformers bound (Qwen3.5 / Qwen3-Next): flash-linear-attention's Triton
-    kernel when `fla` was importable when the modeling module loaded, else transformers' PyTorch reference."""
+def linear_attention_kernel(model: Any = None) -> Optional[str]:
+    """Which Gated DeltaNet kernel the model's layers call (Qwen3.5 / Qwen3-Next): flash-linear-attention's Triton
+    kernel when `fla` was importable when the binding was made, else transformers' PyTorch reference. Read where the
+    forward that runs looks it up -- Unsloth's generated module binds its own copy of the global -- or, without a
+    Gated DeltaNet layer in `model`, from transformers' modeling modules."""
+    from ..speed.gdn_qk_heads import bound_kernel, executed_forward
+
+    def described(fn):
+        target = bound_kernel(fn)
+        if target is not None:
+            return f'{getattr(target, "__module__", "?")}.chunk_gated_delta_rule'
+        return 'transformers torch_chunk_gated_delta_rule (PyTorch reference)'
+
+    for cls in ({type(m) for m in model.modules()} if model is not None else ()):
+        if cls.__name__.endswith('GatedDeltaNet'):
+            function, _ = executed_forward(cls)
+            fn = inspect.unwrap(function).__globals__.get('torch_chunk_gated_delta_rule')
+            if fn is not None:
+                return described(fn)
     for module_name in ('transformers.models.qwen3_5_moe.modeling_qwen3_5_moe',
                         'transformers.models.qwen3_5.modeling_qwen3_5',
                         'transformers.models.qwen3_next.modeling_qwen3_next'):
         module = sys.modules.get(module_name)
         fn = getattr(module, 'torch_chunk_gated_delta_rule', None) if module else None
-        if fn is None:
-            continue
-        from ..speed.gdn_qk_heads import bound_kernel
-        target = bound_kernel(fn)
-        if target is not None:
-            return f'{getattr(target, "__module__", "?")}.chunk_gated_delta_rule'
-        return 'transformers torch_chunk_gated_delta_rule (PyTorch reference)'
+        if fn is not None:
+            return described(fn)
     return None
 
 
