@@ -96,19 +96,25 @@ def kernel_name(kernel: Any) -> str:
     return f'{getattr(target, "__module__", "?")}.{getattr(target, "__name__", "?")}'
 
 
-def kernel_groups(kernel: Any, decode_step: bool) -> bool:
-    """Whether this call may hand the kernel query and key at their own head count: not a one-token decode step
-    (the recurrent kernel keeps its repeated inputs) and the chunk kernel is fla's. Decided once per kernel."""
-    if decode_step:
-        return False
+def takes_grouped_heads(kernel: Any) -> bool:
+    """Whether the chunk kernel is fla's (which takes query and key at their own head count). Decided once per
+    kernel."""
     verdict = _kernel_verdict.get(id(kernel))
     if verdict is None:
         target = bound_kernel(kernel)
         verdict = _kernel_verdict[id(kernel)] = bool(
             target is not None and str(getattr(target, '__module__', '')).startswith(_KERNEL_MODULE_PREFIX))
-    if verdict:
-        CALLS['grouped'] += 1
     return verdict
+
+
+def kernel_groups(kernel: Any, decode_step: bool) -> bool:
+    """Asked by the rewritten forward at each call: whether this call hands the kernel query and key at their own
+    head count -- not on a one-token decode step (the recurrent kernel keeps its repeated inputs), and only to fla's
+    chunk kernel. Counts the calls that do."""
+    if decode_step or not takes_grouped_heads(kernel):
+        return False
+    CALLS['grouped'] += 1
+    return True
 
 
 # ---- which forward runs, and is it transformers' ----------------------------------------------------------------
@@ -208,7 +214,7 @@ def install(model: Any, environ=None) -> Dict[str, Any]:
             entry['state'] = f'kept its forward: {why}'
             continue
         entry.update(info)
-        if not kernel_groups(inner_globals_kernel(ours), False):
+        if not takes_grouped_heads(inner_globals_kernel(ours)):
             entry['state'] = f'kept its forward: the chunk kernel is {info["kernel"]}, which takes no grouped heads'
             continue
         entry['state'] = 'installed, waiting for its first call'
