@@ -151,6 +151,16 @@ def test_only_the_chunked_path_with_flas_kernel_groups():
     assert not G.kernel_groups(unsloth_disabled(REFERENCE), decode_step=False)
 
 
+def test_a_kernels_verdict_is_its_own():
+    """Decided once per kernel, and only for that kernel: a function created where a refused one was freed (CPython
+    hands out its address again) is judged afresh."""
+    for _ in range(50):
+        reference = unsloth_disabled(REFERENCE)
+        assert not G.takes_grouped_heads(reference)
+        del reference
+        assert G.takes_grouped_heads(unsloth_disabled(fake_fla([])))
+
+
 def test_a_kernel_that_refuses_grouped_heads_keeps_the_forward(restore):
     seen = []
     M.torch_chunk_gated_delta_rule = fake_fla(seen, refuse_groups=True)

@@ -32,6 +32,7 @@ import inspect
 import re
 import sys
 import textwrap
+import weakref
 from typing import Any, Dict, Optional, Tuple
 
 from .. import patches, switches
@@ -59,7 +60,8 @@ REWRITES = (
 # kernel reads the same values (0 expected); a wrong head order differs by O(1)
 LIVE_CHECK_TOLERANCE = 1e-2
 _KERNEL_MODULE_PREFIX = 'fla.'  # flash-linear-attention (installed, or the snapshot unsloth_zoo vendors as `fla`)
-_kernel_verdict: Dict[int, bool] = {}
+# kernel -> whether it takes grouped heads; weak keys: an id could be reused by another function once one is gone
+_kernel_verdict: 'weakref.WeakKeyDictionary[Any, bool]' = weakref.WeakKeyDictionary()
 CALLS = {'grouped': 0}  # forward calls that handed the kernel ungrouped query and key, in this process
 
 
@@ -99,11 +101,16 @@ def kernel_name(kernel: Any) -> str:
 def takes_grouped_heads(kernel: Any) -> bool:
     """Whether the chunk kernel is fla's (which takes query and key at their own head count). Decided once per
     kernel."""
-    verdict = _kernel_verdict.get(id(kernel))
-    if verdict is None:
-        target = bound_kernel(kernel)
-        verdict = _kernel_verdict[id(kernel)] = bool(
-            target is not None and str(getattr(target, '__module__', '')).startswith(_KERNEL_MODULE_PREFIX))
+    try:
+        return _kernel_verdict[kernel]
+    except (KeyError, TypeError):  # not decided yet, or an object that takes no weak reference
+        pass
+    target = bound_kernel(kernel)
+    verdict = target is not None and str(getattr(target, '__module__', '')).startswith(_KERNEL_MODULE_PREFIX)
+    try:
+        _kernel_verdict[kernel] = verdict
+    except TypeError:
+        pass
     return verdict
 
 
