@@ -9,7 +9,6 @@ fla's Triton kernel needs a GPU: here a stand-in with fla's contract (a function
 PyTorch reference, bound the way transformers' hub wrapper binds fla (a closure cell). The GPU test at the end runs
 the real kernel."""
 import functools
-import importlib.util
 import inspect
 import os
 import textwrap
@@ -126,7 +125,8 @@ def test_torch_reference_kernel_keeps_the_repeat(restore):
     before = M.Qwen3_5MoeGatedDeltaNet.forward
     state = G.install(model, ON)
     entry = state['classes']['Qwen3_5MoeGatedDeltaNet']
-    assert entry['state'].startswith("kept its forward: the chunk kernel is transformers' PyTorch reference")
+    assert entry['state'].startswith('kept its forward: the chunk kernel is transformers torch_chunk_gated_delta_rule '
+                                     '(PyTorch reference)')
     assert 'takes no grouped heads' in entry['state']
     assert M.Qwen3_5MoeGatedDeltaNet.forward is before
 
@@ -144,7 +144,7 @@ def test_only_the_chunked_path_with_flas_kernel_groups():
     assert G.kernel_groups(fla, decode_step=False)
     assert not G.kernel_groups(fla, decode_step=True)  # the recurrent decode kernel keeps its repeated inputs
     assert not G.kernel_groups(REFERENCE, decode_step=False)
-    assert G.kernel_name(REFERENCE).startswith("transformers' PyTorch reference")
+    assert G.kernel_name(REFERENCE) == 'transformers torch_chunk_gated_delta_rule (PyTorch reference)'
     # Unsloth's compiled module re-decorates the hub wrapper (torch_compiler_disable_unless_decode keeps it as
     # __wrapped__): looked through, to fla's function or to nothing
     assert G.kernel_groups(unsloth_disabled(fake_fla([])), decode_step=False)
@@ -209,22 +209,13 @@ def test_a_call_with_a_cache_is_left_to_the_original_and_the_check_waits(restore
 
 
 def unsloth_compiled_module(tmp_path, name, edit=lambda source: source):
-    """A module shaped like the one Unsloth's compiler writes for Qwen3.5-MoE: transformers' forward renamed
-    `Qwen3_5MoeGatedDeltaNet_forward` at module level under a decorator of its own, and the class's forward one call of
-    it; the modeling module's names imported into it. `edit` changes the copy's source."""
+    """A module shaped like the one Unsloth's compiler writes for Qwen3.5-MoE, written by hand (CI has no wheels to
+    generate it: tests/unsloth_compiled.py does where it has): transformers' forward renamed
+    `Qwen3_5MoeGatedDeltaNet_forward` at module level under Unsloth's disable decorator, and the class's forward one
+    call of it, under the generated module's prelude. `edit` changes the copy's source."""
     forward = textwrap.dedent(inspect.getsource(patches.upstream(M.Qwen3_5MoeGatedDeltaNet.forward)))
     forward = edit(forward.replace('def forward(', 'def Qwen3_5MoeGatedDeltaNet_forward(', 1))
-    source = '\n'.join([
-        'import functools',
-        'import transformers.models.qwen3_5_moe.modeling_qwen3_5_moe as _modeling',
-        'globals().update({k: v for k, v in vars(_modeling).items() if not k.startswith("__")})',
-        '',
-        'def torch_compiler_disable_unless_decode(fn):',
-        '    @functools.wraps(fn)',
-        '    def disabled(*args, **kwargs):',
-        '        return fn(*args, **kwargs)',
-        '    return disabled',
-        '',
+    return unsloth_compiled.load_module(tmp_path, name, '\n'.join([
         '@torch_compiler_disable_unless_decode',
         forward,
         '',
@@ -232,13 +223,7 @@ def unsloth_compiled_module(tmp_path, name, edit=lambda source: source):
         '    def forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):',
         '        return Qwen3_5MoeGatedDeltaNet_forward(self, hidden_states=hidden_states, cache_params=cache_params, '
         'attention_mask=attention_mask, **kwargs)',
-        ''])
-    path = tmp_path / f'{name}.py'
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+        '']))
 
 
 def as_compiled(model, module):

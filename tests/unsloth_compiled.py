@@ -71,14 +71,18 @@ def generated_source(tmp_path, class_name: str, disable: bool) -> str:
     return out.read_text()
 
 
-def compiled_module(tmp_path, module_name: str, *classes):
-    """A module holding Unsloth's generated copies of `classes` ((name, disable) pairs), loaded from a file (so that
-    their source can be read) under Unsloth's kind of prelude; registered nowhere in sys.modules."""
-    source = PRELUDE.format(modeling=MODELING) + '\n\n'.join(generated_source(tmp_path, name, disable)
-                                                           for name, disable in classes)
+def load_module(tmp_path, module_name: str, source: str):
+    """`source` under Unsloth's kind of prelude, loaded from a file (so that its functions' source can be read);
+    registered nowhere in sys.modules."""
     path = tmp_path / f'{module_name}.py'
-    path.write_text(source)
+    path.write_text(PRELUDE.format(modeling=MODELING) + source)
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def compiled_module(tmp_path, module_name: str, *classes):
+    """A module holding Unsloth's generated copies of `classes` ((name, disable) pairs) (load_module)."""
+    return load_module(tmp_path, module_name, '\n\n'.join(generated_source(tmp_path, name, disable)
+                                                           for name, disable in classes))

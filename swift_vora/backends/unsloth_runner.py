@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import inspect
 import json
 import math
 import os
@@ -460,27 +459,19 @@ def linear_attention_kernel(model: Any = None) -> Optional[str]:
     kernel when `fla` was importable when the binding was made, else transformers' PyTorch reference. Read where the
     forward that runs looks it up -- Unsloth's generated module binds its own copy of the global -- or, without a
     Gated DeltaNet layer in `model`, from transformers' modeling modules."""
-    from ..speed.gdn_qk_heads import bound_kernel, executed_forward
-
-    def described(fn):
-        target = bound_kernel(fn)
-        if target is not None:
-            return f'{getattr(target, "__module__", "?")}.chunk_gated_delta_rule'
-        return 'transformers torch_chunk_gated_delta_rule (PyTorch reference)'
-
+    from ..speed.gdn_qk_heads import executed_forward, inner_globals_kernel, kernel_name
     for cls in ({type(m) for m in model.modules()} if model is not None else ()):
         if cls.__name__.endswith('GatedDeltaNet'):
-            function, _ = executed_forward(cls)
-            fn = inspect.unwrap(function).__globals__.get('torch_chunk_gated_delta_rule')
+            fn = inner_globals_kernel(executed_forward(cls)[0])
             if fn is not None:
-                return described(fn)
+                return kernel_name(fn)
     for module_name in ('transformers.models.qwen3_5_moe.modeling_qwen3_5_moe',
                         'transformers.models.qwen3_5.modeling_qwen3_5',
                         'transformers.models.qwen3_next.modeling_qwen3_next'):
         module = sys.modules.get(module_name)
         fn = getattr(module, 'torch_chunk_gated_delta_rule', None) if module else None
         if fn is not None:
-            return described(fn)
+            return kernel_name(fn)
     return None
 
 

@@ -92,9 +92,11 @@ def bound_kernel(kernel: Any) -> Optional[Any]:
 
 
 def kernel_name(kernel: Any) -> str:
+    """What the records call the kernel (the runner's `linear_attention_kernel` too): fla's function by its module,
+    else transformers' PyTorch reference."""
     target = bound_kernel(kernel)
     if target is None:
-        return 'none' if kernel is None else 'transformers\' PyTorch reference (torch_chunk_gated_delta_rule)'
+        return 'none' if kernel is None else 'transformers torch_chunk_gated_delta_rule (PyTorch reference)'
     return f'{getattr(target, "__module__", "?")}.{getattr(target, "__name__", "?")}'
 
 
