@@ -654,11 +654,14 @@ def cut_config(config: str, layers: int, out_dir: str) -> str:
     return path
 
 
-def dry_run(args) -> int:
+def dry_run(args, gpu_gib: Optional[float] = None) -> int:
     """Each swift-vora variant of --variants as a device call would launch it, planned on the CPU by `swift-vora
     train --dry-run --json`: its backend, verdict and planned peak, its switches (each read as the runner will read
     it) and overrides. A recipe override that is refused, a switch value that does not exist or a plan that does not
-    fit is found here, not on the GPU. Plain swift variants are listed, not planned."""
+    fit is found here, not on the GPU. Plain swift variants are listed, not planned. With `gpu_gib` (--gpu-gib, or
+    the card a GPU run found), a plan whose peak exceeds that card is refused too: the recipe plans for an H200, and
+    a call that lands on an H100 would otherwise spend its first minute building a 65 GiB checkpoint on a 79 GiB
+    card and die in the build (call s, 2026-12-05)."""
     from swift_vora import switches
     b = budget(False)
     model = args.model_dir or cut_config(CONFIG_35B_A3B, args.layers, os.path.join(
@@ -689,6 +692,12 @@ def dry_run(args) -> int:
             failed += 1
             print(f'== {name}: refused (rc {proc.returncode}): ' + (' '.join(plan.get('reasons', [])[:2]) if plan
                                                                   else proc.stderr[-1500:]))
+            continue
+        if gpu_gib is not None and plan['gpu_peak_gib'] > gpu_gib:
+            failed += 1
+            print(f'== {name}: refused: planned peak {plan["gpu_peak_gib"]} GiB does not fit this {gpu_gib:g} GiB '
+                  f'card (the recipe plans for {plan.get("hardware", {}).get("name", "its own hardware")}); nothing '
+                  'was built')
             continue
         print(f'== {name}: {plan["backend"]} {plan["verdict"]} {plan["gpu_peak_gib"]} GiB; '
               f'switches {json.dumps(variant.env, sort_keys=True)}; overrides {" ".join(variant.overrides)}'
@@ -727,6 +736,8 @@ def main(argv=None) -> int:
     parser.add_argument('--variant-timeout', type=float, default=None)
     parser.add_argument('--fla-path', default=tp.switch('SWIFT_VORA_FLA_PATH') or '',
                         help='PYTHONPATH entry holding flash-linear-attention (added by *_fla variants)')
+    parser.add_argument('--gpu-gib', type=float, default=None,
+                        help='with --dry-run: also refuse a plan above a card of this many GiB (79.2: an H100)')
     parser.add_argument('--deadline', type=float, default=None, help='seconds: skip variants that would start later')
     parser.add_argument('--profile-step', type=int, default=None,
                         help='swift-vora variants: torch.profiler over that optimizer step (take it past --steps '
@@ -748,7 +759,7 @@ def main(argv=None) -> int:
     # summarize_variant (throughput.py) reads these
     args.torch_profile, args.sync_debug = [], []
     if args.dry_run:  # CPU: what a device call would launch, checked before it is sent
-        return dry_run(args)
+        return dry_run(args, args.gpu_gib)
     if args.summarize_logs:  # derived figures, from logs a run kept (its result file stays as written)
         variants = tp.summarize_kept_logs(args.summarize_logs, lambda name, vdir: summarize_runner(
             name, os.path.join(vdir, 'output'), args, None, None))
@@ -758,6 +769,13 @@ def main(argv=None) -> int:
     os.makedirs(work, exist_ok=True)
     b = budget(smoke)
     device = 'cuda' if tp.cuda_available() else 'cpu'
+    if device == 'cuda' and not smoke:  # the plans against the card this call got, before a minute of building
+        card_gib = tp.hardware().get('gpu_mem_gib')
+        print(f'== preflight: each swift-vora variant planned against this {card_gib} GiB card', flush=True)
+        if card_gib and dry_run(args, card_gib):
+            print('== preflight refused: nothing built, nothing run (a variant above does not fit this card)',
+                  flush=True)
+            return 1
     model_dir = args.model_dir or os.path.join(work, 'model')
     counts = build_model(model_dir, args.shape, args.layers, device)
     n_samples = args.steps * args.grad_accum

@@ -934,3 +934,16 @@ def test_moe_benchmark_dry_run_plans_each_variant_with_its_switches_and_refuses_
     proc = subprocess.run(base + ['--variants', 'vora_unsloth_mb4_ck32_rank_scale_folded'], capture_output=True,
                           text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 1 and 'unknown variant' in proc.stdout
+
+
+def test_moe_benchmark_dry_run_refuses_a_plan_above_the_card_the_call_got(tmp_path):
+    """The recipe plans the full-depth run for an H200; a device call that lands on an H100 (79.2 GiB) must refuse
+    it before building a 65 GiB checkpoint on that card (`--gpu-gib`, what the GPU preflight passes), and keep it on
+    a card it fits."""
+    base = [sys.executable, os.path.join(REPO, 'benchmarks', 'moe_throughput.py'), '--dry-run', '--layers', '40',
+            '--work', str(tmp_path), '--variants', 'vora_unsloth_mb4_ck32_rank_scale']
+    proc = subprocess.run(base + ['--gpu-gib', '79.2'], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert 'does not fit this 79.2 GiB card' in proc.stdout and 'nothing was built' in proc.stdout
+    proc = subprocess.run(base + ['--gpu-gib', '139.8'], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
