@@ -37,6 +37,8 @@ COMMAND_MODULES = [
     'swift_vora.backends.cli',  # kernel-cache export | import
     'swift_vora.recipe_catalog',  # recipes ls | show | cp
     'swift_vora.eval.cli',  # eval, parse
+    'swift_vora.predict.cli',  # predict
+    'swift_vora.edit.cli',  # cut
     'swift_vora.guards.cli',  # verify-adapter
     'swift_vora.demo',  # demo
     'swift_vora.switches',  # switches

@@ -65,13 +65,7 @@ def run_eval(args) -> int:
         check_output_dir(args.out_dir, [args.annotations], what='--output_dir')
     if args.model or args.adapters:
         from .inference import InferenceError, run_inference
-        for flag, path, marker in (('--model', args.model, 'config.json'),
-                                   ('--adapters', args.adapters, 'adapter_config.json')):
-            if path and not os.path.isdir(path):
-                raise UsageError(f'{flag} {path}: not a directory (a local model or adapter checkpoint)')
-            if path and not os.path.isfile(os.path.join(path, marker)):
-                raise UsageError(f'{flag} {path}: no {marker} in it (not a '
-                                 f'{"model directory" if flag == "--model" else "LoRA adapter checkpoint"})')
+        check_weights(args.model, args.adapters)
         if not args.predictions:
             base = args.out_dir or os.path.dirname(os.path.abspath(args.adapters or args.model))
             args.predictions = os.path.join(base, 'predictions.jsonl')
@@ -138,6 +132,17 @@ def run_eval(args) -> int:
         print(f"swift-vora eval: wrote {written['metrics']}, {written['report']}, {written['overview']} and "
               f"{len(written['plots'])} timeline(s)", file=sys.stderr)
     return code
+
+
+def check_weights(model, adapters) -> None:
+    """`--model DIR` / `--adapters CKPT` name a model directory / a LoRA checkpoint (eval and predict), else a usage
+    error naming the flag."""
+    for flag, path, marker in (('--model', model, 'config.json'), ('--adapters', adapters, 'adapter_config.json')):
+        if path and not os.path.isdir(path):
+            raise UsageError(f'{flag} {path}: not a directory (a local model or adapter checkpoint)')
+        if path and not os.path.isfile(os.path.join(path, marker)):
+            raise UsageError(f'{flag} {path}: no {marker} in it (not a '
+                             f'{"model directory" if flag == "--model" else "LoRA adapter checkpoint"})')
 
 
 def _check_readable(path: str, flag: str) -> None:

@@ -18,6 +18,10 @@ Several rows with the same id (several windows of one source video) are merged: 
 shifted to source time, overlapping or touching windows merged (a merged window keeps the best score),
 then ranked by score (ties: earlier first). One row per id is used exactly as written (the official
 evaluator's order matters for R1 and the 10-window cut).
+
+A line of `swift-vora predict` (`id`, `clips`: [{`start`, `end`, `response`}, ...]) is read as one row per clip
+(`clip_start`, `clip_end`, `response`), so its answers are scored by the same rule that made its `windows`
+(`windows_from_clips`).
 """
 from __future__ import annotations
 
@@ -208,19 +212,44 @@ def load_predictions(path: str, anns: Dict[str, Annotation]):
              'parse_failure_kinds': {}}
     raw: Dict[str, List[tuple]] = {}
     for line, row in read_jsonl(path):
-        stats['rows'] += 1
-        key, problem, clip = _checked_row(line, row, anns)
-        if problem == UNKNOWN_ID:
-            unknown.setdefault(key, line)
-        elif problem is not None:
+        rows, problem = _clip_rows(line, row)
+        if problem is not None:
+            stats['rows'] += 1
             invalid.append(problem)
-        else:
-            raw.setdefault(key, []).append((line, row, *clip))
+            continue
+        for row in rows:
+            stats['rows'] += 1
+            key, problem, clip = _checked_row(line, row, anns)
+            if problem == UNKNOWN_ID:
+                unknown.setdefault(key, line)
+            elif problem is not None:
+                invalid.append(problem)
+            else:
+                raw.setdefault(key, []).append((line, row, *clip))
     preds = {key: _video_prediction(key, rows, anns[key], stats) for key, rows in raw.items()}
     return preds, invalid, unknown, stats
 
 
 UNKNOWN_ID = 'unknown id'  # a row for a video the annotations do not have (reported apart from invalid lines)
+PREDICTION_KEYS = ('pred_relevant_windows', 'response', 'pred_saliency_scores')
+
+
+def _clip_rows(line: int, row: Any) -> Tuple[List[Any], Optional[dict]]:
+    """The rows one line stands for: a `swift-vora predict` line (`clips`, no row keys of its own) is one row per
+    clip it answered; any other line is itself. (rows, None), or ([], the invalid line's entry)."""
+    if not (isinstance(row, dict) and 'clips' in row and not any(k in row for k in PREDICTION_KEYS)):
+        return [row], None
+    key, clips = row.get('id'), row['clips']
+    where = {'line': line, **({'id': str(key)} if key is not None else {})}
+    if not isinstance(clips, list) or not clips:
+        return [], {**where, 'reason': "field 'clips': expected a non-empty list of {start, end, response}"}
+    rows = []
+    for i, clip in enumerate(clips):
+        if not (isinstance(clip, dict) and isinstance(clip.get('response'), str) and _finite(clip.get('start'))
+                and _finite(clip.get('end'))):
+            return [], {**where, 'reason': f"field 'clips'[{i}]: expected {{start, end (seconds), response (text)}}"}
+        rows.append({'id': key, 'clip_start': clip['start'], 'clip_end': clip['end'], 'response': clip['response']})
+    return rows, None
 
 
 def _checked_row(line: int, row: Any, anns: Dict[str, Annotation]):
@@ -292,6 +321,19 @@ def _video_prediction(key: str, rows: List[tuple], ann: Annotation, stats: Dict[
         vp.windows, vp.merged_across_rows = _merge_scored(collected)
     vp.saliency = _place_saliency(sal_parts)
     return vp
+
+
+def windows_from_clips(key: str, clips: Sequence[Dict[str, Any]], duration: float) -> VideoPrediction:
+    """One video's windows in source time from the answers of its clips (`clip_start`, `clip_end`, `response`,
+    seconds of a video `duration` long): each answer parsed and clamped to its clip, shifted by the clip's start,
+    and, for several clips, overlapping or touching windows merged (the merged window keeps the best score).
+    The rule `eval` scores by; `swift-vora predict` writes its lines with it. A failure's `line` is the clip's
+    1-based position in `clips`."""
+    ann = Annotation(key=key, windows=[], duration=float(duration), title=key, query=None, row={}, line=0)
+    stats: Dict[str, Any] = {'parsed_rows': 0, 'repairs': {k: 0 for k in REPAIR_NAMES}, 'parse_formats': {},
+                             'parse_failure_kinds': {}}
+    rows = [(i + 1, clip, clip.get('clip_start'), clip.get('clip_end'), None) for i, clip in enumerate(clips)]
+    return _video_prediction(key, rows, ann, stats)
 
 
 def _parsed_windows(vp: VideoPrediction, line: int, response: Any, offset, off: float, clip_dur: Optional[float],
