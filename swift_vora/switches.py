@@ -217,9 +217,11 @@ def _table() -> Tuple[Switch, ...]:
         # --- benchmark and GPU-script tools (not read by the plugin) --------------------------------------------
         Switch(PREFIX + 'BENCH_DIR', 'path', None, 'benchmarks/throughput.py: where its probes write', None,
                where='benchmarks/throughput.py'),
-        Switch(PREFIX + 'PROFILE_STEP', 'count', None, 'Unsloth runner: torch.profiler over optimizer step N, '
-               'with its host syncs by call site (torch_profile.txt / .json in the output dir)', unit='steps',
-               where='backends/step_profile.py'),
+        Switch(PREFIX + 'PROFILE_STEP', 'count', None, 'Unsloth runner and megatron sft: torch.profiler over '
+               'optimizer step N, with its host syncs by call site (torch_profile.txt / .json in the output dir; '
+               'megatron sft also the chrome trace, torch_trace.json.gz); megatron sft: set at all (0 included), '
+               'every step\'s data wait in data_wait.rank{R}.jsonl', unit='steps',
+               where='backends/step_profile.py, backends/megatron_profile.py'),
         Switch(PREFIX + 'BENCH_TORCH_PROFILE', 'count', None, 'benchmarks/throughput.py: profile optimizer step N',
                None, unit='steps', where='benchmarks/throughput.py'),
         Switch(PREFIX + 'BENCH_SYNC_DEBUG', 'count', None, 'benchmarks/throughput.py: count syncs of step N', None,

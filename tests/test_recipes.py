@@ -21,6 +21,7 @@ EXPECTED = {
     '3090x3': ('qwen3_vl_8b', 'deepspeed_zero3'),
     'h200x1': (os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json'), 'unsloth_split_lora'),
     'h200x8': (os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json'), 'megatron_ep_lora'),
+    'h200x8-full': (os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json'), 'megatron_ep_full'),
     'cpu-tiny': ('tiny', 'ddp'),
 }
 MEMORY_KNOBS = ('max_frames', 'pair_tokens', 'micro_batch', 'per_device_train_batch_size', 'gradient_checkpointing',
@@ -107,6 +108,7 @@ def test_dry_run_prints_a_runnable_command(name, model_for):
     out = proc.stdout
     assert 'launch (exact command)' in out and 'FITS' in out
     launcher = {'ddp': 'swift sft', 'deepspeed_zero3': 'swift sft', 'megatron_ep_lora': 'megatron sft',
+                'megatron_ep_full': 'megatron sft',
                 'unsloth_split_lora': '-m swift_vora.backends.unsloth_runner'}[EXPECTED[name][1]]
     assert launcher in out
     if EXPECTED[name][1] == 'deepspeed_zero3':

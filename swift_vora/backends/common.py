@@ -15,7 +15,8 @@ from typing import Any, Dict, List, Mapping, Optional
 from .. import switches
 from ..budget import VideoBudget
 from ..offline import OFFLINE_ENV
-from ..plan.backend import AUTO, DEEPSPEED, Backend
+from ..plan.backend import AUTO, DEEPSPEED
+from ..plan.memory import MEGATRON_BACKENDS
 from ..plan.model_source import load_model_spec
 from ..plan.model_spec import UnsupportedModel
 from .base import Launch, LaunchUsageError, PlanView
@@ -93,7 +94,7 @@ def rendezvous_env(view: PlanView, environ: Mapping[str, str], single_process: b
     if single_process:
         return {}
     env: Dict[str, str] = {}
-    distributed = view.world > 1 or view.backend in (*DEEPSPEED, Backend.MEGATRON_EP_LORA)
+    distributed = view.world > 1 or view.backend in (*DEEPSPEED, *MEGATRON_BACKENDS)
     if distributed:
         env['NPROC_PER_NODE'] = str(view.num_gpus)
     if view.nodes > 1:

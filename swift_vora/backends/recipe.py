@@ -64,7 +64,7 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'video.max_video_tokens': ((int, type(None)), None),  # hard cap on one clip's video tokens
     # --- training ------------------------------------------------------------------------------------------
     'train.backend': ((str, ), 'auto'),  # auto | ddp | deepspeed_zero2 | deepspeed_zero3 | megatron_ep_lora |
-    #                                      unsloth_split_lora (auto: the planner chooses)
+    #                                      megatron_ep_full | unsloth_split_lora (auto: the planner chooses)
     'train.tuner': ((str, ), 'lora'),  # lora | full | selective (full training of attention + shared experts)
     # none | 4bit: 4bit = QLoRA (bitsandbytes NF4 base, double quantization; dense models, tuner lora), what the
     # planner may suggest when bf16 weights do not fit (`swift-vora plan --quant 4bit`)
@@ -131,6 +131,9 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'megatron.cross_entropy_fusion_impl': ((str, ), 'native'),
     'megatron.attention_backend': ((str, ), 'fused'),  # TE cuDNN attention; flash needs flash-attn (none: torch 2.11)
     'megatron.merge_lora': ((bool, ), True),  # save checkpoint-N-merged (HF safetensors, LoRA merged)
+    # megatron_ep_full: keep the MoE router's weights as they are (--freeze_parameters_regex over the TopKRouter
+    # weights); false trains them with the rest of the language model. LoRA never trains the router.
+    'megatron.freeze_router': ((bool, ), False),
     # --- Unsloth (MoE on one GPU; python -m swift_vora.backends.unsloth_runner) -----------------------------
     # auto: layer checkpoints on the GPU when the plan fits so, else offloaded | true: on the GPU | 'unsloth': offloaded
     # to pinned host RAM | false: no checkpointing

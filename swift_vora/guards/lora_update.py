@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from swift.callbacks import TrainerCallback
 
@@ -145,15 +145,17 @@ def local_data(param):
 
 class AdapterTracker:
     """Float64 checksums of every LoRA tensor (local partition under ZeRO-3), of `model` or of the given
-    (name, parameter) pairs (Megatron's model chunks)."""
+    (name, parameter) pairs (Megatron's model chunks). `kind_of` picks the tensors and names their kind (default:
+    the LoRA factors, 'A' / 'B'; Megatron full SFT tracks every weight by its part of the model)."""
 
-    def __init__(self, model=None, named_parameters: Optional[Iterable[Tuple[str, Any]]] = None):
+    def __init__(self, model=None, named_parameters: Optional[Iterable[Tuple[str, Any]]] = None,
+                 kind_of: Callable[[str], Optional[str]] = adapter_kind):
         self.names: List[str] = []
         self.kinds: List[str] = []
         self.params = []
         pairs = model.named_parameters() if named_parameters is None else named_parameters
         for name, param in pairs:
-            kind = adapter_kind(name)
+            kind = kind_of(name)
             if kind is not None:
                 self.names.append(name)
                 self.kinds.append(kind)

@@ -76,6 +76,8 @@ NEAREST = {
     'deepspeed_zero3': ('ddp', 'ZeRO-3 on the swift sft path was not benchmarked for speed: ddp without compiled '
                                'layers assumed (its gathers cost more on several GPUs)'),
     'deepspeed_zero2': ('ddp', 'ZeRO-2 was not benchmarked for speed: ddp without compiled layers assumed'),
+    'megatron_ep_full': ('megatron_ep_lora', 'Megatron full SFT was not benchmarked for speed yet: Megatron LoRA\'s '
+                                             'efficiency assumed (over the full-SFT FLOPs)'),
 }
 
 
