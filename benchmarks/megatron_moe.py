@@ -25,8 +25,26 @@ micro-batch 1 unless its name says otherwise (whatever the recipe ships: each na
   `mg_mb2_te_ce`: micro-batch 2 with no recompute / TE's cross entropy; `mg_mb2_eager`: micro-batch 2 with
   `TORCHDYNAMO_DISABLE=1` (megatron-core's torch.compile'd fusions run eagerly: what the first step spends compiling
   and what the steady steps lose without the fusions).
+- the fix candidates, each one change against `mg_mb2`: `mg_mb2_workers8` (the data path: 8 DataLoader workers and
+  `--dataloader_prefetch_factor 4`), `mg_mb2_cutlass` (Transformer Engine's CUTLASS grouped GEMM,
+  NVTE_USE_CUTLASS_GROUPED_GEMM=1), `mg_mb2_cutlass_workers8` (both).
+Full SFT (`mgf*`: `swift-vora train recipes/h200x8-full.yaml` overridden to one GPU, EP 1, `--full-lr`, the model
+cut to `--layers`, 4 on an H200): `mgf` (the recipe: micro-batch 1, native cross entropy; the call's checked run --
+scripts/gpu/megatron_report.py --full: the loss, checkpoint-N, the converted HF model, against the base by part, the
+router trained, the vision tower identical, checkpoint-N loads in transformers, the guard's full-mode report),
+`mgf_te_ce`, `mgf_freeze_router` (megatron.freeze_router=true), `mgf_mb2`, `mgf_cutlass`. Their checkpoints
+(a whole model each) are deleted once the variant is summarized. A full-SFT call writes `megatron-h200-full-*.json`
+(`--name`); its checked run is its first full variant (`mgf` where asked).
 Others: `vora_unsloth_best` (swift-vora's Unsloth path in its best measured configuration: micro-batch 4, GPU-resident
 checkpoints, `unsloth.gradient_checkpointing=true`), `swift_peft` (moe_throughput's plain `swift sft` PEFT).
+
+Every Megatron variant records its data wait (SWIFT_VORA_PROFILE_STEP=0: swift_vora/backends/megatron_profile.py's
+`vora_step_profile` callback, data_wait.rank0.jsonl): `data_wait_fraction` over the measured steps and
+`slowest_over_median`. `--megatron-profile-step N` (N > --steps; `--profile-variants` to choose) also profiles step N
+under torch.profiler (the variant then trains N steps; the checked run is never profiled): the trace is attributed by
+benchmarks/megatron_step_profile.py into the variant's `profile` (and step_attribution.md in its folder), the
+torch tables summarized as moe_throughput's profiles are, and the trace comes back beside the result
+(`NAME-VARIANT-torch_trace.json.gz`) when it is at most 15 MiB.
 
 Measured per variant (>= 10 measured steps: `--steps` 12, `--warmup-steps` 2): `tokens_per_s` = real tokens per
 step / the median step, `median_step_s`, `mean_step_s`, `peak_reserved_gib`, `planned_peak_gib`, `plan_error`
@@ -140,8 +158,10 @@ def is_megatron(name: str) -> bool:
 
 
 def flagship_of(names: List[str]) -> str:
-    """The checked run of a call: the full-SFT one where the call trains full SFT, else item 1's LoRA run."""
-    return FULL_FLAGSHIP if any(n in MEGATRON_FULL_LEVERS for n in names) else FLAGSHIP
+    """The checked run of a call: where it trains full SFT, its first full-SFT variant (FULL_FLAGSHIP first where
+    asked: the recipe as shipped), else item 1's LoRA run."""
+    full = [n for n in names if n in MEGATRON_FULL_LEVERS]
+    return (FULL_FLAGSHIP if FULL_FLAGSHIP in full else full[0]) if full else FLAGSHIP
 
 
 # ---- the Megatron launch --------------------------------------------------------------------------------------------
@@ -232,6 +252,9 @@ def run_megatron(name: str, args, b, inputs, work: str, flagship: bool) -> Dict[
         result['report'] = full_flagship_report(name, out, inputs['model'], plan_path, args, vdir)
     elif flagship:
         result['report'] = flagship_report(out, inputs['model'], plan_path, args, vdir)
+    if name in MEGATRON_FULL_LEVERS:  # a whole model per checkpoint (~10 GB at 4 layers): the disk holds few
+        for ckpt in glob.glob(os.path.join(run_dir(out), 'checkpoint-*')):
+            shutil.rmtree(ckpt, ignore_errors=True)
     return result
 
 
@@ -487,7 +510,7 @@ def assemble(payload: Dict[str, Any]) -> Dict[str, Any]:
     and the final file alike) a FLAGSHIP that ran, or was not asked for, is not a failure: its item-1 report was not
     asked for, and the file says so in `flagship`."""
     variants = payload['variants']
-    checked = payload.get('flagship_variant', FLAGSHIP)  # the full-SFT call's is FULL_FLAGSHIP
+    checked = payload.get('flagship_variant', FLAGSHIP)  # a full-SFT call's: flagship_of
     mg = variants.get(checked) or {}
     flagship = mg.get('report') or {}
     top = {k: flagship.get(k) for k in REPORT_KEYS}

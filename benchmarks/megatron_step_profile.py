@@ -55,7 +55,7 @@ UNPLACED = 'not placed (no launch in the trace)'
 PARTS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ('vision tower', ('vora/vision_tower', )),
     ('expert LoRA', ('vora/experts', 'vora/lora')),
-    ('other LoRA (attention, shared expert)', ('vora/lora', )),
+    ('other LoRA (attention, Gated DeltaNet, shared expert)', ('vora/lora', )),
     ('router', ('vora/router', )),
     ('experts', ('vora/experts', )),
     ('shared expert', ('vora/shared_expert', )),

@@ -316,7 +316,8 @@ def test_full_sft_argvs_parse_with_megatron_swift(full_launches):
 
 
 def test_a_full_sft_call_checks_its_own_run():
-    assert mm.flagship_of(['mgf', 'mgf_te_ce']) == 'mgf' and mm.flagship_of(['mg_mb2', 'swift_peft']) == 'mg_mb2'
+    assert mm.flagship_of(['mgf_te_ce', 'mgf']) == 'mgf' and mm.flagship_of(['mg_mb2', 'swift_peft']) == 'mg_mb2'
+    assert mm.flagship_of(['mgf_te_ce', 'mgf_mb2']) == 'mgf_te_ce'  # an H100's call of the variants that fit it
     report = {k: None for k in mm.REPORT_KEYS} | {'failures': [], 'backend': 'megatron_ep_full'}
     files = {'fingerprint': 'a', 'memory': 'b', 'lora_update': 'c'}
     final = mm.assemble({'flagship_variant': 'mgf', 'variants': {
