@@ -683,8 +683,9 @@ def main(argv=None) -> int:
             if is_megatron(name):
                 result = run_megatron(name, args, b, inputs, work, flagship=name == checked and not args.no_flagship)
             elif name == 'vora_unsloth_best':
+                # on the card the call got (--hardware), as the Megatron variants: the recipe plans for an H200
                 result = mt.run_vora(name, args, b, inputs, work, flagship=False, fla=False,
-                                     extra_overrides=UNSLOTH_BEST)
+                                     extra_overrides=[*UNSLOTH_BEST, f'hardware={args.hardware}'])
                 result['planned_peak_gib'] = (result.get('planned') or {}).get('gpu_peak_gib')
                 planned = (result.get('planned') or {}).get('gpu_reserved_gib')
                 result['plan_error'] = round(result['peak_reserved_gib'] / planned - 1, 3) \

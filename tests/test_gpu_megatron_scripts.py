@@ -327,3 +327,18 @@ def test_full_report_fails_what_a_user_must_not_get(tmp_path, kwargs, router, ex
     proc, result = full_report(tmp_path, router)
     assert proc.returncode == 1
     assert any(expected in f for f in result['failures']), result['failures']
+
+
+def test_a_depth_cut_with_no_attention_layer_still_loads_and_gives_logits(tmp_path):
+    """A full-SFT run on the 35B-A3B shape cut to 3 layers (all Gated DeltaNet: the full-attention layer is every
+    4th) wrote a good checkpoint-N, but the report's logits check ran with transformers' default cache, whose
+    get_seq_length fails without an attention layer, and called the checkpoint unloadable. The check runs uncached."""
+    from swift_vora.tiny_model import build_qwen3_5_moe
+    build_qwen3_5_moe(str(tmp_path), shape='tiny', num_layers=3, dtype='float32')
+    with open(tmp_path / 'config.json') as f:
+        config = json.load(f)
+    assert 'full_attention' not in config['text_config']['layer_types']
+    spec = importlib.util.spec_from_file_location('megatron_report_for_load', REPORT)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    assert report.merged_loads(str(tmp_path)) is None
