@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_harness import launch_folder
 
 from swift_vora.backends import LaunchUsageError
 from swift_vora.backends.launch import build_launch
@@ -118,9 +119,10 @@ def test_generated_argv_parses_with_megatron_swift_arguments(megatron_parser_ava
         validate_argv([['--model', 'x', '--no_such_flag', '1']])
 
 
-def test_dry_run_prints_the_megatron_command(megatron_parser_available):
+def test_dry_run_prints_the_megatron_command(megatron_parser_available, tmp_path):
     proc = subprocess.run([sys.executable, '-m', 'swift_vora', 'train', H200X8, f'model.path={MOE_35B}', '--dry-run',
-                           '--json'], cwd=REPO, capture_output=True, text=True, timeout=120)
+                           '--json', '--trust-recipe-hardware'], cwd=launch_folder(tmp_path), capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     d = json.loads(proc.stdout)
     assert d['plan']['backend'] == 'megatron_ep_lora' and d['launch']['argv'][1] == 'sft'

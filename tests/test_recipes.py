@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_harness import launch_folder
 
 from swift_vora.backends.planning import plan_recipe
 from swift_vora.backends.recipe import load_recipe
@@ -100,10 +101,12 @@ def test_every_memory_knob_carries_a_comment(name):
 
 
 @pytest.mark.parametrize('name', sorted(EXPECTED))
-def test_dry_run_prints_a_runnable_command(name, model_for):
+def test_dry_run_prints_a_runnable_command(name, model_for, tmp_path):
+    """Run where the recipe's data is (cli_harness.launch_folder), trusting its hardware: the exit code is the
+    plan's."""
     proc = subprocess.run([sys.executable, '-m', 'swift_vora', 'train', os.path.join(RECIPES, f'{name}.yaml'),
-                           f'model.path={model_for(name)}', '--dry-run'], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+                           f'model.path={model_for(name)}', '--dry-run', '--trust-recipe-hardware'],
+                          cwd=launch_folder(tmp_path), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert 'launch (exact command)' in out and 'FITS' in out

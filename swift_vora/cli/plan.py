@@ -115,7 +115,7 @@ def register_commands(subparsers) -> None:
                         '--frame-tokens is the older name of the same flag')
     s.add_argument('--max-video-tokens', type=positive_int(100_000_000), default=None,
                    help='cap on one clip\'s video tokens (video.max_video_tokens, SWIFT_VORA_MAX_VIDEO_TOKENS)')
-    s.add_argument('--window', '--clip-seconds', dest='window', type=number(0, 7 * 24 * 3600, above=True),
+    s.add_argument('--window', '--clip-seconds', dest='window', type=number(1, 7 * 24 * 3600),  # data.window's range
                    default=None,
                    help='clip length in seconds (data.window, SWIFT_VORA_WINDOW; default 60). --clip-seconds is '
                         'the older name')

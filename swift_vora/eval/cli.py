@@ -105,8 +105,14 @@ def run_eval(args) -> int:
     if m['missing_predictions']:
         problems.append(f"{m['missing_predictions']} annotation(s) without a prediction; they score 0")
     if m['unknown_ids']:
-        problems.append(f"{m['unknown_ids']} prediction id(s) not in the annotations, ignored "
-                        f"(first: {', '.join(m['problems']['unknown'][:5])})")
+        problems.append(f"{m['unknown_ids']} prediction id(s) not in the annotations, ignored (first: "
+                        + ', '.join(f"{args.predictions}:{u['line']} id {u['id']!r}"
+                                    for u in m['problems']['unknown_lines'][:5]) + ')')
+    if m['zero_length_windows']:
+        first = m['problems']['zero_length_windows'][0]
+        problems.append(f"{m['zero_length_windows']} zero-length window(s) in pred_relevant_windows scored IoU 0 "
+                        f"in place, as the official evaluator scores them (first: {args.predictions}:{first['line']}: "
+                        f"field 'pred_relevant_windows'[{first['index']}])")
     if invalid:
         problems.append(f'{len(invalid)} invalid prediction line(s) in {args.predictions}, ignored (their queries '
                         'score 0):')

@@ -108,9 +108,10 @@ def _finite(v) -> bool:
 def _pred_windows_problem(ws) -> Optional[str]:
     """Why `pred_relevant_windows` cannot be scored, naming the field and the window; None when it can.
 
-    Windows are used as given (no clamping, no swapping: that is for raw model text), so a reversed or
-    zero-length window is invalid input rather than something to guess about: it overlaps nothing, and the
-    official formula divides 0 by 0 on it."""
+    Windows are used as given (no clamping, no swapping: that is for raw model text). A zero-length window
+    (`start == end`, e.g. one clipped at the video's end) is scored as the official evaluator scores it: IoU 0 with
+    every ground-truth window, in its place in the list (counted as `zero_length_windows`). A reversed window
+    (`end < start`) is invalid input: its official IoU divides by a union that may be zero or negative."""
     if not isinstance(ws, list):
         return "field 'pred_relevant_windows': expected [[start, end(, score)], ...]"
     for i, w in enumerate(ws):
@@ -119,9 +120,35 @@ def _pred_windows_problem(ws) -> Optional[str]:
             return f'{where}: expected [start, end] or [start, end, score]'
         if not all(_finite(x) for x in w):
             return f'{where}: start, end and score must be finite numbers'
-        if not w[0] < w[1]:
-            return f'{where}: start {w[0]!r} >= end {w[1]!r} (a window must end after it starts)'
+        if w[1] < w[0]:
+            return f'{where}: start {w[0]!r} > end {w[1]!r} (a reversed window; write [{w[1]!r}, {w[0]!r}] if that ' \
+                   'is what was meant)'
     return None
+
+
+def _id_problem(row: dict, names) -> Optional[str]:
+    """Why a row's id cannot name a video exactly (None: it can). Ids are compared as text, so an id must be a
+    string or an integer that reads back as itself: a NaN, an infinite number or an integer too long for a float
+    (`Oversized`, shown shortened) would match another row's or none."""
+    name = next((n for n in names if row.get(n) is not None), None)
+    if name is None:
+        return None
+    value = row[name]
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return f"field '{name}': expected a string or an integer id, got {type(value).__name__}"
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return (f"field '{name}': {value!r} is not an id (a string or an integer"
+                + (f' of at most {jsonl.MAX_INT_DIGITS} digits; write a longer one as a string)' if
+                   isinstance(value, jsonl.Oversized) else ')'))
+    return None
+
+
+def id_text(value) -> str:
+    """The text an id is compared by: `2579`, `2579.0` and `"2579"` are one id (the official evaluator's dict
+    lookups treat 2579 and 2579.0 alike)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def load_annotations(path: str) -> Tuple[str, Dict[str, Annotation]]:
@@ -143,7 +170,11 @@ def load_annotations(path: str) -> Tuple[str, Dict[str, Annotation]]:
         if key is None:
             problems.append({'line': line, 'reason': 'no qid' if fmt == 'qvhighlights' else 'no id'})
             continue
-        key = str(key)
+        bad_id = _id_problem(row, ('qid',) if fmt == 'qvhighlights' else ('id',))
+        if bad_id:
+            problems.append({'line': line, 'reason': bad_id})
+            continue
+        key = id_text(key)
         reason = _annotation_problem(row, fmt, windows)
         if reason:
             problems.append({'line': line, 'id': key, 'reason': reason})
@@ -209,7 +240,7 @@ def load_predictions(path: str, anns: Dict[str, Annotation]):
     """-> (predictions by id, invalid lines, unknown ids, stats)."""
     invalid, unknown = [], {}
     stats = {'rows': 0, 'parsed_rows': 0, 'repairs': {k: 0 for k in REPAIR_NAMES}, 'parse_formats': {},
-             'parse_failure_kinds': {}}
+             'parse_failure_kinds': {}, 'zero_length_windows': []}
     raw: Dict[str, List[tuple]] = {}
     for line, row in read_jsonl(path):
         rows, problem = _clip_rows(line, row)
@@ -265,7 +296,10 @@ def _checked_row(line: int, row: Any, anns: Dict[str, Annotation]):
     key = row.get('id', row.get('qid'))
     if key is None:
         return bad('no id/qid')
-    key = str(key)
+    bad_id = _id_problem(row, ('id', 'qid'))
+    if bad_id:
+        return bad(bad_id)
+    key = id_text(key)
     if 'pred_relevant_windows' not in row and 'response' not in row and 'pred_saliency_scores' not in row:
         return bad('needs pred_relevant_windows, response or pred_saliency_scores', key)
     problem = _pred_windows_problem(row['pred_relevant_windows']) if 'pred_relevant_windows' in row else None
@@ -308,6 +342,8 @@ def _video_prediction(key: str, rows: List[tuple], ann: Annotation, stats: Dict[
         if 'pred_relevant_windows' in row:
             ws = row['pred_relevant_windows']
             n = len(ws)
+            stats['zero_length_windows'] += [{'line': line, 'id': key, 'index': i} for i, w in enumerate(ws)
+                                             if w[0] == w[1]]
             collected.extend((float(w[0]) + off, float(w[1]) + off,
                               float(w[2]) if len(w) > 2 and _finite(w[2]) else (n - i) / n)
                              for i, w in enumerate(ws))
@@ -423,6 +459,7 @@ def score(fmt: str, anns: Dict[str, Annotation], preds: Dict[str, VideoPredictio
         detail = {}
     missing = [k for k in anns if k not in preds]
     failures = [dict(id=k, **f) for k, p in preds.items() for f in p.failures]
+    zero_length = stats.get('zero_length_windows', [])
     out.update({
         'format': fmt,
         'queries': len(anns),
@@ -431,6 +468,7 @@ def score(fmt: str, anns: Dict[str, Annotation], preds: Dict[str, VideoPredictio
         'missing_predictions': len(missing),
         'unknown_ids': len(unknown),
         'invalid_prediction_lines': len(invalid),
+        'zero_length_windows': len(zero_length),
         'empty_predictions': sum(1 for k in anns if not windows[k]),
         'parsed_rows': stats.get('parsed_rows', 0),
         'parse_failure_kinds': stats.get('parse_failure_kinds', {}),
@@ -441,8 +479,10 @@ def score(fmt: str, anns: Dict[str, Annotation], preds: Dict[str, VideoPredictio
         'problems': {
             'missing': missing[:PROBLEM_SAMPLE],
             'unknown': list(unknown)[:PROBLEM_SAMPLE],
+            'unknown_lines': [{'id': k, 'line': v} for k, v in list(unknown.items())[:PROBLEM_SAMPLE]],
             'parse_failures': failures[:PROBLEM_SAMPLE],
             'invalid_lines': list(invalid)[:PROBLEM_SAMPLE],
+            'zero_length_windows': zero_length[:PROBLEM_SAMPLE],
         },
     })
     per_video = {}
@@ -462,4 +502,4 @@ SUMMARY_KEYS = {
     'vora': ('kept-precision', 'kept-recall', 'kept-F1', 'kept-IoU', 'mIoU', 'mean-F1'),
 }
 COUNT_KEYS = ('queries', 'prediction_rows', 'parse_failures', 'missing_predictions', 'unknown_ids',
-              'invalid_prediction_lines', 'empty_predictions')
+              'invalid_prediction_lines', 'zero_length_windows', 'empty_predictions')
