@@ -33,20 +33,21 @@ export SWIFT_VORA_FPS=2 SWIFT_VORA_MAX_FRAMES=16 SWIFT_VORA_PAIR_TOKENS=256 SWIF
 
 model="${MODEL:-$WORK/model}"
 data="$WORK/train/annotations.jsonl"
-if [ -z "${MODEL:-}" ]; then
-  step "1. random Qwen3-VL-MoE (16 experts: $((16 / EP)) per GPU) and synthetic clips"
-  env "${NCCL_ENV[@]}" "$PY" - "$WORK" <<'PYEOF' 2>&1 | tee "$LOGS/1-build.log"
+# the clips always (a given MODEL still trains on them); the random model only where none is given
+step "1. synthetic clips${MODEL:+ (model: $MODEL)}${MODEL:-, and a random Qwen3-VL-MoE (16 experts: $((16 / EP)) per GPU)}"
+env "${NCCL_ENV[@]}" BUILD_MODEL="$([ -z "${MODEL:-}" ] && echo 1 || echo 0)" "$PY" - "$WORK" <<'PYEOF' 2>&1 | tee "$LOGS/1-build.log"
+import os
 import sys
 from swift_vora.synthetic import make_dataset
 from swift_vora.tiny_model import TinyShape, build_tiny_qwen3_vl
 work = sys.argv[1]
-shape = TinyShape(hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4, head_dim=16, intermediate_size=1024,
-                  vision_depth=2, vision_hidden=128, vision_intermediate=256, vision_heads=2, num_experts=16,
-                  experts_per_token=4, moe_intermediate_size=256)
-build_tiny_qwen3_vl(f'{work}/model', moe=True, shape=shape)
+if os.environ['BUILD_MODEL'] == '1':
+    shape = TinyShape(hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4, head_dim=16, intermediate_size=1024,
+                      vision_depth=2, vision_hidden=128, vision_intermediate=256, vision_heads=2, num_experts=16,
+                      experts_per_token=4, moe_intermediate_size=256)
+    build_tiny_qwen3_vl(f'{work}/model', moe=True, shape=shape)
 make_dataset(f'{work}/train', 8, duration=32.0, size=(640, 360), seed=1)
 PYEOF
-fi
 
 # EP GPUs of 139.8 GiB (H200), EP-way expert parallel, no tensor parallel; DP = EP, so global batch 2 x EP.
 OVERRIDES=("model.path=$model" model.type=qwen3_vl_moe hardware=null "gpus=$EP" gpu_mem_gib=139.8 host_ram_gib=128
@@ -55,7 +56,10 @@ OVERRIDES=("model.path=$model" model.type=qwen3_vl_moe hardware=null "gpus=$EP" 
   train.lr=1e-3 train.dataloader_workers=2 video.max_frames=16 video.pair_tokens=256)
 
 step "2. plan: swift-vora train recipes/h200x8.yaml --dry-run (EP=$EP on $EP GPUs)"
-env "${NCCL_ENV[@]}" swift-vora train recipes/h200x8.yaml "${OVERRIDES[@]}" --dry-run --json > "$LOGS/2-plan.json"
+# a dry run exits with the launch's code; DRY_RUN=1 plans on any machine (the CPU check), so the hardware is trusted
+PLAN_FLAGS=(--dry-run --json)
+if [ "${DRY_RUN:-0}" = 1 ]; then PLAN_FLAGS+=(--trust-recipe-hardware); fi
+env "${NCCL_ENV[@]}" swift-vora train recipes/h200x8.yaml "${OVERRIDES[@]}" "${PLAN_FLAGS[@]}" > "$LOGS/2-plan.json"
 launch=(env "${NCCL_ENV[@]}" swift-vora train recipes/h200x8.yaml "${OVERRIDES[@]}")
 printf 'launch:'; printf ' %q' "${launch[@]}"; echo
 "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["plan"]["backend"], d["launch"]["shell"])' \
