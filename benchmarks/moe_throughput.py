@@ -198,13 +198,20 @@ def build_model(out_dir: str, shape: str, layers: Optional[int], device: str) ->
     done = os.path.join(out_dir, 'swift_vora_counts.json')
     if os.path.isfile(done):
         with open(done) as f:
-            return json.load(f)
+            built = json.load(f)
+        if built.get('shape') == shape and built.get('layers') == layers:
+            return built
+        # another call on this warm machine built another depth here: a 3-layer run must not train the 8 layers
+        # left behind (a full-SFT call planned 8 layers on an H100 that way and refused to launch)
+        print(f'build_model: {out_dir} holds shape {built.get("shape")} with {built.get("layers")} layers, not '
+              f'{shape} with {layers}: rebuilding', flush=True)
+        shutil.rmtree(out_dir)
     t0 = time.time()
     code = ('import json, sys; sys.path.insert(0, %r); from swift_vora.tiny_model import build_qwen3_5_moe; '
             'c = build_qwen3_5_moe(%r, shape=%r, num_layers=%r, device=%r, dtype=%r); '
-            'json.dump({**c, "shape": %r}, open(%r, "w"))' % (REPO, out_dir, shape, layers, device,
-                                              'float32' if shape == 'tiny' and device == 'cpu' else 'bfloat16', shape,
-                                              done))
+            'json.dump({**c, "shape": %r, "layers": %r}, open(%r, "w"))' % (
+                REPO, out_dir, shape, layers, device, 'float32' if shape == 'tiny' and device == 'cpu' else 'bfloat16',
+                shape, layers, done))
     subprocess.run([sys.executable, '-c', code], check=True, env=tp.base_env())
     with open(done) as f:
         counts = json.load(f)
@@ -698,10 +705,13 @@ def dry_run(args, gpu_gib: Optional[float] = None) -> int:
         flagship = args.flagship and name == FLAGSHIP
         out = os.path.join(tempfile.gettempdir(), name, 'output')
         cmd = vora_command(args, b, model, 'data/train.jsonl', out, flagship, variant.overrides)
-        cmd += ['--dry-run', '--json']
+        cmd += ['--dry-run', '--json', '--trust-recipe-hardware']
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=tp.base_env(variant.env))
-        plan = json.loads(proc.stdout)['plan'] if proc.stdout.strip().startswith('{') else None
-        if proc.returncode != 0 or not plan or plan.get('verdict') != 'fits':
+        done = json.loads(proc.stdout) if proc.stdout.strip().startswith('{') else {}
+        plan = done.get('plan')
+        # planned here, launched on the GPU machine: that this CPU lacks the checkpoint's weights and the clips (the
+        # dry run's `not_launched`, its exit code) is expected; a refused override or switch leaves no plan
+        if not plan or plan.get('verdict') != 'fits' or (proc.returncode != 0 and not done.get('not_launched')):
             failed += 1
             print(f'== {name}: refused (rc {proc.returncode}): ' + (' '.join(plan.get('reasons', [])[:2]) if plan
                                                                   else proc.stderr[-1500:]))

@@ -3,22 +3,34 @@
     python benchmarks/speed_table.py            # markdown table
     python benchmarks/speed_table.py --json
     python benchmarks/speed_table.py --check    # exit 1 if a row is outside +-20 % (or a listed miss came inside)
+    python benchmarks/speed_table.py --derive megatron [--json]   # Megatron's efficiencies re-derived (below)
 
 Each row plans the run's configuration (`swift-vora plan` arguments, the sample the run encoded) and compares the
 plan's `est_tokens_per_s` with the tokens/s the run measured (its result file under benchmarks/results/). `efficiency`
 is the run's own MFU over the planner's FLOPs (what plan/speed.py's EFFICIENCY table holds for the row marked
 `fit`): rows marked `fit` are in-sample, the others were not used to set any constant. Plain `swift sft` rows are not
 here: the planner plans swift-vora's launches.
+
+`--derive megatron`: the planner's Megatron efficiencies (plan/speed.py EFFICIENCY, LoRA and full SFT) re-derived from
+the result files. Every Megatron variant of benchmarks/megatron_moe.py's results with >= 10 measured steps is a row:
+the ROWS ones as listed, any other one planned from the overrides its command recorded (out of sample, `auto`). Per
+efficiency setting (backend, recompute, micro-batch) it prints the planner's value, the value its in-sample rows give
+(their median), and the out-of-sample rows' errors under the planner's value -- the only rows an accuracy claim may
+count. A setting with no in-sample row (Megatron full SFT until a run is recorded as its fit) shows the candidate
+rows' efficiencies: what plan/speed.py would take, and from which run.
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import glob
 import json
 import os
+import re
+import statistics
 import sys
 import tempfile
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -178,17 +190,17 @@ def moe_config(layers: int) -> str:
     return path
 
 
-def measured(source) -> float:
+def measured(source, results_dir: str = RESULTS) -> float:
     """tokens/s of one recorded run: the file's tokens/s, else samples/s x the real tokens per sample."""
     fname, variant = source
-    with open(os.path.join(RESULTS, fname)) as f:
+    with open(os.path.join(results_dir, fname)) as f:
         v = json.load(f)['variants'][variant]
     if v.get('tokens_per_s'):
         return float(v['tokens_per_s'])
     return float(v['samples_per_s']) * (v['tokens_per_sample'] - (v.get('tail_padding_per_sample') or 0))
 
 
-def table(rows=None) -> List[Dict[str, Any]]:
+def table(rows=None, results_dir: str = RESULTS) -> List[Dict[str, Any]]:
     sys.path.insert(0, REPO)
     from swift_vora.cli.plan import plan_from_argv
     out = []
@@ -197,7 +209,7 @@ def table(rows=None) -> List[Dict[str, Any]]:
         if row.get('model'):
             argv = ['--model', moe_config(row['model']), *argv]
         plan = plan_from_argv(argv)
-        got = measured(row['source'])
+        got = measured(row['source'], results_dir)
         estimate = plan.est_tokens_per_s
         # the estimate is proportional to the efficiency it used: the run's own efficiency scales with the ratio
         efficiency = round(_used_efficiency(plan) * got / estimate, 4)
@@ -240,11 +252,143 @@ def _within(r) -> str:
     return text if r['checked'] else f'{text} (not planned)'
 
 
+# ---- Megatron's efficiencies, re-derived -----------------------------------------------------------------------------
+MEGATRON_RESULTS = ('megatron-h200-moe-*.json', 'megatron-h200-full-*.json', 'derived-megatron-*.json')
+MIN_MEASURED_STEPS = 10  # issue 56's medians: fewer measured steps make no row
+# benchmarks/megatron_moe.py's recipe overrides -> `swift-vora plan` flags (the last override of a key wins)
+OVERRIDE_FLAGS = {'train.micro_batch': '--micro-batch', 'train.per_device_train_batch_size': '--micro-batch',
+                  'megatron.recompute': '--recompute', 'megatron.cross_entropy_fusion_impl': '--cross-entropy',
+                  'video.max_frames': '--max-frames', 'train.lora_rank': '--lora-rank', 'hardware': '--hardware'}
+
+
+def is_megatron_row(row: Dict[str, Any]) -> bool:
+    return any(str(a).startswith('megatron_ep') for a in row['plan'])
+
+
+def megatron_plan(command: str) -> List[str]:
+    """`swift-vora plan` flags for a megatron_moe variant, from the `swift-vora train RECIPE key=value ...` command its
+    result recorded: the backend by the recipe (h200x8-full.yaml: full SFT), the overrides that change the plan."""
+    tokens = command.split()
+    full = any(t.endswith('h200x8-full.yaml') for t in tokens)
+    values: Dict[str, str] = {}
+    for token in tokens:
+        key, sep, value = token.partition('=')
+        if sep and key in OVERRIDE_FLAGS:
+            values[OVERRIDE_FLAGS[key]] = value
+    hardware = ['--hardware', values.pop('--hardware')] if values.get('--hardware', 'h200x1') != 'h200x1' else H200
+    base = list(MEGATRON[len(H200):])  # MEGATRON is the H200 flags, then the run's own
+    if full:  # no adapter; the full tuner
+        del base[base.index('--lora-rank'):base.index('--lora-rank') + 2]
+        base[base.index('--tuner') + 1] = 'full'
+        base[base.index('--backend') + 1] = 'megatron_ep_full'
+        values.pop('--lora-rank', None)
+    out = [*hardware, *base]
+    for flag, value in values.items():
+        if flag in out:
+            out[out.index(flag) + 1] = value
+        else:
+            out += [flag, value]
+    return out
+
+
+def megatron_rows(results_dir: str = RESULTS, listed_rows: bool = True) -> List[Dict[str, Any]]:
+    """ROWS' Megatron rows (unless `listed_rows` is false), then every other Megatron variant with >=
+    MIN_MEASURED_STEPS measured steps in the result files (a call's final file preferred to its partial one), out of
+    sample."""
+    rows = [dict(row) for row in ROWS if is_megatron_row(row)] if listed_rows else []
+    listed = {tuple(row['source']) for row in ROWS}
+    paths = sorted({p for pattern in MEGATRON_RESULTS for p in glob.glob(os.path.join(results_dir, pattern))})
+    finals = {re.sub(r'-\d{4}-\d{2}-\d{2}\.json$', '', os.path.basename(p)) for p in paths
+              if not p.endswith('-partial.json')}
+    for path in paths:
+        fname = os.path.basename(path)
+        if fname.endswith('-partial.json') and fname[:-len('-partial.json')] in finals:
+            continue
+        with open(path) as f:
+            data = json.load(f)
+        layers = re.search(r'cut to (\d+) layers', str(data.get('model', '')))
+        for variant, v in (data.get('variants') or {}).items():
+            if (fname, variant) in listed or not str(v.get('backend', '')).startswith('megatron_ep'):
+                continue
+            if not v.get('tokens_per_s') or len(v.get('step_s') or []) < MIN_MEASURED_STEPS or not v.get('command'):
+                continue
+            if not layers:
+                continue
+            rows.append({'what': f'{variant} ({fname})', 'source': (fname, variant), 'model': int(layers.group(1)),
+                         'plan': megatron_plan(v['command']), 'auto': True})
+    return rows
+
+
+def efficiency_key(plan) -> Tuple[str, bool, int]:
+    """The EFFICIENCY setting a plan is priced at: (backend, every layer recomputed, micro-batch); the memory model
+    states the recompute among its assumptions (megatron.recompute full is its gradient checkpointing)."""
+    return str(plan.backend), 'gradient checkpointing on' in plan.assumptions, int(plan.micro_batch)
+
+
+def derive_megatron(results_dir: str = RESULTS, listed_rows: bool = True) -> Dict[str, Any]:
+    """Per Megatron efficiency setting: the planner's value, the in-sample rows and what they give, the
+    out-of-sample rows with their errors under the planner's value (module docstring)."""
+    sys.path.insert(0, REPO)
+    from swift_vora.cli.plan import plan_from_argv
+    from swift_vora.plan import speed
+    rows = megatron_rows(results_dir, listed_rows)
+    settings: Dict[Tuple[str, bool, int], Dict[str, Any]] = {}
+    for row, measured_row in zip(rows, table(rows, results_dir)):
+        argv = list(row['plan'])
+        if row.get('model'):
+            argv = ['--model', moe_config(row['model']), *argv]
+        key = efficiency_key(plan_from_argv(argv))
+        entry = settings.setdefault(key, {'backend': key[0], 'checkpointing': key[1], 'micro_batch': key[2],
+                                          'in_sample': [], 'out_of_sample': []})
+        measured_row['auto'] = bool(row.get('auto'))
+        entry['in_sample' if measured_row['in_sample'] else 'out_of_sample'].append(measured_row)
+    out = []
+    for key, entry in sorted(settings.items()):
+        current = speed.EFFICIENCY.get((key[0], False, key[1], key[2]))
+        fit = [r['efficiency'] for r in entry['in_sample']]
+        candidates = [r['efficiency'] for r in entry['out_of_sample']]
+        out.append({**entry, 'planner_efficiency': current.value if current else None,
+                    'planner_source': current.source if current else
+                    speed.measured_efficiency(key[0], False, key[1], key[2])[1] or 'nearest measured setting',
+                    'derived_efficiency': round(statistics.median(fit), 4) if fit else None,
+                    'candidate_efficiency': None if fit or not candidates else round(statistics.median(candidates), 4),
+                    'out_of_sample_errors': [r['error'] for r in entry['out_of_sample']]})
+    return {'settings': out, 'rows': len(rows)}
+
+
+def render_derived(derived: Dict[str, Any]) -> str:
+    lines = ['| setting | planner efficiency | from in-sample rows | in-sample rows | out-of-sample rows (error under '
+             'the planner) |', '|---|---|---|---|---|']
+    for s in derived['settings']:
+        setting = (f'{s["backend"]}, {"full recompute" if s["checkpointing"] else "no recompute"}, micro-batch '
+                   f'{s["micro_batch"]}')
+        planner = f'{s["planner_efficiency"]}' if s['planner_efficiency'] is not None else \
+            f'none ({s["planner_source"]})'
+        derived_value = (s['derived_efficiency'] if s['derived_efficiency'] is not None else
+                         f'no in-sample row; candidate {s["candidate_efficiency"]}' if s['candidate_efficiency']
+                         else 'no row')
+        fit = '; '.join(f'{r["what"]}: {r["efficiency"]}' for r in s['in_sample']) or '-'
+        held = '; '.join(f'{r["what"]}{" (auto)" if r.get("auto") else ""}: {100 * r["error"]:+.1f} %'
+                         for r in s['out_of_sample']) or '-'
+        lines.append(f'| {setting} | {planner} | {derived_value} | {fit} | {held} |')
+    claims = [r for s in derived['settings'] for r in s['out_of_sample']]
+    lines.append(f'\n{sum(abs(r["error"]) <= TOLERANCE for r in claims)} of {len(claims)} out-of-sample Megatron rows '
+                 f'within ±{100 * TOLERANCE:.0f} % (the in-sample ones are not counted).')
+    return '\n'.join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--check', action='store_true', help='exit 1 if any row is outside the tolerance')
     ap.add_argument('--json', action='store_true')
+    ap.add_argument('--derive', choices=('megatron', ), default=None,
+                    help='re-derive the planner\'s Megatron efficiencies from the result files')
+    ap.add_argument('--results', default=RESULTS, help='the result files\' folder')
     args = ap.parse_args(argv)
+    if args.derive:
+        derived = derive_megatron(args.results)
+        print(json.dumps(derived, indent=1) if args.json else render_derived(derived))
+        return 0
     rows = table()
     print(json.dumps(rows, indent=1) if args.json else render(rows))
     return 1 if args.check and not all(r['within'] != bool(r['known_miss']) for r in rows if r['checked']) else 0

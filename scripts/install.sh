@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates ./.venv and installs swift-vora into it (editable), with optional extras.
 #   bash scripts/install.sh            # the package: ms-swift, transformers, peft, decord, ...
-#   bash scripts/install.sh test       # + pytest, hypothesis and ruff
+#   bash scripts/install.sh test       # + pytest, hypothesis and ruff, and the pinned unsloth / unsloth_zoo
+#                                      #   wheels some tests read (never install) into .fetched/wheels
 #   bash scripts/install.sh deepspeed  # + DeepSpeed (multi-GPU dense training)
 # torch/torchvision are pinned first: an unpinned `torch` pulled in by a dependency can resolve to a
 # multi-GB build that does not match torchvision (qwen_vl_utils needs a torchvision that imports).
@@ -24,4 +25,9 @@ else
   echo "== [2/2] swift-vora (editable): ms-swift, transformers, peft, video decoders, ..."
   .venv/bin/python -m pip install -e .
 fi
+case ",${extras}," in
+  *,test,*)
+    echo "== the pinned unsloth / unsloth_zoo wheels the MoE tests read (tests/moe_wheels.py -> .fetched/wheels)"
+    .venv/bin/python tests/moe_wheels.py ;;
+esac
 .venv/bin/swift-vora --version

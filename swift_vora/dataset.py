@@ -30,10 +30,8 @@ ANNOTATION_SUFFIXES = ('.jsonl', '.json')
 
 
 def window_config_from_env(environ=None):
-    from .data.windowing import WindowConfig
-    # the table's defaults are WindowConfig's defaults
-    return WindowConfig(**{name: switches.read(f'SWIFT_VORA_{name.upper()}', environ)
-                           for name in ('window', 'stride', 'min_event')})
+    from .data.windowing import window_config_from_env as from_env
+    return from_env(environ)
 
 
 def count_samples(path: str, window_config=None, video_root: Optional[str] = None) -> Optional[int]:
@@ -61,7 +59,7 @@ def build_swift_rows(path: str, strict: bool = False, video_root: Optional[str] 
     from .data.annotations import load_annotations
     from .data.rows import sample_to_row
     from .data.windowing import make_windows
-    from .trained_budget import note_answer
+    from .trained_budget import note_answer, note_query
 
     window_config = window_config or window_config_from_env()
     budget = budget or VideoBudget.from_env()
@@ -69,6 +67,7 @@ def build_swift_rows(path: str, strict: bool = False, video_root: Optional[str] 
     report = load_annotations(path, video_root=video_root, probe=True, strict=strict)
     rows, slivers = [], 0
     for annotation in report.rows:
+        note_query(annotation.query)  # the query the checkpoint's prompts held, for `swift-vora predict`
         for sample in make_windows(annotation, window_config):
             slivers += sample.dropped_slivers
             row = sample_to_row(sample)

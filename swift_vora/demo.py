@@ -2,10 +2,12 @@
 
 Builds a tiny random Qwen3-VL (real checkpoint layout, special tokens on the real Qwen ids), writes
 synthetic videos whose answer is visible (a red square inside the intervals), validates and windows the
-annotations, trains a LoRA adapter with `swift sft --custom_register_path swift_vora`, runs `swift infer`
-with the adapter on held-out clips and scores the answers with `swift-vora eval`'s evaluator (report.md,
-overview.png and timelines under OUT/report/). Every clip, trained on or held out, is one 8 s window with at
-least one event, so every answer has something to find.
+annotations, trains a LoRA adapter with `swift sft --custom_register_path swift_vora`, predicts the held-out
+videos as new, unlabelled ones (`swift-vora predict`: the checkpoint's windows, `swift infer`), scores those
+predictions with `swift-vora eval`'s evaluator (report.md, overview.png and timelines under OUT/report/), and cuts
+them (`swift-vora cut`): an OpenTimelineIO timeline and a CMX 3600 EDL under OUT/cut/, and the kept clips rendered
+into OUT/highlights.mp4. Every clip, trained on or held out, is one 8 s window with at least one event, so every
+answer has something to find; the held-out videos are 25 fps, a rate EDL timecode has.
 
 What the scores mean: R1@0.5 (the first predicted window overlaps a true one with IoU >= 0.5) and mean IoU are
 printed next to the same figures for a shuffled-answer control: the same answers scored against the true
@@ -33,11 +35,12 @@ from .offline import OFFLINE_ENV, swift_argv
 DEMO_BUDGET = VideoBudget(fps=1.0, min_frames=4, max_frames=8, pair_tokens=16, min_pair_tokens=4)
 DEMO_WINDOW = {'SWIFT_VORA_WINDOW': '8', 'SWIFT_VORA_STRIDE': '8', 'SWIFT_VORA_MIN_EVENT': '0.5'}
 CLIP_SECONDS = 8.0  # videos one window long, each with an event: every clip trained on and scored has an answer
+HELD_OUT_FPS = 25.0  # the held-out videos are cut into an EDL, whose SMPTE timecode has no 4 fps
 LEARNED_MARGIN = 0.25  # R1@0.5 above the shuffled control by this much (and no parse failure) counts as learned
 
 
 def register_commands(subparsers) -> None:
-    p = subparsers.add_parser('demo', help='tiny model + synthetic videos: build, train, infer, report (CPU)')
+    p = subparsers.add_parser('demo', help='tiny model + synthetic videos: build, train, predict, report, cut (CPU)')
     p.add_argument(*OUTPUT_DIR_FLAGS, dest='out', default='swift_vora_demo', metavar='DIR',
                    help='working directory (default: ./swift_vora_demo; ms-swift\'s name; --out-dir and --out are the '
                         'older ones)')
@@ -106,7 +109,6 @@ def score_against_control(annotations: str, predictions: str, control_path: str)
 
 
 def run_demo(args) -> int:
-    from .eval.inference import run_inference
     from .eval.report import write_outputs
     from .outputs import check_output_dir
     from .progress import swift_training_status
@@ -120,7 +122,7 @@ def run_demo(args) -> int:
     if os.path.exists(env['SWIFT_VORA_ENCODE_LOG']):
         os.remove(env['SWIFT_VORA_ENCODE_LOG'])
     train_dir = os.path.join(out, 'train')
-    print('[3/5] training LoRA with swift sft --custom_register_path swift_vora', flush=True)
+    print('[3/6] training LoRA with swift sft --custom_register_path swift_vora', flush=True)
     _run(swift_argv() + [
         'sft', '--custom_register_path', 'swift_vora', '--model', model_dir, '--model_type', 'qwen3_vl',
         '--template', 'video_ora', '--dataset', train_ann, '--tuner_type', 'lora', '--target_modules', 'all-linear',
@@ -133,19 +135,39 @@ def run_demo(args) -> int:
     ], env, os.path.join(out, 'train.log'), '      training', swift_training_status(train_dir))
     checkpoint = _latest_checkpoint(train_dir)
 
-    print('[4/5] inference with the adapter on the held-out clips (swift infer)', flush=True)
+    videos = os.path.dirname(eval_ann)
     predictions = os.path.join(out, 'predictions.jsonl')
-    run_inference(eval_ann, predictions, adapters=checkpoint, backend='transformers', max_new_tokens=24,
-                  log_path=os.path.join(out, 'infer.log'), environ=env)  # the same windows and budget
+    print('[4/6] predicting the held-out videos as new ones (swift-vora predict: the checkpoint\'s windows, swift '
+          f'infer)\n$ swift-vora predict {videos} --adapters {checkpoint} --output {predictions}', flush=True)
+    from .predict.run import predict
+    predict([videos], predictions, adapters=checkpoint, overwrite=True, backend='transformers', max_new_tokens=24,
+            environ=env)  # env: the encode log; its budget and windows are the checkpoint's
 
-    print('[5/5] report (swift-vora eval\'s evaluator)', flush=True)
+    print('[5/6] report (swift-vora eval\'s evaluator on those predictions)', flush=True)
     real, control = score_against_control(eval_ann, predictions, os.path.join(out, 'videos_eval',
                                                                                'annotations_shuffled.jsonl'))
     written = write_outputs(real, os.path.join(out, 'report'), inputs={'annotations': eval_ann,
                                                                        'predictions': predictions})
     _print_summary(real, control, written, env['SWIFT_VORA_ENCODE_LOG'], checkpoint, predictions)
+    _cut(out, predictions)
     print(f'  wall time                : {time.time() - started:.0f} s')
     return 0
+
+
+def _cut(out: str, predictions: str) -> None:
+    """Step 6: the predictions as an editor gets them: .otio + EDL timelines and the kept clips rendered."""
+    from .edit.cli import print_result
+    from .edit.cut import cut
+    from .errors import InvalidInput
+    highlights = os.path.join(out, 'highlights.mp4')
+    print(f'[6/6] cut (swift-vora cut: OpenTimelineIO\'s adapters, PyAV)\n$ swift-vora cut {predictions} --to otio '
+          f'--to edl --output_dir {os.path.join(out, "cut")} --render {highlights}', flush=True)
+    try:
+        result = cut(predictions, formats=['otio', 'edl'], output_dir=os.path.join(out, 'cut'), render_to=highlights)
+    except InvalidInput as exc:  # a model that kept nothing: said, not a failure of the demo
+        print(f'  {exc}', flush=True)
+        return
+    print_result(result)
 
 
 def _inputs(out: str, args):
@@ -156,16 +178,16 @@ def _inputs(out: str, args):
     from .tiny_model import build_tiny_qwen3_vl
     model_dir = os.path.join(out, 'model')
     if not os.path.exists(os.path.join(model_dir, 'model.safetensors')):
-        print(f'[1/5] building a tiny random Qwen3-VL in {model_dir}', flush=True)
+        print(f'[1/6] building a tiny random Qwen3-VL in {model_dir}', flush=True)
         build_tiny_qwen3_vl(model_dir)
     else:
-        print(f'[1/5] reusing the tiny model in {model_dir}', flush=True)
+        print(f'[1/6] reusing the tiny model in {model_dir}', flush=True)
 
-    print('[2/5] writing synthetic videos (a red square marks the moments to keep)', flush=True)
+    print('[2/6] writing synthetic videos (a red square marks the moments to keep)', flush=True)
     train_ann = make_dataset(os.path.join(out, 'videos_train'), args.train_videos, duration=CLIP_SECONDS, seed=1,
                              min_events=1)
     eval_ann = make_dataset(os.path.join(out, 'videos_eval'), args.eval_videos, duration=CLIP_SECONDS, seed=2,
-                            min_events=1)
+                            min_events=1, fps=HELD_OUT_FPS)
     for path in (train_ann, eval_ann):
         report = load_annotations(path)
         print(f'      {path}: {report.total} lines, {len(report.rows)} valid, {len(report.invalid)} invalid')
@@ -197,11 +219,13 @@ def _print_summary(real, control, written, encode_log: str, checkpoint: str, pre
           f'{m["parse_failures"]} parse failures, {m["empty_predictions"]} empty answers')
     print(f'  R1@0.5                   : {r1:.2f}   (shuffled-answer control {r1_control:.2f})')
     print(f'  mean IoU                 : {m["mIoU"] / 100:.2f}   (shuffled-answer control {c["mIoU"] / 100:.2f})')
-    for row in [json.loads(line) for line in open(predictions)][:3]:
+    lines = [json.loads(line) for line in open(predictions)]
+    for row in lines[:3]:
         truth = real.annotations[row['id']].windows
-        print(f'    truth {json.dumps([list(w) for w in truth]):<28} answer {row["response"][:40]!r}')
+        answer = ' | '.join(clip['response'] for clip in row['clips'])
+        print(f'    truth {json.dumps([list(w) for w in truth]):<28} answer {answer[:40]!r}')
     print(f'  report                   : {written["report"]} (overview: {written["overview"]})')
-    answers = [json.loads(line)['response'].strip() for line in open(predictions)]
+    answers = [clip['response'].strip() for row in lines for clip in row['clips']]
     distinct = len(set(answers))
     print(f'  distinct answers         : {distinct} for {len(answers)} clips')
     learned = m['parse_failures'] == 0 and r1 >= r1_control + LEARNED_MARGIN

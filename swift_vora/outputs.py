@@ -13,6 +13,8 @@ Rules (issue #19, docs/errors.md):
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
 import signal
 import stat
@@ -272,16 +274,36 @@ class StdoutError(OSError):
 
 
 class CheckedStdout:
-    """`sys.stdout` whose failed writes raise `StdoutError` naming stdout (a plain print to a full disk raises a bare
-    `[Errno 28]`); a closed pipe stays a BrokenPipeError, which the CLI ends quietly. Everything else is delegated."""
+    """`sys.stdout` whose every write reaches stdout or raises `StdoutError` naming stdout; a closed pipe stays a
+    BrokenPipeError, which the CLI ends quietly. Everything else is delegated.
+
+    Where stdout is a file descriptor, text is encoded and written with `os.write` until every byte is taken: the
+    interpreter's buffered stdout accepted a write that a full disk or a file-size limit cut short, and reported
+    nothing, so `recipes show NAME > file` on a full disk exited 0 with a truncated file. A stdout that was closed
+    (`>&-`; the interpreter then has `sys.stdout = None`) is one that cannot be written: the first write says so."""
 
     def __init__(self, stream) -> None:
         self._stream = stream
         self.failed: Optional[StdoutError] = None  # sticky: argparse's help swallows an OSError from write()
+        self._fd = _descriptor(stream)
+        self._flushed = False  # what was printed before the wrapping goes out first
 
     def write(self, text: str) -> int:
+        if self._stream is None:
+            self.failed = StdoutError(errno.EBADF, 'closed (the command was started with stdout closed); the output '
+                                                   'printed there is lost', 'stdout')
+            raise self.failed
         try:
-            return self._stream.write(text)
+            if self._fd is None:
+                return self._stream.write(text)
+            if not self._flushed:
+                self._stream.flush()
+                self._flushed = True
+            data = text.encode(self._stream.encoding or 'utf-8', self._stream.errors or 'strict')
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]  # a short write is retried; the retry raises the errno
+            return len(text)
         except BrokenPipeError:
             raise
         except OSError as exc:
@@ -289,17 +311,54 @@ class CheckedStdout:
             raise self.failed from None
 
     def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            self.failed = _stdout_error(exc)
+        if self._stream is not None:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                raise
+            except OSError as exc:
+                self.failed = _stdout_error(exc)
         if self.failed is not None:
             raise self.failed
 
+    def fileno(self) -> int:
+        if self._stream is None:
+            raise OSError(errno.EBADF, 'stdout is closed')
+        return self._stream.fileno()
+
+    def isatty(self) -> bool:
+        return self._stream is not None and self._stream.isatty()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+def occupy_closed_stdio() -> None:
+    """Put /dev/null on a standard descriptor (0, 1, 2) the command was started without (`>&-`, `2>&-`): a file it
+    opens would otherwise get that number, and the output of the process `train` launches, or a traceback, would be
+    written into it. A closed stderr is replaced by /dev/null for this process too (print(file=None) writes to
+    stdout)."""
+    import sys
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, 'w')  # noqa: SIM115 - the process's stderr, for its lifetime
+
+
+def _descriptor(stream) -> Optional[int]:
+    """The file descriptor under the interpreter's own text stdout (None for a replaced one: a StringIO in tests)."""
+    if not isinstance(stream, io.TextIOWrapper):
+        return None
+    try:
+        return stream.fileno()
+    except (OSError, ValueError):
+        return None
 
 
 def flush_stdout() -> None:

@@ -186,6 +186,17 @@ PATCHES = (
           'sets', MEGATRON_GDN_FORWARD_PARAMS, 'backends/megatron_fla.py',
           'SWIFT_VORA_MEGATRON_FLA=off', 'tests/test_megatron_fla.py',
           uses=('l2norm(', 'chunk_gated_delta_rule(', 'causal_conv1d is None'), needs=('transformer_engine', )),
+    # `megatron sft` step profile (backends/megatron_profile.py; only where SWIFT_VORA_PROFILE_STEP is set, which names
+    # its callback): the iterator Megatron-SWIFT's SFT trainer hands to each train_step, through that trainer's
+    # identity hook `_replace_data_iterator`, timed on the trainer instance (the batches pass unchanged); and, in the
+    # one profiled step, the optimizer's step inside a record_function range (the instance's, put back after it)
+    Patch('megatron_data_wait', 'swift.megatron.trainers.base:BaseMegatronTrainer._replace_data_iterator', 'ms-swift',
+          'wraps', ('self', 'data_iterator'), 'backends/megatron_profile.py', 'leave SWIFT_VORA_PROFILE_STEP unset '
+          '(the default: the callback is not named)', 'tests/test_megatron_profile.py',
+          needs=('transformer_engine', )),
+    Patch('megatron_profile_optimizer', 'megatron.core.optimizer.optimizer:MegatronOptimizer.step', 'megatron-core',
+          'wraps', ('self', ), 'backends/megatron_profile.py', 'leave SWIFT_VORA_PROFILE_STEP unset or 0 (no step '
+          'profiled)', 'tests/test_megatron_profile.py'),
     # Unsloth's grouped-GEMM MoE forward (its cached copy too): three statements rewritten so that each expert LoRA's
     # scaling multiplies the rank-r intermediate, not the expert output (speed/moe_lora_scale.py); unsloth_zoo is
     # installed with the GPU's MoE wheel set only, so on a CPU machine its source is pinned here and read there

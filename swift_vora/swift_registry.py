@@ -13,8 +13,9 @@ Switches are read when the trainer is built. The guards and levers apply to ms-s
 Under `megatron sft` (the plugin is imported by `--custom_register_path` after `swift.megatron`), the guards of
 `guards.registry.MEGATRON_GUARDS` are also registered in Megatron-SWIFT's `megatron_callbacks_map` as `vora_<name>`;
 Megatron-SWIFT has no default-callback hook, so `swift-vora train` names the enabled ones in `--callbacks`
-(swift_vora/backends/megatron.py). Outside such a process nothing of Megatron is imported (it needs megatron-core
-and Transformer Engine).
+(swift_vora/backends/megatron.py); so too `vora_step_profile` (backends/megatron_profile.py: the data wait of every
+step, one step under torch.profiler) when SWIFT_VORA_PROFILE_STEP is set. Outside such a process nothing of Megatron
+is imported (it needs megatron-core and Transformer Engine).
 
 Before anything is registered, every `SWIFT_VORA_*` variable is checked against the switch table
 (swift_vora/switches.py). Patches at import: the batched vision attention (swift_vora/speed/vit_attention.py;
@@ -108,6 +109,12 @@ def register_megatron_callbacks() -> bool:
         # MegatronCallback second: events ms-swift adds later fall back to its no-ops
         megatron_callbacks_map.setdefault(PREFIX + name, type(guard.__name__, (guard, MegatronCallback),
                                                               {'__module__': guard.__module__}))
+    # the step profile and data-wait log (backends/megatron_profile.py), named by the launch when the training
+    # process's environment sets SWIFT_VORA_PROFILE_STEP
+    from .backends import megatron_profile
+    profile = megatron_profile.MegatronStepProfile
+    megatron_callbacks_map.setdefault(megatron_profile.CALLBACK, type(profile.__name__, (profile, MegatronCallback),
+                                                                      {'__module__': profile.__module__}))
     # Compiled Triton kernels and autotuning timings persist across launches (and from scripts/gpu/gdn_grad_check.py
     # into the run after it): without this every `megatron sft` process autotunes the Gated DeltaNet kernels again
     # (two 147 s first steps on a fresh H200, 2026-12-02). Set before any kernel compiles; a user's value is kept.

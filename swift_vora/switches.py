@@ -6,7 +6,8 @@ variable; none = not set from a recipe). `read(name)` is the only parser: an uns
 default, anything it cannot read -- a typo such as `flase`, a negative count, a choice that does not exist --
 raises `SwitchError` quoting `NAME=value` and what is accepted. `check_environment()` also refuses
 `SWIFT_VORA_*` names that are not in the table (a misspelt switch would otherwise be ignored); the plugin runs it
-when ms-swift imports it. `swift-vora switches` prints the table with the effective values.
+when ms-swift imports it. `swift-vora switches` prints the table with the effective values (the user settings;
+`--all` adds the switches of the benchmarks, the set-up scripts and the probes).
 
 This module is a leaf: it imports nothing of swift-vora (its defaults are written here, and the dataclasses that
 mirror switches take theirs from it), so every module may read a switch without an import circle. Importing it
@@ -26,7 +27,10 @@ COUNT_MAX = 10 ** 9  # no count a switch takes comes near; a 5000-digit one is r
 WEEK_S = 7 * 24 * 3600.0
 ON = ('1', 'true', 'yes', 'on')
 OFF = ('0', 'false', 'no', 'off')
-KINDS = ('flag', 'count', 'number', 'seconds', 'choice', 'text', 'path')
+KINDS = ('flag', 'count', 'number', 'seconds', 'choice', 'text', 'path', 'guards')
+# Who sets a switch: a user's training setting, or a switch of the benchmarks, the GPU set-up scripts, the probes'
+# test hooks and what `swift-vora train` sets for its own process (`swift-vora switches` lists those with --all).
+GROUPS = ('setting', 'tool')
 ENV_KEY = 'env'  # recipe column: settable as an entry of the recipe's `env` (or `guards.env`)
 
 
@@ -47,6 +51,7 @@ class Switch(NamedTuple):
     # kinds 'count', 'number', 'seconds': (lowest, highest, lowest allowed itself); every value is also finite.
     # The video budget's and the windows' are the recipe's RANGES for the same keys (tests/test_switches.py).
     bounds: Tuple[float, float, bool] = (0, COUNT_MAX, True)
+    group: str = 'setting'  # one of GROUPS
 
 
 # The defaults of the video budget and of the windows are the table's: swift_vora/budget.py's VideoBudget and
@@ -103,7 +108,7 @@ def _table() -> Tuple[Switch, ...]:
         Switch(PREFIX + 'LOG_FIRST', 'count', 3, 'encoded samples logged at INFO', unit='samples',
                where='template.py'),
         # --- guards ---------------------------------------------------------------------------------------------
-        Switch(PREFIX + 'GUARDS', 'text', 'all', 'all | none | a comma list of guards, -name removes one',
+        Switch(PREFIX + 'GUARDS', 'guards', 'all', 'all | none | a comma list of guards, -name removes one',
                where='guards/registry.py'),
         *_guard_switches(),
         Switch(PREFIX + 'TAIL', 'choice', 'pad', 'samples ms-swift would never train: pad | drop | stop',
@@ -123,9 +128,10 @@ def _table() -> Tuple[Switch, ...]:
         Switch(PREFIX + 'VERIFY_TIMEOUT', 'number', 1800.0, 'seconds the adapter reload may take',
                where='guards/verify_adapter.py', bounds=(0, WEEK_S, False)),
         Switch(PREFIX + 'RECIPE', 'path', None, 'the recipe file hashed into fingerprint.json',
-               'the recipe file itself', where='guards/fingerprint.py'),
+               'the recipe file itself', where='guards/fingerprint.py', group='tool'),
         Switch(PREFIX + 'RECIPE_OVERRIDES', 'text', None, 'JSON list of the key=value overrides applied over the '
-               'recipe, recorded in fingerprint.json', 'the key=value overrides', where='guards/fingerprint.py'),
+               'recipe, recorded in fingerprint.json', 'the key=value overrides', where='guards/fingerprint.py',
+               group='tool'),
         # --- speed levers (swift_vora/speed/) -------------------------------------------------------------------
         Switch(PREFIX + 'COMPILE', 'choice', 'off', 'regional torch.compile: off | layers',
                'train.compile', choices=('off', 'layers'), aliases=off_aliases, where='speed/compile_layers.py'),
@@ -202,9 +208,9 @@ def _table() -> Tuple[Switch, ...]:
                unit='threads (0 = decord default)', where='speed/video_decode.py'),
         # --- doctor / plan probes -------------------------------------------------------------------------------
         Switch(PREFIX + 'CGROUP_ROOT', 'path', '/sys/fs/cgroup', 'cgroup filesystem root the probes read', None,
-               where='plan/probe.py'),
+               where='plan/probe.py', group='tool'),
         Switch(PREFIX + 'MEMINFO', 'path', '/proc/meminfo', 'the meminfo file the probes read', None,
-               where='plan/probe.py'),
+               where='plan/probe.py', group='tool'),
         Switch(PREFIX + 'PROBE_TORCH', 'flag', True, 'probe GPUs through torch.cuda (0: nvidia-smi only)', None,
                where='plan/probe.py'),
         Switch(PREFIX + 'TRACEBACK', 'flag', False, 'print the traceback of an unexpected error in a swift-vora '
@@ -219,38 +225,41 @@ def _table() -> Tuple[Switch, ...]:
                where='backends/megatron_fla.py'),
         # --- benchmark and GPU-script tools (not read by the plugin) --------------------------------------------
         Switch(PREFIX + 'BENCH_DIR', 'path', None, 'benchmarks/throughput.py: where its probes write', None,
-               where='benchmarks/throughput.py'),
-        Switch(PREFIX + 'PROFILE_STEP', 'count', None, 'Unsloth runner: torch.profiler over optimizer step N, '
-               'with its host syncs by call site (torch_profile.txt / .json in the output dir)', unit='steps',
-               where='backends/step_profile.py'),
+               where='benchmarks/throughput.py', group='tool'),
+        Switch(PREFIX + 'PROFILE_STEP', 'count', None, 'Unsloth runner and megatron sft: torch.profiler over '
+               'optimizer step N, with its host syncs by call site (torch_profile.txt / .json in the output dir; '
+               'megatron sft also the chrome trace, torch_trace.json.gz); megatron sft: set at all (0 included), '
+               'every step\'s data wait in data_wait.rank{R}.jsonl', unit='steps',
+               where='backends/step_profile.py, backends/megatron_profile.py'),
         Switch(PREFIX + 'BENCH_TORCH_PROFILE', 'count', None, 'benchmarks/throughput.py: profile optimizer step N',
-               None, unit='steps', where='benchmarks/throughput.py'),
+               None, unit='steps', where='benchmarks/throughput.py', group='tool'),
         Switch(PREFIX + 'BENCH_SYNC_DEBUG', 'count', None, 'benchmarks/throughput.py: count syncs of step N', None,
-               unit='steps', where='benchmarks/throughput.py'),
+               unit='steps', where='benchmarks/throughput.py', group='tool'),
         Switch(PREFIX + 'FLA_PATH', 'path', None, 'benchmarks/moe_throughput.py: folder holding flash-linear-attention '
-               '(added to PYTHONPATH by its *_fla variants)', None, where='benchmarks/moe_throughput.py'),
+               '(added to PYTHONPATH by its *_fla variants)', None, where='benchmarks/moe_throughput.py', group='tool'),
         Switch(PREFIX + 'PYTHON', 'path', 'python3', 'scripts/gpu/setup_env.sh: interpreter', None,
-               where='scripts/gpu/setup_env.sh'),
+               where='scripts/gpu/setup_env.sh', group='tool'),
         Switch(PREFIX + 'WHEELS', 'path', None, 'scripts/gpu/setup_env.sh: wheel folder', None,
-               where='scripts/gpu/setup_env.sh'),
+               where='scripts/gpu/setup_env.sh', group='tool'),
         Switch(PREFIX + 'SITE', 'path', None, 'scripts/gpu/setup_env.sh: target folder', None,
-               where='scripts/gpu/setup_env.sh'),
+               where='scripts/gpu/setup_env.sh', group='tool'),
         Switch(PREFIX + 'MEGATRON_WHEELS', 'path', None, 'scripts/gpu/setup_megatron.sh: the Megatron wheel folder '
-               '(default .whl/megatron)', None, where='scripts/gpu/setup_megatron.sh'),
+               '(default .whl/megatron)', None, where='scripts/gpu/setup_megatron.sh', group='tool'),
         Switch(PREFIX + 'TE_PARTS', 'path', None, 'scripts/gpu/setup_megatron.sh: folder holding .te0-.te2 '
-               '(default the repository root)', None, where='scripts/gpu/setup_megatron.sh'),
+               '(default the repository root)', None, where='scripts/gpu/setup_megatron.sh', group='tool'),
         Switch(PREFIX + 'TE_READY', 'path', None, 'scripts/gpu/setup_megatron.sh: folder of a ready Transformer Engine '
                'core wheel and its SHA256SUMS, as scripts/gpu/wheel_pack.py unpacks it (default .whl/megatron-te)',
-               None, where='scripts/gpu/setup_megatron.sh'),
+               None, where='scripts/gpu/setup_megatron.sh', group='tool'),
         Switch(PREFIX + 'TE_WORK', 'path', None, 'scripts/gpu/setup_megatron.sh: where the Transformer Engine wheel is '
                'reassembled (default $TMPDIR/swift_vora_te, /tmp without TMPDIR)', None,
-               where='scripts/gpu/setup_megatron.sh'),
+               where='scripts/gpu/setup_megatron.sh', group='tool'),
         Switch(PREFIX + 'MEGATRON_SITE', 'path', None, 'scripts/gpu/setup_megatron.sh: install target (default '
-               '$TMPDIR/site-megatron, /tmp without TMPDIR)', None, where='scripts/gpu/setup_megatron.sh'),
+               '$TMPDIR/site-megatron, /tmp without TMPDIR)', None, where='scripts/gpu/setup_megatron.sh',
+               group='tool'),
         Switch(PREFIX + 'GDN_CHECK', 'choice', 'run', 'scripts/gpu/run_all.sh megatron_moe: the Gated DeltaNet '
                'gradient check before the Megatron runs (run) | skip it (~150 s of cold Triton compile; it passed in '
                'every call on this wheel set, benchmarks/results/gdn-grad-check-*.json)', choices=('run', 'skip'),
-               where='scripts/gpu/run_all.sh'),
+               where='scripts/gpu/run_all.sh', group='tool'),
     )
 
 
@@ -317,12 +326,31 @@ def parse(name: str, raw: Optional[str]) -> Any:
         if not math.isfinite(value):  # inf would be planned with and printed as Infinity, which is not JSON
             raise SwitchError(f'{name}={_shown(text)}: expected a finite number')
         return _in_bounds(s, value, text)
+    if s.kind == 'guards':
+        return _guard_list(name, lower)
     if s.kind == 'choice':
         value = dict(s.aliases).get(lower, lower)
         if value not in s.choices:
             raise SwitchError(f'{name}={_shown(lower)}: expected one of {", ".join(s.choices)}')
         return value
     return text if s.kind == 'text' else str(raw)
+
+
+def _guard_list(name: str, text: str) -> str:
+    """A guard selection (`all`, `none`, names, `-name`; swift_vora/guards/registry.py reads it), checked here so
+    that a typo stops every command and the launch, not the trainer after the model has loaded."""
+    words = ('all', 'none', *GUARD_NAMES)
+    for token in (t.strip() for t in text.split(',')):
+        if not token:
+            continue
+        guard = token[1:] if token.startswith('-') else token
+        if guard in GUARD_NAMES or (guard == token and guard in ('all', 'none')):
+            continue
+        close = difflib.get_close_matches(guard, words, n=1, cutoff=0.6)
+        hint = f' (did you mean {"-" if token.startswith("-") else ""}{close[0]}?)' if close else ''
+        raise SwitchError(f'{name}={_shown(text)}: unknown guard {token!r}{hint}; known: all, none, '
+                          f'{", ".join(GUARD_NAMES)} (a comma list; -name removes one)')
+    return text
 
 
 def _in_bounds(s: Switch, value, text: str):
@@ -393,54 +421,81 @@ def recipe_env_error(name: str, value: Any) -> Optional[str]:
 
 
 def effective(environ: Optional[Mapping[str, str]] = None) -> List[Dict[str, Any]]:
-    """One row per switch: the table's columns, the value in effect, where it came from, and any error."""
+    """One row per switch: the table's columns, the value in effect, where it came from; a value the switch refuses
+    is not in effect (every other command and the plugin refuse to start while it is set): its row holds `value`
+    None, the text as `given`, `status` 'invalid' and the `error`."""
     environ = os.environ if environ is None else environ
     rows = []
     for s in table().values():
         raw = environ.get(s.name)
+        given_here = raw is not None and bool(raw.strip())
         row = {'name': s.name, 'type': s.kind, 'default': s.default, 'help': s.help, 'recipe_key': s.recipe,
-               'read_by': s.where, 'source': 'environment' if raw is not None and raw.strip() else 'default'}
+               'read_by': s.where, 'group': s.group, 'source': 'environment' if given_here else 'default',
+               'status': 'set' if given_here else 'default'}
         if s.choices:
             row['choices'] = list(s.choices)
         try:
             row['value'] = parse(s.name, raw)
         except SwitchError as e:
-            row['value'], row['error'] = raw, str(e)
+            row.update(value=None, given=raw, status='invalid', error=str(e))
         rows.append(row)
     for name in unknown_names(environ):
-        rows.append({'name': name, 'value': environ[name], 'source': 'environment',
-                     'error': f'{name}: not a swift-vora switch{_suggest(name)}'})
+        rows.append({'name': name, 'value': None, 'given': environ[name], 'source': 'environment',
+                     'status': 'unknown', 'error': f'{name}: not a swift-vora switch{_suggest(name)}'})
     return rows
+
+
+def shown(rows: List[Dict[str, Any]], everything: bool) -> List[Dict[str, Any]]:
+    """The rows `swift-vora switches` prints: the user settings, and of the benchmark and set-up switches those set
+    in the environment (or invalid); every row with --all."""
+    return [r for r in rows if everything or r.get('group', 'setting') == 'setting' or r['status'] != 'default']
 
 
 # --- `swift-vora switches` ----------------------------------------------------------------------------------
 def register_commands(subparsers) -> None:
-    p = subparsers.add_parser('switches', help='every SWIFT_VORA_* switch: type, default, recipe key, effective value',
-                              description='Print every SWIFT_VORA_* environment switch with its type, default, '
-                              'recipe key and the value in effect in this environment. Exit 1 if a variable holds '
-                              'a value its switch refuses or a SWIFT_VORA_* name is not a switch.')
-    p.add_argument('--json', action='store_true', help='print JSON')
+    p = subparsers.add_parser('switches', help='every SWIFT_VORA_* setting: type, default, recipe key, effective value',
+                              description='Print the SWIFT_VORA_* environment switches a training reads with their '
+                              'type, default, recipe key and the value in effect in this environment (--all: also '
+                              'the benchmark, set-up and probe switches). Exit 1 if a variable holds a value its '
+                              'switch refuses or a SWIFT_VORA_* name is not a switch: every other command refuses '
+                              'to start then.')
+    p.add_argument('--all', action='store_true', help='also the switches of the benchmarks, the GPU set-up scripts '
+                   'and the probes, and those swift-vora train sets for the process it launches')
+    p.add_argument('--json', action='store_true', help='print JSON (one object per switch shown)')
     p.set_defaults(handler=cmd_switches)
 
 
 def cmd_switches(args: argparse.Namespace) -> int:
     rows = effective()
+    listed = shown(rows, args.all)
     if args.json:
-        print(json.dumps(rows, indent=2, default=str))
+        print(json.dumps(listed, indent=2, default=str))
     else:
-        print(render(rows))
+        print(render(listed, hidden=len(rows) - len(listed)))
     return 1 if any('error' in r for r in rows) else 0
 
 
-def render(rows: List[Dict[str, Any]]) -> str:
+def render(rows: List[Dict[str, Any]], hidden: int = 0) -> str:
     out = []
+    bad = [r for r in rows if 'error' in r]
+    if bad:
+        out.append(f'INVALID ({len(bad)}): every other swift-vora command, and the plugin inside swift sft, refuse to '
+                   'start while these are set:')
+        out += [f'  ! {r["error"]}' for r in bad]
+        out.append('')
     for r in rows:
-        if 'type' not in r:
-            out.append(f'{r["name"]} = {r["value"]!r}  ERROR: {r["error"]}')
+        if r['status'] == 'unknown':
+            out.append(f'! {r["name"]} = {r["given"]!r}  NOT A SWITCH: {r["error"]}')
             continue
-        mark = '*' if r['source'] == 'environment' else ' '
         recipe = f'  [recipe: {r["recipe_key"]}]' if r['recipe_key'] else ''
-        line = f'{mark} {r["name"]} = {r["value"]!r}  ({r["type"]}, default {r["default"]!r}){recipe}  {r["help"]}'
-        out.append(line + (f'  ERROR: {r["error"]}' if 'error' in r else ''))
-    out.append('(* = set in the environment; recipe: env = an entry of the recipe\'s env or guards.env)')
+        if r['status'] == 'invalid':
+            value = f'{r["given"]!r}  INVALID, not in effect'
+            mark = '!'
+        else:
+            value = repr(r['value'])
+            mark = '*' if r['status'] == 'set' else ' '
+        out.append(f'{mark} {r["name"]} = {value}  ({r["type"]}, default {r["default"]!r}){recipe}  {r["help"]}')
+    out.append('(* = set in the environment; ! = refused; recipe: env = an entry of the recipe\'s env or guards.env)')
+    if hidden:
+        out.append(f'{hidden} benchmark, set-up and probe switches not shown: swift-vora switches --all')
     return '\n'.join(out)

@@ -6,6 +6,7 @@ So every checkpoint a video_ora training writes carries `swift_vora_budget.json`
 
     {"switches": {"SWIFT_VORA_FPS": "1.0", "SWIFT_VORA_MAX_FRAMES": "8", ...},   # the values in effect
      "answer": {"max_chars": 29, "max_new_tokens": 74},                           # for generation's default
+     "prompt": {"query": "moments worth keeping", "distinct_queries": 1},         # the query the prompts held
      "recorded_by": "swift-vora 0.1.0", "source": "swift sft"}
 
 and `apply_to_environment` puts it into the environment of `swift infer` / `swift deploy` / `swift export` /
@@ -13,13 +14,16 @@ and `apply_to_environment` puts it into the environment of `swift infer` / `swif
 `swift-vora eval`: a switch the caller did not set takes the trained value (logged); one the caller set to another
 value is honoured, with a warning naming both. ms-swift copies the file into a merged model (`swift export
 --merge_lora`: it is one of the model's `additional_saved_files`), `merge_for_vllm.sh` for every other source.
+`prompt` is the query of the training prompts (the most common one, and how many distinct queries there were):
+`swift-vora predict` asks unlabelled videos with it (`trained_query`).
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-from typing import Any, Dict, List, Mapping, MutableMapping, Optional
+from collections import Counter
+from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Tuple
 
 from . import switches
 
@@ -35,11 +39,18 @@ MIN_NEW_TOKENS = 32
 
 logger = logging.getLogger('swift')  # ms-swift's logger: its handlers print INFO in swift's processes
 _answer_chars: Dict[str, int] = {'max': 0}  # the longest answer this process built rows for (dataset.py)
+_queries: Counter = Counter()  # the query text of every annotation this process built rows for (dataset.py)
 
 
 def note_answer(text: str) -> None:
     """The dataset builder reports every answer it writes (the default max_new_tokens comes from the longest)."""
     _answer_chars['max'] = max(_answer_chars['max'], len(text))
+
+
+def note_query(query: Optional[str]) -> None:
+    """The dataset builder reports each annotation's query (the one predict asks with comes from them)."""
+    from .prompt import effective_query
+    _queries[effective_query(query)] += 1
 
 
 def max_new_tokens_for(max_chars: int) -> int:
@@ -59,13 +70,18 @@ def current(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
 
 
 def record(directory: str, source: str, environ: Optional[Mapping[str, str]] = None,
-           max_answer_chars: Optional[int] = None) -> str:
-    """Write FILE into `directory` (a checkpoint): the budget in effect and the answer length. Returns its path."""
+           max_answer_chars: Optional[int] = None, queries: Optional[Mapping[str, int]] = None) -> str:
+    """Write FILE into `directory` (a checkpoint): the budget in effect, the answer length and the prompts' query
+    (`max_answer_chars` and `queries`, query text -> annotations, default: what this process's dataset builder
+    saw). Returns its path."""
     from . import __version__
     from .outputs import write_text_atomic
     chars = _answer_chars['max'] if max_answer_chars is None else int(max_answer_chars)
+    queries = Counter(_queries if queries is None else queries)
     data = {'switches': current(environ),
             'answer': {'max_chars': chars, 'max_new_tokens': max_new_tokens_for(chars)} if chars else None,
+            'prompt': ({'query': queries.most_common(1)[0][0], 'distinct_queries': len(queries)} if queries
+                       else None),
             'recorded_by': f'swift-vora {__version__}', 'source': source}
     path = os.path.join(directory, FILE)
     write_text_atomic(path, json.dumps(data, indent=2) + '\n', what='trained video budget')
@@ -103,6 +119,16 @@ def load(path: str) -> Dict[str, Any]:
         except switches.SwitchError as exc:
             raise ValueError(f'{path}: "switches".{name}: {exc}') from None
     return data
+
+
+def trained_query(path: str) -> Tuple[Optional[str], int]:
+    """(the query of the training prompts -- the most common one --, how many distinct queries there were), or
+    (None, 0) for a budget file from before queries were recorded."""
+    prompt = load(path).get('prompt')
+    if not isinstance(prompt, dict) or not isinstance(prompt.get('query'), str):
+        return None, 0
+    distinct = prompt.get('distinct_queries')
+    return prompt['query'], distinct if isinstance(distinct, int) and not isinstance(distinct, bool) else 1
 
 
 def apply_to_environment(path: str, environ: Optional[MutableMapping[str, str]] = None,

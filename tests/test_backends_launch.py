@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_harness import launch_folder
 
 from swift_vora.backends import LaunchRefused, LaunchUsageError
 from swift_vora.backends.deepspeed import ZERO3_SMALL_GPU, ZERO3_SWIFT, zero_config
@@ -21,15 +22,29 @@ MOE_30B_VL = os.path.join(CONFIGS, 'qwen3_vl_moe_30b_a3b.json')
 SWIFT_PRESETS = os.path.join(os.path.dirname(__import__('swift').__file__), 'config')
 
 
+@pytest.fixture(scope='module', autouse=True)
+def project(tmp_path_factory):
+    """The folder `train` runs in: it holds what the shipped recipes name as their data (`data/train.jsonl`, one valid
+    annotation line and its video), so that a dry run here exits as on a machine that has the data."""
+    global PROJECT
+    PROJECT = str(launch_folder(tmp_path_factory.mktemp('project')))
+    return PROJECT
+
+
+PROJECT = REPO
+
+
 def train(*args, env=None):
-    """Run `swift-vora train ...` as a user would; returns (rc, stdout, stderr)."""
-    proc = subprocess.run([sys.executable, '-m', 'swift_vora', 'train', *args], cwd=REPO, capture_output=True,
+    """Run `swift-vora train ...` as a user would, in the project folder; returns (rc, stdout, stderr)."""
+    proc = subprocess.run([sys.executable, '-m', 'swift_vora', 'train', *args], cwd=PROJECT, capture_output=True,
                           text=True, timeout=120, env={**os.environ, **(env or {})})
     return proc.returncode, proc.stdout, proc.stderr
 
 
 def dry_json(recipe, *overrides, env=None):
-    rc, out, err = train(recipe, *overrides, '--dry-run', '--json', env=env)
+    """`train --dry-run --json`, trusting the recipe's hardware (this machine is not the 3060 or H200 node; a dry run
+    compares like the launch: tests/test_hardware_profiles.py)."""
+    rc, out, err = train(recipe, *overrides, '--dry-run', '--json', '--trust-recipe-hardware', env=env)
     return rc, (json.loads(out) if out.strip() else None), err
 
 
@@ -338,7 +353,8 @@ def test_two_nodes_use_torchrun_rendezvous_env(tmp_path):
     # without the rendezvous variables the dry run shows shell expansions that fail loudly, and a real launch stops
     env_clean = {k: '' for k in ('NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT')}
     rc, d, _ = dry_json(recipe, f'model.path={DENSE_2B}', 'nodes=2', env=env_clean)
-    assert rc == 0 and d['launch']['env']['NODE_RANK'].startswith('${NODE_RANK:?')
+    assert rc == 2 and d['launch']['env']['NODE_RANK'].startswith('${NODE_RANK:?')  # the exit code of the launch
+    assert any('NODE_RANK' in problem for problem in d['not_launched']) and d['exit_code'] == 2
     assert '"${MASTER_ADDR:?set MASTER_ADDR on every node}"' in d['launch']['shell']
     rc, _, err = train(recipe, f'model.path={DENSE_2B}', 'nodes=2', f'train.output_dir={tmp_path / "o"}',
                        'hardware_check=false', env=env_clean)  # this machine is not the 3060 node: trust the recipe
@@ -414,9 +430,9 @@ def test_checkpoint_layers_auto_launches_the_fewest_layers_the_plan_fits():
 
 
 def test_recipe_env_cannot_override_the_budget():
-    recipe = recipe_from_dict(dict(minimal(), env={'SWIFT_VORA_MAX_FRAMES': '512'}))
-    with pytest.raises(LaunchUsageError):
-        build_launch(plan_recipe(recipe), recipe)
+    with pytest.raises(RecipeError, match="key 'env.SWIFT_VORA_MAX_FRAMES': set by swift-vora train from the recipe "
+                                          "key 'video.max_frames'"):
+        recipe_from_dict(dict(minimal(), env={'SWIFT_VORA_MAX_FRAMES': '512'}))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -479,6 +495,5 @@ def test_recipe_guards_env_sets_switches_checked_by_the_table():
                          ({'SWIFT_VORA_HOST_OVERHEAD': 'flase'}, "SWIFT_VORA_HOST_OVERHEAD='flase'"),
                          ({'SWIFT_VORA_TAIIL': 'pad'}, 'not a swift-vora switch .did you mean SWIFT_VORA_TAIL'),
                          ({'SWIFT_VORA_COMPILE': 'layers'}, "recipe key 'train.compile'")]:
-        recipe = recipe_from_dict(dict(minimal(), guards={'env': bad}))
-        with pytest.raises(LaunchUsageError, match=message):
-            build_launch(plan_recipe(recipe), recipe)
+        with pytest.raises(RecipeError, match=message):  # where the recipe is read, before any plan or launch
+            recipe_from_dict(dict(minimal(), guards={'env': bad}))

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_harness import launch_folder
 
 from swift_vora.backends import LaunchUsageError
 from swift_vora.backends.launch import build_launch
@@ -118,9 +119,10 @@ def test_generated_argv_parses_with_megatron_swift_arguments(megatron_parser_ava
         validate_argv([['--model', 'x', '--no_such_flag', '1']])
 
 
-def test_dry_run_prints_the_megatron_command(megatron_parser_available):
+def test_dry_run_prints_the_megatron_command(megatron_parser_available, tmp_path):
     proc = subprocess.run([sys.executable, '-m', 'swift_vora', 'train', H200X8, f'model.path={MOE_35B}', '--dry-run',
-                           '--json'], cwd=REPO, capture_output=True, text=True, timeout=120)
+                           '--json', '--trust-recipe-hardware'], cwd=launch_folder(tmp_path), capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     d = json.loads(proc.stdout)
     assert d['plan']['backend'] == 'megatron_ep_lora' and d['launch']['argv'][1] == 'sft'
@@ -193,3 +195,56 @@ def test_cross_entropy_implementation_is_checked_and_not_set_twice():
         load_recipe(H200X8, [f'model.path={MOE_35B}', 'megatron.cross_entropy_fusion_impl=liger'])
     with pytest.raises(RecipeError, match='megatron.cross_entropy_fusion_impl'):
         load_recipe(H200X8, [f'model.path={MOE_35B}', 'swift_args={cross_entropy_fusion_impl: te}'])
+
+
+# ---- full SFT (megatron_ep_full, recipes/h200x8-full.yaml) and the step profile's callback ---------------------------
+H200X8_FULL = os.path.join(REPO, 'recipes', 'h200x8-full.yaml')
+
+
+def full_launch_for(*overrides, environ=None):
+    recipe = load_recipe(H200X8_FULL, [f'model.path={MOE_35B}', *overrides])
+    plan = plan_recipe(recipe)
+    assert plan.verdict == 'fits', plan.reasons
+    return build_launch(plan, recipe, environ=environ or {})
+
+
+def test_full_sft_arguments():
+    launch = full_launch_for()
+    argv = launch.argv
+    assert flag(argv, '--tuner_type') == 'full' and flag(argv, '--use_distributed_optimizer') == 'true'
+    assert flag(argv, '--expert_model_parallel_size') == '8' and flag(argv, '--freeze_vit') == 'true'
+    assert flag(argv, '--save_safetensors') == 'true' and flag(argv, '--no_save_optim') == 'true'
+    assert '--merge_lora' not in argv and '--lora_rank' not in argv and '--target_modules' not in argv
+    assert '--freeze_parameters_regex' not in argv  # the router trains with the rest by default
+    assert any(n.startswith('HF weights (full SFT') and n.endswith('checkpoint-N') for n in launch.notes)
+    router = full_launch_for('megatron.freeze_router=true').argv
+    assert flag(router, '--freeze_parameters_regex') == r'\.mlp\.router\.'
+
+
+def test_full_sft_keeps_the_vision_tower_frozen_and_the_tuners_apart():
+    with pytest.raises(LaunchUsageError, match='freeze_vit=false'):
+        full_launch_for('train.freeze_vit=false')
+    lora_on_full = plan_recipe(load_recipe(H200X8_FULL, [f'model.path={MOE_35B}', 'train.tuner=lora']))
+    assert lora_on_full.verdict == 'refused' and lora_on_full.rule == 'megatron-full-only'
+    full_on_lora = plan_recipe(load_recipe(H200X8, [f'model.path={MOE_35B}', 'train.tuner=full']))
+    assert full_on_lora.verdict == 'refused' and full_on_lora.rule == 'megatron-lora-only'
+    assert 'megatron_ep_full' in full_on_lora.reasons[-1]
+
+
+def test_the_step_profile_callback_is_named_when_the_switch_is_set():
+    assert 'vora_step_profile' not in callbacks_of(launch_for().argv)
+    assert callbacks_of(launch_for(environ={'SWIFT_VORA_PROFILE_STEP': '13'}).argv)[-1] == 'vora_step_profile'
+    assert 'vora_step_profile' in callbacks_of(full_launch_for(environ={'SWIFT_VORA_PROFILE_STEP': '0'}).argv)
+
+
+def test_full_sft_argv_parses_with_megatron_swift_arguments(megatron_parser_available):
+    """ms-swift's own parser takes every flag of the full-SFT launch, and `vora_step_profile` resolves in
+    megatron_callbacks_map once the plugin is imported (as --custom_register_path does)."""
+    from megatron_args import validate_argv
+    results = validate_argv([full_launch_for('megatron.freeze_router=true',
+                                             environ={'SWIFT_VORA_PROFILE_STEP': '13'}).argv[2:]])
+    values = results[0]['values']
+    assert values['tuner_type'] == 'full' and values['use_distributed_optimizer'] is True
+    assert values['freeze_parameters_regex'] == r'\.mlp\.router\.' and values['freeze_vit'] is True
+    assert values['expert_model_parallel_size'] == 8 and 'vora_step_profile' in values['callbacks']
+    assert results[0]['unknown_callbacks'] == []

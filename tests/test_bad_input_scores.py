@@ -1,9 +1,11 @@
 """A score never leaves its range (issue #33, item 5; docs/eval.md, "Windows that cannot be scored").
 
 QVHighlights predictions with a reversed window scored kept-precision 160 % and MR-mAP 100: the official IoU
-formula divides 0 by 0 on such a window, and the NaN passed the threshold test. `eval` now refuses a reversed or
-zero-length `pred_relevant_windows` entry as an invalid prediction line (exit 1, file, line and field named; its
-query scores 0), and the metric functions themselves give such a window IoU 0 for any other caller.
+formula divides by a union that may be 0 on such a window, and the NaN passed the threshold test. `eval` refuses a
+reversed `pred_relevant_windows` entry as an invalid prediction line (exit 1, file, line and field named; its query
+scores 0); a zero-length one is scored IoU 0 in its place, as the official evaluator scores it, and counted
+(tests/test_eval_zero_length.py compares with the official formulas); the metric functions themselves give either
+IoU 0 for any other caller.
 """
 import json
 import math
@@ -31,18 +33,36 @@ def _assert_in_range(values: dict, context):
         assert value is None or 0.0 <= value <= 100.0, (key, value, context)
 
 
-@pytest.mark.parametrize('window', [[10, 0, 1], [5, 5, 1], [10, 0], [3, 3]])
-def test_a_reversed_or_empty_predicted_window_is_an_invalid_line(workspace, window):
+@pytest.mark.parametrize('window', [[10, 0, 1], [10, 0], [3, 2.5]])
+def test_a_reversed_predicted_window_is_an_invalid_line(workspace, window):
     (workspace / 'q.jsonl').write_text(json.dumps(QVH) + '\n')
     (workspace / 'rev.jsonl').write_text(json.dumps({'qid': 1, 'pred_relevant_windows': [[0, 10, 0.5], window]})
                                          + '\n')
     rc, out, err = run_cli('eval', '--annotations', 'q.jsonl', '--predictions', 'rev.jsonl', '--json')
     m = _strict_json(out)
     assert rc == 1
-    assert "rev.jsonl:1: field 'pred_relevant_windows'[1]: start" in err and 'must end after it starts' in err
+    assert "rev.jsonl:1: field 'pred_relevant_windows'[1]: start" in err and 'a reversed window' in err
     assert m['invalid_prediction_lines'] == 1 and m['problems']['invalid_lines'][0]['line'] == 1
     # the line is not scored: its query has no prediction and scores 0, never 100
     assert m['MR-full-mAP'] == 0.0 and m['kept-precision'] == 0.0 and m['kept-IoU'] == 0.0
+    _assert_in_range(_percent_values(m), window)
+
+
+@pytest.mark.parametrize('window', [[5, 5, 1], [3, 3], [150, 150, 1]])
+def test_a_zero_length_predicted_window_scores_iou_0_in_place(workspace, window):
+    """As the official evaluator: the line's other windows keep their places and scores; the point overlaps
+    nothing (counted as `zero_length_windows`), so the correct window after it still matches but ranks second."""
+    (workspace / 'q.jsonl').write_text(json.dumps(QVH) + '\n')
+    (workspace / 'z.jsonl').write_text(json.dumps({'qid': 1, 'pred_relevant_windows': [window, [0, 10, 0.5]]})
+                                       + '\n')
+    rc, out, err = run_cli('eval', '--annotations', 'q.jsonl', '--predictions', 'z.jsonl', '--json')
+    m = _strict_json(out)
+    assert rc == 0, err
+    assert m['invalid_prediction_lines'] == 0 and m['zero_length_windows'] == 1
+    assert m['problems']['zero_length_windows'] == [{'line': 1, 'id': '1', 'index': 0}]
+    assert "z.jsonl:1: field 'pred_relevant_windows'[0]" in err and 'IoU 0' in err
+    assert m['MR-full-R1@0.5'] == 0.0  # R1 reads the first window: the point
+    assert m['MR-full-mAP'] == 50.0  # ranked first (score 1, or list order unscored): a false positive, then the hit
     _assert_in_range(_percent_values(m), window)
 
 
@@ -112,7 +132,8 @@ def test_property_every_metric_stays_in_its_range(gt, pred, saliency):
 @given(windows=st.lists(st.lists(st.one_of(TIME, st.just(float('nan')), st.just(float('inf'))), min_size=0,
                                  max_size=4), max_size=4))
 def test_property_eval_scores_any_prediction_line_in_range(workspace, windows):
-    """The command end to end: any `pred_relevant_windows` is scored within [0, 100] or refused as invalid."""
+    """The command end to end: any `pred_relevant_windows` is scored within [0, 100] or refused as invalid (a
+    reversed window or a non-finite number; a zero-length window is scored)."""
     (workspace / 'q.jsonl').write_text(json.dumps(QVH) + '\n')
     (workspace / 'any.jsonl').write_text(json.dumps({'qid': 1, 'pred_relevant_windows': windows}) + '\n')
     rc, out, err = run_cli('eval', '--annotations', 'q.jsonl', '--predictions', 'any.jsonl', '--json')

@@ -105,7 +105,7 @@ def test_config_numbers_name_the_key(tmp_path, key, value, message):
 
 def test_cpu_tiny_recipe_still_plans(workspace):
     """The control: the valid inputs of this module's tests are accepted."""
-    rc, out, err = run_cli('train', CPU_TINY, f'model.path={TINY_VL}', '--dry-run', '--json')
+    rc, out, err = run_cli('train', CPU_TINY, f'model.path={TINY_VL}', 'data.dataset=a.jsonl', '--dry-run', '--json')
     assert rc == 0, err
 
 

@@ -49,7 +49,7 @@ def test_the_underscore_spellings_run(workspace):
                            '--max_frames', '16', '--micro_batch', '2', '--json')
     plan = _strict_json(out)
     assert rc == 0 and plan['micro_batch'] == 2 and plan['hardware']['gpu_mem_gib'] == 24, err
-    rc, out, err = run_cli('train', CPU_TINY, f'model.path={TINY_VL}', '--dry_run', '--json')
+    rc, out, err = run_cli('train', CPU_TINY, f'model.path={TINY_VL}', 'data.dataset=a.jsonl', '--dry_run', '--json')
     assert rc == 0 and 'launch' in _strict_json(out), err
     rc, out, err = run_cli('eval', '--annotations', 'q.jsonl', '--predictions', 'p.jsonl', '--max_plots', '0',
                            '--max_new_tokens', '8', '--json')
@@ -104,12 +104,12 @@ def test_demo_takes_every_spelling_of_output_dir(flag):
 
 
 def test_train_output_dir_sets_the_recipe_key(workspace):
-    rc, out, err = run_cli('train', CPU_TINY, f'model.path={TINY_VL}', '--output_dir', 'runs/a: b', '--dry-run',
-                           '--json')
+    rc, out, err = run_cli('train', CPU_TINY, f'model.path={TINY_VL}', 'data.dataset=a.jsonl', '--output_dir',
+                           'runs/a: b', '--dry-run', '--json')
     argv = _strict_json(out)['plan']['command']
     assert rc == 0 and argv[argv.index('--output_dir') + 1] == 'runs/a: b', err
     # the flag is applied after the key=value overrides: the flag wins, as the last override does
-    rc, out, _ = run_cli('train', CPU_TINY, f'model.path={TINY_VL}', 'train.output_dir=elsewhere', '--out', 'mine',
-                         '--dry-run', '--json')
+    rc, out, _ = run_cli('train', CPU_TINY, f'model.path={TINY_VL}', 'data.dataset=a.jsonl',
+                         'train.output_dir=elsewhere', '--out', 'mine', '--dry-run', '--json')
     argv = _strict_json(out)['plan']['command']
     assert rc == 0 and argv[argv.index('--output_dir') + 1] == 'mine'

@@ -273,3 +273,72 @@ def test_report_reads_the_lora_update_guard(tmp_path):
     proc, result = report(tmp_path)  # the run ended before the check: recorded, not a failure of its own
     assert proc.returncode == 0, proc.stderr
     assert result['lora_update']['checked'] is False and result['lora_update']['note'] == 'not checked'
+
+
+# ---- megatron_report.py --full: a full-SFT run's checkpoint-N (the converted HF model) -------------------------------
+def write_full_run(tmp_path, router_delta=0.1, vision_delta=0.0, expert_delta=0.1, guard=None):
+    """write_run's base; checkpoint-N itself holds the trained model (no -merged copy)."""
+    import torch
+    from safetensors.torch import save_file
+    write_run(tmp_path, [11.9, 11.5, 11.0, 10.2, 9.8, 9.1])
+    from safetensors.torch import load_file
+    base = load_file(str(tmp_path / 'base' / 'model.safetensors'))
+    layer = 'model.language_model.layers.0.'
+    saved = {k: v.float() for k, v in base.items()}
+    saved[layer + 'mlp.gate.weight'] += router_delta
+    saved[layer + 'mlp.experts.gate_up_proj'] += expert_delta
+    saved[layer + 'self_attn.q_proj.weight'] += 0.1
+    saved['model.visual.blocks.0.attn.qkv.weight'] += vision_delta
+    save_file({k: v.to(torch.bfloat16) for k, v in saved.items()},
+              str(tmp_path / 'run/v0/checkpoint-8' / 'model.safetensors'))
+    if guard is not None:
+        (tmp_path / 'run/v0/lora_update.json').write_text(json.dumps(guard))
+
+
+def full_report(tmp_path, router='trained'):
+    out = tmp_path / 'full.json'
+    proc = subprocess.run([sys.executable, REPORT, '--full', '--router', router, '--base', str(tmp_path / 'base'),
+                           '--checkpoint', str(tmp_path / 'run' / 'v0' / 'checkpoint-8'),
+                           '--plan', str(tmp_path / 'plan.json'), '--encode-log', str(tmp_path / 'encode.jsonl'),
+                           '--gpus', '1', '--ep', '1', '--tp', '1', '--global-batch', '2', '--skip-load', '--out',
+                           str(out)], capture_output=True, text=True, timeout=120)
+    return proc, json.loads(out.read_text())
+
+
+def test_full_report_of_a_good_run(tmp_path):
+    write_full_run(tmp_path, guard={'mode': 'full', 'tensors': 10, 'updated': 10, 'failures': []})
+    proc, result = full_report(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert result['tuner'] == 'full' and result['router'] == 'trained' and result['router_trainable'] is True
+    assert result['weights_changed'] == {'attention': 1, 'experts': 1, 'router': 1, 'vision': 0}
+    assert result['expert_lora_tensors'] is None and result['lora_update']['mode'] == 'full'
+    assert result['tokens_per_s'] == 4000.0 and result['failures'] == []
+
+
+@pytest.mark.parametrize('kwargs, router, expected', [
+    ({'vision_delta': 0.5}, 'trained', '1 vision-tower tensors changed'),
+    ({'router_delta': 0.0}, 'trained', 'the router is trained'),
+    ({'router_delta': 0.5}, 'frozen', 'router tensors changed: megatron.freeze_router froze them'),
+    ({'expert_delta': 0.0}, 'trained', 'no experts weight changed'),
+    ({'guard': {'mode': 'full', 'failures': ['no trainable attention tensor changed (of 4)']}}, 'trained',
+     'lora_update.json (full SFT): no trainable attention tensor changed')])
+def test_full_report_fails_what_a_user_must_not_get(tmp_path, kwargs, router, expected):
+    write_full_run(tmp_path, **kwargs)
+    proc, result = full_report(tmp_path, router)
+    assert proc.returncode == 1
+    assert any(expected in f for f in result['failures']), result['failures']
+
+
+def test_a_depth_cut_with_no_attention_layer_still_loads_and_gives_logits(tmp_path):
+    """A full-SFT run on the 35B-A3B shape cut to 3 layers (all Gated DeltaNet: the full-attention layer is every
+    4th) wrote a good checkpoint-N, but the report's logits check ran with transformers' default cache, whose
+    get_seq_length fails without an attention layer, and called the checkpoint unloadable. The check runs uncached."""
+    from swift_vora.tiny_model import build_qwen3_5_moe
+    build_qwen3_5_moe(str(tmp_path), shape='tiny', num_layers=3, dtype='float32')
+    with open(tmp_path / 'config.json') as f:
+        config = json.load(f)
+    assert 'full_attention' not in config['text_config']['layer_types']
+    spec = importlib.util.spec_from_file_location('megatron_report_for_load', REPORT)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    assert report.merged_loads(str(tmp_path)) is None

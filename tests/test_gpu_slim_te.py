@@ -138,15 +138,23 @@ def test_the_unsloth_slimming_drops_studio_but_what_unsloth_reads_from_it():
     assert not dropped('unsloth/models/loader.py') and not dropped('unsloth_cli/config.py')
 
 
-def test_the_slimmed_unsloth_wheel_holds_what_unsloth_opens_under_studio():
-    """On the checkout that built the carried wheels (fetch_wheels.sh): every `studio` path the unsloth package
-    builds from its own location is in the slimmed wheel."""
+def test_the_slimmed_unsloth_wheel_holds_what_unsloth_opens_under_studio(tmp_path):
+    """Every `studio` path the unsloth package builds from its own location is in the slimmed wheel: the one
+    fetch_wheels.sh built for GPU calls where the checkout has it, else the pinned wheel the tests read
+    (tests/moe_wheels.py) slimmed here with fetch_wheels.sh's own patterns."""
     import re
     import zipfile
+
+    import moe_wheels
+    import slim_wheel
     wheels = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(slim_te.__file__)), '..', '.whl',
                                            'unsloth', 'unsloth-*.whl')))
     if not wheels:
-        pytest.skip('no .whl/unsloth here: scripts/gpu/fetch_wheels.sh builds it for GPU calls (downloads; not in CI)')
+        pinned = moe_wheels.wheel('unsloth')
+        if pinned is None:
+            pytest.skip(moe_wheels.MISSING)
+        drop, keep = unsloth_slimming()
+        wheels = [slim_wheel.slim(pinned, str(tmp_path), drop, keep)]
     with zipfile.ZipFile(wheels[-1]) as z:
         names = set(z.namelist())
         sources = {n: z.read(n).decode('utf-8', 'replace') for n in names

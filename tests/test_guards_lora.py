@@ -182,3 +182,19 @@ def test_unchanged_experts_pass_only_beside_a_moved_expert_of_their_layer():
     stale, not_reached = split_unchanged(names, changed)
     assert not_reached == [grouped.format(0, 1)]
     assert stale == [grouped.format(1, 0), grouped.format(1, 1), names[4]]
+
+
+def test_checksums_go_a_chunk_at_a_time_and_still_see_one_element_move(monkeypatch):
+    """A float64 reduction casts its whole input first; the guard reduces big tensors a chunk at a time (Megatron full
+    SFT checks a 0.5 B-element embedding), with the same sums, and a one-ulp change anywhere still shows."""
+    import torch
+
+    from swift_vora.guards import lora_update
+    data = torch.randn(1000, 7, dtype=torch.bfloat16)
+    whole = lora_update.checksum(data)
+    monkeypatch.setattr(lora_update, 'CHECKSUM_CHUNK', 64)
+    chunked = lora_update.checksum(data)
+    assert torch.allclose(whole, chunked, rtol=1e-12)
+    moved = data.clone()
+    moved[999, 6] += 2 ** -4  # in the last chunk; more than one bf16 step for any |value| < 8
+    assert (lora_update.checksum(moved) != chunked).any()

@@ -293,7 +293,11 @@ def test_plugin_registers_megatron_callbacks_inside_megatron(tmp_path, monkeypat
     assert os.environ['TRITON_CACHE_AUTOTUNING'] == '1' and os.environ['FLA_CACHE_RESULTS'] == '1'
     assert os.environ['TORCHINDUCTOR_CACHE_DIR'] == str(tmp_path / 'mine')
     registered = callbacks.megatron_callbacks_map
-    assert set(registered) == {'print'} | {f'vora_{name}' for name in MEGATRON_GUARDS}
+    # the guards, and the step profile (backends/megatron_profile.py) the launch names when SWIFT_VORA_PROFILE_STEP
+    # is set
+    assert set(registered) == {'print', 'vora_step_profile'} | {f'vora_{name}' for name in MEGATRON_GUARDS}
+    profile = registered['vora_step_profile'](FakeTrainer(tmp_path, lrs=[0.1]))
+    assert isinstance(profile, MegatronCallback) and profile.on_event_added_later() == 'base no-op'
     assert set(MEGATRON_GUARDS) == {'fingerprint', 'memory', 'lora_update'}
     trainer = FakeTrainer(tmp_path, lrs=[0.1])
     guard = registered['vora_lora_update'](trainer)  # what the trainer does for --callbacks vora_lora_update
@@ -312,3 +316,99 @@ def test_plugin_outside_megatron_registers_and_imports_nothing_of_it():
     proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == '[]'
+
+
+# ---- full SFT (megatron_ep_full): every weight checked, the frozen ones too ------------------------------------------
+class FullChunk(torch.nn.Module):
+    """A model chunk with megatron-core / mcore-bridge names: a frozen vision tower, a router, grouped experts
+    (`weight0`, `weight1`), attention, the LM head."""
+
+    def __init__(self, freeze_router=False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.visual = torch.nn.Module()
+        self.visual.proj = torch.nn.Linear(8, 8)
+        self.visual.proj.requires_grad_(False)  # --freeze_vit
+        layer = torch.nn.Module()
+        layer.self_attention = torch.nn.Module()
+        layer.self_attention.linear_qkv = torch.nn.Linear(8, 8)
+        layer.mlp = torch.nn.Module()
+        layer.mlp.router = torch.nn.Module()
+        layer.mlp.router.weight = torch.nn.Parameter(torch.randn(2, 8) * 0.1, requires_grad=not freeze_router)
+        layer.mlp.experts = torch.nn.Module()
+        layer.mlp.experts.linear_fc1 = GroupedLora((8, 8))
+        self.language_model = torch.nn.Module()
+        self.language_model.decoder = torch.nn.Module()
+        self.language_model.decoder.layers = torch.nn.ModuleList([layer])
+        self.language_model.output_layer = torch.nn.Linear(8, 8, bias=False)
+
+    def forward(self, x, experts):
+        layer = self.language_model.decoder.layers[0]
+        h = layer.self_attention.linear_qkv(x + self.visual.proj(x))
+        gate = torch.softmax(h @ layer.mlp.router.weight.t(), dim=-1)
+        out = h
+        for i in experts:
+            out = out + gate[:, i:i + 1] * (h @ getattr(layer.mlp.experts.linear_fc1, f'weight{i}').t())
+        return self.language_model.output_layer(out)
+
+
+class FullTrainer(FakeTrainer):
+    def __init__(self, tmp_path, experts=(0, 1), freeze_router=False, move_frozen=False):
+        super().__init__(tmp_path, lrs=[0.1], experts=experts)
+        self.args.tuner_type = 'full'
+        self.unwrapped_models = [FullChunk(freeze_router)]
+        params = [p for p in self.unwrapped_models[0].parameters() if p.requires_grad]
+        self.optimizer = torch.optim.SGD(params, lr=0.1)
+        self.move_frozen = move_frozen
+
+    def run(self, callbacks, steps):
+        if self.move_frozen:  # a bug that moves a frozen tensor (the vision tower) during training
+            original = self.optimizer.step
+
+            def step():
+                original()
+                with torch.no_grad():
+                    self.unwrapped_models[0].visual.proj.weight.add_(0.5)
+
+            self.optimizer.step = step
+        super().run(callbacks, steps)
+
+
+def test_full_sft_checks_every_weight_by_part(tmp_path, monkeypatch):
+    monkeypatch.setenv('SWIFT_VORA_LORA_CHECK_STEPS', '2')
+    trainer = FullTrainer(tmp_path)
+    trainer.run([MegatronLoraUpdateGuard(trainer)], steps=3)
+    report = json.loads((tmp_path / 'lora_update.json').read_text())
+    assert report['mode'] == 'full' and report['failures'] == [] and report['frozen_changed'] == []
+    assert report['parts']['vision_tower'] == {'trainable': 0, 'updated': 0, 'frozen': 2, 'frozen_changed': 0}
+    assert report['parts']['router'] == {'trainable': 1, 'updated': 1, 'frozen': 0, 'frozen_changed': 0}
+    assert report['parts']['experts']['updated'] == 2 and report['parts']['attention']['updated'] == 2
+    assert report['parts']['output_layer']['updated'] == 1
+    assert report['tensors'] == report['updated'] == 6 and report['expert_tensors'] == 2
+
+
+def test_full_sft_with_a_frozen_router_counts_it_frozen(tmp_path, monkeypatch):
+    monkeypatch.setenv('SWIFT_VORA_LORA_CHECK_STEPS', '2')
+    trainer = FullTrainer(tmp_path, freeze_router=True)  # megatron.freeze_router: --freeze_parameters_regex
+    trainer.run([MegatronLoraUpdateGuard(trainer)], steps=3)
+    report = json.loads((tmp_path / 'lora_update.json').read_text())
+    assert report['parts']['router'] == {'trainable': 0, 'updated': 0, 'frozen': 1, 'frozen_changed': 0}
+    assert report['failures'] == []
+
+
+def test_full_sft_stops_when_a_frozen_tensor_moves(tmp_path, monkeypatch):
+    monkeypatch.setenv('SWIFT_VORA_LORA_CHECK_STEPS', '2')
+    trainer = FullTrainer(tmp_path, move_frozen=True)
+    with pytest.raises(GuardError, match=r'1 frozen tensor\(s\) changed: visual.proj.weight'):
+        trainer.run([MegatronLoraUpdateGuard(trainer)], steps=3)
+
+
+def test_full_sft_stops_when_no_tensor_of_a_part_moved_and_lists_a_single_unchanged_one(tmp_path, monkeypatch):
+    monkeypatch.setenv('SWIFT_VORA_LORA_CHECK_STEPS', '2')
+    trainer = FullTrainer(tmp_path, experts=())  # no token reaches any expert: the experts part never moves
+    with pytest.raises(GuardError, match='no trainable experts tensor changed \\(of 2\\)'):
+        trainer.run([MegatronLoraUpdateGuard(trainer)], steps=3)
+    trainer = FullTrainer(tmp_path, experts=(0, ))  # expert 1 not reached: counted, not failed
+    trainer.run([MegatronLoraUpdateGuard(trainer)], steps=3)
+    report = json.loads((tmp_path / 'lora_update.json').read_text())
+    assert report['failures'] == [] and report['experts_not_reached'] == 1 and report['unchanged'] == []

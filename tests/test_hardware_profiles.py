@@ -72,4 +72,6 @@ def test_train_refuses_a_recipe_for_other_hardware_before_anything_starts(tiny_m
     assert 'this machine (no GPU' in done.stderr and '--trust-recipe-hardware' in done.stderr
     assert not os.path.exists(tmp_path / 'out' / 'swift-vora-launch')  # nothing written, nothing started
     dry = subprocess.run(argv + ['--dry-run'], capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=300)
-    assert dry.returncode == 0  # --dry-run shows the plan for the recipe's hardware: nothing is launched
+    # --dry-run shows the plan for the recipe's hardware and the command, launches nothing, and exits as the launch
+    assert dry.returncode == 4 and 'launch (exact command)' in dry.stdout and 'is not this machine' in dry.stderr
+    assert not os.path.exists(tmp_path / 'out' / 'swift-vora-launch')

@@ -213,3 +213,115 @@ def test_a_killed_variants_kept_folder_is_summarized_as_a_run_would_be(tmp_path,
     (vdir / 'plan.json').rename(vdir / 'kept.json')
     with pytest.raises(SystemExit, match='mg_f32/plan.json: not found'):
         mm.main(['--summarize-logs', str(vdir)])
+
+
+# ---- the profiled step, the data wait, the fix candidates, full SFT ------------------------------------------------
+def test_the_fix_candidates_reach_megatron_sft(launches):
+    workers = launches['mg_mb2_workers8']
+    assert flag(workers.argv, '--dataloader_num_workers') == '8'
+    assert flag(workers.argv, '--dataloader_prefetch_factor') == '4'  # swift_args: Megatron-SWIFT's own argument
+    assert launches['mg_mb2_cutlass'].env['NVTE_USE_CUTLASS_GROUPED_GEMM'] == '1'  # TE reads it at each GEMM call
+    both = launches['mg_mb2_cutlass_workers8']
+    assert both.env['NVTE_USE_CUTLASS_GROUPED_GEMM'] == '1' and flag(both.argv, '--dataloader_num_workers') == '8'
+    assert 'NVTE_USE_CUTLASS_GROUPED_GEMM' not in launches['mg_mb2'].env
+    for name in ('mg_mb2_workers8', 'mg_mb2_cutlass', 'mg_mb2_cutlass_workers8'):  # each against mg_mb2: one change
+        assert flag(launches[name].argv, '--micro_batch_size') == '2'
+
+
+def test_a_profiled_variant_runs_one_step_more_and_names_the_profile_callback(tmp_path):
+    from swift_vora.backends.launch import build_launch
+    from swift_vora.backends.planning import plan_recipe
+    from swift_vora.backends.recipe import load_recipe
+    args = mm.parse_args(['--megatron-profile-step', '13', '--profile-variants', 'mg_mb2_cutlass'])
+    assert mm.profile_step_of('mg_mb2_cutlass', args) == 13 and mm.profile_step_of('mg_mb2', args) is None
+    model = mm.cut_config(CONFIG, args.layers, str(tmp_path))
+    overrides = mm.megatron_overrides('mg_mb2_cutlass', args, mt.budget(False), model, 'data/train.jsonl',
+                                      str(tmp_path / 'o'), False)
+    assert 'train.max_steps=13' in overrides and 'train.save_steps=13' in overrides
+    recipe = load_recipe(mm.RECIPE, overrides)
+    launch = build_launch(plan_recipe(recipe), recipe, environ={'SWIFT_VORA_PROFILE_STEP': '13'})
+    assert flag(launch.argv, '--train_iters') == '13' and 'vora_step_profile' in launch.argv
+    with pytest.raises(SystemExit):  # the profiler slows the step it profiles: never a measured one
+        mm.parse_args(['--megatron-profile-step', '12'])
+
+
+def test_the_measured_steps_stop_before_the_profiled_one_and_carry_their_data_wait(tmp_path):
+    steps = [30.0, 2.0] + [1.0] * 10 + [9.0]  # step 13: profiled
+    records = megatron_records(steps, n=13)
+    stats = mm.megatron_step_stats(records, 8000, 4, 2, last=12)
+    assert stats['step_s'] == pytest.approx([1.0] * 10, abs=1e-3) and stats['max_step_s'] == pytest.approx(1.0)
+    run = tmp_path / 'output' / 'v0-1'
+    run.mkdir(parents=True)
+    (run / 'data_wait.rank0.jsonl').write_text(''.join(  # backends/megatron_profile.py's rows, one per step
+        json.dumps({'iteration': k, 'data_wait_s': 0.5 if k <= 2 else 0.01, 'next_calls': 2}) + '\n'
+        for k in range(1, 14)))
+    args = mm.parse_args([])
+    found = mm.data_wait(str(tmp_path / 'output'), str(run), args, stats)
+    assert found['data_wait_s'] == [0.01] * 10  # steps 3-12: the warm-up and the profiled step left out
+    assert found['data_wait_fraction'] == pytest.approx(0.01) and found['slowest_over_median'] == 1.0
+
+
+def test_the_profiled_steps_trace_is_attributed_and_comes_back_beside_the_result(tmp_path):
+    import gzip
+
+    from test_megatron_profile import hand_built_trace
+    run = tmp_path / 'v' / 'output' / 'v0-1'
+    run.mkdir(parents=True)
+    (run / 'logging.jsonl').write_text('{}\n')
+    with gzip.open(run / 'torch_trace.json.gz', 'wt') as f:
+        json.dump(hand_built_trace(), f)
+    args = mm.parse_args(['--out', str(tmp_path / 'out'), '--name', 'megatron-h200-moe-x'])
+    (tmp_path / 'out').mkdir()
+    found = mm.step_profile('mg_mb2', str(tmp_path / 'v' / 'output'), str(tmp_path / 'v'), args)
+    assert found['attribution']['window_ms'] == 1.0 and found['torch_profile'] is None
+    assert found['trace'] == 'megatron-h200-moe-x-mg_mb2-torch_trace.json.gz'
+    assert (tmp_path / 'out' / found['trace']).exists() and not (run / 'torch_trace.json.gz').exists()
+    assert '| expert GEMMs |' in (tmp_path / 'v' / 'step_attribution.md').read_text()
+
+
+@pytest.fixture(scope='module')
+def full_launches(tmp_path_factory):
+    from swift_vora.backends.launch import build_launch
+    from swift_vora.backends.planning import plan_recipe
+    from swift_vora.backends.recipe import load_recipe
+    args = mm.parse_args(['--layers', '4'])
+    model = mm.cut_config(CONFIG, 4, str(tmp_path_factory.mktemp('cfg4')))
+    before = set(sys.modules)
+    found = {}
+    for name in mm.MEGATRON_FULL_LEVERS:
+        recipe = load_recipe(mm.recipe_of(name), mm.megatron_overrides(
+            name, args, mt.budget(False), model, 'data/train.jsonl', f'/tmp/{name}', name == mm.FULL_FLAGSHIP))
+        plan = plan_recipe(recipe)
+        assert plan.verdict == 'fits', (name, plan.reasons)  # every full variant fits one H200 at 4 layers
+        found[name] = (plan, build_launch(plan, recipe, environ={'SWIFT_VORA_PROFILE_STEP': '0'}))
+    yield found
+    for name in set(sys.modules) - before:  # as `launches` above: no half-imported swift.megatron left behind
+        if name.startswith(('swift.megatron', 'megatron', 'mcore_bridge')):
+            sys.modules.pop(name, None)
+
+
+def test_full_sft_variants_train_every_weight_at_ep1(full_launches):
+    plan, launch = full_launches['mgf']
+    assert plan.backend == 'megatron_ep_full' and plan.gpu_peak_gib < 139.8 * 0.8
+    assert flag(launch.argv, '--tuner_type') == 'full' and flag(launch.argv, '--expert_model_parallel_size') == '1'
+    assert flag(launch.argv, '--lr') == '0.0001' and '--lora_rank' not in launch.argv
+    assert flag(launch.argv, '--save_steps') == '12' and 'vora_step_profile' in launch.argv  # the data wait
+    assert flag(full_launches['mgf_freeze_router'][1].argv, '--freeze_parameters_regex') == r'\.mlp\.router\.'
+    assert full_launches['mgf_te_ce'][0].gpu_peak_gib < plan.gpu_peak_gib < full_launches['mgf_mb2'][0].gpu_peak_gib
+
+
+def test_full_sft_argvs_parse_with_megatron_swift(full_launches):
+    from megatron_args import validate_argv
+    validate_argv([launch.argv[2:] for _, launch in full_launches.values()])
+
+
+def test_a_full_sft_call_checks_its_own_run():
+    assert mm.flagship_of(['mgf_te_ce', 'mgf']) == 'mgf' and mm.flagship_of(['mg_mb2', 'swift_peft']) == 'mg_mb2'
+    assert mm.flagship_of(['mgf_te_ce', 'mgf_mb2']) == 'mgf_te_ce'  # an H100's call of the variants that fit it
+    report = {k: None for k in mm.REPORT_KEYS} | {'failures': [], 'backend': 'megatron_ep_full'}
+    files = {'fingerprint': 'a', 'memory': 'b', 'lora_update': 'c'}
+    final = mm.assemble({'flagship_variant': 'mgf', 'variants': {
+        'mgf': {'tokens_per_s': 3000.0, 'report': report, 'guard_files': files}}})
+    assert final['failures'] == [] and final['tokens_per_s'] == 3000.0 and final['backend_ratio'] is None
+    missing = mm.assemble({'flagship_variant': 'mgf', 'variants': {'mgf': {'failed': 'CUDA out of memory'}}})
+    assert 'mgf (the checked run) did not report: CUDA out of memory' in missing['failures'][0]

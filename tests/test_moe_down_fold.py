@@ -7,10 +7,10 @@ experts) runs upstream's statements bit for bit and is counted, while upstream's
 folds (rebuilding a parameter in the backward is taking it again); the switch off changes nothing. unsloth_zoo is
 GPU-only here: a stand-in module holds upstream's statements exactly as written around torch._grouped_mm (which
 runs on the CPU), and the rewrite is applied to the wheel's real source where .whl/moe has it."""
-import glob
 import os
 import zipfile
 
+import moe_wheels
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -263,12 +263,10 @@ def test_a_source_without_the_statements_is_refused():
         mls.rewrite(changed, fold.rewrites(rank_scaled=False))
 
 
-WHEELS = sorted(glob.glob(os.path.join(REPO, '.whl', 'moe', 'unsloth_zoo-*.whl')))
+WHEELS = [w for w in [moe_wheels.wheel('unsloth_zoo')] if w]  # .whl/moe, else .fetched/wheels
 
 
-@pytest.mark.skipif(not WHEELS, reason='the unsloth_zoo wheel (the GPU machine\'s MoE set, scripts/gpu/fetch_wheels.sh '
-                    'moe) is not in .whl/moe here: the pin is checked where it is, and patches.applicable checks it '
-                    'again on the GPU before patching')
+@pytest.mark.skipif(not WHEELS, reason=moe_wheels.MISSING)
 @pytest.mark.parametrize('rank', [False, True], ids=['fold', 'fold_with_rank_scale'])
 def test_the_rewrites_apply_to_the_wheels_function_and_compile(rank):
     with zipfile.ZipFile(WHEELS[-1]) as z:

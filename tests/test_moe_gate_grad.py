@@ -5,11 +5,11 @@ the routed rows left; a source the rewrite was not written for is refused; the s
 unsloth_zoo is GPU-only here: a stand-in module holds the class with upstream's statements, and the pin and the
 rewrite are checked against the wheel's method where .whl/moe has it."""
 import ast
-import glob
 import inspect
 import os
 import zipfile
 
+import moe_wheels
 import pytest
 import torch
 
@@ -125,12 +125,10 @@ def test_a_source_it_was_not_written_for_is_refused(stand_in, monkeypatch):
         mgg.install()
 
 
-WHEELS = sorted(glob.glob(os.path.join(REPO, '.whl', 'moe', 'unsloth_zoo-*.whl')))
+WHEELS = [w for w in [moe_wheels.wheel('unsloth_zoo')] if w]  # .whl/moe, else .fetched/wheels
 
 
-@pytest.mark.skipif(not WHEELS, reason='the unsloth_zoo wheel (the GPU machine\'s MoE set, scripts/gpu/fetch_wheels.sh '
-                    'moe) is not in .whl/moe here: the pin is checked where it is, and patches.applicable checks it '
-                    'again on the GPU before patching')
+@pytest.mark.skipif(not WHEELS, reason=moe_wheels.MISSING)
 def test_the_pinned_source_is_the_wheels_and_the_rewrite_compiles():
     with zipfile.ZipFile(WHEELS[-1]) as z:
         # CRLF in the wheel; inspect reads the source with universal newlines

@@ -5,11 +5,11 @@ path where the condition does not hold (no grad) and with the switch off; the pa
 recorded. unsloth_zoo is GPU-only here: a stand-in module holds `gather_routed_rows` as upstream writes it (its
 compiled-only branch, its eager indexing) and an autograd function with `_RoutedRowGather`'s contract; the real
 function is checked against the inventory where .whl/moe has the wheel."""
-import glob
 import os
 import sys
 import zipfile
 
+import moe_wheels
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -149,12 +149,10 @@ def test_the_switch_and_the_inventory_agree():
     assert mg.GATHER_CLASS in ''.join(patch.uses)
 
 
-WHEELS = sorted(glob.glob(os.path.join(REPO, '.whl', 'moe', 'unsloth_zoo-*.whl')))
+WHEELS = [w for w in [moe_wheels.wheel('unsloth_zoo')] if w]  # .whl/moe, else .fetched/wheels
 
 
-@pytest.mark.skipif(not WHEELS, reason='the unsloth_zoo wheel (the GPU machine\'s MoE set, scripts/gpu/fetch_wheels.sh '
-                    'moe) is not in .whl/moe here: the inventory is checked where it is, and patches.applicable checks '
-                    'it on the GPU machine before the wrapper is installed')
+@pytest.mark.skipif(not WHEELS, reason=moe_wheels.MISSING)
 def test_the_real_function_is_the_one_the_wrapper_was_written_for():
     with zipfile.ZipFile(WHEELS[-1]) as z:
         source = z.read('unsloth_zoo/temporary_patches/moe_utils.py').decode()

@@ -6,12 +6,12 @@ written for is refused, naming the statement; the switch off changes nothing. un
 stand-in module holds the statements exactly as upstream writes them, and the real function's pinned source is
 checked against the wheel where .whl/moe has it."""
 import ast
-import glob
 import inspect
 import os
 import sys
 import zipfile
 
+import moe_wheels
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -179,12 +179,10 @@ def test_without_unsloth_loaded_it_says_so(monkeypatch):
     assert 'not loaded' in mls.install()['skipped']
 
 
-WHEELS = sorted(glob.glob(os.path.join(REPO, '.whl', 'moe', 'unsloth_zoo-*.whl')))
+WHEELS = [w for w in [moe_wheels.wheel('unsloth_zoo')] if w]  # .whl/moe, else .fetched/wheels
 
 
-@pytest.mark.skipif(not WHEELS, reason='the unsloth_zoo wheel (the GPU machine\'s MoE set, scripts/gpu/fetch_wheels.sh '
-                    'moe) is not in .whl/moe here: the pin is checked where it is, and patches.applicable checks it '
-                    'again on the GPU before patching')
+@pytest.mark.skipif(not WHEELS, reason=moe_wheels.MISSING)
 def test_the_pinned_source_is_the_wheels_and_the_rewrite_applies(tmp_path):
     wheel = WHEELS[-1]
     version = os.path.basename(wheel).split('-')[1]

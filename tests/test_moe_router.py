@@ -4,12 +4,12 @@ with it on, the loaded model's router classes are handed to unsloth_zoo's loader
 them still route as before, and how many routing calls went fused. unsloth_zoo imports only on a GPU machine here: a
 stand-in module plays its hook; where .whl/moe has the wheel, its real module is read (never imported) to check that
 it still offers what the runner calls and recognises the router of the installed transformers."""
-import glob
 import os
 import sys
 import types
 import zipfile
 
+import moe_wheels
 import pytest
 import torch
 import unsloth_compiled
@@ -17,7 +17,7 @@ import unsloth_compiled
 from swift_vora.speed import moe_router
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WHEELS = sorted(glob.glob(os.path.join(REPO, '.whl', 'moe', 'unsloth_zoo-*.whl')))
+WHEELS = [w for w in [moe_wheels.wheel('unsloth_zoo')] if w]  # .whl/moe, else .fetched/wheels
 
 
 @pytest.fixture(scope='module')
@@ -142,8 +142,7 @@ def real_router_module(tmp_path):
     return module, source
 
 
-@pytest.mark.skipif(not WHEELS, reason='the unsloth_zoo wheel (the GPU machine\'s MoE set, scripts/gpu/fetch_wheels.sh '
-                    'moe) is not in .whl/moe here: the runner records on the GPU machine whether any router went fused')
+@pytest.mark.skipif(not WHEELS, reason=moe_wheels.MISSING)
 def test_the_real_module_offers_the_hook_and_recognises_this_transformers_router(tmp_path):
     """unsloth_zoo's module, read from the wheel and run with its one package import stood in (it imports nothing
     else of unsloth_zoo): the names the runner uses, the switch read as the runner reads it, and the installed

@@ -951,3 +951,16 @@ def test_moe_benchmark_dry_run_refuses_a_plan_above_the_card_the_call_got(tmp_pa
     assert 'does not fit this 79.2 GiB card' in proc.stdout and 'nothing was built' in proc.stdout
     proc = subprocess.run(base + ['--gpu-gib', '139.8'], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_the_benchmark_rebuilds_a_checkpoint_left_at_another_depth(tmp_path):
+    """Calls on one warm machine share the model folder: a 3-layer full-SFT call after an 8-layer LoRA call must
+    train 3 layers, not find the 8 left behind (it planned them, did not fit an H100 and launched nothing)."""
+    import moe_throughput as mt
+    model = str(tmp_path / 'model')
+    mt.build_model(model, 'tiny', 2, 'cpu')
+    again = mt.build_model(model, 'tiny', 2, 'cpu')
+    assert again['layers'] == 2 and 'build_s' not in again  # the same depth is reused, not rebuilt
+    mt.build_model(model, 'tiny', 3, 'cpu')
+    with open(os.path.join(model, 'config.json')) as f:
+        assert json.load(f)['text_config']['num_hidden_layers'] == 3

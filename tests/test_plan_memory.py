@@ -65,8 +65,43 @@ def test_megatron_splits_experts_by_ep_and_dense_by_tp():
     assert t2.gpu_peak < e8.gpu_peak
     # Megatron computes logits for every position (vocab-parallel), HF only for the supervised ones
     assert any(k.startswith('logits + loss (all positions') for k in e8.gpu)
-    full = est(MOE, backend='megatron_ep_lora', tuner='full', gpus_per_node=8, ep=8)
-    assert 'distributed optimizer (fp32 master + Adam, sharded over DP)' in full.gpu
+    assert 'distributed optimizer (fp32 master + Adam, sharded over DP)' in e8.gpu
+
+
+def test_megatron_full_sft_counts_megatron_cores_ddp_buffers_and_the_distributed_optimizer():
+    """megatron_ep_full, per GPU (megatron-core 0.16.1): bf16 weights (dense / TP, experts / EP), an fp32 main grad for
+    every local trainable parameter (DDP's grad buffer, whole on every rank), the fp32 master and Adam's m, v sharded
+    over the data-parallel group of their kind -- the experts' over world / EP."""
+    comps = MOE.params_by_component()
+    trainable = {c: n for c, n in comps.items() if c != 'vision'}  # the vision tower stays frozen
+    experts = trainable['experts']
+    dense = sum(trainable.values()) - experts
+    for ep, world in ((8, 8), (4, 8), (1, 1)):
+        e = est(MOE, backend='megatron_ep_full', tuner='full', gpus_per_node=world, ep=ep)
+        local = experts / ep + dense
+        assert e.trainable_params == sum(trainable.values())
+        assert e.gpu['gradients: fp32 main grads, DDP buffer (every local trainable parameter)'] == pytest.approx(
+            4 * local)
+        sharded = experts / ep / (world // ep) + dense / world
+        assert e.gpu['distributed optimizer: fp32 master params (sharded over DP)'] == pytest.approx(4 * sharded)
+        assert e.gpu['distributed optimizer: Adam m, v fp32 (sharded over DP)'] == pytest.approx(8 * sharded)
+        weights = 2 * (experts / ep + sum(n for c, n in comps.items() if c != 'experts'))
+        assert e.gpu['weights (bf16)'] == pytest.approx(weights, rel=1e-3)  # biases / norms counted in the groups
+        # the bf16 weight gradient in flight before DDP's hook adds it: the largest local tensor, once
+        largest = max(g.numel / (ep if g.component == 'experts' else 1) for g in MOE.groups if g.tower == 'llm')
+        assert e.gpu['weight gradient in flight (bf16, the largest local tensor, before DDP adds it in fp32)'] == \
+            pytest.approx(2 * largest)
+    # the grad buffer is allocated once: the fragmentation of the per-step allocations leaves it out
+    full = est(MOE, backend='megatron_ep_full', tuner='full', gpus_per_node=8, ep=8)
+    static = {'weights (bf16)', 'gradients: fp32 main grads, DDP buffer (every local trainable parameter)',
+              'distributed optimizer: fp32 master params (sharded over DP)',
+              'distributed optimizer: Adam m, v fp32 (sharded over DP)'}
+    outside = {'CUDA context', 'NCCL buffers', 'allocator fragmentation (reserved - allocated)'}
+    per_step = sum(v for k, v in full.gpu.items() if k not in static | outside)  # activations, logits, the wgrad
+    assert full.gpu['allocator fragmentation (reserved - allocated)'] == pytest.approx(
+        C.ALLOCATOR_FRAGMENTATION * per_step + C.ALLOCATOR_FRAGMENTATION_STATIC * sum(full.gpu[k] for k in static))
+    # experts split 8 ways with one copy each: their states are not sharded; at EP 4 two copies share them
+    assert est(MOE, backend='megatron_ep_full', tuner='full', gpus_per_node=8, ep=4).gpu_peak > full.gpu_peak
 
 
 def test_unsloth_offloaded_checkpoints_in_host_ram():

@@ -146,6 +146,14 @@ REFUSALS = [
     ('ep-needs-moe', [cfg('qwen3_vl_2b'), '--hardware', 'h200x8', '--backend', 'megatron_ep_lora', '--ep', '2'],
      '--ep 1'),
     ('tp-divides', [SEED, '--hardware', 'h200x8', '--tp', '3'], '--tp 1'),
+    ('megatron-full-only', [SEED, '--hardware', 'h200x8', '--backend', 'megatron_ep_full'],
+     '--backend megatron_ep_lora'),
+    ('megatron-lora-only', [SEED, '--hardware', 'h200x8', '--backend', 'megatron_ep_lora', '--tuner', 'full'],
+     'megatron_ep_full'),
+    ('parallel-megatron-only', [SEED, '--hardware', 'h200x8', '--tuner', 'full', '--backend', 'deepspeed_zero2',
+                                '--ep', '8'], 'megatron_ep_full'),
+    ('ep-divides', [SEED, '--hardware', 'h200x8', '--tuner', 'full', '--backend', 'megatron_ep_full', '--ep', '3'],
+     '--ep 8'),
 ]
 
 
@@ -351,3 +359,14 @@ def test_memory_to_spare_offers_training_without_checkpointing():
                   PlanRequest(model=cfg('qwen3_vl_2b'), hardware='h200x1', backend='ddp', compile='layers',
                               gradient_checkpointing=False)):
         assert not any(r.startswith('Memory to spare') for r in make_plan(other).reasons)
+
+
+def test_megatron_full_sft_asked_by_name_splits_the_experts_over_every_gpu(capsys):
+    """megatron_ep_full takes the expert-parallel size the planner picks for Megatron (EP divides the experts and the
+    GPUs), and plans its model states per GPU: the routed experts' optimizer states unsharded at EP 8."""
+    rc, p = run_json(capsys, '--model', SEED, '--hardware', 'h200x8', '--tuner', 'full', '--backend',
+                     'megatron_ep_full')
+    assert rc == 0 and p['verdict'] == 'fits' and (p['ep'], p['tp']) == (8, 1)
+    assert p['breakdown']['distributed optimizer: Adam m, v fp32 (sharded over DP)'] > 20
+    assert any('optimizer states sharded over 8 data-parallel rank(s) for the dense parts and 1 for the routed '
+               'experts' in a for a in p['assumptions'])

@@ -121,3 +121,47 @@ def test_fewer_checkpointed_layers_are_estimated_faster_by_the_recompute_they_dr
             '--checkpoints', 'gpu']
     rates = [plan_from_argv([*base, '--checkpoint-layers', str(k)]).est_tokens_per_s for k in (40, 36, 32, 30)]
     assert rates == sorted(rates) and rates[0] < rates[-1]
+
+
+# ---- Megatron's efficiencies re-derived from the result files (benchmarks/speed_table.py --derive megatron) ----------
+def megatron_result(path, name, variants, layers=4):
+    """A benchmarks/megatron_moe.py result file holding `variants` (name -> (command overrides, tokens/s, steps))."""
+    import json
+    path.joinpath(name).write_text(json.dumps({
+        'model': f'random Qwen3.5-MoE, 35B-A3B shape cut to {layers} layers (benchmarks/moe_throughput.py)',
+        'variants': {v: {'backend': backend, 'tokens_per_s': tps, 'step_s': [1.0] * steps,
+                         'command': f'python3 -m swift_vora train /r/recipes/{recipe}.yaml model.path=/m '
+                                    + ' '.join(overrides)}
+                     for v, (backend, recipe, overrides, tps, steps) in variants.items()}}))
+
+
+def test_megatron_plan_flags_come_from_the_recorded_overrides():
+    lora = speed_table.megatron_plan('python3 -m swift_vora train recipes/h200x8.yaml hardware=h200x1 '
+                                     'train.micro_batch=1 train.micro_batch=2 megatron.recompute=none')
+    assert lora[lora.index('--backend') + 1] == 'megatron_ep_lora' and lora[lora.index('--micro-batch') + 1] == '2'
+    assert lora[lora.index('--recompute') + 1] == 'none' and lora[:2] == ['--gpus', '1']
+    full = speed_table.megatron_plan('python3 -m swift_vora train recipes/h200x8-full.yaml hardware=h100x1 '
+                                     'megatron.cross_entropy_fusion_impl=te')
+    assert full[full.index('--backend') + 1] == 'megatron_ep_full' and full[full.index('--tuner') + 1] == 'full'
+    assert '--lora-rank' not in full and full[:2] == ['--hardware', 'h100x1']
+    assert full[full.index('--cross-entropy') + 1] == 'te'
+
+
+def test_derive_marks_in_and_out_of_sample_rows_and_gives_a_full_sft_candidate(tmp_path):
+    full_overrides = ['hardware=h200x1', 'train.micro_batch=1']
+    megatron_result(tmp_path, 'megatron-h200-full-a-2027-01-01.json', {
+        'mgf': ('megatron_ep_full', 'h200x8-full', full_overrides, 3000.0, 10),
+        'mgf_te_ce': ('megatron_ep_full', 'h200x8-full', [*full_overrides, 'megatron.cross_entropy_fusion_impl=te'],
+                      2900.0, 3)})  # 3 measured steps: no row
+    megatron_result(tmp_path, 'megatron-h200-full-a-partial.json', {  # the same call's partial file: read once
+        'mgf': ('megatron_ep_full', 'h200x8-full', full_overrides, 3000.0, 10)})
+    rows = speed_table.megatron_rows(str(tmp_path), listed_rows=False)
+    assert [r['source'] for r in rows] == [('megatron-h200-full-a-2027-01-01.json', 'mgf')] and rows[0]['auto']
+    derived = speed_table.derive_megatron(str(tmp_path), listed_rows=False)
+    (setting, ) = derived['settings']
+    assert (setting['backend'], setting['checkpointing'], setting['micro_batch']) == ('megatron_ep_full', True, 1)
+    # no efficiency of its own yet: the planner prices it at Megatron LoRA's, and the run is the candidate
+    assert setting['planner_efficiency'] is None and 'not benchmarked' in setting['planner_source']
+    assert not setting['in_sample'] and setting['derived_efficiency'] is None
+    assert setting['candidate_efficiency'] == setting['out_of_sample'][0]['efficiency'] > 0
+    assert 'no in-sample row; candidate' in speed_table.render_derived(derived)

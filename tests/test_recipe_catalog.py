@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import tomllib
+from cli_harness import launch_folder
 
 from swift_vora.recipe_catalog import recipes_dir, resolve_recipe, shipped_recipes
 
@@ -63,8 +64,8 @@ def test_recipes_lists_shows_and_copies_without_overwriting(tmp_path):
 
 
 def test_train_takes_a_shipped_name_from_any_directory_with_overrides_after_the_flags(tmp_path):
-    rc, out, err = swift_vora('train', 'h200x1', '--dry-run', '--json', f'model.path={MOE_35B}',
-                              'video.max_frames=4', cwd=tmp_path)
+    rc, out, err = swift_vora('train', 'h200x1', '--dry-run', '--json', '--trust-recipe-hardware',
+                              f'model.path={MOE_35B}', 'video.max_frames=4', cwd=launch_folder(tmp_path))
     assert rc == 0, err
     launch = json.loads(out)['launch']
     assert launch['env']['SWIFT_VORA_MAX_FRAMES'] == '4'

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_harness import launch_folder
 
 from swift_vora.backends.planning import plan_recipe
 from swift_vora.backends.recipe import load_recipe
@@ -21,6 +22,7 @@ EXPECTED = {
     '3090x3': ('qwen3_vl_8b', 'deepspeed_zero3'),
     'h200x1': (os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json'), 'unsloth_split_lora'),
     'h200x8': (os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json'), 'megatron_ep_lora'),
+    'h200x8-full': (os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json'), 'megatron_ep_full'),
     'cpu-tiny': ('tiny', 'ddp'),
 }
 MEMORY_KNOBS = ('max_frames', 'pair_tokens', 'micro_batch', 'per_device_train_batch_size', 'gradient_checkpointing',
@@ -99,14 +101,17 @@ def test_every_memory_knob_carries_a_comment(name):
 
 
 @pytest.mark.parametrize('name', sorted(EXPECTED))
-def test_dry_run_prints_a_runnable_command(name, model_for):
+def test_dry_run_prints_a_runnable_command(name, model_for, tmp_path):
+    """Run where the recipe's data is (cli_harness.launch_folder), trusting its hardware: the exit code is the
+    plan's."""
     proc = subprocess.run([sys.executable, '-m', 'swift_vora', 'train', os.path.join(RECIPES, f'{name}.yaml'),
-                           f'model.path={model_for(name)}', '--dry-run'], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+                           f'model.path={model_for(name)}', '--dry-run', '--trust-recipe-hardware'],
+                          cwd=launch_folder(tmp_path), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert 'launch (exact command)' in out and 'FITS' in out
     launcher = {'ddp': 'swift sft', 'deepspeed_zero3': 'swift sft', 'megatron_ep_lora': 'megatron sft',
+                'megatron_ep_full': 'megatron sft',
                 'unsloth_split_lora': '-m swift_vora.backends.unsloth_runner'}[EXPECTED[name][1]]
     assert launcher in out
     if EXPECTED[name][1] == 'deepspeed_zero3':

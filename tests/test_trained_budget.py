@@ -74,6 +74,18 @@ def test_the_dataset_builder_reports_its_longest_answer(tmp_path, monkeypatch):
     assert tb._answer_chars['max'] == longest > 0
 
 
+def test_the_checkpoint_records_the_query_of_its_training_prompts(tmp_path, monkeypatch):
+    from swift_vora.dataset import build_swift_rows
+    from swift_vora.synthetic import QUERY, make_dataset
+    monkeypatch.setattr(tb, '_queries', tb.Counter())
+    build_swift_rows(make_dataset(str(tmp_path / 'data'), n_videos=2, duration=8.0, seed=1, min_events=1))
+    path = tb.record(str(tmp_path), 'swift sft', {}, max_answer_chars=10)
+    assert tb.trained_query(path) == (QUERY, 1)
+    (tmp_path / 'old').mkdir()
+    (tmp_path / 'old' / tb.FILE).write_text('{"switches": {}}')  # from before queries were recorded
+    assert tb.trained_query(str(tmp_path / 'old' / tb.FILE)) == (None, 0)
+
+
 def test_the_callback_records_into_every_checkpoint_of_a_video_ora_training(tmp_path):
     import types
     trainer = types.SimpleNamespace(template=types.SimpleNamespace(

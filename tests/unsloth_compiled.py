@@ -1,5 +1,6 @@
-"""The classes Unsloth's compiler generates for Qwen3.5-MoE, made on the CPU from the wheels in .whl/moe (the GPU
-machine's MoE set; absent from a clone, where the tests that use this skip with that reason).
+"""The classes Unsloth's compiler generates for Qwen3.5-MoE, made on the CPU from the pinned unsloth and unsloth_zoo
+wheels (tests/moe_wheels.py: the GPU machine's MoE set in .whl/moe, else the same versions that
+`bash scripts/install.sh test` downloads into .fetched/wheels).
 
 unsloth_zoo's `create_standalone_class` writes, per modeling class, a module-level copy of its forward
 (`{Class}_forward`, under Unsloth's compile or compile-disable decorator) and a class whose forward is one call of
@@ -8,19 +9,17 @@ it. Unsloth puts them in one generated module that imports the modeling module's
 import (F, ..., __name__, ...)`), so its classes claim the modeling module as theirs. `compiled_module` rebuilds
 that: the generator run in a subprocess (importing unsloth_zoo sets process-wide state), its source loaded under
 the same kind of prelude, with Unsloth's two decorators as pass-through stand-ins."""
-import glob
 import importlib.util
 import os
 import subprocess
 import sys
 import zipfile
 
-MOE_WHEELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '.whl', 'moe')
+import moe_wheels
+
 # unsloth_zoo refuses to import where unsloth is not beside it: both wheels, unpacked side by side
-WHEELS = [sorted(glob.glob(os.path.join(MOE_WHEELS, f'{name}-*.whl')))[-1:] for name in ('unsloth_zoo', 'unsloth')]
-WHEELS = sum(WHEELS, []) if all(WHEELS) else []
-MISSING = ('the unsloth and unsloth_zoo wheels (the GPU machine\'s MoE set, scripts/gpu/fetch_wheels.sh moe) are not '
-           'in .whl/moe here: the runner records on the GPU machine what it found in the classes Unsloth generated')
+WHEELS = moe_wheels.wheels()  # .whl/moe (the GPU machine's set), else the pins in .fetched/wheels
+MISSING = moe_wheels.MISSING
 MODELING = 'transformers.models.qwen3_5_moe.modeling_qwen3_5_moe'
 GENERATE = '''import sys, transformers, {modeling}
 import unsloth_zoo.compiler as compiler

@@ -1,5 +1,6 @@
 """Checks of a `megatron sft` LoRA run on a MoE model, and its results JSON (scripts/gpu/megatron_smoke.sh, EP=1;
-scripts/gpu/megatron_ep.sh, EP=2).
+scripts/gpu/megatron_ep.sh, EP=2); with `--full`, of a full-SFT run (megatron_ep_full; benchmarks/megatron_moe.py's
+full variants).
 
 What a user relies on, checked from the files the run left (nothing is taken from the run's own claims):
 - the loss: at least --min-steps logged steps, all finite, the last below the first (logging.jsonl next to the
@@ -14,6 +15,11 @@ What a user relies on, checked from the files the run left (nothing is taken fro
 - when the run wrote `lora_update.json` (swift-vora's `vora_lora_update` guard, next to logging.jsonl): every
   trainable LoRA tensor changed during training; one that did not is a failure, a check the run did not reach
   (fewer steps than SWIFT_VORA_LORA_CHECK_STEPS) is recorded as not checked.
+Full SFT (`--full`, no --merged: checkpoint-N is the converted Hugging Face model Megatron-SWIFT wrote): the loss as
+above; checkpoint-N against the base model by part -- experts, attention (and Gated DeltaNet) and the shared expert
+changed, the router changed exactly when it was trained (`--router trained|frozen`: the recipe's
+megatron.freeze_router), the vision tower bit-identical; checkpoint-N loads in transformers and gives finite logits;
+the guard's `lora_update.json` in its full mode (`failures` empty: no frozen tensor moved, every part moved).
 Exit 0 when every check passes, 1 otherwise (the JSON is written either way, with `failures`).
 """
 from __future__ import annotations
@@ -162,6 +168,72 @@ def compare_weights(base_dir: str, merged_dir: str) -> Dict[str, object]:
             'unreadable_layout': unreadable}
 
 
+# Full SFT: the part of the Hugging Face model a tensor belongs to (Qwen3.5-MoE / Qwen3-VL-MoE names), first match wins
+FULL_PARTS = (('vision', ('visual', )), ('router', ('.mlp.gate.weight', )), ('shared_expert', ('.shared_expert', )),
+              ('experts', (EXPERT_KEY, )), ('attention', (ATTENTION_KEY, '.linear_attn.')),
+              ('embedding', ('embed_tokens', )), ('lm_head', ('lm_head', )))
+
+
+def full_part(key: str) -> str:
+    return next((part for part, keys in FULL_PARTS if any(k in key for k in keys)), 'other')
+
+
+def compare_full(base_dir: str, checkpoint: str) -> Dict[str, object]:
+    """Which parts full SFT changed: checkpoint-N (the converted HF model) against the base, tensor by tensor, the
+    experts read in the base's layout where the two differ (`per_expert`)."""
+    import torch
+    base_raw, saved_raw = _tensors(base_dir), _tensors(checkpoint)
+    base, unreadable_base = per_expert(base_raw, saved_raw)
+    saved, unreadable = per_expert(saved_raw, base_raw)
+    missing = sorted(set(base) - set(saved))
+    changed: Dict[str, int] = {}
+    totals: Dict[str, int] = {}
+    for key, tensor in base.items():
+        if key not in saved:
+            continue
+        part = full_part(key)
+        totals[part] = totals.get(part, 0) + 1
+        changed.setdefault(part, 0)
+        if tensor.shape != saved[key].shape or not torch.equal(tensor.to(torch.float32), saved[key].to(torch.float32)):
+            changed[part] += 1
+    return {'changed': changed, 'totals': totals, 'missing_in_checkpoint': missing[:20], 'missing_count': len(missing),
+            'unreadable_layout': unreadable + unreadable_base}
+
+
+def full_failures(weights: Dict[str, object], router: str, guard: Optional[Dict[str, object]]) -> List[str]:
+    """What fails a full-SFT run, from compare_full's counts and the guard's full-mode report."""
+    changed, totals = weights['changed'], weights['totals']
+    failures = [f'no {part} weight changed by full SFT ({totals.get(part, 0)} tensors)'
+                for part in ('experts', 'attention', 'shared_expert') if totals.get(part) and not changed.get(part)]
+    if router == 'trained' and totals.get('router') and not changed.get('router'):
+        failures.append(f'the router is trained (megatron.freeze_router false) but none of its '
+                        f'{totals["router"]} tensors changed')
+    if router == 'frozen' and changed.get('router'):
+        failures.append(f'{changed["router"]} router tensors changed: megatron.freeze_router froze them')
+    if changed.get('vision'):
+        failures.append(f'{changed["vision"]} vision-tower tensors changed: the vision tower is frozen')
+    if weights['unreadable_layout']:
+        failures.append(f'expert tensors in a layout the comparison cannot read: {weights["unreadable_layout"][:3]}')
+    if weights['missing_count']:
+        failures.append(f'{weights["missing_count"]} base tensors missing from the checkpoint: '
+                        f'{weights["missing_in_checkpoint"][:3]}')
+    if guard is not None and guard.get('mode') == 'full':
+        failures += [f'lora_update.json (full SFT): {f}' for f in guard.get('failures') or []]
+    return failures
+
+
+def read_guard_report(run_dir: str) -> Optional[Dict[str, object]]:
+    """The guard's lora_update.json as written (None when the run has none)."""
+    path = os.path.join(run_dir, 'lora_update.json')
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f'{path}: not JSON ({e})') from e
+
+
 def adapter_lora_names(checkpoint: str) -> Dict[str, int]:
     """LoRA tensor counts in the saved adapter (if the checkpoint holds HF-format safetensors)."""
     counts = {'experts': 0, 'router': 0, 'attention': 0, 'all': 0}
@@ -182,7 +254,8 @@ def adapter_lora_names(checkpoint: str) -> Dict[str, int]:
 
 
 def merged_loads(merged_dir: str) -> Optional[str]:
-    """None if checkpoint-N-merged loads in transformers and gives finite logits; else why not."""
+    """None if checkpoint-N-merged (or a full-SFT checkpoint-N) loads in transformers and gives finite logits; else
+    why not."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
     try:
@@ -192,7 +265,9 @@ def merged_loads(merged_dir: str) -> Optional[str]:
         model.to(device).eval()
         ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]], device=device)
         with torch.no_grad():
-            logits = model(input_ids=ids).logits
+            # no cache: a depth cut with Gated DeltaNet layers only (3 of the 35B-A3B's layers) has no attention
+            # layer, and transformers' cache then fails in get_seq_length -- a logits check needs none
+            logits = model(input_ids=ids, use_cache=False).logits
         if not torch.isfinite(logits).all():
             return 'logits are not finite'
         del model, config
@@ -237,7 +312,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--base', required=True, help='the model trained on (HF directory)')
     p.add_argument('--checkpoint', required=True, help='OUTPUT/vN-.../checkpoint-N')
-    p.add_argument('--merged', required=True, help='OUTPUT/vN-.../checkpoint-N-merged')
+    p.add_argument('--merged', default=None, help='OUTPUT/vN-.../checkpoint-N-merged (LoRA)')
+    p.add_argument('--full', action='store_true', help='a full-SFT run: checkpoint-N is the HF model, no --merged')
+    p.add_argument('--router', choices=('trained', 'frozen'), default='trained',
+                   help='--full: whether the run trained the router (the recipe\'s megatron.freeze_router false)')
     p.add_argument('--plan', required=True, help='`swift-vora train ... --dry-run --json` output')
     p.add_argument('--encode-log', default='', help='SWIFT_VORA_ENCODE_LOG of the run (tokens per sample)')
     p.add_argument('--gpus', type=int, required=True)
@@ -248,6 +326,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument('--skip-load', action='store_true', help='do not load the merged model (CPU tests)')
     p.add_argument('--out', required=True)
     a = p.parse_args(argv)
+    if not a.full and not a.merged:
+        p.error('--merged is required for a LoRA run (or --full for a full-SFT one)')
 
     failures = []
     run_dir = os.path.dirname(os.path.abspath(a.checkpoint))
@@ -260,29 +340,40 @@ def main(argv: Optional[List[str]] = None) -> int:
     elif losses and not losses[-1] < losses[0]:
         failures.append(f'loss did not fall: first {losses[0]:.4f}, last {losses[-1]:.4f}')
 
-    weights = compare_weights(a.base, a.merged)
-    if weights['changed']['experts'] == 0:
-        failures.append(f'no expert weight changed by LoRA ({weights["totals"]["experts"]} expert tensors)')
-    if weights['changed']['attention'] == 0:
-        failures.append('no attention weight changed by LoRA')
-    if weights['changed']['router'] != 0:
-        failures.append(f'{weights["changed"]["router"]} router tensors changed: the router must stay frozen')
-    if weights['unreadable_layout']:
-        failures.append('merged expert tensors in a layout the comparison cannot read: '
-                        f'{weights["unreadable_layout"][:3]}')
-    if weights['missing_count']:
-        failures.append(f'{weights["missing_count"]} base tensors missing from the merged weights: '
-                        f'{weights["missing_in_merged"][:3]}')
-    adapter = adapter_lora_names(a.checkpoint)
-    if adapter['router']:
-        failures.append(f'{adapter["router"]} LoRA tensors on the router in {a.checkpoint}')
-    lora_update = read_lora_update(run_dir)
-    stale = lora_update_failure(lora_update)
-    if stale:
-        failures.append(stale)
-    load_error = None if a.skip_load else merged_loads(a.merged)
+    if a.full:
+        weights = compare_full(a.base, a.checkpoint)
+        guard = read_guard_report(run_dir)
+        failures += full_failures(weights, a.router, guard)
+        lora_update = ({k: guard.get(k) for k in ('mode', 'tensors', 'updated', 'expert_tensors', 'expert_updated',
+                                                   'parts', 'experts_not_reached', 'frozen_tensors', 'frozen_changed',
+                                                   'failures', 'steps_counted', 'note')} if guard else None)
+        adapter = None
+        loaded = a.checkpoint
+    else:
+        weights = compare_weights(a.base, a.merged)
+        if weights['changed']['experts'] == 0:
+            failures.append(f'no expert weight changed by LoRA ({weights["totals"]["experts"]} expert tensors)')
+        if weights['changed']['attention'] == 0:
+            failures.append('no attention weight changed by LoRA')
+        if weights['changed']['router'] != 0:
+            failures.append(f'{weights["changed"]["router"]} router tensors changed: the router must stay frozen')
+        if weights['unreadable_layout']:
+            failures.append('merged expert tensors in a layout the comparison cannot read: '
+                            f'{weights["unreadable_layout"][:3]}')
+        if weights['missing_count']:
+            failures.append(f'{weights["missing_count"]} base tensors missing from the merged weights: '
+                            f'{weights["missing_in_merged"][:3]}')
+        adapter = adapter_lora_names(a.checkpoint)
+        if adapter['router']:
+            failures.append(f'{adapter["router"]} LoRA tensors on the router in {a.checkpoint}')
+        lora_update = read_lora_update(run_dir)
+        stale = lora_update_failure(lora_update)
+        if stale:
+            failures.append(stale)
+        loaded = a.merged
+    load_error = None if a.skip_load else merged_loads(loaded)
     if load_error:
-        failures.append(f'checkpoint-N-merged does not load: {load_error}')
+        failures.append(f'{"checkpoint-N" if a.full else "checkpoint-N-merged"} does not load: {load_error}')
 
     with open(a.plan) as f:
         plan = json.load(f)['plan']
@@ -293,10 +384,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     result = {
         'backend': plan['backend'], 'gpus': a.gpus, 'ep': a.ep, 'tp': a.tp, 'steps': len(losses), 'losses': losses,
         # LoRA tensors on experts: counted in the adapter when saved in HF format, else the expert weights LoRA
-        # changed in the merged model
-        'expert_lora_tensors': adapter['experts'] or weights['changed']['experts'],
-        'expert_lora_source': 'adapter' if adapter['experts'] else 'merged-vs-base',
-        'router_trainable': bool(weights['changed']['router'] or adapter['router']),
+        # changed in the merged model (full SFT: none)
+        'expert_lora_tensors': None if a.full else adapter['experts'] or weights['changed']['experts'],
+        'expert_lora_source': None if a.full else 'adapter' if adapter['experts'] else 'merged-vs-base',
+        'router_trainable': (bool(weights['changed'].get('router')) if a.full else
+                             bool(weights['changed']['router'] or adapter['router'])),
         'merged_loads': None if a.skip_load else load_error is None,
         # memory(GiB) is torch.cuda.max_memory_reserved: compared with the plan's reserved figure (its headline
         # gpu_peak_gib adds the CUDA context torch does not count)
@@ -310,6 +402,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         'weights_changed': weights['changed'], 'weights_total': weights['totals'], 'adapter_lora': adapter,
         'failures': failures,
     }
+    if a.full:
+        result.update({'tuner': 'full', 'router': a.router, 'checkpoint_loads': result['merged_loads']})
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, 'w') as f:
         json.dump(result, f, indent=2)

@@ -12,19 +12,17 @@ import os
 import sys
 from typing import Any, Dict, List, Mapping, Optional
 
-from .. import switches
 from ..budget import VideoBudget
 from ..offline import OFFLINE_ENV
-from ..plan.backend import AUTO, DEEPSPEED, Backend
+from ..plan.backend import AUTO, DEEPSPEED
+from ..plan.memory import MEGATRON_BACKENDS
 from ..plan.model_source import load_model_spec
 from ..plan.model_spec import UnsupportedModel
-from .base import Launch, LaunchUsageError, PlanView
-from .recipe import Recipe
+from .base import Launch, PlanView
+from .recipe import RENDEZVOUS, Recipe
 
-# Environment the launcher derives from the recipe; `env` / `guards.env` may not set them (SWIFT_VORA_* switches
-# without a recipe key of their own may be set there: swift_vora/switches.py).
-RESERVED_ENV_PREFIXES = ('SWIFT_VORA_', 'NPROC_PER_NODE', 'NNODES')
-RENDEZVOUS = ('NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT')
+# Environment the launcher derives from the recipe (`env` / `guards.env` may not set it: recipe.py checks that where
+# the recipe is read).
 DEFAULT_MASTER_PORT = '29500'
 
 
@@ -69,15 +67,8 @@ def common_env(recipe: Recipe, view: PlanView, environ: Optional[Mapping[str, st
         env['SWIFT_VORA_RECIPE'] = os.path.abspath(recipe.path)
         if recipe.overrides:  # recorded next to the recipe's hash in fingerprint.json (guards/fingerprint.py)
             env['SWIFT_VORA_RECIPE_OVERRIDES'] = json.dumps(list(recipe.overrides))
-    for source in ('guards.env', 'env'):
+    for source in ('guards.env', 'env'):  # checked when the recipe was read (recipe.env_entry_problem)
         for key, value in recipe[source].items():
-            if key.startswith(switches.PREFIX):  # a switch of the table's `env` column, with a value it accepts
-                why = switches.recipe_env_error(key, value)
-                if why:
-                    raise LaunchUsageError(f'{recipe.path}: {source}.{key}: {why}')
-            elif key.startswith(RESERVED_ENV_PREFIXES) or key in RENDEZVOUS:
-                raise LaunchUsageError(f'{recipe.path}: {source}.{key}: set by swift-vora train from the recipe '
-                                       f'(use the nodes key instead)')
             env[key] = '' if value is None else str(value)
     # Grow CUDA segments instead of caching fixed blocks: the same allocations in less reserved memory, on every
     # backend (the benchmarks measured each with it; the plan's ALLOCATOR_FRAGMENTATION_EXPANDABLE); a value the
@@ -93,7 +84,7 @@ def rendezvous_env(view: PlanView, environ: Mapping[str, str], single_process: b
     if single_process:
         return {}
     env: Dict[str, str] = {}
-    distributed = view.world > 1 or view.backend in (*DEEPSPEED, Backend.MEGATRON_EP_LORA)
+    distributed = view.world > 1 or view.backend in (*DEEPSPEED, *MEGATRON_BACKENDS)
     if distributed:
         env['NPROC_PER_NODE'] = str(view.num_gpus)
     if view.nodes > 1:

@@ -24,6 +24,7 @@ import json
 import os
 from typing import List, Mapping, Optional, Sequence, Tuple
 
+from .. import switches
 from ..plan.backend import Backend
 from ..plan.request import Plan
 from .base import Launch, Launcher, LaunchRefused, LaunchUsageError, PlanView
@@ -198,6 +199,20 @@ def add_engine_args(launch: Launch, recipe: Recipe, launcher: Launcher) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+def check_launch_environment(launch: Launch, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> None:
+    """Every `SWIFT_VORA_*` switch the launched process will read -- this environment with the launch's on top --
+    holds a value it accepts (the guard list included): the plugin and the runner check the same when they start,
+    which is after the model has loaded."""
+    child = {**(os.environ if environ is None else environ), **launch.env}
+    try:
+        switches.check_environment(child)
+    except switches.SwitchError as exc:
+        name = str(exc).split('=', 1)[0].split(':', 1)[0]
+        source = 'the launch\'s environment (from the recipe)' if name in launch.env else 'the environment'
+        raise LaunchUsageError(f'{recipe.path}: not launched: {exc} (in {source}; `swift-vora switches` lists '
+                               'them)') from None
+
+
 def build_launch(plan: Plan, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
     """The process that trains `recipe` as `plan` decided. Raises LaunchRefused (exit 4) for refused or
     unsupported combinations and LaunchUsageError (exit 2) for recipes the launcher cannot express."""
@@ -213,4 +228,5 @@ def build_launch(plan: Plan, recipe: Recipe, environ: Optional[Mapping[str, str]
     check_extra_args(recipe)
     launch.backend = Backend(view.backend)
     add_engine_args(launch, recipe, launcher)
+    check_launch_environment(launch, recipe, environ)
     return launch

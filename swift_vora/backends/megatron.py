@@ -1,4 +1,5 @@
-"""MoE on several GPUs: Megatron-SWIFT expert-parallel LoRA (`megatron sft --tuner_type lora`).
+"""MoE on several GPUs: Megatron-SWIFT expert-parallel LoRA (`megatron sft --tuner_type lora`, megatron_ep_lora) and
+full SFT (`megatron sft --tuner_type full`, megatron_ep_full).
 
 What the generated command does (ms-swift 4.6.0, swift/megatron/arguments/megatron_args.py):
 - `--expert_model_parallel_size EP`: each GPU holds num_experts / EP experts; the dense parts are replicated
@@ -20,6 +21,16 @@ What the generated command does (ms-swift 4.6.0, swift/megatron/arguments/megatr
 - LoRA is saved merged into HF safetensors at `OUTPUT/checkpoint-N-merged` (`--merge_lora true`, the default
   with `--save_safetensors true`): that directory is what vLLM loads. Do not merge Megatron MoE LoRA with
   `swift export`.
+- Full SFT (megatron_ep_full): `--tuner_type full` trains every weight of the language model; the vision tower and
+  its merger stay frozen (swift's `_init_multimodal_full` freezes them under `--freeze_vit true --freeze_aligner
+  true`), the router too when `megatron.freeze_router` is set (`--freeze_parameters_regex` over megatron-core's
+  TopKRouter weights, `...mlp.router.weight`). `--use_distributed_optimizer true` (ms-swift's default, spelt out:
+  the plan shards the fp32 master and Adam states over the data-parallel ranks with it). `--save_safetensors true
+  --no_save_optim true`: each checkpoint-N is the converted Hugging Face model (mcore-bridge's `save_weights`,
+  experts gathered from every expert rank), loadable in transformers and vLLM; no Megatron checkpoint or optimizer
+  state is written (12 bytes per trainable parameter), so a run cannot resume from it.
+- `vora_step_profile` (backends/megatron_profile.py) is named in `--callbacks` when the training environment sets
+  SWIFT_VORA_PROFILE_STEP: torch.profiler over that optimizer step, and every step's data wait.
 
 The tests parse the generated argv with Megatron-SWIFT's own argument class (tests/megatron_args.py), since
 Megatron's transformer_engine cannot be installed without CUDA.
@@ -31,7 +42,7 @@ from typing import Dict, List, Mapping, Optional
 
 from ..guards.registry import GUARDS, MEGATRON_GUARDS, enabled_guards
 from ..plan.backend import AUTO, Backend
-from . import megatron_fla
+from . import megatron_fla, megatron_profile
 from .base import Launch, Launcher, LaunchUsageError, PlanView
 from .common import (
     bool_arg,
@@ -47,6 +58,11 @@ from .recipe import Recipe
 # swift/megatron/callbacks/mapping.py (ms-swift 4.6.0); a test compares it with the installed mapping.
 MEGATRON_CALLBACKS = ('print', 'default_flow', 'swanlab', 'wandb', 'tensorboard')
 GUARD_PREFIX = 'vora_'  # swift_vora/swift_registry.py PREFIX
+# megatron-core's MoE router weights (MoELayer.router, a TopKRouter: `...decoder.layers.N.mlp.router.weight`), what
+# megatron.freeze_router freezes under full SFT (ms-swift's freeze_parameters_regex searches the parameter names)
+ROUTER_REGEX = r'\.mlp\.router\.'
+# the tuner each Megatron backend trains
+TUNER = {Backend.MEGATRON_EP_LORA: 'lora', Backend.MEGATRON_EP_FULL: 'full'}
 
 
 def _enabled_guards(environ: Mapping[str, str]) -> List[str]:
@@ -86,8 +102,13 @@ def parallel_sizes(view: PlanView, recipe: Recipe) -> Dict[str, int]:
 def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> List[str]:
     """Arguments after `megatron sft` (validated by tests against MegatronSftArguments). `environ`: the
     environment the training process will see (it selects the guards); none means no SWIFT_VORA_GUARDS set."""
+    full = view.backend == Backend.MEGATRON_EP_FULL
     if recipe['train.dtype'] != 'bfloat16':
-        raise LaunchUsageError('megatron_ep_lora trains in bfloat16 (train.dtype=bfloat16)')
+        raise LaunchUsageError(f'{view.backend} trains in bfloat16 (train.dtype=bfloat16)')
+    if full and not recipe['train.freeze_vit']:
+        raise LaunchUsageError(f'{recipe.path}: train.freeze_vit=false: megatron_ep_full trains the language model; '
+                               'the plan counts the vision tower frozen (its weights, gradients and optimizer states '
+                               'are not in it), so it is not trained here')
     sizes = parallel_sizes(view, recipe)
     targets = recipe['train.target_modules']
     targets = [targets] if isinstance(targets, str) else list(targets)
@@ -105,6 +126,10 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
         argv += ['--sequence_parallel', 'true']
     argv += ['--moe_grouped_gemm', bool_arg(recipe['megatron.moe_grouped_gemm']), '--moe_permute_fusion',
              bool_arg(recipe['megatron.moe_permute_fusion'])]
+    if full:  # the plan shards the fp32 master and Adam states over the data-parallel ranks with it
+        argv += ['--use_distributed_optimizer', 'true']
+        if recipe['megatron.freeze_router']:
+            argv += ['--freeze_parameters_regex', ROUTER_REGEX]
     recompute = recipe['megatron.recompute'] if recipe['train.gradient_checkpointing'] else 'none'
     argv += ['--recompute_granularity', recompute]
     if recompute == 'full':
@@ -124,9 +149,10 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
         argv += ['--num_train_epochs', str(max(1, int(round(recipe['train.epochs']))))]
     argv += ['--save_steps', str(recipe['train.save_steps']), '--logging_steps', str(recipe['train.logging_steps']),
              '--output_dir', recipe['train.output_dir'], '--add_version', bool_arg(recipe['train.add_version']),
-             '--no_save_optim', 'true', '--no_save_rng', 'true', '--save_safetensors', 'true', '--merge_lora',
-             bool_arg(recipe['megatron.merge_lora']), '--dataloader_num_workers',
-             str(recipe['train.dataloader_workers']), '--seed', str(recipe['train.seed'])]
+             '--no_save_optim', 'true', '--no_save_rng', 'true', '--save_safetensors', 'true']
+    if not full:  # full SFT writes the converted Hugging Face model into checkpoint-N itself
+        argv += ['--merge_lora', bool_arg(recipe['megatron.merge_lora'])]
+    argv += ['--dataloader_num_workers', str(recipe['train.dataloader_workers']), '--seed', str(recipe['train.seed'])]
     guard_names = [GUARD_PREFIX + name for name in MEGATRON_GUARDS]
     unknown = [c for c in recipe['guards.callbacks'] if c not in MEGATRON_CALLBACKS and c not in guard_names]
     if unknown:
@@ -136,6 +162,8 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
                                f'{", ".join(MEGATRON_CALLBACKS)}'
                                f'{"; the other guards run with the swift sft backends only" if other else ""})')
     callbacks = megatron_guard_callbacks(environ or {})
+    if megatron_profile.wanted(environ or {}):  # SWIFT_VORA_PROFILE_STEP set for the training process
+        callbacks.append(megatron_profile.CALLBACK)
     callbacks += [c for c in recipe['guards.callbacks'] if c not in callbacks]
     if callbacks:
         argv += ['--callbacks', *callbacks]
@@ -143,8 +171,10 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
 
 
 def build_megatron_launch(view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
-    if recipe['train.tuner'] != 'lora':
-        raise LaunchUsageError('megatron_ep_lora trains LoRA (train.tuner=lora)')
+    tuner = TUNER[Backend(view.backend)]
+    if recipe['train.tuner'] != tuner:
+        raise LaunchUsageError(f'{view.backend} trains {"LoRA" if tuner == "lora" else "every weight"} '
+                               f'(train.tuner={tuner})')
     if recipe['train.checkpoint_layers'] not in (None, AUTO):  # auto: the plan checkpointed every layer here
         raise LaunchUsageError(f'{recipe.path}: train.checkpoint_layers applies to swift sft and Unsloth; Megatron '
                                'recomputes by its own settings (megatron.recompute, megatron.recompute_num_layers)')
@@ -156,9 +186,11 @@ def build_megatron_launch(view: PlanView, recipe: Recipe, environ: Optional[Mapp
         env[megatron_fla.ENV] = 'auto'
     child_environ = {**(os.environ if environ is None else environ), **env}  # what Launch.run gives the child
     argv = [console_script('megatron'), 'sft', *megatron_sft_args(view, recipe, child_environ)]
+    saved = (f'HF weights (full SFT, for transformers and vLLM): {recipe["train.output_dir"]}/[vN-.../]checkpoint-N'
+             if tuner == 'full' else
+             f'merged HF weights for vLLM: {recipe["train.output_dir"]}/[vN-.../]checkpoint-N-merged')
     notes = ['needs megatron-core, mcore-bridge and transformer_engine on the GPU machine (pip install '
-             '"swift-vora[megatron]" transformer_engine[pytorch])',
-             f'merged HF weights for vLLM: {recipe["train.output_dir"]}/[vN-.../]checkpoint-N-merged']
+             '"swift-vora[megatron]" transformer_engine[pytorch])', saved]
     if env.get(megatron_fla.ENV) == 'auto':
         notes.append(f'{view.linear_attention_layers} Gated DeltaNet layers: {megatron_fla.ENV}=auto binds '
                      'unsloth_zoo\'s vendored flash-linear-attention on a Hopper GPU with Triton < 3.7.1 (fla #640), '
@@ -171,8 +203,8 @@ def build_megatron_launch(view: PlanView, recipe: Recipe, environ: Optional[Mapp
 
 
 class MegatronSft(Launcher):
-    """Expert-parallel MoE LoRA on several GPUs: `megatron sft` (Megatron-SWIFT through mcore-bridge)."""
-    backends = (Backend.MEGATRON_EP_LORA, )
+    """Expert-parallel MoE LoRA and full SFT on several GPUs: `megatron sft` (Megatron-SWIFT through mcore-bridge)."""
+    backends = (Backend.MEGATRON_EP_LORA, Backend.MEGATRON_EP_FULL)
     engine = 'megatron sft'
 
     def build(self, view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:

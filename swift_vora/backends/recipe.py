@@ -1,8 +1,8 @@
 """Recipes: one YAML file that says what to train, on what, with which memory knobs.
 
-A recipe is read with `yaml.safe_load` and checked against `SCHEMA` below: an unknown key (a typo) or a
-value of the wrong type stops with an error that names the file and the dotted key. Every key has a default
-except `model.path` and `data.dataset`.
+A recipe is read with `yaml.safe_load` (through swift_vora/yaml_reader.py: a key written twice is an error naming
+its line) and checked against `SCHEMA` below: an unknown key (a typo) or a value of the wrong type stops with an
+error that names the file and the dotted key. Every key has a default except `model.path` and `data.dataset`.
 
 Overrides (`swift-vora train RECIPE.yaml key=value ...`): `key` is a dotted path into the recipe
 (`video.max_frames=16`, `model.path=/models/x`, `train.backend=deepspeed_zero3`, `megatron.ep=4`); `value`
@@ -22,9 +22,10 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 import reprlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import switches
 from ..jsonl import is_text
@@ -64,7 +65,7 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'video.max_video_tokens': ((int, type(None)), None),  # hard cap on one clip's video tokens
     # --- training ------------------------------------------------------------------------------------------
     'train.backend': ((str, ), 'auto'),  # auto | ddp | deepspeed_zero2 | deepspeed_zero3 | megatron_ep_lora |
-    #                                      unsloth_split_lora (auto: the planner chooses)
+    #                                      megatron_ep_full | unsloth_split_lora (auto: the planner chooses)
     'train.tuner': ((str, ), 'lora'),  # lora | full | selective (full training of attention + shared experts)
     # none | 4bit: 4bit = QLoRA (bitsandbytes NF4 base, double quantization; dense models, tuner lora), what the
     # planner may suggest when bf16 weights do not fit (`swift-vora plan --quant 4bit`)
@@ -131,6 +132,9 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'megatron.cross_entropy_fusion_impl': ((str, ), 'native'),
     'megatron.attention_backend': ((str, ), 'fused'),  # TE cuDNN attention; flash needs flash-attn (none: torch 2.11)
     'megatron.merge_lora': ((bool, ), True),  # save checkpoint-N-merged (HF safetensors, LoRA merged)
+    # megatron_ep_full: keep the MoE router's weights as they are (--freeze_parameters_regex over the TopKRouter
+    # weights); false trains them with the rest of the language model. LoRA never trains the router.
+    'megatron.freeze_router': ((bool, ), False),
     # --- Unsloth (MoE on one GPU; python -m swift_vora.backends.unsloth_runner) -----------------------------
     # auto: layer checkpoints on the GPU when the plan fits so, else offloaded | true: on the GPU | 'unsloth': offloaded
     # to pinned host RAM | false: no checkpointing
@@ -442,9 +446,11 @@ def _check(values: Dict[str, Any], where: str) -> None:
             raise RecipeError(f'{where}: swift_args.{name}: set {MODELLED_ARGS[name]!r} instead (swift-vora train '
                               f'passes it as --{name} and plans with it)')
     for key in ('guards.env', 'env'):
-        for k in values[key]:
-            if not isinstance(k, str):
-                raise RecipeError(f'{where}: key {key!r}: environment names must be strings, got {k!r}')
+        for name, value in values[key].items():
+            problem = env_entry_problem(name, value)
+            if problem:
+                dotted = f'{key}.{name}' if isinstance(name, str) and ENV_NAME.fullmatch(name) else key
+                raise RecipeError(f'{where}: key {dotted!r}: {problem}')
     for key in ('extra_args', 'guards.callbacks'):
         if not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in values[key]):
             raise RecipeError(f'{where}: key {key!r} must be a list of strings')
@@ -452,6 +458,34 @@ def _check(values: Dict[str, Any], where: str) -> None:
     if isinstance(values['data.dataset'], list):
         if not values['data.dataset'] or not all(isinstance(d, str) for d in values['data.dataset']):
             raise RecipeError(f'{where}: key \'data.dataset\' must be a path or a non-empty list of paths')
+
+
+# Environment the launch derives from the recipe; `env` / `guards.env` may not set them (SWIFT_VORA_* switches
+# without a recipe key of their own may be set there: swift_vora/switches.py).
+RESERVED_ENV_PREFIXES = ('SWIFT_VORA_', 'NPROC_PER_NODE', 'NNODES')
+RENDEZVOUS = ('NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT')
+ENV_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*')  # what a shell, `env` and every launcher accept
+
+
+def env_entry_problem(name: Any, value: Any) -> Optional[str]:
+    """Why `name: value` of a recipe's `env` / `guards.env` cannot be put in the launched process's environment
+    (None: it can). Checked where the recipe is read, so that `plan`, `train --dry-run` and the launch refuse it
+    alike, before anything loads: a name a shell cannot export, a list or mapping (no environment variable holds
+    one), a NUL byte, a variable the launch sets from other keys, or a `SWIFT_VORA_*` switch given a value it
+    refuses (the trainer would refuse it after the model had loaded)."""
+    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+        return (f'environment name {_show(name)} is not a variable name (letters, digits and _, not starting with a '
+                'digit)')
+    where = f'{name}={_show(value)}'
+    if isinstance(value, (list, dict)):
+        return f'{where}: an environment value is one string, number or true/false, not a {type(value).__name__}'
+    if isinstance(value, str) and '\0' in value:
+        return f'{name}: the value holds a NUL byte, which no environment variable can carry'
+    if name.startswith(switches.PREFIX):  # a switch of the table's `env` column, with a value it accepts
+        return switches.recipe_env_error(name, value)
+    if name.startswith(RESERVED_ENV_PREFIXES) or name in RENDEZVOUS:
+        return f'{name}: set by swift-vora train from the recipe (use the nodes key instead)'
+    return None
 
 
 def _show(value: Any) -> str:
@@ -466,49 +500,17 @@ def _type_names(types: tuple) -> str:
 
 
 def _load_yaml(text: str) -> Any:
-    """`yaml.safe_load` (YAML 1.1, no tags beyond the safe ones), except that a number too large for a float
-    (`1e400`, an integer of thousands of digits, which made PyYAML's int() raise) is read as an infinite number that
-    remembers its text (swift_vora.jsonl.Oversized), for the range checks to refuse by its key."""
-    import yaml
-    return yaml.load(text, Loader=_bounded_loader())  # noqa: S506 - a SafeLoader subclass
-
-
-_LOADER = None
-
-
-def _bounded_loader():
-    global _LOADER
-    if _LOADER is None:
-        import yaml
-
-        from ..jsonl import MAX_INT_DIGITS, Oversized
-
-        class BoundedSafeLoader(yaml.SafeLoader):
-            pass
-
-        def construct_int(loader, node):
-            text = loader.construct_scalar(node)
-            digits = text.replace('_', '').lstrip('+-')
-            if len(digits) > MAX_INT_DIGITS:
-                return Oversized(text)
-            return yaml.SafeLoader.construct_yaml_int(loader, node)
-
-        def construct_float(loader, node):
-            value = yaml.SafeLoader.construct_yaml_float(loader, node)
-            text = loader.construct_scalar(node)
-            if math.isinf(value) and not text.lower().lstrip('+-').startswith('.inf'):
-                return Oversized(text)
-            return value
-
-        BoundedSafeLoader.add_constructor('tag:yaml.org,2002:int', construct_int)
-        BoundedSafeLoader.add_constructor('tag:yaml.org,2002:float', construct_float)
-        _LOADER = BoundedSafeLoader
-    return _LOADER
+    """The recipe's YAML (swift_vora/yaml_reader.py: `safe_load`, a key written twice refused, a number too large for
+    a float kept for the range checks to refuse by its key)."""
+    from .. import yaml_reader
+    return yaml_reader.load(text)
 
 
 def parse_override(text: str) -> Tuple[str, Any]:
     """`key=value` -> (dotted key, YAML-parsed value)."""
     import yaml
+
+    from ..yaml_reader import duplicate_keys_error
     if '=' not in text:
         raise RecipeError(f'override {_show(text)}: expected key=value (e.g. video.max_frames=16)')
     key, raw = text.split('=', 1)
@@ -519,6 +521,8 @@ def parse_override(text: str) -> Tuple[str, Any]:
         value = _load_yaml(raw) if raw.strip() else None
     except RecursionError:
         raise RecipeError(f'override {_show(text)}: value nested too deeply') from None
+    except duplicate_keys_error() as e:
+        raise RecipeError(f'override {_show(text)}: {e.problem}') from None
     except yaml.YAMLError as e:
         raise RecipeError(f'override {_show(text)}: value is not valid YAML ({e.__class__.__name__})') from None
     return key, value
@@ -540,6 +544,8 @@ def apply_overrides(values: Dict[str, Any], overrides: Sequence[str]) -> None:
 
 def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
     import yaml
+
+    from ..yaml_reader import duplicate_keys_error
     if not os.path.isfile(path):
         raise RecipeError(f'{path}: no such recipe file')
     try:
@@ -552,6 +558,8 @@ def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
         raise RecipeError(f'{path}: not a text (UTF-8) file (byte {e.start}); a recipe is YAML') from None
     except RecursionError:
         raise RecipeError(f'{path}: nested too deeply to be a recipe') from None
+    except duplicate_keys_error() as e:
+        raise RecipeError(f'{path}:{e.line}: {e.problem}') from None
     except yaml.YAMLError as e:
         mark = getattr(e, 'problem_mark', None)
         where = f' (line {mark.line + 1}, column {mark.column + 1})' if mark is not None else ''

@@ -11,6 +11,9 @@ next to the run's other files:
 - `syncs` in the JSON: the step's synchronising calls from Python by call site (backends/sync_sites.py) -- where the
   host makes the GPU wait (21 `cudaStreamSynchronize` a step at full depth, #30 call j, places unknown).
 Profiling (with stacks and shapes) slows the profiled step: take a step outside the measured ones.
+`megatron sft` profiles through backends/megatron_profile.py with this class, without stacks and shapes (a Megatron
+MoE step launches ~10^5 kernels) and with the chrome trace kept (`torch_trace.json.gz`, `trace=True`): what
+benchmarks/megatron_step_profile.py attributes.
 
     python -m swift_vora.backends.step_profile recount torch_profile.json   # an older file without annotations
 """
@@ -31,10 +34,13 @@ TABLE_ROWS = 60
 class StepProfiler:
     """`with profiler.step(n):` around optimizer step n (1-based); a no-op for every other step."""
 
-    def __init__(self, out_dir: str, step: Optional[int] = None):
+    def __init__(self, out_dir: str, step: Optional[int] = None, stacks: bool = True, trace: bool = False):
         self.out_dir = out_dir
         self.target = switches.read('SWIFT_VORA_PROFILE_STEP') if step is None else step
+        self.stacks = stacks  # Python stacks and input shapes (the grouped tables); off: a smaller, faster profile
+        self.trace = trace  # also keep the chrome trace, gzipped (TRACE_FILE)
         self.written: Optional[str] = None
+        self.trace_written: Optional[str] = None
 
     def step(self, n: int) -> '_StepContext':
         return _StepContext(self, n if self.target and n == self.target else None)
@@ -54,8 +60,9 @@ class _StepContext:
             torch.cuda.synchronize()
         # the Python frames of each op need the profiler's verbose mode (torch 2.11-2.14: without it no stack is kept)
         config = getattr(torch.profiler, '_ExperimentalConfig', None)
-        extra = {'experimental_config': config(verbose=True)} if config is not None else {}
-        self.prof = torch.profiler.profile(activities=activities, record_shapes=True, with_stack=True, **extra)
+        stacks = self.owner.stacks
+        extra = {'experimental_config': config(verbose=True)} if config is not None and stacks else {}
+        self.prof = torch.profiler.profile(activities=activities, record_shapes=stacks, with_stack=stacks, **extra)
         self.prof.__enter__()
         from .sync_sites import SyncRecorder
         self.syncs = SyncRecorder().__enter__()
@@ -72,7 +79,10 @@ class _StepContext:
         wall = time.perf_counter() - self.t0
         self.prof.__exit__(exc_type, exc, tb)
         if exc_type is None:
-            self.owner.written = write_profile(self.prof, self.owner.out_dir, self.n, wall, self.syncs.summary())
+            self.owner.written = write_profile(self.prof, self.owner.out_dir, self.n, wall, self.syncs.summary(),
+                                               grouped=self.owner.stacks)
+            if self.owner.trace:
+                self.owner.trace_written = write_trace(self.prof, self.owner.out_dir)
         return False
 
 
@@ -90,17 +100,36 @@ def recount(profile: Dict[str, Any]) -> Dict[str, Any]:
             'device_busy_fraction': round(kernel_s / profile['wall_s'], 4) if profile['wall_s'] > 0 else None}
 
 
-def write_profile(prof, out_dir: str, step: int, wall_s: float, syncs: Optional[Dict[str, Any]] = None) -> str:
-    """torch_profile.txt + torch_profile.json (module docstring); returns the JSON's path."""
+TRACE_FILE = 'torch_trace.json.gz'
+
+
+def write_trace(prof, out_dir: str) -> str:
+    """The profiled step's chrome trace, gzipped next to torch_profile.json; returns its path."""
+    import gzip
+    import shutil
+    plain = os.path.join(out_dir, 'torch_trace.json')
+    prof.export_chrome_trace(plain)
+    path = os.path.join(out_dir, TRACE_FILE)
+    with open(plain, 'rb') as src, gzip.open(path, 'wb', compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst)
+    os.remove(plain)
+    return path
+
+
+def write_profile(prof, out_dir: str, step: int, wall_s: float, syncs: Optional[Dict[str, Any]] = None,
+                  grouped: bool = True) -> str:
+    """torch_profile.txt + torch_profile.json (module docstring), and the tables grouped by stack and shape when
+    they were recorded (`grouped`); returns the JSON's path."""
     events = prof.key_averages()
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, 'torch_profile.txt'), 'w', encoding='utf-8') as f:
         f.write(f'optimizer step {step}: {wall_s:.3f} s wall\n')
         f.write(events.table(sort_by='self_device_time_total', row_limit=TABLE_ROWS))
-    for name, grouped in (('stacks', dict(group_by_stack_n=STACK_DEPTH)), ('shapes', dict(group_by_input_shape=True))):
+    views = (('stacks', dict(group_by_stack_n=STACK_DEPTH)), ('shapes', dict(group_by_input_shape=True)))
+    for name, by in views if grouped else ():
         with open(os.path.join(out_dir, f'torch_profile_{name}.txt'), 'w', encoding='utf-8') as f:
             f.write(f'optimizer step {step}: {wall_s:.3f} s wall; ops grouped by {name}\n')
-            f.write(prof.key_averages(**grouped).table(sort_by='self_device_time_total', row_limit=TABLE_ROWS))
+            f.write(prof.key_averages(**by).table(sort_by='self_device_time_total', row_limit=TABLE_ROWS))
     rows: List[Dict[str, Any]] = []
     kernel_us = 0.0
     for e in events:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import io
 import os
 import re
 import signal
@@ -37,6 +38,8 @@ COMMAND_MODULES = [
     'swift_vora.backends.cli',  # kernel-cache export | import
     'swift_vora.recipe_catalog',  # recipes ls | show | cp
     'swift_vora.eval.cli',  # eval, parse
+    'swift_vora.predict.cli',  # predict
+    'swift_vora.edit.cli',  # cut
     'swift_vora.guards.cli',  # verify-adapter
     'swift_vora.demo',  # demo
     'swift_vora.switches',  # switches
@@ -130,7 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     stdout = sys.stdout
-    sys.stdout = outputs.CheckedStdout(stdout)  # a failed write names stdout instead of a bare [Errno 28]
+    outputs.occupy_closed_stdio()  # started with `>&-`: no file opened later may become stdout
+    # every write reaches stdout or names it (a full disk, a closed stdout), never a bare [Errno 28] or a short write
+    sys.stdout = outputs.CheckedStdout(stdout)
     try:
         return _main(argv)
     finally:
@@ -253,7 +258,7 @@ def _detach_stdout() -> None:
     """Point stdout at /dev/null so that the interpreter's final flush does not raise again."""
     try:
         fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # captured or replaced stdout (tests)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):  # captured, replaced or closed stdout
         return
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, fd)

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from ..backends.base import Launch, LaunchRefused
 from ..backends.launch import build_launch
 from ..backends.recipe import Recipe
-from ..plan.backend import Backend
+from ..plan.memory import MEGATRON_BACKENDS
 from ..plan.request import Plan, alternative_plan
 
 
@@ -74,7 +74,7 @@ def alternative_overrides(alternative: Dict[str, Any], recipe: Recipe) -> List[s
     alt = alternative
     wanted = {'train.backend': alt['backend'], 'train.tuner_type': alt['tuner'], 'train.quantization': alt['quant'],
               'deepspeed.offload': alt['offload'], 'train.per_device_train_batch_size': alt['micro_batch']}
-    if alt['backend'] == Backend.MEGATRON_EP_LORA:
+    if alt['backend'] in MEGATRON_BACKENDS:
         wanted.update({'megatron.ep': alt['ep'], 'megatron.tp': alt['tp']})
     packed = recipe['data.max_length'] if recipe['train.packing'] == 'dataset' else None
     if alt.get('pack_length') != packed:  # the planner's packing alternatives: shorter rows, or none

@@ -51,6 +51,10 @@ def render_doctor(rep: Dict[str, Any]) -> str:
                    f'{m["cgroup_root"]})')
     elif m['status'] == 'unlimited':
         out.append(f'container memory limit: cgroup {m["cgroup_version"]}, no limit ("max")')
+    elif m['status'] == 'unreadable':
+        out.append(f'container memory limit: unreadable (cgroup {m["cgroup_version"]}, '
+                   + ', '.join(f'{u["file"]} ' + ('could not be read' if u['text'] is None else f'holds {u["text"]!r}')
+                               for u in m['unreadable']) + ')')
     else:
         out.append(f'container memory limit: {m["limit_gib"]:.2f} GiB (cgroup {m["cgroup_version"]}, '
                    f'{m["limit_file"]})')

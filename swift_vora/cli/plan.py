@@ -21,9 +21,9 @@ from ..data.windowing import WindowConfig
 from ..errors import InvalidInput, UsageError
 from ..json_output import dumps
 from ..plan import constants as C
-from ..plan.backend import AUTO, Backend
+from ..plan.backend import AUTO
 from ..plan.hardware import PROFILES, resolve
-from ..plan.memory import BACKENDS, COMPILE_MODES, FP8_MODES, VISION_MODES
+from ..plan.memory import BACKENDS, COMPILE_MODES, FP8_MODES, MEGATRON_BACKENDS, VISION_MODES
 from ..plan.model_source import load_model_spec
 from ..plan.model_spec import LORA_TARGETS, TUNERS, UnsupportedModel
 from ..plan.request import CHECKPOINTS, Plan, PlanRequest
@@ -115,7 +115,7 @@ def register_commands(subparsers) -> None:
                         '--frame-tokens is the older name of the same flag')
     s.add_argument('--max-video-tokens', type=positive_int(100_000_000), default=None,
                    help='cap on one clip\'s video tokens (video.max_video_tokens, SWIFT_VORA_MAX_VIDEO_TOKENS)')
-    s.add_argument('--window', '--clip-seconds', dest='window', type=number(0, 7 * 24 * 3600, above=True),
+    s.add_argument('--window', '--clip-seconds', dest='window', type=number(1, 7 * 24 * 3600),  # data.window's range
                    default=None,
                    help='clip length in seconds (data.window, SWIFT_VORA_WINDOW; default 60). --clip-seconds is '
                         'the older name')
@@ -296,7 +296,7 @@ def render_plan(plan) -> str:
     lines.append(f'request  : {tuner}, offload {plan.offload}, quant {plan.quant}, micro batch {plan.micro_batch}, '
                  f'{tok.get("total_tokens", "?")} tokens/sample'
                  + (f', {plan.trainable_params / 1e6:,.1f} M trainable' if plan.trainable_params else ''))
-    par = f' (EP {plan.ep}, TP {plan.tp})' if plan.backend == Backend.MEGATRON_EP_LORA else ''
+    par = f' (EP {plan.ep}, TP {plan.tp})' if plan.backend in MEGATRON_BACKENDS else ''
     lines.append(f'backend  : {plan.backend}{par}')
     lines.append(f'verdict  : {plan.verdict.upper().replace("_", " ")} (exit {plan.exit_code})')
     if plan.gpu_peak_gib is not None:

@@ -7,9 +7,11 @@
    plugin, template video_ora, the dataset, the video budget and window settings as SWIFT_VORA_* env, the backend's
    config and the guards' env; the plan's command is that launch's. A MoE model under DeepSpeed ZeRO-3 is refused
    here too (exit 4), whatever asked for it.
-4. `--dry-run`: print the plan, the exact command and every generated file, and stop (exit 0). Otherwise write
-   the files and `launch.json` under OUTPUT_DIR/swift-vora-launch/ and run the command (argv list, no shell);
-   the exit code is the child's.
+4. Before launching: this machine against the recipe's hardware, the model's weights, the rendezvous of several
+   nodes and the dataset (`launch_problems`: every problem at once, the exit code of the first).
+5. `--dry-run`: print the plan, the exact command and every generated file, and stop, with the exit code the launch
+   would have had (0, or that of step 4's problems, which it prints). Otherwise write the files and `launch.json`
+   under OUTPUT_DIR/swift-vora-launch/ and run the command (argv list, no shell); the exit code is the child's.
 """
 from __future__ import annotations
 
@@ -107,21 +109,54 @@ def fits_with_overrides(plan, recipe) -> list:
     return alternative_overrides(same[0], recipe) if same else []
 
 
-def refuse_other_machine(recipe, plan) -> None:
-    """Exit 4 before anything starts when this machine (doctor's probe) cannot run what the recipe plans for: a
-    4-GPU recipe on a machine without a GPU would start 4 processes that each die minutes later."""
+def other_machine_problem(recipe, plan):
+    """Why this machine (doctor's probe) cannot run what the recipe plans for, or None: a 4-GPU recipe on a machine
+    without a GPU would start 4 processes that each die minutes later."""
     from ..plan.hardware import Hardware, local, machine_mismatch
     if recipe['hardware'] == 'local':  # planned on this machine already
-        return
+        return None
     planned = Hardware(**{k: v for k, v in (plan.hardware or {}).items() if k != 'world'})
     _err('comparing the recipe\'s hardware with this machine (doctor) ...')
     here = local(use_torch=True)
     problems = machine_mismatch(planned, here, needs_bf16=recipe['train.dtype'] == 'bfloat16')
-    if problems:
-        raise CliError(f'{recipe.path}: hardware {planned.name} ({planned.describe()}) is not this machine '
-                       f'({here.describe()}): ' + '; '.join(problems) + '. Plan for this machine with '
-                       'hardware=local, or launch anyway with --trust-recipe-hardware (recipe: hardware_check: '
-                       'false)', EXIT_REFUSED)
+    if not problems:
+        return None
+    return (f'{recipe.path}: hardware {planned.name} ({planned.describe()}) is not this machine '
+            f'({here.describe()}): ' + '; '.join(problems) + '. Plan for this machine with hardware=local, or '
+            'launch anyway with --trust-recipe-hardware (recipe: hardware_check: false)')
+
+
+def launch_problems(recipe, plan, launch, trust_hardware: bool):
+    """([problem, ...], exit code) of everything that stops this launch, in the order a launch meets it: the
+    hardware (exit 4), the model's weights (2), the rendezvous of several nodes (2), the dataset (2: missing; 1:
+    invalid lines). All of them are said at once -- a machine that is not the recipe's and a dataset that is not
+    there are two things to fix -- and the exit code is the first's. `--dry-run` reports the same list with the
+    same exit code."""
+    problems, code = [], EXIT_OK
+
+    def add(message: str, exit_code: int) -> None:
+        nonlocal code
+        problems.append(message)
+        code = code or exit_code
+
+    if recipe['hardware_check'] and not trust_hardware:
+        mismatch = other_machine_problem(recipe, plan)
+        if mismatch:
+            add(mismatch, EXIT_REFUSED)
+    source = plan.config_source or {}
+    if not source.get('local_model', True):  # planned from a cached / shipped config: the weights are not there
+        add(f'{recipe.path}: model.path {recipe["model.path"]!r} is not a local model directory (planned from '
+            f'{source.get("description")}); download the model first, e.g. `huggingface-cli download '
+            f'{source.get("model_id") or "ORG/NAME"} --local-dir {recipe["model.path"]}`, and point model.path at '
+            'it', EXIT_USAGE)
+    missing = missing_rendezvous(launch.env)
+    if missing:
+        add(f'{recipe["nodes"]} nodes: set {", ".join(missing)} in the environment of every node (torchrun '
+            'rendezvous), e.g. NODE_RANK=0 MASTER_ADDR=10.0.0.1 on the first node', EXIT_USAGE)
+    data, data_code = dataset_problems(recipe, sample_lines=DATA_CHECK_LINES)
+    for message in data:
+        add(message, data_code)
+    return problems, code
 
 
 def _err(msg: str) -> None:
@@ -154,26 +189,16 @@ def cmd_train(args) -> int:
         plan, launch = launch_plan(plan, recipe)
     except LaunchUsageError as e:
         raise CliError(str(e), EXIT_USAGE) from None
-    if plan.verdict == 'fits' and launch is not None and not args.dry_run:
+    problems, problems_code = [], EXIT_OK
+    if plan.verdict == 'fits' and launch is not None:
         # What stops a launch is checked before anything is printed: with --json, stdout then holds the error only.
-        source = plan.config_source or {}
-        if not source.get('local_model', True):  # planned from a cached / shipped config: the weights are not there
-            raise CliError(f'{recipe.path}: model.path {recipe["model.path"]!r} is not a local model directory '
-                           f'(planned from {source.get("description")}); download the model first, e.g. '
-                           f'`huggingface-cli download {source.get("model_id") or "ORG/NAME"} --local-dir '
-                           f'{recipe["model.path"]}`, and point model.path at it', EXIT_USAGE)
-        if recipe['hardware_check'] and not args.trust_recipe_hardware:
-            refuse_other_machine(recipe, plan)
-        missing = missing_rendezvous(launch.env)
-        if missing:
-            raise CliError(f'{recipe["nodes"]} nodes: set {", ".join(missing)} in the environment of every node '
-                           '(torchrun rendezvous), e.g. NODE_RANK=0 MASTER_ADDR=10.0.0.1 on the first node',
-                           EXIT_USAGE)
-        problems, code = dataset_problems(recipe, sample_lines=DATA_CHECK_LINES)
-        if problems:  # the data, before swift spends minutes loading the model
-            raise CliError('not launched: ' + '\n  '.join(problems), code)
+        problems, problems_code = launch_problems(recipe, plan, launch, args.trust_recipe_hardware)
+        if problems and not args.dry_run:
+            raise CliError('not launched: ' + '\n  '.join(problems), problems_code)
     if args.json:
-        out = {'plan': plan.to_dict(), 'exit_code': plan.exit_code}
+        out = {'plan': plan.to_dict(), 'exit_code': problems_code or plan.exit_code}
+        if problems:  # --dry-run: what a launch would stop at
+            out['not_launched'] = problems
         if plan.verdict == 'does_not_fit':
             out['fits_with_overrides'] = fits_with_overrides(plan, recipe)  # [] when only more GPUs would do
         if launch is not None:
@@ -198,9 +223,9 @@ def cmd_train(args) -> int:
             print(f'\n--- {path}')
             print(text.rstrip('\n'))
     if args.dry_run:
-        for note in dataset_problems(recipe, sample_lines=DATA_CHECK_LINES)[0]:
-            _err(f'note: {note} (a launch would stop here)')
-        return EXIT_OK
+        if problems:
+            _err(f'a launch would stop here (exit {problems_code}), not launched: ' + '\n  '.join(problems))
+        return problems_code
     launch.files[os.path.join(launch_dir(recipe), 'launch.json')] = launch_record(launch, plan.to_dict(), recipe)
     sys.stdout.flush()
     rc = launch.run(stdout=sys.stderr.fileno() if args.json else None)

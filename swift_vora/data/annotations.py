@@ -36,6 +36,9 @@ DURATION_MISMATCH_S = 1.0
 # Longest duration a line may declare (one week). Windows and saliency arrays are sized from the duration,
 # so an absurd value (1e9 s) must be rejected here rather than allocated later.
 MAX_DURATION_S = 7 * 24 * 3600.0
+# The shortest clip a training sample can be cut from: two frames (the vision tower's temporal patch) of a 20-fps
+# video. A declared `1e-300` passed `> 0` and became a sample with no frame to sample.
+MIN_DURATION_S = 0.1
 
 
 @dataclass
@@ -336,10 +339,13 @@ def _check_duration(raw, info: Optional[VideoInfo], probe: bool) -> Tuple[float,
 
 
 def check_duration_value(raw) -> float:
-    """A declared duration: a finite number in (0, MAX_DURATION_S]; raises the field problem otherwise."""
+    """A declared duration: a finite number in [MIN_DURATION_S, MAX_DURATION_S]; raises the field problem otherwise."""
     value = _number(raw, 'duration', 'duration')
     if value <= 0:
         raise _Problem('duration', f'must be > 0, got {_num(value)}')
+    if value < MIN_DURATION_S:
+        raise _Problem('duration', f'{_num(value)} s is shorter than {MIN_DURATION_S:g} s: too short to sample two '
+                                   'frames from (not a clip to train on)')
     if value > MAX_DURATION_S:
         raise _Problem('duration', f'{_num(value)} s is longer than {MAX_DURATION_S:g} s (one week); not a video '
                                    'length')

@@ -74,6 +74,13 @@ class WindowConfig:
         return self.stride if self.stride else self.window
 
 
+def window_config_from_env(environ=None) -> WindowConfig:
+    """The windows the video_ora dataset cuts (SWIFT_VORA_WINDOW, _STRIDE, _MIN_EVENT of `environ`, default this
+    process's environment); the switches' defaults are WindowConfig's."""
+    return WindowConfig(**{name: switches.read(f'SWIFT_VORA_{name.upper()}', environ)
+                           for name in ('window', 'stride', 'min_event')})
+
+
 @dataclass
 class Sample:
     """One training clip: `[start, end)` of `video` in source seconds, events in clip seconds."""

@@ -13,6 +13,10 @@ are pinned against the official evaluator in `tests/fixtures/eval/expected_offic
 - `random`: 1 to 14 windows on a 0.5-s grid with scores from a small set (ties), in random order;
   saliency of random length (shorter or longer than the video) with ties. `random.Random(seed)`,
   so the rows do not depend on the numpy version.
+- `zero_length`: the `random` windows (seed 1) with zero-length windows (`start == end`) put in: one at list
+  position `i % (n + 1)` for the i-th query (first, inside, last, and past the 10 windows mAP reads), one at the
+  video's end (`[duration, duration]`) on every third query, one on a ground-truth window's start or end on every
+  fifth, and on every seventh query the whole list zero-length. The official evaluator scores each IoU 0.
 """
 from __future__ import annotations
 
@@ -76,9 +80,28 @@ def random_predictions(gt_rows: Sequence[Mapping], seed: int = 0) -> List[dict]:
     return out
 
 
+def zero_length(gt_rows: Sequence[Mapping], seed: int = 1) -> List[dict]:
+    rows = random_predictions(gt_rows, seed)
+    rnd = random.Random(seed)
+    for i, (r, gt) in enumerate(zip(rows, gt_rows)):
+        windows, dur = r['pred_relevant_windows'], float(gt['duration'])
+        if i % 7 == 6:  # nothing but points
+            r['pred_relevant_windows'] = [[w[0], w[0], w[2]] for w in windows]
+            continue
+        t = rnd.randrange(0, int(dur * 2)) / 2
+        windows.insert(i % (len(windows) + 1), [t, t, rnd.choice([0.1, 0.5, 0.9, 1.0])])
+        if i % 3 == 0:
+            windows.insert(rnd.randrange(len(windows) + 1), [dur, dur, rnd.choice([0.25, 0.9, 1.0])])
+        if i % 5 == 0 and gt['relevant_windows']:
+            edge = rnd.choice(gt['relevant_windows'][rnd.randrange(len(gt['relevant_windows']))])
+            windows.insert(rnd.randrange(len(windows) + 1), [edge, edge, rnd.choice([0.5, 1.0])])
+    return rows
+
+
 SETS: Dict[str, Callable[[Sequence[Mapping]], List[dict]]] = {
     'oracle': oracle,
     'shifted_2s': shifted,
     'whole_video': whole_video,
     'random': random_predictions,
+    'zero_length': zero_length,
 }

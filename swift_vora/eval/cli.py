@@ -65,13 +65,7 @@ def run_eval(args) -> int:
         check_output_dir(args.out_dir, [args.annotations], what='--output_dir')
     if args.model or args.adapters:
         from .inference import InferenceError, run_inference
-        for flag, path, marker in (('--model', args.model, 'config.json'),
-                                   ('--adapters', args.adapters, 'adapter_config.json')):
-            if path and not os.path.isdir(path):
-                raise UsageError(f'{flag} {path}: not a directory (a local model or adapter checkpoint)')
-            if path and not os.path.isfile(os.path.join(path, marker)):
-                raise UsageError(f'{flag} {path}: no {marker} in it (not a '
-                                 f'{"model directory" if flag == "--model" else "LoRA adapter checkpoint"})')
+        check_weights(args.model, args.adapters)
         if not args.predictions:
             base = args.out_dir or os.path.dirname(os.path.abspath(args.adapters or args.model))
             args.predictions = os.path.join(base, 'predictions.jsonl')
@@ -111,8 +105,14 @@ def run_eval(args) -> int:
     if m['missing_predictions']:
         problems.append(f"{m['missing_predictions']} annotation(s) without a prediction; they score 0")
     if m['unknown_ids']:
-        problems.append(f"{m['unknown_ids']} prediction id(s) not in the annotations, ignored "
-                        f"(first: {', '.join(m['problems']['unknown'][:5])})")
+        problems.append(f"{m['unknown_ids']} prediction id(s) not in the annotations, ignored (first: "
+                        + ', '.join(f"{args.predictions}:{u['line']} id {u['id']!r}"
+                                    for u in m['problems']['unknown_lines'][:5]) + ')')
+    if m['zero_length_windows']:
+        first = m['problems']['zero_length_windows'][0]
+        problems.append(f"{m['zero_length_windows']} zero-length window(s) in pred_relevant_windows scored IoU 0 "
+                        f"in place, as the official evaluator scores them (first: {args.predictions}:{first['line']}: "
+                        f"field 'pred_relevant_windows'[{first['index']}])")
     if invalid:
         problems.append(f'{len(invalid)} invalid prediction line(s) in {args.predictions}, ignored (their queries '
                         'score 0):')
@@ -138,6 +138,17 @@ def run_eval(args) -> int:
         print(f"swift-vora eval: wrote {written['metrics']}, {written['report']}, {written['overview']} and "
               f"{len(written['plots'])} timeline(s)", file=sys.stderr)
     return code
+
+
+def check_weights(model, adapters) -> None:
+    """`--model DIR` / `--adapters CKPT` name a model directory / a LoRA checkpoint (eval and predict), else a usage
+    error naming the flag."""
+    for flag, path, marker in (('--model', model, 'config.json'), ('--adapters', adapters, 'adapter_config.json')):
+        if path and not os.path.isdir(path):
+            raise UsageError(f'{flag} {path}: not a directory (a local model or adapter checkpoint)')
+        if path and not os.path.isfile(os.path.join(path, marker)):
+            raise UsageError(f'{flag} {path}: no {marker} in it (not a '
+                             f'{"model directory" if flag == "--model" else "LoRA adapter checkpoint"})')
 
 
 def _check_readable(path: str, flag: str) -> None:

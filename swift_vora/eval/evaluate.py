@@ -18,6 +18,10 @@ Several rows with the same id (several windows of one source video) are merged: 
 shifted to source time, overlapping or touching windows merged (a merged window keeps the best score),
 then ranked by score (ties: earlier first). One row per id is used exactly as written (the official
 evaluator's order matters for R1 and the 10-window cut).
+
+A line of `swift-vora predict` (`id`, `clips`: [{`start`, `end`, `response`}, ...]) is read as one row per clip
+(`clip_start`, `clip_end`, `response`), so its answers are scored by the same rule that made its `windows`
+(`windows_from_clips`).
 """
 from __future__ import annotations
 
@@ -104,9 +108,10 @@ def _finite(v) -> bool:
 def _pred_windows_problem(ws) -> Optional[str]:
     """Why `pred_relevant_windows` cannot be scored, naming the field and the window; None when it can.
 
-    Windows are used as given (no clamping, no swapping: that is for raw model text), so a reversed or
-    zero-length window is invalid input rather than something to guess about: it overlaps nothing, and the
-    official formula divides 0 by 0 on it."""
+    Windows are used as given (no clamping, no swapping: that is for raw model text). A zero-length window
+    (`start == end`, e.g. one clipped at the video's end) is scored as the official evaluator scores it: IoU 0 with
+    every ground-truth window, in its place in the list (counted as `zero_length_windows`). A reversed window
+    (`end < start`) is invalid input: its official IoU divides by a union that may be zero or negative."""
     if not isinstance(ws, list):
         return "field 'pred_relevant_windows': expected [[start, end(, score)], ...]"
     for i, w in enumerate(ws):
@@ -115,9 +120,35 @@ def _pred_windows_problem(ws) -> Optional[str]:
             return f'{where}: expected [start, end] or [start, end, score]'
         if not all(_finite(x) for x in w):
             return f'{where}: start, end and score must be finite numbers'
-        if not w[0] < w[1]:
-            return f'{where}: start {w[0]!r} >= end {w[1]!r} (a window must end after it starts)'
+        if w[1] < w[0]:
+            return f'{where}: start {w[0]!r} > end {w[1]!r} (a reversed window; write [{w[1]!r}, {w[0]!r}] if that ' \
+                   'is what was meant)'
     return None
+
+
+def _id_problem(row: dict, names) -> Optional[str]:
+    """Why a row's id cannot name a video exactly (None: it can). Ids are compared as text, so an id must be a
+    string or an integer that reads back as itself: a NaN, an infinite number or an integer too long for a float
+    (`Oversized`, shown shortened) would match another row's or none."""
+    name = next((n for n in names if row.get(n) is not None), None)
+    if name is None:
+        return None
+    value = row[name]
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return f"field '{name}': expected a string or an integer id, got {type(value).__name__}"
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return (f"field '{name}': {value!r} is not an id (a string or an integer"
+                + (f' of at most {jsonl.MAX_INT_DIGITS} digits; write a longer one as a string)' if
+                   isinstance(value, jsonl.Oversized) else ')'))
+    return None
+
+
+def id_text(value) -> str:
+    """The text an id is compared by: `2579`, `2579.0` and `"2579"` are one id (the official evaluator's dict
+    lookups treat 2579 and 2579.0 alike)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def load_annotations(path: str) -> Tuple[str, Dict[str, Annotation]]:
@@ -139,7 +170,11 @@ def load_annotations(path: str) -> Tuple[str, Dict[str, Annotation]]:
         if key is None:
             problems.append({'line': line, 'reason': 'no qid' if fmt == 'qvhighlights' else 'no id'})
             continue
-        key = str(key)
+        bad_id = _id_problem(row, ('qid',) if fmt == 'qvhighlights' else ('id',))
+        if bad_id:
+            problems.append({'line': line, 'reason': bad_id})
+            continue
+        key = id_text(key)
         reason = _annotation_problem(row, fmt, windows)
         if reason:
             problems.append({'line': line, 'id': key, 'reason': reason})
@@ -205,22 +240,47 @@ def load_predictions(path: str, anns: Dict[str, Annotation]):
     """-> (predictions by id, invalid lines, unknown ids, stats)."""
     invalid, unknown = [], {}
     stats = {'rows': 0, 'parsed_rows': 0, 'repairs': {k: 0 for k in REPAIR_NAMES}, 'parse_formats': {},
-             'parse_failure_kinds': {}}
+             'parse_failure_kinds': {}, 'zero_length_windows': []}
     raw: Dict[str, List[tuple]] = {}
     for line, row in read_jsonl(path):
-        stats['rows'] += 1
-        key, problem, clip = _checked_row(line, row, anns)
-        if problem == UNKNOWN_ID:
-            unknown.setdefault(key, line)
-        elif problem is not None:
+        rows, problem = _clip_rows(line, row)
+        if problem is not None:
+            stats['rows'] += 1
             invalid.append(problem)
-        else:
-            raw.setdefault(key, []).append((line, row, *clip))
+            continue
+        for row in rows:
+            stats['rows'] += 1
+            key, problem, clip = _checked_row(line, row, anns)
+            if problem == UNKNOWN_ID:
+                unknown.setdefault(key, line)
+            elif problem is not None:
+                invalid.append(problem)
+            else:
+                raw.setdefault(key, []).append((line, row, *clip))
     preds = {key: _video_prediction(key, rows, anns[key], stats) for key, rows in raw.items()}
     return preds, invalid, unknown, stats
 
 
 UNKNOWN_ID = 'unknown id'  # a row for a video the annotations do not have (reported apart from invalid lines)
+PREDICTION_KEYS = ('pred_relevant_windows', 'response', 'pred_saliency_scores')
+
+
+def _clip_rows(line: int, row: Any) -> Tuple[List[Any], Optional[dict]]:
+    """The rows one line stands for: a `swift-vora predict` line (`clips`, no row keys of its own) is one row per
+    clip it answered; any other line is itself. (rows, None), or ([], the invalid line's entry)."""
+    if not (isinstance(row, dict) and 'clips' in row and not any(k in row for k in PREDICTION_KEYS)):
+        return [row], None
+    key, clips = row.get('id'), row['clips']
+    where = {'line': line, **({'id': str(key)} if key is not None else {})}
+    if not isinstance(clips, list) or not clips:
+        return [], {**where, 'reason': "field 'clips': expected a non-empty list of {start, end, response}"}
+    rows = []
+    for i, clip in enumerate(clips):
+        if not (isinstance(clip, dict) and isinstance(clip.get('response'), str) and _finite(clip.get('start'))
+                and _finite(clip.get('end'))):
+            return [], {**where, 'reason': f"field 'clips'[{i}]: expected {{start, end (seconds), response (text)}}"}
+        rows.append({'id': key, 'clip_start': clip['start'], 'clip_end': clip['end'], 'response': clip['response']})
+    return rows, None
 
 
 def _checked_row(line: int, row: Any, anns: Dict[str, Annotation]):
@@ -236,7 +296,10 @@ def _checked_row(line: int, row: Any, anns: Dict[str, Annotation]):
     key = row.get('id', row.get('qid'))
     if key is None:
         return bad('no id/qid')
-    key = str(key)
+    bad_id = _id_problem(row, ('id', 'qid'))
+    if bad_id:
+        return bad(bad_id)
+    key = id_text(key)
     if 'pred_relevant_windows' not in row and 'response' not in row and 'pred_saliency_scores' not in row:
         return bad('needs pred_relevant_windows, response or pred_saliency_scores', key)
     problem = _pred_windows_problem(row['pred_relevant_windows']) if 'pred_relevant_windows' in row else None
@@ -279,6 +342,8 @@ def _video_prediction(key: str, rows: List[tuple], ann: Annotation, stats: Dict[
         if 'pred_relevant_windows' in row:
             ws = row['pred_relevant_windows']
             n = len(ws)
+            stats['zero_length_windows'] += [{'line': line, 'id': key, 'index': i} for i, w in enumerate(ws)
+                                             if w[0] == w[1]]
             collected.extend((float(w[0]) + off, float(w[1]) + off,
                               float(w[2]) if len(w) > 2 and _finite(w[2]) else (n - i) / n)
                              for i, w in enumerate(ws))
@@ -292,6 +357,19 @@ def _video_prediction(key: str, rows: List[tuple], ann: Annotation, stats: Dict[
         vp.windows, vp.merged_across_rows = _merge_scored(collected)
     vp.saliency = _place_saliency(sal_parts)
     return vp
+
+
+def windows_from_clips(key: str, clips: Sequence[Dict[str, Any]], duration: float) -> VideoPrediction:
+    """One video's windows in source time from the answers of its clips (`clip_start`, `clip_end`, `response`,
+    seconds of a video `duration` long): each answer parsed and clamped to its clip, shifted by the clip's start,
+    and, for several clips, overlapping or touching windows merged (the merged window keeps the best score).
+    The rule `eval` scores by; `swift-vora predict` writes its lines with it. A failure's `line` is the clip's
+    1-based position in `clips`."""
+    ann = Annotation(key=key, windows=[], duration=float(duration), title=key, query=None, row={}, line=0)
+    stats: Dict[str, Any] = {'parsed_rows': 0, 'repairs': {k: 0 for k in REPAIR_NAMES}, 'parse_formats': {},
+                             'parse_failure_kinds': {}}
+    rows = [(i + 1, clip, clip.get('clip_start'), clip.get('clip_end'), None) for i, clip in enumerate(clips)]
+    return _video_prediction(key, rows, ann, stats)
 
 
 def _parsed_windows(vp: VideoPrediction, line: int, response: Any, offset, off: float, clip_dur: Optional[float],
@@ -381,6 +459,7 @@ def score(fmt: str, anns: Dict[str, Annotation], preds: Dict[str, VideoPredictio
         detail = {}
     missing = [k for k in anns if k not in preds]
     failures = [dict(id=k, **f) for k, p in preds.items() for f in p.failures]
+    zero_length = stats.get('zero_length_windows', [])
     out.update({
         'format': fmt,
         'queries': len(anns),
@@ -389,6 +468,7 @@ def score(fmt: str, anns: Dict[str, Annotation], preds: Dict[str, VideoPredictio
         'missing_predictions': len(missing),
         'unknown_ids': len(unknown),
         'invalid_prediction_lines': len(invalid),
+        'zero_length_windows': len(zero_length),
         'empty_predictions': sum(1 for k in anns if not windows[k]),
         'parsed_rows': stats.get('parsed_rows', 0),
         'parse_failure_kinds': stats.get('parse_failure_kinds', {}),
@@ -399,8 +479,10 @@ def score(fmt: str, anns: Dict[str, Annotation], preds: Dict[str, VideoPredictio
         'problems': {
             'missing': missing[:PROBLEM_SAMPLE],
             'unknown': list(unknown)[:PROBLEM_SAMPLE],
+            'unknown_lines': [{'id': k, 'line': v} for k, v in list(unknown.items())[:PROBLEM_SAMPLE]],
             'parse_failures': failures[:PROBLEM_SAMPLE],
             'invalid_lines': list(invalid)[:PROBLEM_SAMPLE],
+            'zero_length_windows': zero_length[:PROBLEM_SAMPLE],
         },
     })
     per_video = {}
@@ -420,4 +502,4 @@ SUMMARY_KEYS = {
     'vora': ('kept-precision', 'kept-recall', 'kept-F1', 'kept-IoU', 'mIoU', 'mean-F1'),
 }
 COUNT_KEYS = ('queries', 'prediction_rows', 'parse_failures', 'missing_predictions', 'unknown_ids',
-              'invalid_prediction_lines', 'empty_predictions')
+              'invalid_prediction_lines', 'zero_length_windows', 'empty_predictions')

@@ -26,9 +26,10 @@ prediction and crashes on an empty window list): a query without a prediction, o
 empty (a parse failure), scores 0 for R1 and AP and counts as a miss; a query without saliency scores
 scores 0 for HL-mAP and HIT@1. Buckets without a query give `None`. A zero-length or reversed window
 (`end <= start`) has IoU 0 with every window and keeps no second, so every score stays in [0, 100]
-(upstream divides 0 by 0 there, and the NaN passed its threshold test: MR-mAP 100 for `[[10, 0]]`).
-`swift-vora eval` refuses such a window in `pred_relevant_windows` as an invalid prediction line before
-scoring (docs/eval.md); the rule here keeps the library functions bounded for any caller.
+(upstream divides by a union that may be 0 for a reversed window, and the NaN passed its threshold test: MR-mAP
+100 for `[[10, 0]]`). For a zero-length window against ground truth of positive length this is upstream's own
+figure, 0, and `swift-vora eval` scores it so; it refuses a reversed window in `pred_relevant_windows` as an invalid
+prediction line before scoring (docs/eval.md); the rule here keeps the library functions bounded for any caller.
 
 All percentages are rounded to two decimals, as upstream (`float(f"{100 * v:.2f}")`).
 """

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from swift.callbacks import TrainerCallback
 
@@ -137,6 +137,24 @@ def never_changed_error(message: str, stale: List[str], remedy: str, frozen=()) 
                             f'or, if no token reached any expert of a layer in these steps, raise {CHECK_STEPS_ENV}.')
 
 
+# Elements per float64 pass: a reduction to float64 casts its whole input first, so a 0.5 B-element embedding would
+# take 4 GiB at once (Megatron full SFT checks every weight); chunks keep it to 0.5 GiB
+CHECKSUM_CHUNK = 2 ** 26
+
+
+def checksum(data):
+    """float64 (sum, L1, L2^2) of a tensor, a chunk at a time (the same chunks every time: comparable)."""
+    import torch
+    flat = data.reshape(-1)
+    total = torch.zeros(3, dtype=torch.float64, device=data.device)
+    for start in range(0, flat.numel(), CHECKSUM_CHUNK):
+        part = flat[start:start + CHECKSUM_CHUNK]
+        total += torch.stack([part.sum(dtype=torch.float64),
+                              torch.linalg.vector_norm(part, ord=1, dtype=torch.float64),
+                              torch.linalg.vector_norm(part, ord=2, dtype=torch.float64) ** 2])
+    return total
+
+
 def local_data(param):
     """What this rank holds of a parameter: its ZeRO-3 partition when partitioned, else the tensor."""
     ds_tensor = getattr(param, 'ds_tensor', None)
@@ -145,15 +163,17 @@ def local_data(param):
 
 class AdapterTracker:
     """Float64 checksums of every LoRA tensor (local partition under ZeRO-3), of `model` or of the given
-    (name, parameter) pairs (Megatron's model chunks)."""
+    (name, parameter) pairs (Megatron's model chunks). `kind_of` picks the tensors and names their kind (default:
+    the LoRA factors, 'A' / 'B'; Megatron full SFT tracks every weight by its part of the model)."""
 
-    def __init__(self, model=None, named_parameters: Optional[Iterable[Tuple[str, Any]]] = None):
+    def __init__(self, model=None, named_parameters: Optional[Iterable[Tuple[str, Any]]] = None,
+                 kind_of: Callable[[str], Optional[str]] = adapter_kind):
         self.names: List[str] = []
         self.kinds: List[str] = []
         self.params = []
         pairs = model.named_parameters() if named_parameters is None else named_parameters
         for name, param in pairs:
-            kind = adapter_kind(name)
+            kind = kind_of(name)
             if kind is not None:
                 self.names.append(name)
                 self.kinds.append(kind)
@@ -176,9 +196,7 @@ class AdapterTracker:
             if data.numel() == 0:
                 rows.append(torch.zeros(3, dtype=torch.float64, device=device))
                 continue
-            rows.append(torch.stack([data.sum(dtype=torch.float64),
-                                     torch.linalg.vector_norm(data, ord=1, dtype=torch.float64),
-                                     torch.linalg.vector_norm(data, ord=2, dtype=torch.float64)**2]).to(device))
+            rows.append(checksum(data).to(device))
         if not rows:
             return torch.zeros(0, 3, dtype=torch.float64)
         return torch.stack(rows)

@@ -23,6 +23,13 @@ events not handled here) when it registers them inside a `megatron sft` process.
   with one object all-gather, the name qualified by the pipeline stage and, for expert tensors, the expert rank;
   a tensor counts as updated if any rank's copy changed (tensor-parallel shards; with a distributed optimizer
   each rank updates its own shard first).
+  Under full SFT (`--tuner_type full`, megatron_ep_full) the same guard checks the weights instead (`mode: full` in
+  lora_update.json): float64 checksums of every trainable and every frozen parameter at train begin; after the
+  counted steps, per part of the model (WEIGHT_PARTS: vision tower, router, experts, shared expert, attention and
+  Gated DeltaNet, embedding, LM head, the rest) how many trainable tensors changed. The run stops when a frozen
+  tensor changed (the vision tower under --freeze_vit, the router under megatron.freeze_router) or when no trainable
+  tensor of a part changed at all; a single unchanged tensor is listed (`unchanged`), not failed -- the weights are
+  bf16 copies of the optimizer's fp32 master, and an update below half a bf16 step leaves one as it was.
 """
 from __future__ import annotations
 
@@ -32,16 +39,18 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from .. import switches
 from ..backends.kernel_cache import FirstStepClock, describe
-from .common import all_gather_objects, append_jsonl, logger, now, rank, world_size, write_json
+from .common import GuardError, all_gather_objects, append_jsonl, logger, now, rank, world_size, write_json
 from .fingerprint import build_fingerprint
 from .lora_update import (
     CHECK_STEPS_ENV,
+    NAME,
     AdapterTracker,
     adapter_kind,
     is_expert_tensor,
     never_changed_error,
     not_checked_note,
     not_reached_note,
+    split_unchanged,
     update_summary,
 )
 from .memory import EVERY_ENV, FIRST_ENV, is_recorded_step, measure
@@ -202,6 +211,56 @@ def scheduler_steps(trainer) -> Optional[int]:
     return None if steps is None else int(steps)
 
 
+# Full SFT: the part of the model a megatron-core / mcore-bridge parameter belongs to, first match wins
+# (`visual.visual.blocks.0...`, `language_model.decoder.layers.3.mlp.router.weight`,
+# `...mlp.experts.linear_fc1.weight17`, `...mlp.shared_experts.linear_fc2.weight`, `...self_attention.linear_qkv.weight`
+# -- Gated DeltaNet layers too --, `language_model.embedding.word_embeddings.weight`,
+# `language_model.output_layer.weight`); the rest: norms and others.
+WEIGHT_PARTS = (('vision_tower', ('visual.', )), ('router', ('.mlp.router.', )), ('experts', ('.experts.', )),
+                ('shared_expert', ('.shared_experts.', )), ('attention', ('.self_attention.', )),
+                ('embedding', ('embedding.', )), ('output_layer', ('output_layer.', )))
+
+
+def weight_part(name: str) -> str:
+    for part, keys in WEIGHT_PARTS:
+        if any(key in name for key in keys):
+            return part
+    return 'other'
+
+
+def full_update_summary(names: List[str], changed: List[bool], frozen_names: List[str],
+                        frozen_changed: List[bool]) -> Dict[str, Any]:
+    """lora_update.json's counts under full SFT: per part, the trainable tensors that changed and the frozen ones
+    that did (must be none); `failures`, what stops the run (a frozen tensor changed, or a part none of whose
+    trainable tensors changed); `unchanged`, single trainable tensors that did not change (listed, not failed)."""
+    parts: Dict[str, Dict[str, int]] = {}
+
+    def part(name: str) -> Dict[str, int]:
+        return parts.setdefault(weight_part(name), {'trainable': 0, 'updated': 0, 'frozen': 0, 'frozen_changed': 0})
+
+    for name, c in zip(names, changed):
+        row = part(name)
+        row['trainable'] += 1
+        row['updated'] += int(c)
+    for name, c in zip(frozen_names, frozen_changed):
+        row = part(name)
+        row['frozen'] += 1
+        row['frozen_changed'] += int(c)
+    unchanged, not_reached = split_unchanged(names, changed)
+    moved = [n for n, c in zip(frozen_names, frozen_changed) if c]
+    failures = []
+    if moved:
+        failures.append(f'{len(moved)} frozen tensor(s) changed: {", ".join(moved[:5])}'
+                        + (f' and {len(moved) - 5} more' if len(moved) > 5 else ''))
+    failures += [f'no trainable {name} tensor changed (of {row["trainable"]})' for name, row in sorted(parts.items())
+                 if row['trainable'] and not row['updated']]
+    expert = [i for i, n in enumerate(names) if is_expert_tensor(n)]
+    return {'mode': 'full', 'tensors': len(names), 'updated': sum(1 for c in changed if c),
+            'expert_tensors': len(expert), 'expert_updated': sum(1 for i in expert if changed[i]),
+            'parts': dict(sorted(parts.items())), 'unchanged': unchanged, 'experts_not_reached': len(not_reached),
+            'frozen_tensors': len(frozen_names), 'frozen_changed': moved, 'failures': failures}
+
+
 class MegatronLoraUpdateGuard(MegatronGuard):
 
     def __init__(self, trainer):
@@ -214,9 +273,15 @@ class MegatronLoraUpdateGuard(MegatronGuard):
         self.step_scheduler: Optional[int] = None
         self.report: Dict[str, Any] = {}
         self.done = False
+        # full SFT: every weight is checked, the frozen ones too (they must not move)
+        self.full = getattr(trainer.args, 'tuner_type', 'lora') == 'full'
+        self.frozen_tracker: Optional[AdapterTracker] = None
+        self.frozen_names: List[str] = []
 
     def on_train_begin(self):
         chunks = list(self.trainer.unwrapped_models)
+        if self.full:
+            return self._begin_full(chunks)
         pairs, frozen, per_chunk = [], [], []
         for chunk in chunks:
             names = []
@@ -241,6 +306,27 @@ class MegatronLoraUpdateGuard(MegatronGuard):
         logger.info(f'swift-vora lora_update: {len(self.tracker)} trainable LoRA tensors on this rank; checked after '
                     f'{self.check_steps} optimizer step(s) that updated.')
 
+    def _begin_full(self, chunks) -> None:
+        trainable, frozen, trainable_names, frozen_names = [], [], [], []
+        for chunk in chunks:
+            t_names, f_names = [], []
+            for name, param in chunk.named_parameters():
+                (trainable if param.requires_grad else frozen).append((name, param))
+                (t_names if param.requires_grad else f_names).append(name)
+            trainable_names.append(t_names)
+            frozen_names.append(f_names)
+        self.tracker = AdapterTracker(named_parameters=trainable, kind_of=weight_part)
+        self.frozen_tracker = AdapterTracker(named_parameters=frozen, kind_of=weight_part)
+        ranks = _parallel_ranks()
+        self.names = qualified_names(trainable_names, ranks)
+        self.frozen_names = qualified_names(frozen_names, ranks)
+        self.tracker.snapshot()
+        self.frozen_tracker.snapshot()
+        self.report = {'mode': 'full', 'tensors_here': len(self.tracker), 'frozen_here': len(self.frozen_tracker),
+                       'check_after_steps': self.check_steps, 'start_iteration': self.iteration(), 'steps': []}
+        logger.info(f'swift-vora lora_update (full SFT): {len(self.tracker)} trainable and {len(self.frozen_tracker)} '
+                    f'frozen tensors on this rank; checked after {self.check_steps} optimizer step(s) that updated.')
+
     def on_step_begin(self):
         if not self.done and self.tracker is not None:
             self.step_lr = current_lr(self.trainer)
@@ -262,6 +348,8 @@ class MegatronLoraUpdateGuard(MegatronGuard):
         self.check()
 
     def check(self) -> Dict[str, Any]:
+        if self.full:
+            return self.check_full()
         here = dict(zip(self.names, self.tracker.changed_here()))
         merged: Dict[str, bool] = {}
         for flags in all_gather_objects(here):  # one collective, at the check step only
@@ -281,6 +369,36 @@ class MegatronLoraUpdateGuard(MegatronGuard):
         if stale:
             raise never_changed_error(message, stale, 'check the freeze settings')
         logger.info(f'swift-vora lora_update: {message}.')
+        return self.report
+
+    def check_full(self) -> Dict[str, Any]:
+        here = (dict(zip(self.names, self.tracker.changed_here())),
+                dict(zip(self.frozen_names, self.frozen_tracker.changed_here())))
+        merged: Dict[str, bool] = {}
+        merged_frozen: Dict[str, bool] = {}
+        for flags, frozen_flags in all_gather_objects(here):  # one collective, at the check step only
+            for into, got in ((merged, flags), (merged_frozen, frozen_flags)):
+                for name, changed in got.items():
+                    into[name] = into.get(name, False) or changed
+        names, frozen = sorted(merged), sorted(merged_frozen)
+        summary = full_update_summary(names, [merged[n] for n in names], frozen, [merged_frozen[n] for n in frozen])
+        self.report.update({'iteration': self.iteration(), 'steps_counted': self.counted, **summary,
+                            'ranks': world_size(),
+                            'criterion': 'float64 sum/L1/L2^2 of each parameter (bf16 copy), changed on any rank'})
+        self._write()
+        parts = ', '.join(f'{p} {r["updated"]}/{r["trainable"]}' for p, r in summary['parts'].items() if r['trainable'])
+        message = (f'{summary["updated"]} of {summary["tensors"]} trainable tensors changed after {self.counted} '
+                   f'optimizer steps ({parts}); {summary["frozen_tensors"]} frozen, '
+                   f'{len(summary["frozen_changed"])} of them changed'
+                   f'{not_reached_note(summary["experts_not_reached"])}')
+        if summary['failures']:
+            raise GuardError(NAME, f'{message}. ' + '; '.join(summary['failures']) + '. Check the freeze settings '
+                             '(train.freeze_vit, megatron.freeze_router) and the learning rate')
+        if summary['unchanged']:
+            logger.warning(f'swift-vora lora_update (full SFT): {len(summary["unchanged"])} trainable tensor(s) '
+                           f'unchanged in bf16 (an update below half a bf16 step of every element): '
+                           f'{summary["unchanged"][:5]}')
+        logger.info(f'swift-vora lora_update (full SFT): {message}.')
         return self.report
 
     def on_train_end(self):

@@ -8,7 +8,7 @@ from typing import Any, Optional, Tuple
 from . import constants as C
 from .backend import Backend
 from .hardware import Hardware
-from .memory import MemoryEstimate, TrainSetup, estimate
+from .memory import MEGATRON_BACKENDS, MemoryEstimate, TrainSetup, estimate
 from .model_spec import ModelSpec
 from .request import CHECKPOINT_LAYERS_AUTO, PlanRequest
 from .video_budget import VideoTokens
@@ -44,7 +44,7 @@ def train_setup(req: PlanRequest, hw: Hardware, backend: Backend, ep: int, tp: i
                       samples_per_row=samples_per_row(req, tokens),
                       lora_rank=req.lora_rank, lora_targets=req.lora_targets,
                       # Megatron recomputes by megatron.recompute: only 'full' is a layer checkpoint
-                      gradient_checkpointing=req.gradient_checkpointing and (backend != Backend.MEGATRON_EP_LORA or
+                      gradient_checkpointing=req.gradient_checkpointing and (backend not in MEGATRON_BACKENDS or
                                                                              req.recompute == 'full'),
                       vision_mode=req.vision_mode,
                       # 'auto' not yet decided (estimate_for decides it) is planned as every layer checkpointed

@@ -9,6 +9,8 @@ Backends (swift_vora/plan/backend.py names them):
                       zero3_offload) also keeps the bf16 parameters in host RAM.
   megatron_ep_lora    Megatron-SWIFT (mcore-bridge): dense parts split by TP, routed experts by EP (expert TP 1,
                       swift's default), distributed optimizer over data-parallel ranks, full recompute.
+  megatron_ep_full    the same layout, full SFT of the language model: bf16 weights, an fp32 gradient buffer,
+                      fp32 master + Adam states sharded over the data-parallel ranks of each group (experts: world/EP).
   unsloth_split_lora  Unsloth on one GPU: bf16 base, split MoE LoRA ((X@A)@B per expert), gradient checkpoints on
                       the GPU, or (checkpoint_offload) Unsloth's offloaded checkpointing: every layer input in pinned
                       host RAM.
@@ -30,6 +32,10 @@ from .video_budget import VideoTokens, frame_pair_tokens, smart_nframes, text_on
 
 BACKENDS = tuple(Backend)
 DEEPSPEED_BACKENDS = DEEPSPEED
+# megatron sft: expert-parallel LoRA and full SFT share the model-state layout below, the activations and the logits
+MEGATRON_BACKENDS = (Backend.MEGATRON_EP_LORA, Backend.MEGATRON_EP_FULL)
+# full SFT under Megatron: one fp32 buffer allocated when DDP wraps the model (not a per-step allocation)
+MEGATRON_FULL_GRAD_BUFFER = 'gradients: fp32 main grads, DDP buffer (every local trainable parameter)'
 VISION_MODES = ('checkpointed_requires_grad', 'no_grad')
 # recipe train.compile: the values of its switch, SWIFT_VORA_COMPILE (swift_vora/speed/compile_layers.py)
 COMPILE_MODES = switches.switch('SWIFT_VORA_COMPILE').choices
@@ -243,7 +249,7 @@ def _model_states(spec: ModelSpec, s: TrainSetup):
                 comp_bytes[c] = comp_bytes.get(c, 0.0) + (C.BYTES_GRAD_BF16 + C.BYTES_OPTIM_STATES) * n / N
                 if lora:
                     comp_bytes[c] += C.BYTES_BF16 * n / (N if z3 else 1)
-    elif b == Backend.MEGATRON_EP_LORA:
+    elif b in MEGATRON_BACKENDS:
         # What Megatron-SWIFT 4.6 holds besides activations and logits (all in the allocator unless said):
         # - bf16 weights, dense parts / TP, routed experts / EP (expert_tensor_parallel_size 1); the frozen vision
         #   tower replicated (swift's --freeze_vit, no grad buffer for it);
@@ -254,6 +260,13 @@ def _model_states(spec: ModelSpec, s: TrainSetup):
         #   trainable parameters, sharded over the data-parallel ranks of their group;
         # - outside the allocator: the CUDA context and cuBLAS/TE workspaces (CUDA_CONTEXT_GIB; TE's GEMM workspace
         #   is 32 MiB per stream) and NCCL's buffers.
+        # Full SFT (megatron_ep_full), as megatron-core 0.16.1 allocates it: the trainable bf16 weights are moved into
+        # DDP's param buffer (param.data replaced, not copied: distributed/param_and_grad_buffer.py); its grad buffer
+        # holds an fp32 main grad for every local trainable parameter, whole on every rank (the reduce-scatter works
+        # in place); the DistributedOptimizer keeps an fp32 copy of this rank's shard (shard_fp32_from_float16_groups,
+        # made when the optimizer is built) and TE FusedAdam's exp_avg / exp_avg_sq of it (fp32, at the first step);
+        # the shard is the local parameters over the data-parallel group of their kind -- the expert-data-parallel
+        # group (world / EP) for the routed experts, world / TP for the rest.
         dp_dense = max(1, N // max(1, s.tp))
         dp_exp = max(1, N // max(1, s.ep))
         w = 0.0
@@ -262,21 +275,29 @@ def _model_states(spec: ModelSpec, s: TrainSetup):
             w += part
             comp_bytes[c] += part
         add(gpu, wname, w)
-        pg = opt = 0.0
+        pg = grads = master = adam = 0.0
         for c, n in tr.items():
-            split = _megatron_split(c, s)
             dp = dp_exp if c == 'experts' else dp_dense
-            local = n / split
+            local = n / _megatron_split(c, s)
             if lora:
                 pg += C.BYTES_MEGATRON_PARAM_AND_GRAD * local
-            else:
-                pg += (C.BYTES_MEGATRON_PARAM_AND_GRAD - C.BYTES_BF16) * local  # bf16 weight already counted
-            opt += C.BYTES_OPTIM_STATES * local / dp
-            comp_bytes[c] = comp_bytes.get(c, 0.0) + (C.BYTES_MEGATRON_PARAM_AND_GRAD * local if lora else
-                                                      (C.BYTES_MEGATRON_PARAM_AND_GRAD - 2) * local) \
-                + C.BYTES_OPTIM_STATES * local / dp
-        add(gpu, 'LoRA adapters (bf16) + fp32 main grads' if lora else 'fp32 main gradients', pg)
-        add(gpu, 'distributed optimizer (fp32 master + Adam, sharded over DP)', opt)
+                comp_bytes[c] = comp_bytes.get(c, 0.0) + C.BYTES_MEGATRON_PARAM_AND_GRAD * local
+            else:  # the bf16 weight is counted above
+                grads += C.BYTES_FP32 * local
+                comp_bytes[c] = comp_bytes.get(c, 0.0) + C.BYTES_FP32 * local
+            master += C.BYTES_MASTER_FP32 * local / dp
+            adam += C.BYTES_ADAM * local / dp
+            comp_bytes[c] += C.BYTES_OPTIM_STATES * local / dp
+        if lora:
+            add(gpu, 'LoRA adapters (bf16) + fp32 main grads', pg)
+            add(gpu, 'distributed optimizer (fp32 master + Adam, sharded over DP)', master + adam)
+        else:
+            add(gpu, MEGATRON_FULL_GRAD_BUFFER, grads)
+            add(gpu, 'distributed optimizer: fp32 master params (sharded over DP)', master)
+            add(gpu, 'distributed optimizer: Adam m, v fp32 (sharded over DP)', adam)
+            notes.append(f'megatron_ep_full: optimizer states sharded over {dp_dense} data-parallel rank(s) for the '
+                         f'dense parts and {dp_exp} for the routed experts (EP {s.ep}); the fp32 gradient buffer '
+                         'is whole on every rank')
     else:
         raise ValueError(f'unknown backend {b!r}')
     return gpu, host, comp_bytes, T, notes
@@ -339,7 +360,7 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
     notes: List[str] = []
     b = s.micro_batch * s.samples_per_row  # samples per micro-batch: a packed row holds several
     seq = tok.total_tokens * b
-    sp = max(1, s.tp) if s.backend == Backend.MEGATRON_EP_LORA else 1  # sequence parallel splits activations by TP
+    sp = max(1, s.tp) if s.backend in MEGATRON_BACKENDS else 1  # sequence parallel splits activations by TP
     local = seq / sp
     h = spec.hidden_size
     L = spec.num_layers
@@ -365,11 +386,11 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
             gpu['activations: layer checkpoints'] = ckpt
         llm_ws = ws
     else:
-        kept = C.MEGATRON_ACT_SAVED_FRACTION if s.backend == Backend.MEGATRON_EP_LORA else 1.0
+        kept = C.MEGATRON_ACT_SAVED_FRACTION if s.backend in MEGATRON_BACKENDS else 1.0
         gpu['activations: all layers (no checkpointing)'] = kept * sum(per_layer)
         llm_ws = backward * max(per_layer) - max(per_layer)
         notes.append('gradient checkpointing off: every layer keeps its activations')
-        if s.backend == Backend.MEGATRON_EP_LORA and s.recompute == 'selective':
+        if s.backend in MEGATRON_BACKENDS and s.recompute == 'selective':
             notes.append('megatron.recompute=selective recomputes the core attention only, which with fused '
                          'attention keeps nothing a recompute drops: planned as no recompute')
 
@@ -407,12 +428,20 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
         gpu['PEFT expert LoRA: materialised W + B@A (transient)'] = C.PEFT_EXPERT_LORA_TRANSIENT_BYTES * largest
         notes.append('PEFT LoRA on fused experts materialises W + B@A per layer (Unsloth split LoRA does not)')
 
+    # Megatron full SFT: without apex there is no gradient-accumulation fusion (swift turns it off), so each weight
+    # gradient is made in bf16 and only then added to its fp32 main grad by DDP's hook (and freed): the largest local
+    # tensor's, once ------------------------------------------------------------------------------------------
+    if s.backend == Backend.MEGATRON_EP_FULL and s.tuner != 'lora':
+        largest = max((g.numel / _megatron_split(g.component, s) for g in spec.groups if g.tower == 'llm'), default=0)
+        gpu['weight gradient in flight (bf16, the largest local tensor, before DDP adds it in fp32)'] = (
+            C.BYTES_BF16 * largest)
+
     # logits ---------------------------------------------------------------------------------------------------
     mode = s.logits_positions
     if mode == 'auto':
-        mode = 'all' if s.backend == Backend.MEGATRON_EP_LORA else 'supervised'
+        mode = 'all' if s.backend in MEGATRON_BACKENDS else 'supervised'
     positions = (tok.supervised_tokens + 1) * b if mode == 'supervised' else seq
-    if s.backend == Backend.MEGATRON_EP_LORA:
+    if s.backend in MEGATRON_BACKENDS:
         if s.cross_entropy not in C.LOGITS_BYTES_MEGATRON:
             raise ValueError(f'unknown Megatron cross entropy {s.cross_entropy!r}')
         logits = positions * spec.vocab_size * C.LOGITS_BYTES_MEGATRON[s.cross_entropy] / max(1, s.tp)
@@ -425,7 +454,7 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
         logits = positions * spec.vocab_size * C.LOGITS_BYTES_HF
         label = ('logits + loss (supervised positions only, fp32)' if mode == 'supervised' else
                  'logits + loss (all positions, fp32)')
-    if s.backend == Backend.MEGATRON_EP_LORA and logits > ws:
+    if s.backend in MEGATRON_BACKENDS and logits > ws:
         # Megatron's model returns the per-token loss, not the logits (megatron/core/models/common/language_module/
         # language_module.py compute_language_model_loss): the loss's backward through the output layer frees
         # them before the last layer is recomputed, so the layer's working set comes after, not on top. The other
@@ -434,7 +463,7 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
         gpu[label] = logits
         notes.append(f'{ws_label.split(": ", 1)[1]} ({ws / C.GiB:.2f} GiB) comes after Megatron\'s loss backward '
                      'has freed the logits: the larger, the logits, counts')
-    elif s.backend == Backend.MEGATRON_EP_LORA:
+    elif s.backend in MEGATRON_BACKENDS:
         notes.append(f'the logits + loss ({logits / C.GiB:.2f} GiB) are freed by Megatron\'s loss backward before '
                      'the last layer is recomputed: the larger, its working set, counts')
     else:
@@ -479,8 +508,8 @@ def estimate(spec: ModelSpec, tokens: VideoTokens, setup: TrainSetup) -> MemoryE
     static = sum(v for k, v in ms_gpu.items() if k not in optim_keys)
 
     # dynamic = what is allocated and freed every step (fragments); static = allocated once
-    dynamic_keys = [k for k in ms_gpu if k.startswith('gradient') or k.startswith('DDP') or 'main grad' in k
-                    or k.startswith('ZeRO-3 gathered')]
+    dynamic_keys = [k for k in ms_gpu if (k.startswith('gradient') or k.startswith('DDP') or 'main grad' in k
+                                          or k.startswith('ZeRO-3 gathered')) and k != MEGATRON_FULL_GRAD_BUFFER]
     dynamic = sum(ms_gpu[k] for k in dynamic_keys)
     weights = static - dynamic
 
@@ -522,7 +551,7 @@ def estimate(spec: ModelSpec, tokens: VideoTokens, setup: TrainSetup) -> MemoryE
 
     # host ---------------------------------------------------------------------------------------------------
     procs = s.gpus_per_node
-    per_proc = C.MEGATRON_HOST_PER_PROCESS_GIB if s.backend == Backend.MEGATRON_EP_LORA else C.HOST_PER_PROCESS_GIB
+    per_proc = C.MEGATRON_HOST_PER_PROCESS_GIB if s.backend in MEGATRON_BACKENDS else C.HOST_PER_PROCESS_GIB
     proc_key = f'training processes ({procs} x {per_proc:g} GiB)'
     steady_host: Dict[str, float] = {proc_key: procs * per_proc * C.GiB}
     workers = procs * s.dataloader_workers

@@ -39,6 +39,11 @@ COMPONENTS = ('embeddings', 'attention', 'linear_attention', 'dense_mlp', 'exper
 # The largest count a config.json may state (layers, widths, vocabulary, experts): far above any real model, low
 # enough that the planner's arithmetic on it stays finite.
 MAX_CONFIG_INT = 10 ** 12
+# Counts the planner enumerates one by one (a list per layer, a search over how many layers to checkpoint): bounded
+# far lower, so that `num_hidden_layers: 1e12` is refused by its key instead of filling memory. Ten times the
+# deepest published decoder (Llama 3.1 405B: 126 layers) and vision tower.
+MAX_CONFIG_LAYERS = 1_000
+LAYER_COUNT_KEYS = ('num_hidden_layers', 'depth', 'mtp_num_hidden_layers', 'num_nextn_predict_layers')
 LORA_TARGETS = ('all-linear', 'all-linear-except-experts', 'attention')
 TUNERS = ('lora', 'full', 'selective')
 
@@ -419,10 +424,11 @@ class _Cfg:
                 return 0
             raise ConfigError(f'{self.where}: config lacks {self.prefix + key!r}, which the planner needs to count '
                               f'the model')
+        highest = MAX_CONFIG_LAYERS if key in LAYER_COUNT_KEYS else MAX_CONFIG_INT
         if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or int(v) != v or v < 0
-                or v > MAX_CONFIG_INT):
+                or v > highest):
             raise ConfigError(f'{self.where}: {self.prefix + key!r} must be a non-negative integer up to '
-                              f'{MAX_CONFIG_INT:.0e} (got {v!r})')
+                              f'{highest:g} (got {v!r})')
         return int(v)
 
     def require(self, key: str) -> int:

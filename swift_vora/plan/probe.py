@@ -145,10 +145,16 @@ def probe_memory(root: Optional[str] = None, proc_self_cgroup: str = '/proc/self
         return res
     res['cgroup_version'] = version
     best = None  # the tightest limit of the candidate folders: (bytes, file)
+    unreadable = []  # limit files that hold something else than a number or "max": never taken for "no limit"
     for d in dirs:
-        ok, lim = _parse_limit(_read(os.path.join(d, files['limit'])))
-        if ok and lim is not None and (best is None or lim < best[0]):
-            best = (lim, os.path.join(d, files['limit']))
+        path = os.path.join(d, files['limit'])
+        text = _read(path)
+        ok, lim = _parse_limit(text)
+        if not ok:
+            unreadable.append({'file': path, 'text': None if text is None else text[:40]})
+        elif lim is not None and (best is None or lim < best[0]):
+            best = (lim, path)
+    res['unreadable'] = unreadable
     d0 = dirs[0]
     res['usage_bytes'] = _count(_read(os.path.join(d0, files['usage'])))
     res['peak_bytes'] = _count(_read(os.path.join(d0, files['peak'])))
@@ -162,8 +168,8 @@ def probe_memory(root: Optional[str] = None, proc_self_cgroup: str = '/proc/self
         res['limit_bytes'], res['limit_file'] = best
         res['limit_gib'] = round(best[0] / C.GiB, 2)
         res['status'] = 'limited'
-    else:
-        res['status'] = 'unlimited'
+    else:  # "max" everywhere is no limit; a file that could not be read says nothing either way
+        res['status'] = 'unreadable' if unreadable else 'unlimited'
     if res['usage_bytes'] is not None:
         res['usage_gib'] = round(res['usage_bytes'] / C.GiB, 2)
     return res
@@ -290,6 +296,9 @@ def host_limit(mem: Dict[str, Any], meminfo: Dict[str, Any]) -> Tuple[Optional[f
     if lim is not None and (total is None or lim < total):
         return lim / C.GiB, f'cgroup {mem["cgroup_version"]} {os.path.basename(mem["limit_file"] or "")}'
     if total is not None:
+        if mem.get('status') == 'unreadable':
+            return total / C.GiB, '/proc/meminfo MemTotal (the container limit file is unreadable: a limit there, ' \
+                                  'if any, is not known)'
         return total / C.GiB, '/proc/meminfo MemTotal (no tighter container limit found)'
     return None, 'unknown'
 
@@ -318,6 +327,12 @@ def doctor_report(root: Optional[str] = None, meminfo_path: Optional[str] = None
     if mem['status'] == 'none found':
         warnings.append('no cgroup memory limit file found (memory.max / memory.limit_in_bytes): using '
                         '/proc/meminfo as the host RAM limit.')
+    for bad in mem.get('unreadable') or []:
+        held = 'could not be read' if bad['text'] is None else f'holds {bad["text"]!r}, not a byte count or "max"'
+        warnings.append(f'{bad["file"]}: unreadable ({held}): the container '
+                        'memory limit there is unknown' + (', not "no limit"' if mem['status'] == 'unreadable' else
+                                                           f'; planning with the tighter one read, {mem["limit_file"]}')
+                        + '.')
     if not gpus['gpus']:
         warnings.append('no GPU found (torch.cuda unavailable and no nvidia-smi).')
     return {

@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 
 from .backend import Backend
 from .hardware import Hardware
-from .memory import DEEPSPEED_BACKENDS
+from .memory import DEEPSPEED_BACKENDS, MEGATRON_BACKENDS
 from .model_spec import ModelSpec
 from .request import PlanRequest
 
@@ -35,6 +35,9 @@ MEGATRON_SUPPORTED_MODEL_TYPES = frozenset({
     'qwen3_vl_moe', 'qwen3_5', 'qwen3_5_moe', 'glm4v', 'glm4v_moe', 'llama4'
 })
 
+# The Megatron backend that trains each tuner (selective unfreezing has none)
+MEGATRON_FOR_TUNER = {'lora': Backend.MEGATRON_EP_LORA, 'full': Backend.MEGATRON_EP_FULL}
+
 REFUSAL_RULES = {
     'zero3-moe': 'ZeRO-3 (or any DeepSpeed stage with ZeRO-3 semantics, zero3_offload included) with a MoE model',
     'qlora-moe': '4-bit / QLoRA with a MoE model',
@@ -42,9 +45,10 @@ REFUSAL_RULES = {
     'quant-megatron': '4-bit with the Megatron backend',
     'unsloth-lora-only': 'unsloth_split_lora with full or selective training',
     'megatron-lora-only': 'megatron_ep_lora with full or selective training',
+    'megatron-full-only': 'megatron_ep_full with a tuner other than full (LoRA: megatron_ep_lora)',
     'megatron-model-type': 'Megatron for a model type mcore-bridge does not support',
     'offload-deepspeed-only': 'CPU offload with a backend other than DeepSpeed',
-    'parallel-megatron-only': '--ep/--tp with a backend other than megatron_ep_lora',
+    'parallel-megatron-only': '--ep/--tp with a backend other than Megatron (megatron_ep_lora, megatron_ep_full)',
     'ep-needs-moe': 'expert parallelism for a dense model',
     'ep-divides': 'an EP size that does not divide both the expert count and the GPU count',
     'tp-divides': 'a TP size that does not divide the GPU count and the attention heads',
@@ -105,7 +109,7 @@ def check_refusal(spec: ModelSpec, world: int, req: PlanRequest, backend: Backen
     if req.quant == '4bit' and req.tuner != 'lora':
         return ('quant-needs-lora', f'4-bit weights cannot be trained: QLoRA is LoRA on a frozen 4-bit base, not '
                 f'{req.tuner} training', '--tuner lora --quant 4bit, or --quant none')
-    if req.quant == '4bit' and backend == Backend.MEGATRON_EP_LORA:
+    if req.quant == '4bit' and backend in MEGATRON_BACKENDS:
         return ('quant-megatron', 'Megatron-SWIFT has no bitsandbytes 4-bit path', 'deepspeed_zero3 with --quant 4bit')
     if backend == Backend.DEEPSPEED_ZERO3 and moe:
         return ('zero3-moe', f'{spec.model_type} is a MoE model ({spec.num_experts} routed experts): ZeRO-3 gathers '
@@ -117,8 +121,14 @@ def check_refusal(spec: ModelSpec, world: int, req: PlanRequest, backend: Backen
                 '--tuner lora, or deepspeed_zero2' + ('' if moe else ' / deepspeed_zero3'))
     if backend == Backend.MEGATRON_EP_LORA and req.tuner != 'lora':  # what the Megatron launcher accepts
         return ('megatron-lora-only', f'megatron_ep_lora trains LoRA adapters only, not {req.tuner} training',
-                '--tuner lora, or deepspeed_zero2' + ('' if moe else ' / deepspeed_zero3'))
-    if backend == Backend.MEGATRON_EP_LORA and spec.model_type not in MEGATRON_SUPPORTED_MODEL_TYPES:
+                ('--backend megatron_ep_full (full SFT, expert parallel, distributed optimizer)'
+                 if req.tuner == 'full' else '--tuner lora') + ', or deepspeed_zero2'
+                + ('' if moe else ' / deepspeed_zero3'))
+    if backend == Backend.MEGATRON_EP_FULL and req.tuner != 'full':  # the full-SFT launcher trains every weight
+        return ('megatron-full-only', f'megatron_ep_full trains every weight of the language model, not '
+                f'{req.tuner} training', '--backend megatron_ep_lora' if req.tuner == 'lora' else
+                '--tuner full, or deepspeed_zero2' + ('' if moe else ' / deepspeed_zero3'))
+    if backend in MEGATRON_BACKENDS and spec.model_type not in MEGATRON_SUPPORTED_MODEL_TYPES:
         alt = ('unsloth_split_lora (one GPU) or deepspeed_zero2' if moe else Backend.DEEPSPEED_ZERO3)
         return ('megatron-model-type', f'mcore-bridge does not support model_type {spec.model_type!r} (supported '
                 f'list: plan/rules.py MEGATRON_SUPPORTED_MODEL_TYPES, from modelscope/mcore-bridge)', alt)
@@ -126,10 +136,11 @@ def check_refusal(spec: ModelSpec, world: int, req: PlanRequest, backend: Backen
         return ('offload-deepspeed-only', f'CPU offload here means DeepSpeed offload_optimizer/offload_param; '
                 f'{backend} has no such option in this planner',
                 'deepspeed_zero2 --offload cpu' + ('' if moe else ' or deepspeed_zero3 --offload cpu'))
-    if (req.ep not in (None, 1) or req.tp not in (None, 1)) and backend != Backend.MEGATRON_EP_LORA:
+    if (req.ep not in (None, 1) or req.tp not in (None, 1)) and backend not in MEGATRON_BACKENDS:
         return ('parallel-megatron-only', f'--ep/--tp set Megatron parallelism; backend {backend} does not use them',
-                '--backend megatron_ep_lora, or drop --ep/--tp')
-    if backend == Backend.MEGATRON_EP_LORA:
+                f'--backend {MEGATRON_FOR_TUNER[req.tuner]}, or drop --ep/--tp' if req.tuner in MEGATRON_FOR_TUNER
+                else 'drop --ep/--tp')
+    if backend in MEGATRON_BACKENDS:
         if ep > 1 and not moe:
             return ('ep-needs-moe', f'{spec.model_type} is dense: there are no experts to split',
                     '--ep 1 (or omit it)')

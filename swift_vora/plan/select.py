@@ -30,7 +30,7 @@ from .fit import (
 )
 from .hardware import Hardware
 from .hardware import resolve as resolve_hardware
-from .memory import DEEPSPEED_BACKENDS, MemoryEstimate, estimate, fp8_saving
+from .memory import DEEPSPEED_BACKENDS, MEGATRON_BACKENDS, MemoryEstimate, estimate, fp8_saving
 from .model_source import load_model_spec
 from .model_spec import ModelSpec
 from .request import Plan, PlanRequest
@@ -159,7 +159,7 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
     tokens, token_notes = resolve_tokens(req, spec)
     backend, why = _backend(req, spec, world)
     tp = req.tp or 1
-    ep = req.ep if req.ep is not None else (choose_ep(spec, world) if backend == Backend.MEGATRON_EP_LORA else 1)
+    ep = req.ep if req.ep is not None else (choose_ep(spec, world) if backend in MEGATRON_BACKENDS else 1)
     base = dict(num_gpus=hw.num_gpus, nodes=hw.nodes, tuner=req.tuner, offload=req.offload, quant=req.quant,
                 fp8=req.fp8, ep=ep, tp=tp, micro_batch=req.micro_batch, lora_rank=req.lora_rank,
                 lora_targets=req.lora_targets,

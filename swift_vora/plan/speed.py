@@ -76,6 +76,8 @@ NEAREST = {
     'deepspeed_zero3': ('ddp', 'ZeRO-3 on the swift sft path was not benchmarked for speed: ddp without compiled '
                                'layers assumed (its gathers cost more on several GPUs)'),
     'deepspeed_zero2': ('ddp', 'ZeRO-2 was not benchmarked for speed: ddp without compiled layers assumed'),
+    'megatron_ep_full': ('megatron_ep_lora', 'Megatron full SFT was not benchmarked for speed yet: Megatron LoRA\'s '
+                                             'efficiency assumed (over the full-SFT FLOPs)'),
 }
 
 
@@ -154,7 +156,7 @@ ASSUMED_FACTORS = {'offload': (0.5, 'CPU offload assumed to halve it (not measur
 def measured_efficiency(backend: str, compiled: bool, checkpointing: bool, micro_batch: int) -> Tuple[Measured, str]:
     """The measured efficiency for this setting, or the nearest measured one; and what was assumed (or '')."""
     notes = []
-    if backend in NEAREST:
+    if backend in NEAREST and not any(k[0] == backend for k in EFFICIENCY):  # until a run of its own is recorded
         backend, why = NEAREST[backend]
         notes.append(why)
         compiled = False if backend == 'ddp' else compiled

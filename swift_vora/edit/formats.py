@@ -1,0 +1,64 @@
+"""The timeline in the formats editors open, each written by OpenTimelineIO's own adapter.
+
+| `--to` | adapter (package) | file | opens in |
+| --- | --- | --- | --- |
+| `otio` | `otio_json` (opentimelineio) | `.otio` | OpenTimelineIO tools, DaVinci Resolve 18.5+, otioview |
+| `fcp_xml` | `fcp_xml` (otio-fcp-adapter) | `.xml` | Final Cut Pro 7 XML (xmeml 4): Premiere Pro, DaVinci Resolve |
+| `edl` | `cmx_3600` (otio-cmx3600-adapter) | `.edl` | CMX 3600 EDL: every NLE; one video track, cuts only |
+
+What a format cannot hold is refused with the video that needs it, never written approximately: an EDL and Final
+Cut Pro XML write SMPTE timecode, which exists at 23.976, 24, 25, 29.97, 30, 47.95, 48, 50, 59.94 and 60 fps
+(29.97 and 59.94 in drop-frame timecode, as OpenTimelineIO writes them), and hold one frame rate for all videos of
+a timeline (`--per-video` writes one timeline per video). The `.otio` timeline holds any rate, mixed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence
+
+from .timeline import VideoCut
+
+
+@dataclass(frozen=True)
+class Format:
+    adapter: str
+    suffix: str
+    title: str
+
+
+FORMATS: Dict[str, Format] = {
+    'otio': Format('otio_json', '.otio', 'OpenTimelineIO'),
+    'fcp_xml': Format('fcp_xml', '.xml', 'Final Cut Pro 7 XML'),
+    'edl': Format('cmx_3600', '.edl', 'CMX 3600 EDL'),
+}
+
+
+def problem(name: str, cuts: Sequence[VideoCut]) -> Optional[str]:
+    """Why the timeline of `cuts` cannot be written as `name` (naming the video and its line), or None."""
+    import opentimelineio as otio
+    if name == 'otio' or not cuts:
+        return None
+    first = cuts[0]
+    for cut in cuts[1:]:
+        if abs(cut.rate - first.rate) > 1e-9:
+            return (f'{FORMATS[name].title} holds one frame rate per timeline: {first.id} (line {first.line}) is '
+                    f'{first.rate:g} fps, {cut.id} (line {cut.line}) {cut.rate:g} fps; write one timeline per video '
+                    '(--per-video), or --to otio')
+    for cut in cuts:
+        if not otio.opentime.RationalTime.is_valid_timecode_rate(cut.rate):
+            return (f'{FORMATS[name].title} counts frames in SMPTE timecode (23.976, 24, 25, 29.97, 30, 47.95, 48, '
+                    f'50, 59.94 or 60 fps); {cut.id} (line {cut.line}, {cut.media.path}) is {cut.rate:g} fps: write '
+                    '--to otio, which keeps its own rate')
+    return None
+
+
+def write(timeline, name: str) -> str:
+    """The text of `timeline` in format `name`, written by its OpenTimelineIO adapter (on a copy: the EDL writer
+    edits the timeline it is given)."""
+    import opentimelineio as otio
+    fmt = FORMATS[name]
+    copy = timeline.deepcopy()
+    if name == 'edl':
+        rate = copy.global_start_time.rate
+        return otio.adapters.write_to_string(copy, fmt.adapter, rate=rate)
+    return otio.adapters.write_to_string(copy, fmt.adapter)
