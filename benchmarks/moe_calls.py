@@ -42,6 +42,9 @@ FOLD = '_fold'
 GATE_GRAD = '_gategrad'
 # Gated DeltaNet's query and key at their own head count (moe_throughput's *_gva variants) against the variant without.
 GVA = '_gva'
+# The runner under torchrun with one process (moe_throughput's *_torchrun1 variants: process group, DDP over the LoRA
+# tensors) against the same variant without torchrun: what the data-parallel path costs on one GPU.
+TORCHRUN = '_torchrun1'
 # A run with one step in flight whose runner timed held steps by when the host read them (before the runner wrote
 # `step_clock`, 2026-12-04, after call l): its median step is the step period, its mean is not (one step short over
 # the window -- docs/runs/h200-moe-full/README.md, "Call l").
@@ -51,7 +54,8 @@ LEVER_TWINS = (('rank_scale_vs_default', RANK_SCALE, ''), ('host_levers_vs_twin'
                ('gather_vs_twin', GATHER, ' (permutation gather)'), ('router_vs_twin', ROUTER, ' (fused router)'),
                ('fold_vs_twin', FOLD, ' (down LoRA folded)'),
                ('gate_grad_vs_twin', GATE_GRAD, ' (fused gate gradient)'),
-               ('gva_vs_twin', GVA, ' (Gated DeltaNet grouped query/key heads)'))
+               ('gva_vs_twin', GVA, ' (Gated DeltaNet grouped query/key heads)'),
+               ('torchrun_vs_twin', TORCHRUN, ' (under torchrun, one process)'))
 
 
 def setting(name: str, variant: Dict[str, Any], date: str) -> str:

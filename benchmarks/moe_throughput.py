@@ -37,6 +37,9 @@ shared expert's MLP and the routed experts' fused tensors -- micro-batch 1, the 
   unsloth`: layer inputs in pinned host RAM), what the planner picks only when the GPU has no room.
 - `vora_unsloth_mb2`, `vora_unsloth_mb4`: micro-batch 2 / 4 (`train.micro_batch`): more tokens per expert GEMM and
   per Python launch; the step then holds that many samples.
+- `vora_unsloth_mb4_torchrun1`: `vora_unsloth_mb4` under torchrun with one process (`NPROC_PER_NODE=1`: process
+  group, DDP over the LoRA tensors, the per-step reductions): what the data-parallel path costs on one GPU;
+  `torchrun_overhead` in the result compares the two medians.
 - the levers, each named by its suffixes and documented beside its table below (`vora_variant` reads them all):
   checkpointed layers (`_ck32`), the rank-scale rewrite (`_rank_scale`), then on top of it the permutation gather
   (`_gather`), Unsloth's fused router (`_router`), the folded down-projection LoRA (`_fold`), the fused gate gradient
@@ -173,6 +176,12 @@ GVA_VARIANTS = {name + '_gva': name for name in (
 LEVERS_ON_RANK_SCALE.update({name: (LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[0],
                                     {**LEVERS_ON_RANK_SCALE.get(twin, (twin, {}))[1], **GVA_ENV})
                              for name, twin in GVA_VARIANTS.items()})
+# The runner under torchrun with one process against its twin without: NPROC_PER_NODE=1 makes the runner start
+# `python -m torch.distributed.run --nproc_per_node 1` itself (backends/data_parallel.py) -- the process group, DDP over
+# the LoRA tensors, the per-step reductions, the adapter digest at the end: what the data-parallel path costs where it
+# is not needed (the goal: within 3 % of the twin's median step). name -> (twin, processes)
+TORCHRUN_VARIANTS = {'vora_unsloth_mb4_torchrun1': ('vora_unsloth_mb4', 1)}
+TORCHRUN_GOAL = 0.03
 
 
 def budget(smoke: bool) -> Dict[str, Any]:
@@ -617,6 +626,10 @@ def vora_variant(name: str) -> Optional[VoraVariant]:
              'vora_unsloth_offload': VoraVariant({}, ['unsloth.gradient_checkpointing=unsloth'])}
     if name in fixed:
         return fixed[name]
+    if name in TORCHRUN_VARIANTS:  # the twin's switches and overrides, under torchrun
+        twin, processes = TORCHRUN_VARIANTS[name]
+        base = vora_variant(twin)
+        return VoraVariant({**base.env, 'NPROC_PER_NODE': str(processes)}, base.overrides, base.fla)
     if name in MICRO_BATCH_VARIANTS:  # more samples (tokens per expert GEMM) per micro-batch
         return VoraVariant({}, [f'train.micro_batch={MICRO_BATCH_VARIANTS[name]}'])
     if name in MOE_BACKEND_VARIANTS:
@@ -709,9 +722,16 @@ def dry_run(args, gpu_gib: Optional[float] = None) -> int:
                   f'card (the recipe plans for {plan.get("hardware", {}).get("name", "its own hardware")}); nothing '
                   'was built')
             continue
+        notes = (json.loads(proc.stdout).get('launch') or {}).get('notes') or []
+        torchrun = [note for note in notes if 'through torchrun' in note]
+        if 'NPROC_PER_NODE' in variant.env and not torchrun:
+            failed += 1
+            print(f'== {name}: refused: NPROC_PER_NODE={variant.env["NPROC_PER_NODE"]} but the launch does not go '
+                  f'through torchrun (notes: {notes})')
+            continue
         print(f'== {name}: {plan["backend"]} {plan["verdict"]} {plan["gpu_peak_gib"]} GiB; '
               f'switches {json.dumps(variant.env, sort_keys=True)}; overrides {" ".join(variant.overrides)}'
-              + ('; flagship' if flagship else ''))
+              + ('; flagship' if flagship else '') + (f'; {torchrun[0]}' if torchrun else ''))
     return 1 if failed else 0
 
 
@@ -919,6 +939,15 @@ def headline(payload: Dict[str, Any], config: Dict[str, Any], counts: Dict[str, 
             'mfu': (ours.get('mfu') or 0) >= GOAL_FULL['mfu'],
             'plan_error': payload.get('plan_error') is not None and abs(payload['plan_error']) <= GOAL_FULL[
                 'plan_error']}
+    # the data-parallel path on one GPU against the runner without torchrun (median steps, same call)
+    for name, (twin, processes) in TORCHRUN_VARIANTS.items():
+        dp, plain_run = variants.get(name) or {}, variants.get(twin) or {}
+        if dp.get('tokens_per_s') and plain_run.get('tokens_per_s'):
+            ratio = dp['tokens_per_s'] / plain_run['tokens_per_s']
+            payload.setdefault('torchrun_overhead', {})[name] = {
+                'twin': twin, 'processes': processes, 'tokens_per_s_ratio': round(ratio, 4),
+                'median_step_s': [dp.get('median_step_s'), plain_run.get('median_step_s')],
+                'goal': f'within {TORCHRUN_GOAL:.0%}', 'goal_met': ratio >= 1 - TORCHRUN_GOAL}
     payload['goal'] = GOAL
     payload['goal_met'] = {
         'speedup': payload.get('speedup') is not None and payload['speedup'] >= GOAL['speedup'],

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import logging
 import sys
@@ -372,6 +373,12 @@ def mismatch(patch: Patch) -> Optional[str]:
     other parameters, no longer uses a name our code relies on, or (replaces) has another source than the one its
     equivalence test was written for."""
     installed = installed_version(patch.package)
+    # a module the target's module needs and this machine lacks (transformer_engine on a CPU or an Unsloth machine):
+    # importing the target would fail halfway, leaving its package half-imported in sys.modules -- where
+    # `'swift.megatron' in sys.modules` then reads as "inside megatron sft" (swift_registry.py)
+    missing = [m for m in patch.needs if importlib.util.find_spec(m) is None]
+    if missing:
+        return f'{patch.target} needs {", ".join(missing)}, which is not installed'
     try:
         target = resolve(patch.target)
     except (ImportError, AttributeError) as e:

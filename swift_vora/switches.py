@@ -178,6 +178,9 @@ def _table() -> Tuple[Switch, ...]:
                'repeat (transformers as it is: repeated to the value heads) | grouped (handed to fla\'s kernel at '
                'their own head count; it reads each for its group of value heads)', choices=('repeat', 'grouped'),
                where='speed/gdn_qk_heads.py'),
+        Switch(PREFIX + 'DIST_TIMEOUT', 'number', 1800.0, 'Unsloth runner on several processes: seconds a rank '
+               'waits for the others in a collective before the run stops (the process group\'s timeout; '
+               '`swift sft`\'s ddp_timeout default)', where='backends/data_parallel.py', bounds=(0, WEEK_S, False)),
         Switch(PREFIX + 'STEP_SYNC', 'choice', 'each', 'Unsloth runner, CUDA: synchronise after each optimizer step '
                '(each) | keep one step in flight and record it one step late (lagged)', choices=('each', 'lagged'),
                where='backends/step_ends.py'),

@@ -127,14 +127,6 @@ def test_unsloth_gradient_checkpointing_values_are_checked():
         build_launch(plan_recipe(recipe), recipe, environ={})
 
 
-def test_unsloth_is_one_gpu_only():
-    recipe = load_recipe(os.path.join(REPO, 'recipes', 'h200x8.yaml'),
-                         [f'model.path={os.path.join(CONFIGS, "qwen3_5_moe_35b_a3b.json")}',
-                          'train.backend=unsloth_split_lora'])
-    plan = plan_recipe(recipe)
-    assert plan.verdict == 'refused' and plan.exit_code == 4
-
-
 @pytest.fixture(scope='module')
 def peft_moe(tiny_moe_model_dir):
     import torch

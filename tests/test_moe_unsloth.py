@@ -12,7 +12,8 @@ from concurrent.futures import CancelledError
 
 import pytest
 
-from swift_vora.backends.prefetch import Batch, EncodePrefetcher, OrderedEncoder, SampleOrder
+from swift_vora.backends.prefetch import Batch, EncodePrefetcher, OrderedEncoder
+from swift_vora.backends.rank_samples import RankOrder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, 'tests', 'fixtures', 'configs')
@@ -65,11 +66,13 @@ def test_prefetch_close_stops_a_producer_blocked_on_a_full_queue():
 
 
 def test_sample_order_visits_every_row_once_per_epoch():
-    order = SampleOrder(7, seed=3)
+    order = RankOrder(7, seed=3)
     first, second = [order.next() for _ in range(7)], [order.next() for _ in range(7)]
-    assert sorted(first) == sorted(second) == list(range(7))
-    again = SampleOrder(7, seed=3)
-    assert [again.next() for _ in range(7)] == first  # seeded: a rerun sees the same order
+    assert [p.epoch for p in first + second] == [0] * 7 + [1] * 7
+    first, second = [p.index for p in first], [p.index for p in second]
+    assert sorted(first) == sorted(second) == list(range(7)) and first != second  # a new shuffle each epoch
+    again = RankOrder(7, seed=3)
+    assert [again.next().index for _ in range(7)] == first  # seeded: a rerun sees the same order
 
 
 class Rejected(ValueError):
@@ -100,8 +103,9 @@ class FakeTemplate:
 
 
 def _encoded(threads, n=60, seed=7):
-    order = SampleOrder(23, seed=seed)
-    encoder = OrderedEncoder([FakeTemplate(i).encode for i in range(threads)], order.next, rejected=(Rejected, ))
+    order = RankOrder(23, seed=seed)
+    encoder = OrderedEncoder([FakeTemplate(i).encode for i in range(threads)], lambda: order.next().index,
+                             rejected=(Rejected, ))
     try:
         got = [encoder.next() for _ in range(n)]
     finally:
@@ -111,8 +115,8 @@ def _encoded(threads, n=60, seed=7):
 
 def test_ordered_encoder_hands_samples_and_rejections_back_in_drawn_order_whatever_the_thread_count():
     serial = _encoded(1)
-    order = SampleOrder(23, seed=7)
-    assert [row for row, _, _ in serial] == [order.next() for _ in range(60)]  # the seeded order, untouched
+    order = RankOrder(23, seed=7)
+    assert [row for row, _, _ in serial] == [order.next().index for _ in range(60)]  # the seeded order, untouched
     assert {row for row, _, rejected in serial if rejected} == {row for row, _, _ in serial if row % 5 == 0} != set()
     assert all(sample == {'row': row} for row, sample, rejected in serial if not rejected)
     assert _encoded(4) == serial  # random encode times: finished out of order, handed back in order

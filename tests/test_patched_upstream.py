@@ -150,3 +150,19 @@ def test_lever_modules_patch_the_classes_the_inventory_lists():
                                                    'Qwen3VLMoeVisionPatchEmbed', 'Qwen3_5VisionPatchEmbed',
                                                    'Qwen3_5MoeVisionPatchEmbed']
     assert forward_targets('patch_embed_') == [*patch_embed.CLASSES, ('torch.nn', 'Conv3d')]  # + the per-instance one
+
+
+def test_a_target_whose_needs_are_missing_is_not_imported_halfway(tmp_path, monkeypatch):
+    """A patch whose target module needs what this machine lacks (transformer_engine for `swift.megatron` on a CPU or
+    an Unsloth machine) is reported unknown without importing it: a failed import left `swift.megatron` half-imported
+    in sys.modules, which the plugin then read as "inside megatron sft" -- the Unsloth runner stopped building its
+    template (its fingerprint checks every patch first)."""
+    pkg = tmp_path / 'vora_half_pkg'
+    (pkg / 'sub').mkdir(parents=True)
+    (pkg / '__init__.py').write_text('')
+    (pkg / 'sub' / '__init__.py').write_text('import vora_module_not_installed\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    patch = patches.Patch('half', 'vora_half_pkg.sub:f', 'nothing', 'wraps', (), 'nowhere', 'off', 'none',
+                          needs=('vora_module_not_installed', ))
+    assert patches.mismatch(patch) == 'vora_half_pkg.sub:f needs vora_module_not_installed, which is not installed'
+    assert 'vora_half_pkg' not in sys.modules

@@ -132,7 +132,6 @@ REFUSALS = [
     ('zero3-moe', [SEED, '--hardware', 'h200x1', '--backend', 'deepspeed_zero3', '--offload', 'cpu'],
      'unsloth_split_lora'),
     ('qlora-moe', [SEED, '--hardware', 'h200x1', '--quant', '4bit'], 'unsloth_split_lora'),
-    ('unsloth-multi-gpu', [SEED, '--hardware', 'h200x8', '--backend', 'unsloth_split_lora'], 'megatron_ep_lora'),
     ('megatron-model-type', [cfg('tiny_mixtral'), '--gpus', '2', '--gpu-mem-gib', '24', '--backend',
                              'megatron_ep_lora'], 'deepspeed_zero2'),
     ('unsloth-lora-only', [SEED, '--hardware', 'h200x1', '--backend', 'unsloth_split_lora', '--tuner', 'full'],

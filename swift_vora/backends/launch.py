@@ -7,8 +7,8 @@ each, asked in the order of `LAUNCHERS`:
 - `ddp`, `deepspeed_zero2`, `deepspeed_zero3` -> `swift sft` (ms-swift starts `torch.distributed.run` itself
   when `NPROC_PER_NODE` / `NNODES` are set; see swift/cli/main.py) -- deepspeed.py `SwiftSft`
 - `megatron_ep_lora` -> `megatron sft` (same torchrun convention) -- megatron.py `MegatronSft`
-- `unsloth_split_lora` -> `python -m swift_vora.backends.unsloth_runner CONFIG.json` (one GPU, one process)
-  -- unsloth.py `UnslothRunner`
+- `unsloth_split_lora` -> `python -m swift_vora.backends.unsloth_runner CONFIG.json` (one process per GPU: with
+  `NPROC_PER_NODE` / `NNODES` set the runner starts torchrun itself, as swift does) -- unsloth.py `UnslothRunner`
 
 Several nodes: `NNODES`, `NODE_RANK`, `MASTER_ADDR`, `MASTER_PORT` go to the engine's torchrun rendezvous.
 `NODE_RANK` and `MASTER_ADDR` come from the environment of `swift-vora train` on each node.

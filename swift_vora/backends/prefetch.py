@@ -18,7 +18,6 @@ from __future__ import annotations
 import collections
 import functools
 import queue
-import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -39,6 +38,9 @@ class Batch:
     encode_s: float
     rejections: List[str] = field(default_factory=list)
     names: List[str] = field(default_factory=list)
+    # where this rank's order drew the trained samples and the rejected ones (rank_samples.Position): the coverage
+    positions: List[Any] = field(default_factory=list)
+    rejected_positions: List[Any] = field(default_factory=list)
     # the vision tower's preamble for this batch's videos (speed/vision_preamble.py), when that switch is on
     vision: Dict[str, Any] = field(default_factory=dict)
 
@@ -56,20 +58,6 @@ def pin_tensors(inputs: Dict[str, Any]) -> Dict[str, Any]:
         return inputs
     return {k: v.pin_memory() if isinstance(v, torch.Tensor) and v.device.type == 'cpu' else v
             for k, v in inputs.items()}
-
-
-class SampleOrder:
-    """An endless shuffled order over `n` rows: a new permutation each epoch, from one seeded generator."""
-
-    def __init__(self, n: int, seed: int):
-        self.n = n
-        self.rng = random.Random(seed)
-        self.pending: List[int] = []
-
-    def next(self) -> int:
-        if not self.pending:
-            self.pending = self.rng.sample(range(self.n), self.n)
-        return self.pending.pop()
 
 
 @dataclass

@@ -1,13 +1,17 @@
 """The training guards for the Unsloth runner's plain loop (no HF Trainer, so no callbacks).
 
-The same checks and report files as the `swift sft` guards (swift_vora/guards/), driven by the loop:
-- `fingerprint.json`: versions, git state, plugin hashes, the recipe and its sha256, the environment;
-- `supervision.rank0.json`: supervised tokens per micro-batch; a batch with none stops the run;
-- `lora_update.json`: every LoRA tensor -- the expert tensors counted apart -- changed after the first
-  `SWIFT_VORA_LORA_CHECK_STEPS` steps that really updated (learning rate > 0), or the run stops with the names;
-- `memory_phases.rank0.jsonl`: GPU memory (or RSS on CPU) at load, per phase of the first steps and every
-  `SWIFT_VORA_MEMORY_EVERY` steps; an out-of-memory error is reported with the phase it happened in;
-- `verify_adapter.json`: the saved adapter reloaded on the base model in a fresh process, tensor by tensor.
+The same checks and report files as the `swift sft` guards (swift_vora/guards/), driven by the loop; with several
+replicas (data_parallel.py) each rank checks its own, and the files are per rank where the values are:
+- `fingerprint.json` (rank 0): versions, git state, plugin hashes, the recipe and its sha256, the environment;
+- `supervision.rank{R}.json`: supervised tokens per micro-batch of that rank; a batch with none stops the run;
+- `lora_update.json` (written by rank 0, checked on every rank): every LoRA tensor -- the expert tensors counted
+  apart -- changed after the first `SWIFT_VORA_LORA_CHECK_STEPS` steps that really updated (learning rate > 0), or
+  the run stops with the names;
+- `memory_phases.rank{R}.jsonl`: that rank's GPU memory (or RSS on CPU) at load, per phase of the first steps and
+  every `SWIFT_VORA_MEMORY_EVERY` steps; an out-of-memory error is reported with the phase it happened in;
+- `verify_adapter.json` (rank 0, once, after the others left): the saved adapter reloaded on the base model in a
+  fresh process, tensor by tensor.
+The coverage of the samples is rank_samples.py's (the runner's own sampler).
 """
 from __future__ import annotations
 
@@ -33,9 +37,10 @@ from ..guards.verify_adapter import verify_and_report
 class RunnerGuards:
     """One instance per run; every method is cheap except `verify` (a subprocess that reloads the model)."""
 
-    def __init__(self, model, output_dir: str, device=None):
+    def __init__(self, model, output_dir: str, device=None, rank: int = 0):
         self.output_dir = output_dir
         self.device = device
+        self.rank = rank
         self.tracker = AdapterTracker(model)
         self.check_steps = max(1, switches.read(CHECK_STEPS_ENV))
         self.memory_first = switches.read(FIRST_ENV)
@@ -44,7 +49,7 @@ class RunnerGuards:
         self.lora_checked = False
         self.per_batch: List[int] = []
         self.per_sample: List[int] = []
-        self.memory_path = os.path.join(output_dir, 'memory_phases.rank0.jsonl')
+        self.memory_path = os.path.join(output_dir, f'memory_phases.rank{rank}.jsonl')
         self.phase = 'load'
 
     # ---- start ----------------------------------------------------------------------------------------------
@@ -54,7 +59,8 @@ class RunnerGuards:
             raise GuardError('lora_update', f'{len(frozen)} LoRA tensors do not require grad (frozen adapters): '
                                             f'{frozen[:5]}')
         fingerprint = build_fingerprint({'trainer': 'swift_vora.backends.unsloth_runner', **extra})
-        write_json(os.path.join(self.output_dir, 'fingerprint.json'), fingerprint)
+        if self.rank == 0:
+            write_json(os.path.join(self.output_dir, 'fingerprint.json'), fingerprint)
         self.tracker.snapshot()
         self.record('model_loaded')
         return fingerprint
@@ -104,20 +110,22 @@ class RunnerGuards:
         report = {'steps_counted': self.counted_steps, 'step': step,
                   **update_summary(names, self.tracker.kinds, changed),
                   'source': 'float64 checksums of every LoRA tensor before training and after the counted steps'}
-        write_json(os.path.join(self.output_dir, 'lora_update.json'), report)
+        if self.rank == 0:  # the same report on every rank (the check's all-reduce)
+            write_json(os.path.join(self.output_dir, 'lora_update.json'), report)
         message = (f'{report["updated"]} of {report["tensors"]} adapter tensors updated after {self.counted_steps} '
                    f'steps ({report["expert_updated"]} of {report["expert_tensors"]} on the experts)'
                    f'{not_reached_note(report["experts_not_reached"])}')
-        logger.info(f'swift-vora lora_update: {message}.')
+        if self.rank == 0:
+            logger.info(f'swift-vora lora_update: {message}.')
         if report['not_updated']:
             raise never_changed_error(message, report['not_updated'], 'check the freeze settings')
         return report
 
     # ---- end -------------------------------------------------------------------------------------------------
     def finish(self) -> Dict[str, Any]:
-        report = {'rank': 0, 'per_batch': distribution(self.per_batch), 'per_sample': distribution(self.per_sample),
-                  'source': 'labels != -100 in the collated batch'}
-        write_json(os.path.join(self.output_dir, 'supervision.rank0.json'), report)
+        report = {'rank': self.rank, 'per_batch': distribution(self.per_batch),
+                  'per_sample': distribution(self.per_sample), 'source': 'labels != -100 in the collated batch'}
+        write_json(os.path.join(self.output_dir, f'supervision.rank{self.rank}.json'), report)
         self.record('train_end')
         return report
 

@@ -1,4 +1,5 @@
-"""MoE on one GPU: Unsloth's split LoRA, through our own small runner (swift_vora.backends.unsloth_runner).
+"""MoE LoRA with Unsloth's split LoRA, through our own small runner (swift_vora.backends.unsloth_runner): on one GPU,
+or on N GPUs as N replicas of it, one process each under torchrun, DDP over the LoRA tensors (data_parallel.py).
 
 Decision (ms-swift 4.6.0 read at swift/model/register.py `load_by_unsloth`, swift/pipelines/train/tuner.py):
 `swift sft --tuner_backend unsloth` does reach Unsloth's loader (FastVisionModel for multimodal model types)
@@ -91,6 +92,8 @@ class UnslothRunConfig:
     encode_threads: int = 4  # threads encoding samples, one template each (prefetch.OrderedEncoder)
     loader: str = 'unsloth'  # 'unsloth' (GPU) | 'peft' (CPU stand-in used by the tests)
     is_moe: bool = True
+    num_gpus: int = 1  # the replicas the plan counted per node (NPROC_PER_NODE); one step trains
+    nodes: int = 1  # num_gpus x nodes x micro_batch x grad_accum samples
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + '\n'
@@ -195,15 +198,15 @@ def _module_path(param_name: str) -> str:
 
 
 def run_config(view: PlanView, recipe: Recipe) -> UnslothRunConfig:
-    if view.world != 1:
-        raise LaunchUsageError(f'unsloth_split_lora runs on one GPU; the plan has {view.world}')
+    """The runner's settings. On N GPUs the run is N replicas (data_parallel.py): the default gradient accumulation
+    keeps the global batch near 16 samples, as `swift sft` does for ddp."""
     if recipe['train.tuner'] != 'lora':
         raise LaunchUsageError('unsloth_split_lora trains LoRA only (train.tuner=lora)')
     refuse_unsloth_packing(recipe)
     model = view.described_model(recipe['model.path'])
     targets = lora_targets(model, recipe['train.target_modules'])
     datasets = recipe['data.dataset']
-    grad_accum = recipe['train.grad_accum'] or max(1, 16 // view.micro_batch)
+    grad_accum = recipe['train.grad_accum'] or max(1, 16 // (view.world * view.micro_batch))
     return UnslothRunConfig(
         model_path=recipe['model.path'], model_type=view.model_type,
         dataset=[datasets] if isinstance(datasets, str) else list(datasets),
@@ -216,7 +219,8 @@ def run_config(view: PlanView, recipe: Recipe) -> UnslothRunConfig:
         gradient_checkpointing=unsloth_gradient_checkpointing(view, recipe), dtype=recipe['train.dtype'],
         seed=recipe['train.seed'], logging_steps=recipe['train.logging_steps'], save_steps=recipe['train.save_steps'],
         save_merged=recipe['unsloth.save_merged'], autocast=recipe['unsloth.autocast'],
-        encode_threads=recipe['unsloth.encode_threads'], is_moe=model.is_moe)
+        encode_threads=recipe['unsloth.encode_threads'], is_moe=model.is_moe, num_gpus=view.num_gpus,
+        nodes=view.nodes)
 
 
 CHECKPOINTING_VALUES = ('auto', True, 'unsloth', False)
@@ -267,6 +271,13 @@ def build_unsloth_launch(view: PlanView, recipe: Recipe, environ: Optional[Mappi
                                'its settings from the recipe (train.*, unsloth.*)')
     argv = [sys.executable, '-m', 'swift_vora.backends.unsloth_runner', path]
     notes = []
+    launched = {**(os.environ if environ is None else environ), **env}
+    if any(launched.get(k) for k in ('NPROC_PER_NODE', 'NNODES')):  # data_parallel.RELAUNCH_ENV, as swift sft
+        notes.append(f'{launched.get("NPROC_PER_NODE") or 1} process(es) per node, one replica each, through '
+                     f'torchrun{" on " + launched["NNODES"] + " nodes" if launched.get("NNODES") else ""}: the runner '
+                     'starts `python -m torch.distributed.run` itself from NPROC_PER_NODE / NNODES / NODE_RANK / '
+                     'MASTER_ADDR / MASTER_PORT, as `swift sft` does; each trains its own samples, DDP all-reduces '
+                     'the LoRA gradients, rank 0 writes')
     if recipe['guards.callbacks']:
         notes.append('guards.callbacks are swift Trainer callbacks; the Unsloth runner does not run them '
                      '(its own checks: router frozen, experts trained, no 4-bit)')
@@ -274,7 +285,8 @@ def build_unsloth_launch(view: PlanView, recipe: Recipe, environ: Optional[Mappi
 
 
 class UnslothRunner(Launcher):
-    """MoE LoRA on one GPU: Unsloth's split LoRA through `python -m swift_vora.backends.unsloth_runner`."""
+    """MoE LoRA with Unsloth's split LoRA through `python -m swift_vora.backends.unsloth_runner`: on one GPU, or on
+    N GPUs as N data-parallel replicas (the runner starts torchrun)."""
     backends = (Backend.UNSLOTH_SPLIT_LORA, )
 
     def build(self, view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:

@@ -1,7 +1,9 @@
-"""Train a MoE with Unsloth's split LoRA on one GPU, with the video_ora template and dataset.
+"""Train a MoE with Unsloth's split LoRA on one GPU -- or on N GPUs, one replica each -- with the video_ora
+template and dataset.
 
     python -m swift_vora.backends.unsloth_runner OUTPUT/swift-vora-launch/unsloth_run.json   # what train runs
     python -m swift_vora.backends.unsloth_runner recipes/h200x1.yaml [key=value ...]         # a recipe directly
+    NPROC_PER_NODE=8 python -m swift_vora.backends.unsloth_runner CONFIG.json                 # 8 replicas (torchrun)
 
 Order matters: the environment (offline, no statistics, compiled cache under the output dir) is set and
 `unsloth` is imported before transformers / ms-swift, so that all of Unsloth's patches apply. Then:
@@ -12,8 +14,13 @@ process (no DataLoader workers: nothing forks next to CUDA and Unsloth's compile
 -> `checkpoint-N/` (PEFT adapter + processor + swift_vora_adapter.json) and, with `unsloth.save_merged`,
 `checkpoint-N-merged/` (save_pretrained_merged, merged_16bit).
 
+With `NPROC_PER_NODE` (or `NNODES`) set, as `swift sft` reads them, the runner starts itself under torchrun, one
+process per GPU; each trains its own samples (torch's DistributedSampler), DDP all-reduces the LoRA gradients, and
+rank 0 alone writes checkpoints, the merged export and the run's logs (data_parallel.py, rank_samples.py).
+
 `--loader peft` swaps Unsloth's loader for transformers + PEFT (LoRA on the same modules, experts through
-`target_parameters`): the tests run the whole loop on CPU that way. Everything else is the same code.
+`target_parameters`): the tests run the whole loop on CPU that way (gloo ranks for the data-parallel path).
+Everything else is the same code.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from . import kernel_cache
+from .data_parallel import is_worker, torchrun_argv
 from .unsloth import (
     MARKER_FILE,
     UnslothRunConfig,
@@ -38,10 +46,20 @@ from .unsloth import (
 )
 
 PROCESS_START = time.time()
+MODULE = 'swift_vora.backends.unsloth_runner'
+_RANK = {'rank': 0, 'world': 1}  # this process among the replicas (set by train)
 
 
 def log(msg: str) -> None:
-    print(f'[swift-vora unsloth] {msg}', flush=True)
+    """A line about the run: printed once, by rank 0."""
+    if _RANK['rank'] == 0:
+        print(f'[swift-vora unsloth] {msg}', flush=True)
+
+
+def log_rank(msg: str) -> None:
+    """A line about this process: printed by every rank, naming it when there are several."""
+    who = f' rank {_RANK["rank"]}/{_RANK["world"]}' if _RANK['world'] > 1 else ''
+    print(f'[swift-vora unsloth{who}] {msg}', flush=True)
 
 
 def _config_from_recipe(path: str, overrides: List[str], loader: Optional[str]) -> UnslothRunConfig:
@@ -53,7 +71,10 @@ def _config_from_recipe(path: str, overrides: List[str], loader: Optional[str]) 
     if recipe['unsloth.gradient_checkpointing'] == 'auto':  # the planner decides, as for `swift-vora train`
         from .planning import plan_recipe
         checkpoints = plan_recipe(recipe).checkpoints
-    view = PlanView(backend='unsloth_split_lora', verdict='fits', reasons=[], num_gpus=1, nodes=1, ep=1, tp=1,
+    world = int(os.environ.get('WORLD_SIZE', '1'))  # under torchrun: the replicas it started
+    per_node = int(os.environ.get('LOCAL_WORLD_SIZE', world))
+    view = PlanView(backend='unsloth_split_lora', verdict='fits', reasons=[], num_gpus=per_node,
+                    nodes=max(1, world // per_node), ep=1, tp=1,
                     offload='none', micro_batch=recipe['train.micro_batch'], is_moe=True,
                     model_type=recipe['model.type'] or config_model_type(recipe['model.path']), gpu_peak_gib=None,
                     host_peak_gib=None, checkpoints=checkpoints)
@@ -79,8 +100,9 @@ def _partial_checkpoint(model, info: Dict[str, Any]):
     return counter
 
 
-def load_model(cfg: UnslothRunConfig):
-    """(model with LoRA, info dict). Unsloth on GPU; transformers + PEFT for the CPU stand-in."""
+def load_model(cfg: UnslothRunConfig, device=None):
+    """(model with LoRA, info dict). Unsloth on GPU; transformers + PEFT for the CPU stand-in. `device`: a replica's
+    own GPU (cuda:LOCAL_RANK) where the whole model goes, as Unsloth places it under torchrun."""
     import torch
     info: Dict[str, Any] = {'loader': cfg.loader}
     if cfg.loader == 'unsloth':
@@ -88,6 +110,8 @@ def load_model(cfg: UnslothRunConfig):
         kwargs = from_pretrained_kwargs(cfg)
         if isinstance(kwargs['dtype'], str):  # FastModel asserts a torch dtype
             kwargs['dtype'] = getattr(torch, kwargs['dtype'])
+        if device is not None and device.type == 'cuda' and device.index is not None:
+            kwargs['device_map'] = {'': f'cuda:{device.index}'}
         model, _ = FastModel.from_pretrained(**kwargs)
         model = FastModel.get_peft_model(model, **peft_kwargs(cfg))
         info['from_pretrained'] = {k: str(v) for k, v in kwargs.items() if k != 'model_name'}
@@ -177,6 +201,12 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     for key, value in unsloth_env().items():  # before Triton / Unsloth import
         os.environ.setdefault(key, value)
     kernel_cache.use_in_this_process()
+    from .. import switches
+    from .data_parallel import TIMEOUT_ENV, Replicas
+    # Under torchrun: the process group first -- Unsloth's compiler writes its generated modules from rank 0 alone once
+    # a group exists (unsloth_zoo utils.distributed_function); one process otherwise.
+    replicas = Replicas.start(switches.read(TIMEOUT_ENV))
+    _RANK.update(rank=replicas.rank, world=replicas.world)
     if cfg.loader == 'unsloth':
         with kernel_cache.kept_through_imports():  # Unsloth's import drops the inductor cache folder
             import unsloth  # noqa: F401  (first: before transformers and ms-swift)
@@ -184,16 +214,23 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
 
     from swift_vora.guards.registry import enabled_guards
 
-    from .prefetch import EncodePrefetcher, OrderedEncoder, SampleOrder
+    from .prefetch import EncodePrefetcher, OrderedEncoder
     from .runner_guards import RunnerGuards
     from .step_profile import StepProfiler
     random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    torch.manual_seed(cfg.seed)  # the same on every rank: the same LoRA initialisation (DDP also broadcasts it)
+    device = replicas.device
     guards_on = set(enabled_guards())
+    if replicas.distributed:
+        log_rank(f'replica {replicas.rank} of {replicas.world} on {device} (local rank {replicas.local_rank}, '
+                 f'{replicas.backend}; pid {os.getpid()})')
+        planned = cfg.num_gpus * cfg.nodes
+        if planned != replicas.world:
+            log(f'WARNING: the run config was planned for {planned} process(es); torchrun started {replicas.world}: '
+                f'each optimizer step trains {replicas.world} x {cfg.micro_batch} x {cfg.grad_accum} samples')
 
     t_load = time.time()
-    model, info = load_model(cfg)
+    model, info = load_model(cfg, device if replicas.world > 1 else None)
     info['load_s'] = round(time.time() - t_load, 1)
     from ..speed import moe_lora_scale  # after the load: Unsloth has set up its MoE forward by now
     info['moe_lora_scale'] = moe_lora_scale.install()
@@ -234,8 +271,9 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
         model.to(device)
     autocast_dtype = forward_autocast(cfg, model, info)
     recompute_counter = _partial_checkpoint(model, info)
-    guards = RunnerGuards(model, cfg.output_dir, device=device if device.type == 'cuda' else None)
-    guards.start({'loader': cfg.loader, 'model_path': os.path.abspath(cfg.model_path), 'guards': sorted(guards_on)})
+    guards = RunnerGuards(model, cfg.output_dir, device=device if device.type == 'cuda' else None, rank=replicas.rank)
+    guards.start({'loader': cfg.loader, 'model_path': os.path.abspath(cfg.model_path), 'guards': sorted(guards_on),
+                  'world_size': replicas.world})
     # One template per encode thread: a template keeps per-sample state on itself (prefetch.py). Built here, on the
     # main thread, before any encode starts.
     if cfg.encode_threads < 1:  # the recipe refuses it; a hand-written run config could still say so
@@ -263,18 +301,19 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    per_step = cfg.micro_batch * cfg.grad_accum
-    total = cfg.max_steps or max(1, math.ceil(len(rows) * cfg.epochs / per_step))
+    order, coverage, total = _sample_order(cfg, rows, replicas, 'coverage' in guards_on)
+    info['steps'] = total
     warmup = int(total * cfg.warmup_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)) * max(0.1, 1 - max(0, s - warmup) / max(1, total)))
     log_path = os.path.join(cfg.output_dir, 'train_log.jsonl')
-    order = SampleOrder(len(rows), cfg.seed)
 
     def draw():
-        return rows[order.next()]
+        position = order.next()
+        return position, rows[position.index]
 
-    encodes = [t.encode for t in templates]
+    # each encode takes a drawn (position, row) and encodes the row; the position travels with it to the batch
+    encodes = [lambda drawn, encode=t.encode: encode(drawn[1]) for t in templates]
     # The first batch on this thread, one template (whatever the first encode sets up lazily), then the pool: both
     # draw from the same order, so the sequence of samples does not depend on encode_threads.
     first = _next_batch(OrderedEncoder(encodes[:1], draw, rejected=(SampleRejected, )), template, len(rows), cfg,
@@ -286,8 +325,12 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     prefetch = EncodePrefetcher(lambda: _next_batch(encoder, template, len(rows), cfg, tower), depth=cfg.prefetch,
                                 first=first)
     model.train()
+    forward = replicas.wrap(model)  # DDP over the LoRA tensors under torchrun (data_parallel.py), else the model
     sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
-    profiler = StepProfiler(cfg.output_dir)
+    # every rank profiles the same step (the steps kept in flight must match across ranks); rank 0 writes beside
+    # the logs, the others in a folder of their own
+    profiler = StepProfiler(cfg.output_dir if replicas.main else os.path.join(cfg.output_dir,
+                                                                            f'profile.rank{replicas.rank}'))
     caches_before = kernel_cache.snapshot()
     triton_activity = kernel_cache.TritonActivity.install()
     if device.type == 'cuda':  # otherwise the first step looks like a hang
@@ -304,9 +347,14 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     step, samples, tokens, rejected, last, ckpt = 0, 0, 0, 0, {}, None
 
     def record(end) -> None:
-        """What follows a finished step: the finite-loss check, the first-step report, the guards, the logs, saves."""
+        """What follows a finished step: the finite-loss check, the first-step report, the guards, the logs, saves.
+        Over the replicas: the loss is their mean (what one process over the same global batch logs), the counts
+        their sums."""
         nonlocal last, ckpt
-        done, loss_sum, lr = end.step, end.loss, end.info['lr']
+        done, lr = end.step, end.info['lr']
+        loss_sum, samples_all, tokens_all, rejected_all = replicas.sum(
+            [end.loss, end.info['samples'], end.info['tokens'], end.info['rejected']])
+        loss_sum /= replicas.world
         if not math.isfinite(loss_sum):
             raise FloatingPointError(f'step {done}: loss is {loss_sum} (not finite)')
         if done == 1:
@@ -324,16 +372,18 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                 log(describe_recomputes(info['partial_checkpoint']))
         if 'lora_update' in guards_on:
             guards.after_step(done, lr)
-        last = {'step': done, 'loss': round(loss_sum, 6), 'lr': lr, 'samples': end.info['samples'],
-                'tokens': end.info['tokens'], 'rejected_samples': end.info['rejected'],
+        last = {'step': done, 'loss': round(loss_sum, 6), 'lr': lr, 'samples': int(samples_all),
+                'tokens': int(tokens_all), 'rejected_samples': int(rejected_all),
                 'seconds': round(end.at - start, 3), 'data_wait_s': round(prefetch.wait_s, 3), **_peak_memory(torch)}
         if done % cfg.logging_steps == 0 or done == total or done == 1:
             log(json.dumps(last))
-        with open(log_path, 'a', encoding='utf-8') as f:
-            f.write(json.dumps(last) + '\n')
+        if replicas.main:
+            with open(log_path, 'a', encoding='utf-8') as f:
+                f.write(json.dumps(last) + '\n')
         if done % cfg.save_steps == 0 or done == total:
             guards.enter('save', done)
-            ckpt = save(model, processor, cfg, done, info)
+            if replicas.main:  # one writer: the replicas hold the same adapter (checked at the end)
+                ckpt = save(model, processor, cfg, done, info)
 
     try:
         while step < total:
@@ -346,6 +396,7 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                     guards.enter('batch_wait', step, micro)
                     batch = prefetch.next()
                     rejected += batch.rejected
+                    coverage.consumed(batch.positions, batch.rejected_positions)
                     guards.on_batch(batch.supervised_per_sample, step, batch.names)
                     inputs = {k: v.to(device, non_blocking=True) if hasattr(v, 'to') else v  # pinned: prefetch.py
                               for k, v in batch.inputs.items() if k in keys}
@@ -354,12 +405,14 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                             k: v.to(device, non_blocking=True) if hasattr(v, 'to') else v
                             for k, v in batch.vision.items()})
                     guards.enter('forward', step, micro)
-                    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                        # no KV / recurrent cache: a training forward never reads one (Unsloth turns it off only
-                        # with its checkpointing; the PEFT stand-in kept one per forward)
-                        loss = model(**inputs, use_cache=False).loss / cfg.grad_accum
-                    guards.enter('backward', step, micro)
-                    loss.backward()
+                    # DDP all-reduces the gradients on the step's last micro-batch only
+                    with replicas.accumulating(micro == cfg.grad_accum - 1):
+                        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                            # no KV / recurrent cache: a training forward never reads one (Unsloth turns it off
+                            # only with its checkpointing; the PEFT stand-in kept one per forward)
+                            loss = forward(**inputs, use_cache=False).loss / cfg.grad_accum
+                        guards.enter('backward', step, micro)
+                        loss.backward()
                     if lagged:  # summed on the device: no read-back until the step is recorded
                         loss_sum = loss.detach().float() if loss_sum is None else loss_sum + loss.detach().float()
                     else:
@@ -380,11 +433,21 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                 record(end)
     except BaseException as error:
         guards.explain_error(error, step)
+        if replicas.distributed:  # the peers stop too (torchrun, or their collective's timeout): say who started it
+            log_rank(f'failed at step {step} of {total}: {type(error).__name__}: {error}')
         raise
     finally:
         encoder.close()  # first: unblocks a prefetch thread waiting on an encode
         prefetch.close()
     info['supervision'] = guards.finish()
+    summary = coverage.finish(replicas.gather, 'max_steps' if cfg.max_steps else 'step_budget')
+    if summary is not None:
+        from .rank_samples import describe_summary
+        for row in summary:
+            log(describe_summary(row))
+        # counts here; which samples, in coverage_summary.jsonl
+        info['coverage'] = [{k: len(v) if isinstance(v, list) and not k.endswith('_per_rank') else v
+                             for k, v in row.items() if not k.endswith('_ids')} for row in summary]
     if 'down_lora' in info['moe_lora_scale']:  # how many down projections folded, and why others did not
         from ..speed import moe_down_fold
         info['moe_lora_scale']['down_fold'] = moe_down_fold.counts()
@@ -405,6 +468,12 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
         log(f'peak GPU memory (measured): {info["max_memory_allocated_gib"]} GiB allocated, '
             f'{info["max_memory_reserved_gib"]} GiB reserved')
     info['last'] = last
+    if replicas.distributed:
+        info['data_parallel'] = _replicas_end(model, replicas, torch)
+    del forward
+    replicas.leave()  # every rank arrives, the groups go; rank 0 alone goes on
+    if not replicas.main:
+        return info
     if 'verify_adapter' in guards_on and ckpt:
         # The fresh process loads the base model again (on the GPU when the host has no room for it: a 35B MoE whose
         # checkpoint sits in a tmpfs): every reference to this one goes first -- the template holds it too.
@@ -418,6 +487,55 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                 'of GPU memory free')
         info['verify_adapter'] = guards.verify(ckpt, cfg.model_path)
     return info
+
+
+def row_name(row: Dict[str, Any]) -> str:
+    """How logs and reports name a sample: its sample id, else its video."""
+    return str((row.get('chat_template_kwargs') or {}).get('sample_id') or row.get('videos'))
+
+
+def _sample_order(cfg: UnslothRunConfig, rows: List[Dict[str, Any]], replicas, report: bool):
+    """(this rank's order, its coverage count, the optimizer steps): torch's DistributedSampler over the rows, the
+    tail policy for rows that do not divide over the ranks, as for `swift sft` (rank_samples.py). `report`: the
+    coverage guard is on (its files are written)."""
+    from .. import switches
+    from ..guards.common import GuardError, write_json
+    from ..guards.coverage import NAME, REPLICATE_ENV, TAIL_ENV
+    from .rank_samples import Coverage, RankOrder, describe_plan, plan_tail, steps_for
+    plan = plan_tail(len(rows), replicas.world, cfg.seed, switches.read(TAIL_ENV), switches.read(REPLICATE_ENV))
+    if report and replicas.main:
+        write_json(os.path.join(cfg.output_dir, 'coverage_plan.json'), plan)
+    if plan['error']:
+        raise GuardError(NAME, plan['error'])
+    order = RankOrder(len(rows), replicas.world, replicas.rank, cfg.seed, plan['drop_last'])
+    per_rank_step = cfg.micro_batch * cfg.grad_accum
+    total = steps_for(order.per_epoch, cfg.epochs, per_rank_step, cfg.max_steps)
+    for line in describe_plan(plan, lambda i: row_name(rows[i]), per_rank_step * replicas.world):
+        log(line)
+    coverage = Coverage(len(rows), replicas.world, replicas.rank, cfg.seed, plan['drop_last'], order.per_epoch,
+                        cfg.output_dir, lambda i: row_name(rows[i]), write=report)
+    return order, coverage, total
+
+
+def _replicas_end(model, replicas, torch) -> Dict[str, Any]:
+    """After training, on every rank: the adapter each replica holds (sha256 of PEFT's state dict, what
+    save_pretrained writes) and its peak memory, gathered. Replicas that disagree stop the run: a LoRA tensor DDP did
+    not reduce would have trained apart on each rank."""
+    from peft import get_peft_model_state_dict
+
+    from ..guards.common import GuardError
+    from .data_parallel import adapter_digest, replicas_agree
+    mine = {'rank': replicas.rank, 'device': str(replicas.device),
+            'adapter_sha256': adapter_digest(get_peft_model_state_dict(model)), **_peak_memory(torch)}
+    ranks = replicas.gather(mine)
+    report = {'world_size': replicas.world, 'backend': replicas.backend, 'ranks': ranks,
+              **replicas_agree([r['adapter_sha256'] for r in ranks])}
+    if not report['identical']:
+        raise GuardError('lora_update', f'after training, rank(s) {report["differ_from_rank0"]} of {replicas.world} '
+                                        'hold another adapter than rank 0: some LoRA tensor was not all-reduced. '
+                                        'Nothing of this run is a valid result.')
+    log(f'the {replicas.world} replicas hold the same adapter (sha256 {report["adapter_sha256"][0][:16]}...)')
+    return report
 
 
 def forward_autocast(cfg: UnslothRunConfig, model, info: Dict[str, Any]):
@@ -518,20 +636,22 @@ def _next_batch(encoder, template, n_rows: int, cfg: UnslothRunConfig, tower=Non
     vision `tower` (SWIFT_VORA_VISION_PREAMBLE=prefetch) its preamble for the videos' grid too."""
     from .prefetch import Batch, pin_tensors
     t0 = time.perf_counter()
-    encoded, names, reasons = [], [], []
+    encoded, names, reasons, positions, rejected_positions = [], [], [], [], []
     while len(encoded) < cfg.micro_batch:
         got = encoder.next()
+        position, row = got.row  # draw() hands (position in this rank's order, row)
         if got.rejection is not None:
             if cfg.strict:
                 raise got.rejection
             reasons.append(str(got.rejection))
-            log(f'sample rejected: {got.rejection}')
+            rejected_positions.append(position)
+            log_rank(f'sample rejected: {got.rejection}')
             if len(reasons) > n_rows:
                 raise SystemExit('every sample was rejected by the template') from got.rejection
             continue
-        row = got.row
         encoded.append(got.sample)
-        names.append(str((row.get('chat_template_kwargs') or {}).get('sample_id') or row.get('videos')))
+        positions.append(position)
+        names.append(row_name(row))
     supervised = [sum(1 for t in e['labels'] if t != -100) for e in encoded]
     inputs = template.data_collator(encoded)
     vision = {}
@@ -540,7 +660,8 @@ def _next_batch(encoder, template, n_rows: int, cfg: UnslothRunConfig, tower=Non
         vision = pin_tensors(precompute(tower, inputs['video_grid_thw']))
     return Batch(inputs=pin_tensors(inputs), vision=vision, samples=len(encoded),
                  tokens=sum(len(e['input_ids']) for e in encoded), supervised_per_sample=supervised,
-                 rejected=len(reasons), encode_s=time.perf_counter() - t0, rejections=reasons, names=names)
+                 rejected=len(reasons), encode_s=time.perf_counter() - t0, rejections=reasons, names=names,
+                 positions=positions, rejected_positions=rejected_positions)
 
 
 def save(model, processor, cfg: UnslothRunConfig, step: int, info: Dict[str, Any]) -> str:
@@ -576,9 +697,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument('--loader', choices=('unsloth', 'peft'), default=None,
                         help='peft: transformers + PEFT stand-in (CPU tests); default: the config\'s')
     args = parser.parse_args(argv)
+    relaunch = torchrun_argv(MODULE, list(sys.argv[1:] if argv is None else argv))
+    if relaunch is not None:  # NPROC_PER_NODE / NNODES set, not a worker yet: torchrun starts the replicas
+        print(f'[swift-vora unsloth] one process per GPU through torchrun: {" ".join(relaunch)}', flush=True)
+        os.execv(relaunch[0], relaunch)
+    if args.config.endswith('.json') and args.overrides:
+        parser.error('overrides apply to a recipe YAML, not to a run config JSON')
+    if is_worker():
+        # torchrun's summary then carries this rank's traceback, not only its exit code
+        from torch.distributed.elastic.multiprocessing.errors import record
+        return record(_run)(args)
+    return _run(args)
+
+
+def _run(args) -> int:
     if args.config.endswith('.json'):
-        if args.overrides:
-            parser.error('overrides apply to a recipe YAML, not to a run config JSON')
         with open(args.config, encoding='utf-8') as f:
             cfg = UnslothRunConfig.from_json(f.read())
         if args.loader:
@@ -586,8 +719,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         cfg = _config_from_recipe(args.config, args.overrides, args.loader)
     info = train(cfg)
-    with open(os.path.join(cfg.output_dir, 'unsloth_run_result.json'), 'w', encoding='utf-8') as f:
-        json.dump(info, f, indent=2, default=str)
+    if _RANK['rank'] == 0:
+        with open(os.path.join(cfg.output_dir, 'unsloth_run_result.json'), 'w', encoding='utf-8') as f:
+            json.dump(info, f, indent=2, default=str)
     return 0
 
 

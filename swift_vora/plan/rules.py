@@ -43,7 +43,6 @@ REFUSAL_RULES = {
     'qlora-moe': '4-bit / QLoRA with a MoE model',
     'quant-needs-lora': '4-bit weights with a tuner other than LoRA',
     'quant-megatron': '4-bit with the Megatron backend',
-    'unsloth-multi-gpu': 'Unsloth on several GPUs',
     'unsloth-lora-only': 'unsloth_split_lora with full or selective training',
     'megatron-lora-only': 'megatron_ep_lora with full or selective training',
     'megatron-full-only': 'megatron_ep_full with a tuner other than full (LoRA: megatron_ep_lora)',
@@ -117,9 +116,6 @@ def check_refusal(spec: ModelSpec, world: int, req: PlanRequest, backend: Backen
                 'every fused expert block on every rank; DeepSpeed\'s own MoE layer refuses ZeRO-3, and swift\'s '
                 'leaf-module workaround runs but slowly — maintainers point MoE users to Megatron',
                 _moe_alternative(spec, world) + ('' if world > 1 else '; or deepspeed_zero2 for full training'))
-    if backend == Backend.UNSLOTH_SPLIT_LORA and world > 1:
-        alt = _moe_alternative(spec, world) if moe else Backend.DEEPSPEED_ZERO3
-        return ('unsloth-multi-gpu', f'Unsloth trains on one GPU; this plan has {world} GPUs', alt)
     if backend == Backend.UNSLOTH_SPLIT_LORA and req.tuner != 'lora':
         return ('unsloth-lora-only', f'unsloth_split_lora trains LoRA adapters only, not {req.tuner} training',
                 '--tuner lora, or deepspeed_zero2' + ('' if moe else ' / deepspeed_zero3'))
