@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 
 from ..backends.base import LaunchUsageError
@@ -44,10 +45,34 @@ def register_commands(subparsers) -> None:
     p.add_argument('--dry-run', action='store_true', help='print the plan, the exact command and generated files; '
                    'launch nothing')
     p.add_argument('--json', action='store_true', help='with --dry-run: one JSON object (plan, argv, env, files)')
+    p.add_argument('--explain', action='store_true',
+                   help='also print where every number of the plan comes from (measurements, derivations)')
     p.add_argument('--trust-recipe-hardware', action='store_true',
                    help='launch even where this machine has fewer GPUs, less GPU memory or no bf16 than the recipe '
                         'plans for (recipe key hardware_check: false says the same)')
     p.set_defaults(handler=cmd_train)
+    p.unknown_flag_hint = engine_flag_hint
+
+
+def engine_flag_hint(flag: str, value: str = '') -> str:
+    """For a flag `train` does not take (`--learning_rate 1e-5`): where that setting goes -- the recipe key that sets
+    it (as an override, `train.learning_rate=1e-5`), else `swift_args:` (any swift sft / megatron sft argument,
+    checked by the engine's own parser before launch). '' for what is not an ms-swift spelling."""
+    from ..backends.recipe import ALIASES, MODELLED_ARGS, SCHEMA
+    name = flag.lstrip('-').split('=', 1)[0].replace('-', '_')
+    if not name or not name.replace('_', '').isalnum():
+        return ''
+    shown = value if value and not value.startswith('-') else 'VALUE'
+    key = MODELLED_ARGS.get(name) or next((k for k in (*SCHEMA, *ALIASES) if k.split('.', 1)[-1] == name), None)
+    if key and '.' in key and ' ' not in key:
+        return (f'--{name} is an ms-swift argument; `swift-vora train` takes it as the recipe key {key}: '
+                f'{shlex.join([f"{key}={shown}"])} after the recipe, or {key.split(".", 1)[1]}: under '
+                f'{key.split(".", 1)[0]}: in the file')
+    if key:
+        return f'--{name} is set by swift-vora itself ({key})'
+    return (f'--{name} is not a swift-vora train flag; if it is a swift sft / megatron sft argument, give it as '
+            f'{shlex.join([f"swift_args.{name}={shown}"])} (or under swift_args: in the recipe): ms-swift\'s own '
+            'parser checks it before launch')
 
 
 # Lines of each annotation file checked before a launch: enough to catch a wrong file or format in a second.
@@ -156,14 +181,15 @@ def cmd_train(args) -> int:
         raise CliError(str(e), EXIT_USAGE) from None
     if plan.verdict == 'fits' and launch is not None and not args.dry_run:
         # What stops a launch is checked before anything is printed: with --json, stdout then holds the error only.
+        # The machine first: on the wrong machine, downloading the model would be the wrong advice.
+        if recipe['hardware_check'] and not args.trust_recipe_hardware:
+            refuse_other_machine(recipe, plan)
         source = plan.config_source or {}
         if not source.get('local_model', True):  # planned from a cached / shipped config: the weights are not there
             raise CliError(f'{recipe.path}: model.path {recipe["model.path"]!r} is not a local model directory '
                            f'(planned from {source.get("description")}); download the model first, e.g. '
                            f'`huggingface-cli download {source.get("model_id") or "ORG/NAME"} --local-dir '
                            f'{recipe["model.path"]}`, and point model.path at it', EXIT_USAGE)
-        if recipe['hardware_check'] and not args.trust_recipe_hardware:
-            refuse_other_machine(recipe, plan)
         missing = missing_rendezvous(launch.env)
         if missing:
             raise CliError(f'{recipe["nodes"]} nodes: set {", ".join(missing)} in the environment of every node '
@@ -181,13 +207,13 @@ def cmd_train(args) -> int:
                              'notes': launch.notes, 'shell': launch.shell()}
         print(dumps(out, indent=2))
     else:
-        print(render_plan(plan))
+        print(render_plan(plan, explain=args.explain))
     if plan.verdict != 'fits' or launch is None:
         _err(f'not launched: {plan.verdict.replace("_", " ")} (exit {plan.exit_code})')  # stderr: JSON stays clean
         overrides = [] if args.json else fits_with_overrides(plan, recipe)  # --json: `fits_with_overrides`
         if overrides:
-            _err(f'what fits on this hardware, as recipe overrides: swift-vora train {args.recipe} '
-                 f'{" ".join(overrides)}')
+            _err('what fits on this hardware, as recipe overrides: '
+                 + shlex.join(['swift-vora', 'train', args.recipe, *overrides]))
         return plan.exit_code
     if not args.json:
         print('\nlaunch (exact command)')

@@ -14,6 +14,7 @@ class Backend(str, Enum):
     DEEPSPEED_ZERO2 = 'deepspeed_zero2'  # swift sft under DeepSpeed ZeRO-2
     DEEPSPEED_ZERO3 = 'deepspeed_zero3'  # swift sft under DeepSpeed ZeRO-3 (the dense default)
     MEGATRON_EP_LORA = 'megatron_ep_lora'  # megatron sft: expert-parallel LoRA for MoE on several GPUs
+    MEGATRON_EP_FULL = 'megatron_ep_full'  # megatron sft: expert-parallel full SFT for MoE (distributed optimizer)
     UNSLOTH_SPLIT_LORA = 'unsloth_split_lora'  # Unsloth's split MoE LoRA on one GPU, through our runner
 
     def __str__(self) -> str:  # the name, in f-strings and str() alike (Python < 3.11 has no StrEnum)

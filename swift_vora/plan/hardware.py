@@ -139,7 +139,28 @@ GPU_CLASSES = {
 }
 
 
+def profile_names() -> List[str]:
+    """Every profile name `--hardware` takes: the named ones and each `<gpu>x<N>`."""
+    generic_names = [f'{c}x{n}' for c, (_, counts, _, _) in GPU_CLASSES.items() for n in counts]
+    return list(PROFILES) + [n for n in generic_names if n not in PROFILES]
+
+
+def suggest_profiles(name: str) -> List[str]:
+    """The profiles a mistyped name most likely meant: `h200` -> h200x1; `a100x1` -> a100-80x1, a100-40x1."""
+    name = name.strip().lower()
+    known = profile_names()
+    gpu_class, _, count = name.rpartition('x')
+    if name in GPU_CLASSES:
+        return [f'{name}x1']
+    prefixed = [n for n in known if gpu_class and n.startswith(gpu_class) and n.endswith('x' + count)]
+    if prefixed:
+        return prefixed[:3]
+    import difflib
+    return difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+
+
 def profile(name: str) -> Hardware:
+    name = name.strip().lower()  # H100x1, H200X8: the same profiles
     if name in PROFILES:
         n, mem, host, gname, note = PROFILES[name]
         return Hardware(name=name, num_gpus=n, gpu_mem_gib=mem, host_ram_gib=host, gpu_name=gname, source='profile',
@@ -151,7 +172,9 @@ def profile(name: str) -> Hardware:
             raise KeyError(f'hardware profile {name!r}: {key} nodes come with {", ".join(map(str, counts))} GPUs; '
                            f'for another count give --gpus N with --hardware {gpu_class}x1')
         return generic(gpu_class, int(count))
-    raise KeyError(f'unknown hardware profile {name!r}; known: {", ".join(PROFILES)}, local, and <gpu>x<N> for '
+    close = suggest_profiles(name)
+    hint = f' (did you mean {" or ".join(close)}?)' if close else ''
+    raise KeyError(f'unknown hardware profile {name!r}{hint}; known: {", ".join(PROFILES)}, local, and <gpu>x<N> for '
                    f'gpu in {", ".join(GPU_CLASSES)}')
 
 
@@ -263,7 +286,7 @@ def machine_mismatch(planned: Hardware, here: Hardware, needs_bf16: bool) -> Lis
 def resolve(name: Optional[str] = None, gpus: Optional[int] = None, gpu_mem_gib: Optional[float] = None,
             host_ram_gib: Optional[float] = None, nodes: int = 1) -> Hardware:
     """`--hardware NAME` or `--gpus/--gpu-mem-gib/--host-ram-gib`; `--host-ram-gib` overrides a profile's host."""
-    if name not in (None, '', 'local') and (gpus is not None or gpu_mem_gib is not None):
+    if name not in (None, '') and name.strip().lower() != 'local' and (gpus is not None or gpu_mem_gib is not None):
         hw = profile(name)  # a profile's GPU, with another count and/or memory
         if gpus is not None:
             hw = with_gpu_count(hw, gpus)
@@ -281,7 +304,7 @@ def resolve(name: Optional[str] = None, gpus: Optional[int] = None, gpu_mem_gib:
             raise ValueError('--gpus and --gpu-mem-gib go together (or --hardware NAME --gpus N)')
         return custom(gpus, gpu_mem_gib, host_ram_gib, nodes)
     name = name or 'local'
-    hw = local() if name == 'local' else profile(name)
+    hw = local() if name.strip().lower() == 'local' else profile(name)
     hw.nodes = nodes
     if host_ram_gib is not None:
         hw.host_ram_gib = host_ram_gib
