@@ -53,8 +53,8 @@ def plan_request(recipe: Recipe) -> PlanRequest:
 
 # The recipe keys that fix each setting the planner would otherwise search (plan/request.py SEARCHABLE)
 FIXED_BY = {
-    'micro_batch': ('train.micro_batch', 'train.packing'),
-    'checkpoint_layers': ('train.checkpoint_layers', 'train.gradient_checkpointing'),
+    'micro_batch': ('train.micro_batch', ),
+    'checkpoint_layers': ('train.checkpoint_layers', ),
     'offload': ('deepspeed.offload', ),
     'video_budget': ('video.max_frames', 'video.pair_tokens', 'video.max_video_tokens'),
 }

@@ -115,9 +115,9 @@ PROFILES: Dict[str, tuple] = {
     'a100-80x8': (8, GPU_GIB['A100 80GB'], 2000 * C.GB / C.GiB, 'A100 80GB', f'{_DGX}: DGX A100 640GB, 2 TB'),
     'h100x1': (1, GPU_GIB['H100 80GB'], 200 * C.GB / C.GiB, 'H100 80GB', 'cloud 1-GPU H100 VM, 200 GB (assumption)'),
     'h100x8': (8, GPU_GIB['H100 80GB'], 2000 * C.GB / C.GiB, 'H100 80GB', f'{_DGX}: DGX H100, 2 TB'),
-    # 1 x H200; the seed case's container: 276 GB (= 257.0 GiB) of RAM. The lent machine itself has 128 GiB
+    # 1 x H200 in a container of 276 GB (= 257.0 GiB) of RAM (the first user's). The lent machine itself has 128 GiB
     # and no cgroup limit: use `--hardware local` there, or `--host-ram-gib 128`.
-    'h200x1': (1, H200_GIB, 276 * C.GB / C.GiB, 'H200', "seed case container limit: 276 GB"),
+    'h200x1': (1, H200_GIB, 276 * C.GB / C.GiB, 'H200', 'assumed 276 GB container limit'),
     # 8 x H200 in one node (DGX/HGX H200 class: 2 TB of system RAM = 1862.6 GiB).
     'h200x8': (8, H200_GIB, 2000 * C.GB / C.GiB, 'H200', 'DGX H200 system memory 2 TB (assumption)'),
 }
