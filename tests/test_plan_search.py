@@ -180,3 +180,24 @@ def test_search_is_said_only_for_what_applies():
     said = next(r for r in p.reasons if r.startswith('Searched'))
     assert 'checkpointed layers' not in said and 'offload' not in said and 'micro-batch' in said
     assert speed.NO_MEASUREMENT == 'no measurement'
+
+
+def test_a_megatron_micro_batch_divides_the_global_batch():
+    """megatron sft needs global batch = micro-batch x data-parallel size x steps: on 16 GPUs the default global batch
+    of 16 takes micro-batch 1 only, so the search does not choose 2 there (it does on 8)."""
+    eight = plan('h200x8', '--backend', 'megatron_ep_lora')
+    sixteen = plan('h200x8', '--backend', 'megatron_ep_lora', '--nodes', '2')
+    assert eight.micro_batch == 2 and sixteen.micro_batch == 1 and sixteen.verdict == 'fits'
+    assert sixteen.command and sixteen.command[sixteen.command.index('--micro_batch_size') + 1] == '1'
+
+
+def test_alternatives_are_searched_like_the_plan():
+    """Full SFT of the MoE on one H200 does not fit; its LoRA alternatives come with the settings the search would
+    choose for them (not the cautious micro-batch 1) and reach their commands."""
+    p = plan('h200x1', '--tuner', 'full')
+    assert p.verdict == 'does_not_fit'
+    lora = next(a for a in p.alternatives if a['backend'] == 'unsloth_split_lora')
+    assert lora['micro_batch'] == 4 and lora['checkpoint_layers'] is not None
+    command = p.alternative['command'] if p.alternative['backend'] == 'unsloth_split_lora' else []
+    if command:
+        assert f'SWIFT_VORA_CHECKPOINT_LAYERS={lora["checkpoint_layers"]}' in command

@@ -48,7 +48,8 @@ def plan_request(recipe: Recipe) -> PlanRequest:
         checkpoint_layers=recipe['train.checkpoint_layers'],
         compile=recipe['train.compile'], fp8=recipe['train.fp8'], samples_per_epoch=samples_per_epoch(recipe),
         cross_entropy=recipe['megatron.cross_entropy_fusion_impl'], recompute=recipe['megatron.recompute'],
-        min_pair_tokens=int(budget.min_pair_tokens), search=searched(recipe))
+        min_pair_tokens=int(budget.min_pair_tokens), search=searched(recipe),
+        global_batch=recipe['megatron.global_batch'])
 
 
 # The recipe keys that fix each setting the planner would otherwise search (plan/request.py SEARCHABLE)

@@ -16,6 +16,7 @@ from ..backends.base import Launch, LaunchRefused
 from ..backends.launch import LAUNCHERS, build_launch
 from ..backends.recipe import Recipe
 from ..plan.backend import Backend
+from ..plan.fit import PARTIAL_CHECKPOINT_BACKENDS
 from ..plan.request import Plan, alternative_plan
 
 
@@ -104,5 +105,11 @@ def alternative_overrides(alternative: Dict[str, Any], recipe: Recipe) -> List[s
         wanted.update({'train.packing': 'dataset', 'data.max_length': alt['pack_length']} if alt.get('pack_length')
                       else {'train.packing': 'off'})
     current = {'deepspeed.offload': recipe['deepspeed.offload'] or 'none'}
-    return [f'{key}={value}' for key, value in wanted.items()
-            if value is not None and str(current.get(key, recipe[key])) != str(value)]
+    out = [f'{key}={value}' for key, value in wanted.items()
+           if value is not None and str(current.get(key, recipe[key])) != str(value)]
+    # the checkpointed layers the alternative was planned with, where the backend takes a number of them
+    layers = alt.get('checkpoint_layers')
+    if (recipe['train.gradient_checkpointing'] and alt['backend'] in PARTIAL_CHECKPOINT_BACKENDS
+            and recipe['train.checkpoint_layers'] != layers):
+        out.append(f'train.checkpoint_layers={"null" if layers is None else layers}')
+    return out

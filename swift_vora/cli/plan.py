@@ -14,7 +14,7 @@ from typing import Dict, List
 
 from .. import switches
 from ..backends.base import command_line
-from ..backends.recipe import Recipe, recipe_from_dict
+from ..backends.recipe import SCHEMA, Recipe, recipe_from_dict
 from ..budget import ENV_PREFIX, VideoBudget
 from ..cli_values import count_or_auto, nonnegative_int, number, positive_int
 from ..data.windowing import WindowConfig
@@ -195,7 +195,8 @@ def request_from_args(args, budget: VideoBudget, window: float) -> PlanRequest:
         gradient_checkpointing=not args.no_gradient_checkpointing, compile=args.compile, checkpoints=args.checkpoints,
         checkpoint_layers=None if args.no_gradient_checkpointing else args.checkpoint_layers,
         fp8=args.fp8, samples_per_epoch=args.samples, cross_entropy=args.cross_entropy, recompute=args.recompute,
-        vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT, min_pair_tokens=int(budget.min_pair_tokens))
+        vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT, min_pair_tokens=int(budget.min_pair_tokens),
+        global_batch=SCHEMA['megatron.global_batch'][1])  # what the stand-in recipe launches with
 
 
 def searched(args, budget: VideoBudget) -> tuple:

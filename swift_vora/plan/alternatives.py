@@ -5,7 +5,7 @@ from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import constants as C
-from . import speed
+from . import search, speed
 from .backend import Backend
 from .fit import checkpoints_of, estimate_for, fits, param_count, samples_per_row
 from .hardware import Hardware
@@ -33,9 +33,15 @@ def _evaluate(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardwa
     tp = tp if tp is not None else 1
     if check_refusal(spec, hw.world, req, backend, ep, tp, hw):
         return None
-    est, _ = estimate_for(spec, tokens, req, hw, backend, ep, tp)
+    free = tuple(s for s in req.search if s in ('micro_batch', 'checkpoint_layers'))
+    if free:  # what the user left free is searched here as for the plan (search.py): the fastest that fits
+        r = replace(req, search=free, tp=tp)
+        found = search.search(spec, r, hw, [((r.max_frames, r.frame_tokens), tokens)], [(backend, '', ep)])
+        best = found.chosen or found.asked
+        return best.estimate, found.chosen is not None, ep, tp, best.request
+    est, decided = estimate_for(spec, tokens, req, hw, backend, ep, tp)
     gpu_ok, host_ok = fits(est, hw)
-    return est, gpu_ok and host_ok, ep, tp
+    return est, gpu_ok and host_ok, ep, tp, decided
 
 
 def _alt_dict(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend,
@@ -109,7 +115,7 @@ def find_alternatives(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw
         res = _evaluate(spec, tokens, r, h, backend, tp=tp)
         if res is None:
             return False
-        est, ok, ep, tp = res
+        est, ok, ep, tp, r = res
         if ok:
             d = _alt_dict(spec, tokens, r, h, backend, est, ep, tp, label)
             d['lora_rank'] = r.lora_rank if r.tuner == 'lora' else None

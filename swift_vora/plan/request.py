@@ -63,6 +63,9 @@ class PlanRequest:
     cross_entropy: str = C.MEGATRON_CROSS_ENTROPY_DEFAULT
     # megatron_ep_lora's recompute (recipe megatron.recompute): full | selective | none (constants.py)
     recompute: str = 'full'
+    # Megatron's samples per optimizer step over all GPUs (recipe megatron.global_batch): a micro-batch the search
+    # chooses for a Megatron backend divides it by the data-parallel size
+    global_batch: Optional[int] = None
     # The settings the planner may choose itself (plan/search.py SEARCHABLE: micro_batch, checkpoint_layers, offload,
     # video_budget): what the user did not set. Empty: plan exactly what is asked (the Python API's default).
     # backend=auto is searched whatever this says.

@@ -25,7 +25,7 @@ from . import speed
 from .backend import Backend
 from .fit import estimate_for, fits
 from .hardware import Hardware
-from .memory import DEEPSPEED_BACKENDS, MemoryEstimate
+from .memory import DEEPSPEED_BACKENDS, MEGATRON_BACKENDS, MemoryEstimate
 from .model_spec import ModelSpec
 from .request import CHECKPOINT_LAYERS_AUTO, PlanRequest
 from .rules import check_refusal
@@ -86,9 +86,12 @@ def budget_levels(req: PlanRequest, spec: ModelSpec) -> List[Tuple[int, int]]:
     return levels
 
 
-def _micro_batches(req: PlanRequest) -> Sequence[int]:
+def _micro_batches(req: PlanRequest, backend: Backend, world: int, tp: int) -> Sequence[int]:
     if 'micro_batch' not in req.search or req.pack_length:  # a packed row is planned full: its size is the knob
         return (req.micro_batch, )
+    if backend in MEGATRON_BACKENDS and req.global_batch:  # megatron sft: global batch = micro-batch x DP x steps
+        dp = max(1, world // max(1, tp))
+        return tuple(mb for mb in MICRO_BATCHES if req.global_batch % (mb * dp) == 0) or (req.micro_batch, )
     return MICRO_BATCHES
 
 
@@ -136,7 +139,7 @@ def search(spec: ModelSpec, req: PlanRequest, hw: Hardware, levels: List[Tuple[T
                 r = replace(req, backend=str(backend), max_frames=frames, frame_tokens=pair)
                 out.append(plan_one(spec, r, hw, tokens, backend, why, rank, ep, tp, level))
                 planned += 1
-            for mb in _micro_batches(req):
+            for mb in _micro_batches(req, backend, hw.world, tp):
                 for offload in _offloads(req, backend):
                     r = replace(req, backend=str(backend), micro_batch=mb, offload=offload, max_frames=frames,
                                 frame_tokens=pair, checkpoint_layers=_checkpoint_layers(req))

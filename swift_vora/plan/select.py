@@ -73,31 +73,27 @@ def resolve_tokens(req: PlanRequest, spec: ModelSpec) -> Tuple[VideoTokens, List
     return tok, notes
 
 
+# The breakdown's model-state items (weights, trainable states, their buffers), by the start of their names
+MODEL_STATE_ITEMS = ('weights', 'LoRA adapters', 'gradient', 'optimizer states', 'distributed optimizer', 'DDP ',
+                     'ZeRO-3 gathered', 'fp32 main')
+
+
 def _model_state_sentence(spec: ModelSpec, est: MemoryEstimate, backend: Backend, world: int) -> str:
-    """Model states per GPU split into weights / grads / fp32 master / Adam, in the breakdown's GiB."""
-    g = est.gpu
-    weights = sum(v for k, v in g.items() if k.startswith('weights') or k.startswith('LoRA adapters'))
-    grads = sum(v for k, v in g.items() if k.startswith('gradients') or 'main grad' in k)
-    optim = sum(v for k, v in g.items() if k.startswith('optimizer') or k.startswith('distributed optimizer'))
-    parts = [f'weights {gib(weights)}', f'gradients {gib(grads)}']
-    if 'fp32 master' in ' '.join(g):
-        parts += [f'fp32 master {gib(optim * C.BYTES_MASTER_FP32 / C.BYTES_OPTIM_STATES)}',
-                  f'Adam m, v {gib(optim * C.BYTES_ADAM / C.BYTES_OPTIM_STATES)}']
-    else:
-        parts.append(f'optimizer states {gib(optim)}')
-    total = weights + grads + optim
+    """The model states per GPU, item by item, with the breakdown's own names and numbers."""
+    items = {k: v for k, v in est.gpu_gib().items() if k.startswith(MODEL_STATE_ITEMS)}
     return (f'{est.setup.tuner} training of {spec.model_type} ({param_count(spec.total_params)} parameters, '
             f'{param_count(est.trainable_params)} trainable) with {backend} on {world} '
-            f'GPU{"s" if world > 1 else ""}: {gib(total)} of model states per GPU (' + ' + '.join(parts) + ').')
+            f'GPU{"s" if world > 1 else ""}: {sum(items.values()):.2f} GiB of model states per GPU ('
+            + ' + '.join(f'{k} {v:.2f}' for k, v in sorted(items.items(), key=lambda kv: -kv[1])) + ').')
 
 
 def _too_big(spec: ModelSpec, est: MemoryEstimate) -> str:
-    """What limits the plan: every breakdown item at least half the largest (up to three), in the breakdown's GiB."""
-    items = sorted(((v, k) for k, v in est.gpu.items() if v > 0), reverse=True)
+    """What limits the plan: every breakdown item at least half the largest (up to three), as the breakdown says."""
+    items = sorted(((v, k) for k, v in est.gpu_gib().items() if v > 0), reverse=True)
     top = [(v, k) for v, k in items if v >= 0.5 * items[0][0]][:3]
-    s = 'Too big on the GPU: ' + ', '.join(f'{k} {gib(v)}' for v, k in top)
+    s = 'Too big on the GPU: ' + ', '.join(f'{k} {v:.2f} GiB' for v, k in top)
     comp = sorted(((b, c) for c, b in est.model_state_bytes.items() if b > 0), reverse=True)
-    if comp and any(k.startswith(('weights', 'optimizer', 'gradients', 'distributed')) for _, k in top):
+    if comp and any(k.startswith(MODEL_STATE_ITEMS) for _, k in top):
         b, c = comp[0]
         share = b / max(1.0, sum(x for x, _ in comp))
         s += (f'; of the model states, {c.replace("_", " ")} hold{"" if c.endswith("s") else "s"} {gib(b)} '
@@ -261,8 +257,10 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
     searched_layers = 'checkpoint_layers' in found.searched
     layers = checkpoint_layers_sentence(spec, tokens, planned, 'auto' if searched_layers else asked_layers, hw,
                                         backend, ep, tp, est)
-    if layers:  # the search sentence says the number it chose; asked for as auto, this is where it is said
+    if layers and backend in PARTIAL_CHECKPOINT_BACKENDS:  # the search sentence says the number it chose
         (explain if searched_layers else reasons).append(layers)
+    elif layers and not searched_layers:
+        reasons.append(layers)
     reasons.append(speed.describe(pace, samples))
     explain.append(f'Speed estimate: {pace.source}.')
     explain += _option_sources(options, spec)
@@ -407,9 +405,9 @@ def _fit_reasons(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Har
     host_lim = hw.host_ram_gib * C.GiB if hw.host_ram_gib is not None else None
     peak_phase = max(est.phases, key=lambda p: est.phases[p]['gpu'])
     verdict = 'Fits' if gpu_ok and host_ok else 'Does NOT fit'
-    reasons = [f'{verdict}: {gib(est.gpu_peak)} per GPU at its peak ({peak_phase.replace("_", " ")}) of '
-               f'{gib(cap)}{"" if gpu_ok else " (too big)"}; host {gib(est.host_peak)}'
-               + (f' of {gib(host_lim)}{"" if host_ok else " (too big)"}.' if host_lim is not None else
+    reasons = [f'{verdict}: {est.gpu_peak / C.GiB:.2f} GiB per GPU at its peak ({peak_phase.replace("_", " ")}) of '
+               f'{hw.gpu_mem_gib:.2f} GiB{"" if gpu_ok else " (too big)"}; host {est.host_peak / C.GiB:.2f} GiB'
+               + (f' of {hw.host_ram_gib:.2f} GiB{"" if host_ok else " (too big)"}.' if host_lim is not None else
                   ' (host RAM limit unknown).')]
     if gpu_ok and est.gpu_peak > C.TIGHT_FRACTION * cap:
         reasons.append(f'Tight: {est.gpu_peak / cap:.0%} of the GPU, and the plan is within ±10 % of measured peaks: '
