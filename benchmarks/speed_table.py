@@ -69,6 +69,11 @@ ROWS: List[Dict[str, Any]] = [
     {'what': '2B LoRA, eager, GC, mb 1 (run 1, before the later levers)', 'source': ('throughput-2026-11-29.json',
                                                                                      'vora_gc'),
      'plan': DENSE, 'fit': True},
+    # the eager path out of sample: the same setting on another day, and without checkpointing (the uncheckpointed
+    # efficiency derived from the recompute FLOPs: no eager run without it is in the fit)
+    {'what': '2B LoRA, eager, GC, mb 1 (run 2)', 'source': ('throughput-2026-11-29-r2.json', 'vora_gc'), 'plan': DENSE},
+    {'what': '2B LoRA, eager, no GC, mb 1 (run 1)', 'source': ('throughput-2026-11-29.json', 'vora'),
+     'plan': [*DENSE, '--no-gradient-checkpointing']},
     {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 1', 'source': ('moe-h200-full-2026-12-02.json', 'vora_unsloth'),
      'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu'], 'fit': True},
     {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 2', 'source': ('moe-h200-full-2026-12-02.json', 'vora_unsloth_mb2'),
@@ -205,6 +210,14 @@ def measured(source) -> float:
     if v.get('tokens_per_s'):
         return float(v['tokens_per_s'])
     return float(v['samples_per_s']) * (v['tokens_per_sample'] - (v.get('tail_padding_per_sample') or 0))
+
+
+def tokens_per_sample(source) -> float:
+    """The tokens of one sample the run trained (its file's, without tail padding)."""
+    fname, variant = source
+    with open(os.path.join(RESULTS, fname)) as f:
+        v = json.load(f)['variants'][variant]
+    return float(v['tokens_per_sample']) - float(v.get('tail_padding_per_sample') or 0)
 
 
 def table(rows=None) -> List[Dict[str, Any]]:

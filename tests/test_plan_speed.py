@@ -195,3 +195,14 @@ def test_fewer_checkpointed_layers_are_estimated_faster_by_the_recompute_they_dr
             '--checkpoints', 'gpu']
     rates = [plan_from_argv([*base, '--checkpoint-layers', str(k)]).est_tokens_per_s for k in (40, 36, 32, 30)]
     assert rates == sorted(rates) and rates[0] < rates[-1]
+
+
+def test_the_docs_table_of_hours_is_the_planners():
+    """docs/planner.md's table of the plan's hours against the measured ones (the shipped recipes and the ten
+    held-in scenarios) is what benchmarks/plan_hours_table.py prints from the planner now."""
+    import plan_hours_table
+    rows = plan_hours_table.rows()
+    assert sum(r['what'].startswith('held in') for r in rows) == 10
+    assert any(r['what'].startswith('recipe ') and r['measured_hours'] for r in rows)
+    assert plan_hours_table.documented() == plan_hours_table.render(rows), \
+        'python benchmarks/plan_hours_table.py: copy its table into docs/planner.md'

@@ -241,8 +241,11 @@ def measured_efficiency(backend: str, kind: str, compiled: bool, checkpointing: 
     key = (measured_backend, kind, compiled, checkpointing, micro_batch)
     if key in same:
         return same[key], '; '.join(notes), measured_backend
-    # nearest: same compile and checkpointing if measured, then the largest measured micro-batch not above this one
+    # nearest: the same compile and checkpointing if measured, else the same compile (a checkpointed run priced without
+    # its recompute below), then the largest measured micro-batch not above this one; a compiled run never prices an
+    # uncompiled setting where an uncompiled one ran
     pool = ({k: m for k, m in same.items() if k[2:4] == (compiled, checkpointing)}
+            or {k: m for k, m in same.items() if k[2] == compiled}
             or {k: m for k, m in same.items() if k[3] == checkpointing} or same)
     below = [k for k in pool if k[4] <= micro_batch] or list(pool)
     nearest = max(below, key=lambda k: k[4])
