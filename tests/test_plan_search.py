@@ -201,3 +201,40 @@ def test_alternatives_are_searched_like_the_plan():
     command = p.alternative['command'] if p.alternative['backend'] == 'unsloth_split_lora' else []
     if command:
         assert f'SWIFT_VORA_CHECKPOINT_LAYERS={lora["checkpoint_layers"]}' in command
+
+
+@pytest.mark.parametrize('argv', [['--hardware', 'h200x1'], ['--hardware', 'h200x1', '--tuner', 'full'],
+                                  ['--hardware', '3060x4', '--model', DENSE_2B], ['--hardware', 'h200x8']])
+def test_reasons_speak_of_the_run_and_provenance_is_under_explain(capsys, argv):
+    """The default text says what fits and what limits it; where each number comes from (result files, the
+    derivations) is printed with --explain and is always in the JSON."""
+    from swift_vora.cli import main
+    model = [] if '--model' in argv else ['--model', MOE]
+    main(['plan', *model, *argv, '--samples', '10000'])
+    text = capsys.readouterr().out
+    assert 'benchmarks/results' not in text and 'efficiency 0.' not in text and '(--explain' in text
+    main(['plan', *model, *argv, '--samples', '10000', '--explain'])
+    explained = capsys.readouterr().out
+    assert 'where the numbers come from' in explained and 'benchmarks/results' in explained
+    p = plan_from_argv([*model, *argv])
+    assert p.explain and all(len(r) < 700 for r in p.reasons)
+
+
+@pytest.mark.parametrize('argv', [['--model', MOE, '--hardware', 'h200x1'],
+                                  ['--model', DENSE_2B, '--hardware', '3060x4'],
+                                  ['--model', MOE, '--hardware', 'h200x8', '--tuner', 'full'],
+                                  ['--model', 'Qwen/Qwen3-VL-8B-Instruct', '--hardware', 'h200x1', '--fp8',
+                                   'frozen_base', '--seq-len', '512', '--as-given']])
+def test_the_breakdown_adds_up_to_the_peak_or_says_where_the_peak_is(argv):
+    """The breakdown's items add up to the GPU peak (rounded to match, memory freed within the step as a negative
+    item); where the peak is another phase (an 8B loading in bf16 before its FP8 conversion), the text says so."""
+    from swift_vora.cli.plan import render_plan
+    p = plan_from_argv(argv)
+    total = round(sum(p.breakdown.values()), 2)
+    peak_phase = max(p.phases, key=lambda k: p.phases[k]['gpu_gib'])
+    text = render_plan(p)
+    assert 'total' in text and f'{total:.2f}' in text
+    if peak_phase == 'load':
+        assert total < p.gpu_peak_gib and f'the GPU peak, {p.gpu_peak_gib:.2f} GiB, is at load' in text
+    else:
+        assert total == p.gpu_peak_gib and 'the GPU peak,' not in text

@@ -331,8 +331,9 @@ def _speed_line(plan) -> str:
 def _option_lines(plan, layers: int) -> List[str]:
     lines = []
     for o in plan.options:
-        pace = (f'{o["est_tokens_per_s"]:,.0f} tokens/s, {speed.format_hours(o["est_hours_per_epoch"])}'
-                if o['est_measured'] else 'no measurement')
+        hours = (f', {speed.format_hours(o["est_hours_per_epoch"])}' if o['est_hours_per_epoch'] is not None
+                 else '')
+        pace = f'{o["est_tokens_per_s"]:,.0f} tokens/s{hours}' if o['est_measured'] else 'no measurement'
         mark = '*' if o['chosen'] else ' '
         lines.append(f'  {mark} {describe_setting(o, layers)}: {o["gpu_peak_gib"]:.1f} GiB, {pace}')
         lines.append(f'      {o["est_basis"]}')
@@ -403,7 +404,7 @@ def render_plan(plan, explain: bool = False) -> str:
         lines += _peak_note(plan)
         lines.append('host breakdown (predicted, GiB per node)')
         lines += _table(plan.host_breakdown)
-    if plan.options:
+    if len(plan.options) > 1:  # the plan's own line alone says nothing the lines above do not
         lines.append('')
         samples = f' for {plan.est_samples_per_epoch:,} samples' if plan.est_samples_per_epoch else ''
         lines.append(f'options that fit (fewest estimated hours{samples} first; * planned)')

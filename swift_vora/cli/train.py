@@ -59,10 +59,11 @@ def engine_flag_hint(flag: str, value: str = '') -> str:
     it (as an override, `train.learning_rate=1e-5`), else `swift_args:` (any swift sft / megatron sft argument,
     checked by the engine's own parser before launch). '' for what is not an ms-swift spelling."""
     from ..backends.recipe import ALIASES, MODELLED_ARGS, SCHEMA
-    name = flag.lstrip('-').split('=', 1)[0].replace('-', '_')
+    name, eq, inline = flag.lstrip('-').partition('=')
+    name = name.replace('-', '_')
     if not name or not name.replace('_', '').isalnum():
         return ''
-    shown = value if value and not value.startswith('-') else 'VALUE'
+    shown = inline if eq else value if value and not value.startswith('-') else 'VALUE'
     key = MODELLED_ARGS.get(name) or next((k for k in (*SCHEMA, *ALIASES) if k.split('.', 1)[-1] == name), None)
     if key and '.' in key and ' ' not in key:
         return (f'--{name} is an ms-swift argument; `swift-vora train` takes it as the recipe key {key}: '
