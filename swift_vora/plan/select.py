@@ -252,8 +252,8 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
     if said:
         reasons.append(said)
     where = checkpoint_sentence(spec, tokens, planned, asked_checkpoints, hw, backend, est)
-    if where:
-        explain.append(where)
+    if where:  # offloaded to host RAM is a choice about the run (its host memory, its speed); on the GPU, the default
+        (reasons if checkpoints_of(est) == 'host' else explain).append(where)
     searched_layers = 'checkpoint_layers' in found.searched
     layers = checkpoint_layers_sentence(spec, tokens, planned, 'auto' if searched_layers else asked_layers, hw,
                                         backend, ep, tp, est)

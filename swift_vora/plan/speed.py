@@ -293,9 +293,10 @@ DATA_PARALLEL_BACKENDS = ('ddp', 'unsloth_split_lora')
 
 def data_parallel_scaling(trainable_params: float, tuner: str, micro_batch: int, samples_per_s_one: float,
                           world: int, gpu_name: str, nodes: int) -> Tuple[float, str]:
-    """(scaling, why) of `world` data-parallel replicas against `world` x one GPU: each step computes micro_batch
-    samples on every replica, then all-reduces the gradients (2 (N - 1) / N x their bytes over the bus bandwidth),
-    counted as not overlapped with the backward -- the cautious end, until a multi-GPU run measures it."""
+    """(scaling, why) of `world` data-parallel replicas against `world` x one GPU: each micro-batch computes
+    micro_batch samples on every replica, then all-reduces the gradients (2 (N - 1) / N x their bytes over the bus
+    bandwidth), not overlapped with the backward -- the cautious end (under gradient accumulation DDP all-reduces once
+    per optimizer step, and overlaps its buckets with the backward), until a multi-GPU run measures it."""
     if world <= 1 or not samples_per_s_one:
         return 1.0, ''
     grad_bytes = trainable_params * GRADIENT_BYTES.get(tuner, 2)
@@ -304,8 +305,8 @@ def data_parallel_scaling(trainable_params: float, tuner: str, micro_batch: int,
     step = micro_batch / samples_per_s_one
     factor = step / (step + comm)
     return factor, (f'x{factor:.3f} for the gradient all-reduce of {world} data-parallel replicas (assumed, not '
-                    f'measured on several GPUs): {grad_bytes / 1e9:.2f} GB of gradients a step in '
-                    f'{1000 * comm:.0f} ms at {bw_source}, against a {step:.2f} s step, not overlapped')
+                    f'measured on several GPUs): {grad_bytes / 1e9:.2f} GB of gradients in {1000 * comm:.0f} ms at '
+                    f'{bw_source}, counted after every {step:.2f} s micro-batch and not overlapped (the cautious end)')
 
 
 def estimate_speed(spec: ModelSpec, tokens: VideoTokens, backend: Backend, tuner: str, lora_rank: int,
