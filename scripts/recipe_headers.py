@@ -298,6 +298,9 @@ def regenerate(path: str) -> Tuple[str, List[str]]:
             recipe = load_recipe(_write_tmp(tmp, text), overrides)
         plan = dry_run(recipe)
         generated, notes, body = split(text)
+        if plan.gpu_peak_gib is None or plan.verdict == 'refused':  # nothing to state: say why, leave it as it is
+            problems.append(f'{name}: train --dry-run does not plan it ({plan.verdict}): ' + ' '.join(plan.reasons))
+            return text, problems
         header = render(name, recipe, plan, options, load_recipe(path)['model.path'])
         if header != generated:
             problems.append(f'{name}: the header is not what the planner says now')
