@@ -51,6 +51,14 @@ MOE = [*H200, '--backend', 'unsloth_split_lora', '--tuner', 'lora', '--lora-rank
 MEGATRON = [*H200, '--backend', 'megatron_ep_lora', '--ep', '1', '--tp', '1', '--tuner', 'lora', '--lora-rank', '16',
             '--fps', '2', '--max-frames', '64', '--frame-tokens', '220', '--clip-seconds', '32', '--answer-tokens',
             '16']
+# megatron_moe.py's full-SFT variants (recipes/h200x8-full.yaml at EP 1): the same sample, every weight trained
+MEGATRON_FULL = ['--backend', 'megatron_ep_full', '--ep', '1', '--tp', '1', '--tuner', 'full', '--fps', '2',
+                 '--max-frames', '64', '--frame-tokens', '220', '--clip-seconds', '32', '--answer-tokens', '16']
+H100 = ['--hardware', 'h100x1']
+# the plain swift sft baseline of the same benchmarks (moe_throughput.py's swift_peft: PEFT LoRA on the fused experts
+# through --target_parameters, every layer checkpointed, micro-batch 1): the ddp backend on a MoE
+SWIFT_PEFT = [*H200, '--backend', 'ddp', '--tuner', 'lora', '--lora-rank', '16', '--fps', '2', '--max-frames', '64',
+              '--frame-tokens', '220', '--clip-seconds', '32', '--answer-tokens', '16']
 MEGATRON_SPREAD = ('estimated 37.5 % high (the fast side). The same setting measured 4,483, 3,606 and 2,622 tokens/s '
                    'in calls b, c and g (machine to machine, 1.71x); the efficiency is fitted on call c\'s, the middle '
                    'one. Not refitted')
@@ -77,6 +85,11 @@ ROWS: List[Dict[str, Any]] = [
     {'what': '2B LoRA, eager, GC, mb 1 (run 1, before the later levers)', 'source': ('throughput-2026-11-29.json',
                                                                                      'vora_gc'),
      'plan': DENSE, 'fit': True},
+    # the eager path out of sample: the same setting on another day, and without checkpointing (the uncheckpointed
+    # efficiency derived from the recompute FLOPs: no eager run without it is in the fit)
+    {'what': '2B LoRA, eager, GC, mb 1 (run 2)', 'source': ('throughput-2026-11-29-r2.json', 'vora_gc'), 'plan': DENSE},
+    {'what': '2B LoRA, eager, no GC, mb 1 (run 1)', 'source': ('throughput-2026-11-29.json', 'vora'),
+     'plan': [*DENSE, '--no-gradient-checkpointing']},
     {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 1', 'source': ('moe-h200-full-2026-12-02.json', 'vora_unsloth'),
      'model': 40, 'plan': [*MOE, '--checkpoints', 'gpu'], 'fit': True},
     {'what': '35B-A3B MoE, 40 layers, Unsloth, mb 2', 'source': ('moe-h200-full-2026-12-02.json', 'vora_unsloth_mb2'),
@@ -144,6 +157,21 @@ ROWS: List[Dict[str, Any]] = [
                    'is measured at 40 layers with 30-40 checkpointed; on the 8-layer cut the 27-block vision tower, '
                    'the LM head and the uncheckpointed factor derived from the recompute FLOPs (x1.18 here) all weigh '
                    'differently. One run; not refitted'},
+    # plain swift sft on the MoE (the ddp backend): its efficiency fitted on call m's (side by side with the Unsloth
+    # path's flagship), the other calls and the 8-layer cut out of sample
+    {'what': '35B-A3B MoE, 40 layers, plain swift sft PEFT LoRA, mb 1 (call m)',
+     'source': ('moe-h200-full-m-2026-12-04.json', 'swift_peft'), 'model': 40, 'plan': SWIFT_PEFT, 'fit': True},
+    *({'what': f'35B-A3B MoE, 40 layers, plain swift sft PEFT LoRA, mb 1 ({call})', 'source': (fname, 'swift_peft'),
+       'model': 40, 'plan': SWIFT_PEFT}
+      for call, fname in (('call a', 'moe-h200-full-2026-12-02.json'),
+                          ('call c', 'moe-h200-full-c-2026-12-02.json'),
+                          ('call j', 'moe-h200-full-j-2026-12-03.json'),
+                          ('call k', 'moe-h200-full-k-2026-12-03.json'))),
+    {'what': '35B-A3B MoE cut to 8 layers, plain swift sft PEFT LoRA, mb 1 (megatron_moe call g)',
+     'source': ('megatron-h200-moe-g-2026-12-04.json', 'swift_peft'), 'model': 8, 'plan': SWIFT_PEFT,
+     'known_miss': 'estimated 34.3 % low (the slow side). The efficiency is measured at 40 layers, where the 40 '
+                   'layers of PEFT expert LoRA (each materialising W + B@A) take most of the step; on the 8-layer cut '
+                   'the vision tower and the LM head weigh more. One run; not refitted'},
     # #31: Megatron-SWIFT's own efficiency (plan/speed.py), fitted on call c's micro-batch 1 and call g's micro-batch
     # 2; the other Megatron runs on the 8-layer cut were used for nothing
     {'what': '35B-A3B MoE cut to 8 layers, Megatron LoRA EP 1, mb 1, full recompute (megatron_moe call c)',
@@ -170,6 +198,20 @@ ROWS: List[Dict[str, Any]] = [
      'known_miss': 'estimated 29.7 % low (the slow side: a longer time per epoch than the run took). The same setting '
                    'ran 4,670 tokens/s in call g (the fit) and 6,644 here, its step times 3.9-8.3 s within the call: '
                    'Megatron on this cut swings from call to call as at micro-batch 1. Not refitted'},
+    # 2026-12-06, an H100 (priced at the H200's measured fraction of the spec, 790 of 989 TFLOP/s)
+    {'what': '35B-A3B MoE cut to 8 layers, Megatron LoRA EP 1, mb 2, full recompute, one H100 (megatron_moe '
+             'prof call 2)',
+     'source': ('megatron-h100-moe-prof-2026-12-06.json', 'mg_mb2'), 'model': 8,
+     'plan': [*H100, *MEGATRON[len(H200):], '--micro-batch', '2'],
+     'known_miss': 'estimated 34.9 % low (the slow side). The same setting ran 4,670 (call g, the fit), 6,644 (call '
+                   'h) and 7,178 tokens/s (here, an H100): the profile of this very run shows Megatron here bound by '
+                   'the host, not the GPU (busy 20 % of the step, 106k kernel launches a step), so its speed follows '
+                   'the machine\'s CPU and a FLOP efficiency cannot price it within 20 %. Not refitted'},
+    # Megatron full SFT's efficiency (plan/speed.py) is this one run's: in-sample, nothing to check it against yet
+    {'what': '35B-A3B MoE cut to 3 layers, Megatron full SFT EP 1, mb 1, full recompute, TE cross entropy, one H100 '
+             '(megatron_moe full call 5)',
+     'source': ('megatron-h100-full-2026-12-06.json', 'mgf_te_ce'), 'model': 3,
+     'plan': [*H100, *MEGATRON_FULL, '--cross-entropy', 'te'], 'fit': True},
 ]
 
 
@@ -200,12 +242,20 @@ def measured(source, results_dir: str = RESULTS) -> float:
     return float(v['samples_per_s']) * (v['tokens_per_sample'] - (v.get('tail_padding_per_sample') or 0))
 
 
+def tokens_per_sample(source) -> float:
+    """The tokens of one sample the run trained (its file's, without tail padding)."""
+    fname, variant = source
+    with open(os.path.join(RESULTS, fname)) as f:
+        v = json.load(f)['variants'][variant]
+    return float(v['tokens_per_sample']) - float(v.get('tail_padding_per_sample') or 0)
+
+
 def table(rows=None, results_dir: str = RESULTS) -> List[Dict[str, Any]]:
     sys.path.insert(0, REPO)
     from swift_vora.cli.plan import plan_from_argv
     out = []
     for row in rows or ROWS:
-        argv = list(row['plan'])
+        argv = [*row['plan'], '--as-given']  # what the run did, not what the planner's search would choose
         if row.get('model'):
             argv = ['--model', moe_config(row['model']), *argv]
         plan = plan_from_argv(argv)
@@ -253,7 +303,8 @@ def _within(r) -> str:
 
 
 # ---- Megatron's efficiencies, re-derived -----------------------------------------------------------------------------
-MEGATRON_RESULTS = ('megatron-h200-moe-*.json', 'megatron-h200-full-*.json', 'derived-megatron-*.json')
+MEGATRON_RESULTS = ('megatron-h200-moe-*.json', 'megatron-h200-full-*.json', 'megatron-h100-moe-*.json',
+                    'megatron-h100-full-*.json', 'derived-megatron-*.json')
 MIN_MEASURED_STEPS = 10  # issue 56's medians: fewer measured steps make no row
 # benchmarks/megatron_moe.py's recipe overrides -> `swift-vora plan` flags (the last override of a key wins)
 OVERRIDE_FLAGS = {'train.micro_batch': '--micro-batch', 'train.per_device_train_batch_size': '--micro-batch',
@@ -325,6 +376,15 @@ def efficiency_key(plan) -> Tuple[str, bool, int]:
     return str(plan.backend), 'gradient checkpointing on' in plan.assumptions, int(plan.micro_batch)
 
 
+def planner_source(speed, key: Tuple[str, bool, int]) -> str:
+    """What the planner prices a Megatron setting with no efficiency of its own at: the nearest measured setting of
+    the same backend on a MoE, or "no measurement"."""
+    nearest, notes, _ = speed.measured_efficiency(key[0], 'moe', False, key[1], key[2])
+    if nearest is None:
+        return 'no measurement'
+    return notes or nearest.runs
+
+
 def derive_megatron(results_dir: str = RESULTS, listed_rows: bool = True) -> Dict[str, Any]:
     """Per Megatron efficiency setting: the planner's value, the in-sample rows and what they give, the
     out-of-sample rows with their errors under the planner's value (module docstring)."""
@@ -334,7 +394,7 @@ def derive_megatron(results_dir: str = RESULTS, listed_rows: bool = True) -> Dic
     rows = megatron_rows(results_dir, listed_rows)
     settings: Dict[Tuple[str, bool, int], Dict[str, Any]] = {}
     for row, measured_row in zip(rows, table(rows, results_dir)):
-        argv = list(row['plan'])
+        argv = [*row['plan'], '--as-given']  # the setting that ran, not the one the planner's search would choose
         if row.get('model'):
             argv = ['--model', moe_config(row['model']), *argv]
         key = efficiency_key(plan_from_argv(argv))
@@ -344,12 +404,11 @@ def derive_megatron(results_dir: str = RESULTS, listed_rows: bool = True) -> Dic
         entry['in_sample' if measured_row['in_sample'] else 'out_of_sample'].append(measured_row)
     out = []
     for key, entry in sorted(settings.items()):
-        current = speed.EFFICIENCY.get((key[0], False, key[1], key[2]))
+        current = speed.EFFICIENCY.get((key[0], 'moe', False, key[1], key[2]))  # Megatron runs here are MoE
         fit = [r['efficiency'] for r in entry['in_sample']]
         candidates = [r['efficiency'] for r in entry['out_of_sample']]
         out.append({**entry, 'planner_efficiency': current.value if current else None,
-                    'planner_source': current.source if current else
-                    speed.measured_efficiency(key[0], False, key[1], key[2])[1] or 'nearest measured setting',
+                    'planner_source': current.runs if current else planner_source(speed, key),
                     'derived_efficiency': round(statistics.median(fit), 4) if fit else None,
                     'candidate_efficiency': None if fit or not candidates else round(statistics.median(candidates), 4),
                     'out_of_sample_errors': [r['error'] for r in entry['out_of_sample']]})

@@ -71,6 +71,18 @@ def build_tiny_qwen3_vl(out_dir: str, moe: bool = False, shape: TinyShape = Tiny
 
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(seed)
+    config, Model = tiny_qwen3_vl_config(moe, shape)
+    model = Model(config).to(torch.bfloat16)
+    model.save_pretrained(out_dir, safe_serialization=True)
+
+    write_qwen3_vl_processor(out_dir)
+    with open(os.path.join(out_dir, 'SWIFT_VORA_TINY_MODEL.txt'), 'w') as f:
+        f.write('Random weights built offline by swift_vora.tiny_model; for tests and demos only.\n')
+    return out_dir
+
+
+def tiny_qwen3_vl_config(moe: bool = False, shape: TinyShape = TinyShape()):
+    """(the transformers config of the tiny Qwen3-VL build_tiny_qwen3_vl writes, its model class): no weights."""
     text = dict(vocab_size=QWEN3_VL_VOCAB, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
                 num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
                 num_key_value_heads=shape.num_kv_heads, head_dim=shape.head_dim, max_position_embeddings=32768,
@@ -90,13 +102,7 @@ def build_tiny_qwen3_vl(out_dir: str, moe: bool = False, shape: TinyShape = Tiny
         from transformers import Qwen3VLForConditionalGeneration as Model
     config = Config(text_config=text, vision_config=vision, tie_word_embeddings=True)
     config.architectures = [Model.__name__]
-    model = Model(config).to(torch.bfloat16)
-    model.save_pretrained(out_dir, safe_serialization=True)
-
-    write_qwen3_vl_processor(out_dir)
-    with open(os.path.join(out_dir, 'SWIFT_VORA_TINY_MODEL.txt'), 'w') as f:
-        f.write('Random weights built offline by swift_vora.tiny_model; for tests and demos only.\n')
-    return out_dir
+    return config, Model
 
 
 # ---- Models of a given shape (benchmarks) ---------------------------------------------------------------------

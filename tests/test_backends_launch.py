@@ -408,7 +408,8 @@ def test_checkpoint_layers_auto_launches_the_fewest_layers_the_plan_fits():
     assert plan.verdict == 'fits' and 0 < k < 40, plan.reasons
     assert build_launch(plan, moe).env['SWIFT_VORA_CHECKPOINT_LAYERS'] == str(k)
     assert any(r.startswith(f'train.checkpoint_layers=auto: the first {k} of 40') for r in plan.reasons)
-    request = replace(plan_request(moe), checkpoints=plan.checkpoints)  # 'gpu': the plan's place for them
+    # 'gpu': the plan's place for them; nothing else searched (one layer fewer must not fit at this budget)
+    request = replace(plan_request(moe), checkpoints=plan.checkpoints, search=())
     assert plan.checkpoints == 'gpu'
     assert make_plan(replace(request, checkpoint_layers=k)).verdict == 'fits'
     assert make_plan(replace(request, checkpoint_layers=k - 1), search_alternatives=False).verdict == 'does_not_fit'

@@ -75,7 +75,7 @@ def test_launch_is_one_process_with_offline_unsloth_env():
     assert run.target_parameters == EXPERT_PARAMETERS and run.micro_batch * run.grad_accum == 16
     # the full 35B-A3B on one H200 has room for its layer checkpoints: they stay on the GPU (the faster path)
     assert plan.checkpoints == 'gpu' and run.gradient_checkpointing is True
-    assert any('Layer checkpoints stay on the GPU' in r for r in plan.reasons)
+    assert any('Layer checkpoints stay on the GPU' in r for r in plan.explain)  # the default: under --explain
     assert run.autocast is True and run.dtype == 'bfloat16'  # the forward under bf16 autocast, as HF Trainer runs it
     off = load_recipe(H200X1, [f'model.path={os.path.join(CONFIGS, "qwen3_5_moe_35b_a3b.json")}',
                                'unsloth.autocast=false'])

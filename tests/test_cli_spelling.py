@@ -113,3 +113,20 @@ def test_train_output_dir_sets_the_recipe_key(workspace):
                          'train.output_dir=elsewhere', '--out', 'mine', '--dry-run', '--json')
     argv = _strict_json(out)['plan']['command']
     assert rc == 0 and argv[argv.index('--output_dir') + 1] == 'mine'
+
+
+@pytest.mark.parametrize('argv, said', [
+    (['--learning_rate', '1e-5'], 'train.learning_rate=1e-5'),
+    (['--per_device_train_batch_size', '2'], 'train.per_device_train_batch_size=2'),
+    (['--lora_rank=16'], 'train.lora_rank=16'),
+    (['--neftune_noise_alpha', '5'], 'swift_args.neftune_noise_alpha=5'),
+])
+def test_an_ms_swift_flag_train_does_not_take_points_to_its_recipe_key(capsys, argv, said):
+    """ms-swift users type `--learning_rate`: `train` answers with the recipe key that sets it (an override after the
+    recipe) or, for an argument no key models, `swift_args.NAME=VALUE`; a typo of train's own flag still gets it."""
+    from swift_vora.cli import main
+    assert main(['train', 'h200x1', *argv, '--dry-run']) == 2
+    err = capsys.readouterr().err
+    assert said in err and 'unrecognized arguments' in err
+    assert main(['train', 'h200x1', '--dry-rn']) == 2
+    assert 'did you mean --dry-run?' in capsys.readouterr().err

@@ -22,6 +22,17 @@ def test_generic_profiles_for_the_counts_a_gpu_class_is_sold_in():
         H.profile('tpu-v5x4')
 
 
+def test_hardware_names_read_in_any_case_and_a_wrong_one_gets_the_closest():
+    assert H.resolve('H100x1').name == 'h100x1' and H.resolve('H200X8').num_gpus == 8
+    assert H.resolve('H200x2').num_gpus == 2 and H.resolve('LOCAL').source == 'probed'
+    for typed, meant in (('h200', 'h200x1'), ('a100x1', 'a100-80x1'), ('a100x1', 'a100-40x1'), ('h2000x1', 'h200x1'),
+                         ('3090X9', '3090x')):
+        with pytest.raises(KeyError) as err:
+            H.resolve(typed)
+        assert meant in err.value.args[0], (typed, err.value.args[0])
+    assert H.suggest_profiles('h200') == ['h200x1'] and H.suggest_profiles('A100x1') == ['a100-40x1', 'a100-80x1']
+
+
 def test_hardware_and_gpus_combine():
     h = H.resolve('h200x8', gpus=2)
     assert h.num_gpus == 2 and h.gpu_name == 'H200' and h.name == 'h200x8 with 2 GPUs'

@@ -19,7 +19,7 @@ MOE_35B = os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json')
 
 
 def planned(*argv):
-    return plan_from_argv(['--model', DENSE_2B, *argv])
+    return plan_from_argv(['--model', DENSE_2B, *argv, '--as-given'])
 
 
 def test_fp8_holds_the_decoder_linears_in_one_byte_and_plans_on_ddp():
@@ -35,7 +35,8 @@ def test_fp8_holds_the_decoder_linears_in_one_byte_and_plans_on_ddp():
     assert fp8.gpu_peak_gib < bf16.gpu_peak_gib - 1.0
     # the model loads in bf16 and is converted at train begin: the load phase holds the bf16 weights
     assert fp8.phases['load']['gpu_gib'] == pytest.approx(bf16.phases['load']['gpu_gib'], abs=0.02)
-    assert 'FP8 frozen base x0.816 of bf16 (throughput run fp8-b' in fp8.est_source  # the measured twin ratio
+    assert 'FP8 frozen base x0.816 of bf16 (benchmarks/results/throughput-fp8-b' in fp8.est_source  # the twin ratio
+    assert 'FP8 frozen base x0.816 of bf16 (measured)' in fp8.est_basis
     assert fp8.est_samples_per_s == pytest.approx(bf16.est_samples_per_s * 0.816, rel=0.01)
     assert any('SWIFT_VORA_FP8=frozen_base' in part for part in fp8.command)
 
@@ -56,13 +57,19 @@ def test_fp8_is_refused_where_it_cannot_run_with_the_reason(argv, rule, words):
 def test_fp8_on_the_moe_path_is_refused_naming_unsloth():
     plan = plan_from_argv(['--model', MOE_35B, '--hardware', 'h200x1', '--fp8', 'frozen_base'])
     assert plan.rule == 'fp8-backend' and 'Unsloth' in ' '.join(plan.reasons)
+    # asked for on ddp by name, it plans -- with no speed: the one FP8 measurement is a dense model's
+    ddp = plan_from_argv(['--model', MOE_35B, '--hardware', 'h200x1', '--fp8', 'frozen_base', '--backend', 'ddp'])
+    assert ddp.rule is None and not ddp.est_measured and ddp.est_tokens_per_s is None
+    assert 'FP8 frozen base weights never ran on a MoE model' in ddp.est_basis
 
 
 def test_the_plan_offers_fp8_only_where_the_gpu_has_fp8_tensor_cores():
     def offer(plan):
-        return [r for r in plan.reasons if 'train.fp8: frozen_base' in r]
-    h200 = offer(planned('--hardware', 'h200x1'))
-    assert len(h200) == 1 and 'less than bf16' in h200[0] and 'for memory, not speed: measured at 0.82x' in h200[0]
+        return [r for r in plan.reasons if 'train.fp8=frozen_base' in r]
+    plan = planned('--hardware', 'h200x1')
+    h200 = offer(plan)
+    assert len(h200) == 1 and h200[0].startswith('Less memory') and 'at 0.82x the speed (measured)' in h200[0]
+    assert any('less than bf16' in e and 'throughput-fp8-b' in e for e in plan.explain)  # the detail: --explain
     assert offer(planned('--hardware', '4090x1'))  # Ada: 8.9
     assert not offer(planned('--hardware', '3090x1')) and not offer(planned('--hardware', 'a100-80x1'))
     assert not offer(planned('--hardware', 'h200x1', '--fp8', 'frozen_base'))  # already on

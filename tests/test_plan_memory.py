@@ -273,7 +273,7 @@ def test_checkpointing_fewer_layers_plans_their_activations_and_a_speed_in_betwe
     from swift_vora.cli.plan import plan_from_argv
     base = ['--model', os.path.join(os.path.dirname(__file__), 'fixtures', 'configs', 'qwen3_vl_2b.json'),
             '--hardware', 'h200x1', '--backend', 'ddp', '--compile', 'layers', '--frame-tokens', '180',
-            '--clip-seconds', '32', '--answer-tokens', '16']
+            '--clip-seconds', '32', '--answer-tokens', '16', '--as-given']
     every = plan_from_argv(base)
     assert plan_from_argv([*base, '--checkpoint-layers', '28']).gpu_peak_gib == every.gpu_peak_gib  # all 28
     none = plan_from_argv([*base, '--no-gradient-checkpointing'])
@@ -293,7 +293,7 @@ def test_plan_cli_checkpoint_layers_auto_on_a_dense_model_is_no_checkpointing_wh
     from swift_vora.cli.plan import plan_from_argv
     base = ['--model', os.path.join(os.path.dirname(__file__), 'fixtures', 'configs', 'qwen3_vl_2b.json'),
             '--backend', 'ddp', '--compile', 'layers', '--frame-tokens', '180', '--clip-seconds', '32',
-            '--answer-tokens', '16']
+            '--answer-tokens', '16', '--as-given']
     auto = plan_from_argv([*base, '--hardware', 'h200x1', '--checkpoint-layers', 'auto'])
     zero = plan_from_argv([*base, '--hardware', 'h200x1', '--checkpoint-layers', '0'])
     assert auto.checkpoint_layers == 0 and auto.gpu_peak_gib == zero.gpu_peak_gib

@@ -37,15 +37,27 @@ def test_seed_full_sft_on_one_h200_does_not_fit(capsys):
     assert rc == 3 and p['verdict'] == 'does_not_fit'
     for key in ('backend', 'verdict', 'gpu_peak_gib', 'host_peak_gib', 'reasons', 'breakdown', 'command'):
         assert key in p
-    assert p['backend'] == 'deepspeed_zero2'  # ZeRO-3 is refused for MoE; full training on one GPU
+    # full SFT of a MoE goes to Megatron's expert parallelism (ZeRO-2 only when asked for by name)
+    assert p['backend'] == 'megatron_ep_full' and p['gpu_peak_gib'] > 139.8
+    assert not p['est_measured'] and p['est_tokens_per_s'] is None  # no run measured it: no number
     text = ' '.join(p['reasons'])
-    # ~560 GB of model states: bf16 weights 70 + grads 70 + fp32 master 140 + Adam 280
-    plan = make_plan(PlanRequest(model=SEED, hardware='h200x1', tuner='full'))
+    assert 'Too big on the GPU' in text and 'Fastest alternative that fits' in text
+    assert p['alternative'] and p['alternative']['gpu_peak_gib'] <= 139.8
+    assert all(a['backend'] != 'deepspeed_zero2' for a in p['alternatives'])
+    # asked for by name, ZeRO-2: ~560 GB of model states (bf16 weights 70 + grads 70 + fp32 master 140 + Adam 280),
+    # in the breakdown's GiB, and the warning that cites the upstream failures
+    rc, z2 = run_json(capsys, '--model', SEED, '--hardware', 'h200x1', '--tuner', 'full', '--backend',
+                      'deepspeed_zero2')
+    assert rc == 3 and z2['reasons'][0].startswith('Warning: DeepSpeed ZeRO-2')
+    assert 'ms-swift#6473' in z2['reasons'][0] and 'DeepSpeed #7156' in z2['reasons'][0]
+    plan = make_plan(PlanRequest(model=SEED, hardware='h200x1', tuner='full', backend='deepspeed_zero2'))
     states = sum(v for k, v in plan.breakdown.items()
                  if k.startswith(('weights', 'gradients', 'optimizer'))) * C.GiB / C.GB
     assert 540 < states < 580, states
-    assert 'GB' in text and 'weights 70 GB' in text and 'Adam m, v 27' in text
-    # ZeRO-2/3 offload: ~420 GB of host RAM for the fp32 master + Adam states against the 276 GB container limit
+    text = ' '.join(z2['reasons'])
+    for item in ('weights (bf16)', 'optimizer states (fp32 master + Adam m, v, partitioned)'):
+        assert f'{item} {plan.breakdown[item]:.2f}' in text  # the breakdown's own name and number
+    # ZeRO-2 offload: ~420 GB of host RAM for the fp32 master + Adam states against the 276 GB container limit
     assert 'CPU offload' in text and '276 GB' in text and 'SIGKILL' in text
     offload = make_plan(PlanRequest(model=SEED, hardware='h200x1', tuner='full', backend='deepspeed_zero2',
                                     offload='cpu'))
@@ -53,13 +65,11 @@ def test_seed_full_sft_on_one_h200_does_not_fit(capsys):
     assert 400 < opt_gb < 440, opt_gb
     assert offload.verdict == 'does_not_fit' and offload.host_peak_gib > offload.host_limit_gib
     assert f'{opt_gb:,.0f} GB' in text
-    # the cheapest alternative that fits is named
-    assert 'Fastest alternative that fits' in text
-    assert p['alternative'] and p['alternative']['gpu_peak_gib'] <= 139.8
+    assert z2['est_tokens_per_s'] is None and 'no measurement' in z2['est_basis']
 
 
 def test_seed_lora_on_one_h200_fits(capsys):
-    rc, p = run_json(capsys, '--model', SEED, '--hardware', 'h200x1', '--tuner', 'lora')
+    rc, p = run_json(capsys, '--model', SEED, '--hardware', 'h200x1', '--tuner', 'lora', '--as-given')
     assert rc == 0 and p['verdict'] == 'fits' and p['backend'] == 'unsloth_split_lora'
     peak_gb = p['gpu_peak_gib'] * C.GiB / C.GB
     # seed analysis: ~63-74 GB; the planner adds expert LoRA states (r=8) and a 6.6k-token video sample
@@ -120,10 +130,18 @@ def test_megatron_supported_list_matches_installed_mcore_bridge():
         assert (t in MEGATRON_SUPPORTED_MODEL_TYPES) == (t in registered), t
 
 
-def test_auto_moe_not_supported_by_megatron_falls_back_to_zero2():
+def test_auto_moe_not_supported_by_megatron_never_falls_back_to_zero2():
+    """A MoE type mcore-bridge does not support: LoRA goes to a backend with a measured speed, full SFT is refused
+    under auto -- DeepSpeed ZeRO-2 trains a MoE only when asked for by name."""
     assert 'mixtral' not in MEGATRON_SUPPORTED_MODEL_TYPES
     p = make_plan(PlanRequest(model=cfg('tiny_mixtral')), hardware=custom(2, 24, 64))
-    assert p.backend == 'deepspeed_zero2' and p.verdict == 'fits'
+    assert p.backend in ('unsloth_split_lora', 'ddp') and p.verdict == 'fits' and p.est_measured
+    full = make_plan(PlanRequest(model=cfg('tiny_mixtral'), tuner='full'), hardware=custom(2, 24, 64))
+    assert full.verdict == 'refused' and full.rule == 'moe-full-auto'
+    assert 'deepspeed_zero2' in full.alternative['suggestion']
+    by_name = make_plan(PlanRequest(model=cfg('tiny_mixtral'), tuner='full', backend='deepspeed_zero2'),
+                        hardware=custom(2, 24, 64))
+    assert by_name.backend == 'deepspeed_zero2' and by_name.reasons[0].startswith('Warning')
 
 
 # ---- refusals: exit 4, reason names the rule and the alternative --------------------------------------------
@@ -135,7 +153,7 @@ REFUSALS = [
     ('megatron-model-type', [cfg('tiny_mixtral'), '--gpus', '2', '--gpu-mem-gib', '24', '--backend',
                              'megatron_ep_lora'], 'deepspeed_zero2'),
     ('unsloth-lora-only', [SEED, '--hardware', 'h200x1', '--backend', 'unsloth_split_lora', '--tuner', 'full'],
-     'deepspeed_zero2'),
+     'megatron_ep_full'),
     ('quant-needs-lora', [cfg('qwen3_vl_2b'), '--hardware', 'h200x1', '--quant', '4bit', '--tuner', 'full'],
      '--tuner lora'),
     ('offload-deepspeed-only', [SEED, '--hardware', 'h200x1', '--offload', 'cpu'], 'deepspeed_zero2 --offload cpu'),
@@ -204,8 +222,8 @@ def test_text_output_is_readable(capsys):
     rc = main(['plan', '--model', SEED, '--hardware', 'h200x1', '--tuner', 'full'])
     out = capsys.readouterr().out
     assert rc == 3
-    for s in ('backend  : deepspeed_zero2', 'verdict  : DOES NOT FIT', 'GPU peak', 'host peak', 'per-GPU breakdown',
-              'reasons', 'command', 'predicted'):
+    for s in ('backend  : megatron_ep_full', 'verdict  : DOES NOT FIT', 'GPU peak', 'host peak', 'per-GPU breakdown',
+              'reasons', 'predicted', 'speed    : no measurement', 'what fits instead'):
         assert s in out
 
 
@@ -292,7 +310,7 @@ def test_dataset_packing_is_planned_at_the_full_row():
     hw = profile('3090x3')
     plain = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware=hw))
     per_sample = plain.tokens['total_tokens']
-    packed = planned(cfg('qwen3_vl_2b'), '3090x3', '--pack-length', str(3 * per_sample))
+    packed = planned(cfg('qwen3_vl_2b'), '3090x3', '--pack-length', str(3 * per_sample), '--as-given')
     ckpt = 'activations: layer checkpoints'
     assert packed.breakdown[ckpt] == pytest.approx(3 * plain.breakdown[ckpt], rel=0.01)
     assert packed.gpu_peak_gib > plain.gpu_peak_gib
@@ -323,7 +341,7 @@ def test_compiled_layers_are_planned_where_they_are_applied(capsys):
     planner, and the plan's command carries it."""
     from swift_vora.backends.planning import plan_request
     from swift_vora.backends.recipe import recipe_from_dict
-    argv = ['--model', cfg('qwen3_vl_2b'), '--hardware', 'h200x1', '--no-gradient-checkpointing']
+    argv = ['--model', cfg('qwen3_vl_2b'), '--hardware', 'h200x1', '--no-gradient-checkpointing', '--as-given']
     peaks = {}
     for backend in ('ddp', 'deepspeed_zero3'):
         for compiled in ('off', 'layers'):

@@ -43,12 +43,83 @@ def test_flops_count_the_active_experts_only():
 
 
 def test_unmeasured_settings_say_what_they_assumed():
-    eff, why = speed.measured_efficiency('deepspeed_zero3', False, True, 1)
-    assert eff == speed.EFFICIENCY[('ddp', False, True, 1)] and 'not benchmarked' in why
-    eff, why = speed.measured_efficiency('unsloth_split_lora', False, True, 8)
-    assert eff == speed.EFFICIENCY[('unsloth_split_lora', False, True, 4)] and 'micro-batch 4' in why
+    eff, why, ran = speed.measured_efficiency('deepspeed_zero3', 'dense', False, True, 1)
+    assert eff == speed.EFFICIENCY[('ddp', 'dense', False, True, 1)] and 'not benchmarked' in why and ran == 'ddp'
+    eff, why, _ = speed.measured_efficiency('unsloth_split_lora', 'moe', False, True, 8)
+    assert eff == speed.EFFICIENCY[('unsloth_split_lora', 'moe', False, True, 4)] and 'micro-batch 4' in why
     rate, source = speed.gpu_rate('NVIDIA GeForce RTX 3090')
     assert rate == pytest.approx(71.0 * speed.ACHIEVABLE_FRACTION) and 'spec sheet' in source
+
+
+def test_no_figure_crosses_the_kind_of_model():
+    """A MoE plan never takes a dense run's efficiency, nor a dense plan a MoE run's: where no run of the backend
+    on that kind of model exists, the estimate is "no measurement" with no number."""
+    for key, measured in speed.EFFICIENCY.items():
+        assert key[1] == measured.kind, key  # every row is keyed by the kind of model that ran
+    # ZeRO-2 never ran on a MoE: the dense stand-in does not apply to one
+    assert speed.measured_efficiency('deepspeed_zero2', 'moe', False, True, 1)[0] is None
+    assert speed.measured_efficiency('megatron_ep_full', 'moe', False, True, 1)[0] is None
+    # Unsloth and Megatron ran on MoE models only
+    assert speed.measured_efficiency('unsloth_split_lora', 'dense', False, True, 1)[0] is None
+    assert speed.measured_efficiency('megatron_ep_lora', 'dense', False, True, 1)[0] is None
+    spec = load_model_spec(os.path.join(REPO_ROOT, 'tests', 'fixtures', 'configs', 'qwen3_5_moe_35b_a3b.json'))
+    tokens = video_tokens(32, 2, 64, 220)
+    none = speed.estimate_speed(spec, tokens, 'deepspeed_zero2', 'lora', 16, 'all-linear', False, True, 1, 1,
+                                'NVIDIA H200')
+    assert not none.measured and none.tokens_per_s is None and none.samples_per_s is None
+    assert none.basis.startswith('no measurement') and 'MoE' in none.basis
+    assert 'no estimate is given' in speed.describe(none, 1000) and speed.hours_per_epoch(1000, none) is None
+    # a MoE estimate says the MoE run it rests on, its depth included (Megatron's: an 8-layer cut)
+    mg = speed.estimate_speed(spec, tokens, 'megatron_ep_lora', 'lora', 16, 'all-linear', False, True, 2, 1,
+                              'NVIDIA H200')
+    assert mg.measured and 'MoE' in mg.basis and 'cut to 8 layers' in mg.basis
+    assert 'megatron-h200-moe-g' in mg.source
+
+
+def test_full_training_is_never_estimated_faster_than_lora_on_the_same_gpus():
+    """Every measured run trained LoRA: a full or selective estimate of the same setting is never faster."""
+    for model in ('qwen3_vl_2b.json', 'qwen3_5_moe_35b_a3b.json', 'qwen3_5_dense.json'):
+        spec = load_model_spec(os.path.join(REPO_ROOT, 'tests', 'fixtures', 'configs', model))
+        tokens = video_tokens(32, 2, 64, 220)
+        for backend in ('ddp', 'deepspeed_zero2', 'deepspeed_zero3'):
+            for gpus in (1, 8):
+                lora = speed.estimate_speed(spec, tokens, backend, 'lora', 8, 'all-linear', False, True, 1, gpus,
+                                            'NVIDIA H200')
+                for tuner in ('full', 'selective'):
+                    other = speed.estimate_speed(spec, tokens, backend, tuner, 8, 'all-linear', False, True, 1,
+                                                 gpus, 'NVIDIA H200')
+                    if lora.measured and other.measured:
+                        assert other.samples_per_s <= lora.samples_per_s, (model, backend, gpus, tuner)
+
+
+def test_data_parallel_replicas_pay_their_gradient_all_reduce():
+    """N replicas of the one-GPU path: N x the one-GPU estimate x a scaling that counts the LoRA gradient
+    all-reduce (bytes over the interconnect each step), said to be an assumption; slower links scale worse."""
+    spec = load_model_spec(os.path.join(REPO_ROOT, 'tests', 'fixtures', 'configs', 'qwen3_5_moe_35b_a3b.json'))
+    tokens = video_tokens(32, 2, 64, 220)
+
+    def est(gpus, gpu='NVIDIA H200', nodes=1):
+        return speed.estimate_speed(spec, tokens, 'unsloth_split_lora', 'lora', 16, 'all-linear', False, True, 4,
+                                    gpus, gpu, nodes=nodes)
+    one, eight = est(1), est(8)
+    assert eight.scaling is not None and 0.9 < eight.scaling < 1.0
+    assert eight.samples_per_s == pytest.approx(8 * one.samples_per_s * eight.scaling, rel=1e-3)
+    assert 'assumed, not measured on several GPUs' in eight.source and 'all-reduce' in eight.source
+    assert 'assumed' in eight.basis and 'x8 replicas' in eight.basis
+    # the scaling is the step's compute against the all-reduce of 4-byte LoRA gradients
+    trainable = spec.trainable_params('lora', 16, 'all-linear')
+    factor, _ = speed.data_parallel_scaling(trainable, 'lora', 4, one.samples_per_s, 8, 'NVIDIA H200', 1)
+    bandwidth, _ = speed.allreduce_bandwidth('NVIDIA H200', 1)
+    step = 4 / one.samples_per_s
+    assert factor == pytest.approx(step / (step + 2 * 7 / 8 * 4 * trainable / bandwidth), rel=1e-6)
+    # over PCIe the same all-reduce takes longer; between nodes, longer than inside one
+    pcie, _ = speed.data_parallel_scaling(trainable, 'lora', 4, one.samples_per_s, 8, 'RTX 4090', 1)
+    nodes, _ = speed.data_parallel_scaling(trainable, 'lora', 4, one.samples_per_s, 16, 'NVIDIA H200', 2)
+    assert pcie < factor and nodes < factor
+    # Megatron and DeepSpeed are not data-parallel replicas of a measured run: linear, and said so
+    mg = speed.estimate_speed(spec, tokens, 'megatron_ep_lora', 'lora', 16, 'all-linear', False, True, 2, 8,
+                              'NVIDIA H200')
+    assert mg.scaling is None and 'assumed linear' in mg.basis
 
 
 def test_hours_per_epoch_from_the_counted_samples():
@@ -56,19 +127,22 @@ def test_hours_per_epoch_from_the_counted_samples():
     plan = plan_from_argv(['--model', 'Qwen/Qwen3-VL-2B-Instruct', '--hardware', 'h200x1', '--samples', '36000'])
     assert plan.est_samples_per_epoch == 36000
     assert plan.est_hours_per_epoch == pytest.approx(36000 / plan.est_samples_per_s / 3600, rel=1e-3)
-    assert any(r.startswith('Estimated speed:') and 'h per epoch of 36,000' in r for r in plan.reasons)
+    assert any(r.startswith('Estimated ') and 'h per epoch of 36,000 samples' in r for r in plan.reasons)
     assert plan_from_argv(['--model', 'Qwen/Qwen3-VL-2B-Instruct', '--hardware', 'h200x1']).est_hours_per_epoch is None
 
 
 def test_alternatives_on_the_same_hardware_fastest_first():
-    """An 8B VLM on one 4090: a 4-bit base fits without offload and is ranked before CPU offload."""
+    """An 8B VLM on one 4090, as asked (no search): a 4-bit base fits without offload and is ranked before CPU
+    offload, each alternative with its hours and what its estimate rests on."""
     from swift_vora.cli.plan import plan_from_argv
-    plan = plan_from_argv(['--model', 'Qwen/Qwen3-VL-8B-Instruct', '--hardware', '4090x1'])
+    plan = plan_from_argv(['--model', 'Qwen/Qwen3-VL-8B-Instruct', '--hardware', '4090x1', '--as-given',
+                           '--samples', '10000'])
     assert plan.verdict == 'does_not_fit'
     same = [a for a in plan.alternatives if a['label'].startswith('same hardware')]
     assert same and same[0]['quant'] == '4bit' and same[0]['offload'] == 'none'
-    speeds = [a['est_tokens_per_s'] for a in same]
+    speeds = [a['est_samples_per_s'] for a in same]
     assert speeds == sorted(speeds, reverse=True)
+    assert all(a['est_hours_per_epoch'] and a['est_basis'].startswith('measured') for a in same)
     assert any(r.startswith('Fastest alternative that fits') and '4-bit' in r for r in plan.reasons)
 
 
@@ -113,7 +187,7 @@ def test_fewer_checkpointed_layers_are_estimated_faster_by_the_recompute_they_dr
     # a setting measured without checkpointing keeps its measurement (the dense compiled runs)
     dense = load_model_spec(os.path.join(REPO_ROOT, 'tests', 'fixtures', 'configs', 'qwen3_vl_2b.json'))
     free = speed.estimate_speed(dense, tokens, 'ddp', 'lora', 8, 'all-linear', True, False, 1, 1, 'NVIDIA H200')
-    assert free.efficiency == pytest.approx(speed.EFFICIENCY[('ddp', True, False, 1)].value)
+    assert free.efficiency == pytest.approx(speed.EFFICIENCY[('ddp', 'dense', True, False, 1)].value)
 
     from swift_vora.cli.plan import plan_from_argv
     base = ['--model', os.path.join(REPO_ROOT, 'tests', 'fixtures', 'configs', 'qwen3_5_moe_35b_a3b.json'),
@@ -165,3 +239,15 @@ def test_derive_marks_in_and_out_of_sample_rows_and_gives_a_full_sft_candidate(t
     assert not setting['in_sample'] and setting['derived_efficiency'] is None
     assert setting['candidate_efficiency'] == setting['out_of_sample'][0]['efficiency'] > 0
     assert 'no in-sample row; candidate' in speed_table.render_derived(derived)
+
+
+def test_the_docs_table_of_hours_is_the_planners():
+    """docs/planner.md's table of the plan's hours against the measured ones (the shipped recipes and the ten
+    held-in scenarios) is what benchmarks/plan_hours_table.py prints from the planner now."""
+    import plan_hours_table
+    rows = plan_hours_table.rows()
+    held_in = [r for r in rows if r['what'].startswith('held in')]
+    assert len(held_in) >= 10 and all(r['measured_hours'] and r['plan_hours'] for r in held_in)
+    assert any(r['what'].startswith('recipe ') and r['measured_hours'] for r in rows)
+    assert plan_hours_table.documented() == plan_hours_table.render(rows), \
+        'python benchmarks/plan_hours_table.py: copy its table into docs/planner.md'

@@ -55,15 +55,19 @@ def test_swift_args_pass_through_checked_by_ms_swift_parser():
         build_launch(plan_recipe(r), r)
 
 
+# the settings the planner would otherwise search, as the recipe's own: memory compared at one setting
+AS_ASKED = ['train.micro_batch=1', 'train.checkpoint_layers=null', 'deepspeed.offload=none', 'video.max_frames=64']
+
+
 def test_quantization_4bit_plans_and_launches_qlora():
-    r = recipe(['train.quantization=4bit'])
+    r = recipe(['train.quantization=4bit', *AS_ASKED])
     plan = plan_recipe(r)
     assert plan.quant == '4bit' and plan.verdict == 'fits'
     argv = build_launch(plan, r).argv
     assert flag(argv, '--quant_method') == 'bnb' and flag(argv, '--quant_bits') == '4'
     assert flag(argv, '--bnb_4bit_quant_type') == 'nf4'
     # the planner prices the 4-bit base: less GPU memory than the same recipe in bf16
-    assert plan.gpu_peak_gib < plan_recipe(recipe()).gpu_peak_gib
+    assert plan.gpu_peak_gib < plan_recipe(recipe(AS_ASKED)).gpu_peak_gib
     with pytest.raises(RecipeError, match="'train.quantization' must be one of none, 4bit"):
         recipe(['train.quantization=8bit'])
 
@@ -72,7 +76,7 @@ def test_quantization_4bit_plans_and_launches_qlora():
 def test_the_suggested_overrides_fit(gpu_mem_gib, host_ram_gib):
     from swift_vora.cli.train import fits_with_overrides
     base = ['hardware=null', 'gpus=1', f'gpu_mem_gib={gpu_mem_gib}', f'host_ram_gib={host_ram_gib}',
-            'train.backend=ddp']
+            'train.backend=ddp', 'video.max_frames=64']  # the budget set: what fits instead is an alternative
     plan = plan_recipe(recipe(base))
     assert plan.verdict == 'does_not_fit'
     suggested = fits_with_overrides(plan, recipe(base))

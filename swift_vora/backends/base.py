@@ -49,7 +49,7 @@ class Launch:
         return (['env', *env] if env else []) + list(self.argv)
 
     def shell(self) -> str:
-        """The launch as one copy-pasteable shell command (env assignments first)."""
+        """The launch as one copy-pasteable shell command (env assignments first), one flag a line."""
         env = ' '.join(f'{k}={_quote_env(v)}' for k, v in sorted(self.env.items()))
         parts, line = [], []
         for a in self.argv:
@@ -83,9 +83,31 @@ class Launch:
 
 def _quote_env(value: str) -> str:
     # A rendezvous value not known when printing stays a shell expansion that fails loudly when unset.
-    if value.startswith('${') and value.endswith('}') and ':?' in value:
+    if _is_required_expansion(value):
         return f'"{value}"'
     return shlex.quote(value)
+
+
+def _is_required_expansion(value: str) -> bool:
+    """`${NAME:?message}`: a value the shell fills on each node (common.py writes these), nothing else."""
+    if not (value.startswith('${') and value.endswith('}') and ':?' in value):
+        return False
+    name, _, message = value[2:-1].partition(':?')
+    return name.isidentifier() and not any(c in message for c in '"`$\\}')
+
+
+def command_line(command: Sequence[str]) -> str:
+    """A plan's `command` (`env K=V ... argv`) as one line to paste into a shell: every word quoted for the shell,
+    except a `K=${K:?...}` assignment, whose expansion is kept (double-quoted) so the shell fills it on each node
+    and stops with the message where it is unset (single quotes would set the literal text)."""
+    words = []
+    for word in command:
+        name, eq, value = word.partition('=')
+        if eq and name.isidentifier() and _is_required_expansion(value):
+            words.append(f'{name}={_quote_env(value)}')
+        else:
+            words.append(shlex.quote(word))
+    return ' '.join(words)
 
 
 @dataclass

@@ -47,7 +47,30 @@ def plan_request(recipe: Recipe) -> PlanRequest:
         gradient_checkpointing=recipe['train.gradient_checkpointing'], checkpoints=unsloth_checkpoints(recipe),
         checkpoint_layers=recipe['train.checkpoint_layers'],
         compile=recipe['train.compile'], fp8=recipe['train.fp8'], samples_per_epoch=samples_per_epoch(recipe),
-        cross_entropy=recipe['megatron.cross_entropy_fusion_impl'], recompute=recipe['megatron.recompute'])
+        cross_entropy=recipe['megatron.cross_entropy_fusion_impl'], recompute=recipe['megatron.recompute'],
+        min_pair_tokens=int(budget.min_pair_tokens), search=searched(recipe),
+        global_batch=recipe['megatron.global_batch'])
+
+
+# The recipe keys that fix each setting the planner would otherwise search (plan/request.py SEARCHABLE)
+FIXED_BY = {
+    'micro_batch': ('train.micro_batch', ),
+    'checkpoint_layers': ('train.checkpoint_layers', ),
+    'offload': ('deepspeed.offload', ),
+    'video_budget': ('video.max_frames', 'video.pair_tokens', 'video.max_video_tokens'),
+}
+
+
+def searched(recipe: Recipe) -> tuple:
+    """The settings the recipe leaves to the planner: those whose keys it does not set (`deepspeed.offload: null`
+    is unset too). A recipe that sets a key keeps it, and the plan says so."""
+    free = []
+    for setting, keys in FIXED_BY.items():
+        if setting == 'offload' and recipe['deepspeed.offload'] is None:
+            free.append(setting)
+        elif setting != 'offload' and not any(k in recipe.given for k in keys):
+            free.append(setting)
+    return tuple(free)
 
 
 def samples_per_epoch(recipe: Recipe) -> Optional[int]:

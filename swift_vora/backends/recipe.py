@@ -226,6 +226,9 @@ class Recipe:
     path: str  # the file it came from ('<overrides>' when built in code)
     values: Dict[str, Any]  # dotted key -> value, every SCHEMA key present
     overrides: List[str] = field(default_factory=list)
+    # the keys the file or an override set (the others hold SCHEMA's defaults): what the planner keeps as the user
+    # set it, where it would otherwise search (swift_vora/backends/planning.py)
+    given: frozenset = frozenset()
 
     def __getitem__(self, key: str) -> Any:
         return self.values[ALIASES.get(key, key)]
@@ -241,9 +244,12 @@ class Recipe:
         """This recipe with more `key=value` overrides applied and checked, as `swift-vora train RECIPE ...` would
         read it (RecipeError when they do not make a recipe)."""
         values = copy.deepcopy(self.values)
+        set_now = {}
+        apply_overrides(set_now, overrides)
         apply_overrides(values, overrides)
         _check(values, f'{self.path} (with overrides)')
-        return Recipe(path=self.path, values=values, overrides=[*self.overrides, *overrides])
+        return Recipe(path=self.path, values=values, overrides=[*self.overrides, *overrides],
+                      given=self.given | frozenset(set_now))
 
 
 def _flatten(doc: Dict[str, Any], where: str) -> Dict[str, Any]:
@@ -570,12 +576,14 @@ def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
         raise RecipeError(f'{path}: a recipe is a mapping of keys, got {type(doc).__name__}')
     values = _flatten(doc, path)
     apply_overrides(values, overrides)
+    given = frozenset(values)
     _check(values, path + (' (with overrides)' if overrides else ''))
-    return Recipe(path=path, values=values, overrides=list(overrides))
+    return Recipe(path=path, values=values, overrides=list(overrides), given=given)
 
 
 def recipe_from_dict(doc: Dict[str, Any], overrides: Sequence[str] = (), where: str = '<recipe>') -> Recipe:
     values = _flatten(doc, where)
     apply_overrides(values, overrides)
+    given = frozenset(values)
     _check(values, where)
-    return Recipe(path=where, values=values, overrides=list(overrides))
+    return Recipe(path=where, values=values, overrides=list(overrides), given=given)

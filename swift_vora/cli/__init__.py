@@ -101,11 +101,19 @@ class _Parser(argparse.ArgumentParser):
             return ''
         flags = {_spelling(o): o for o in self._option_string_actions if o.startswith('--')}
         hints = {}
-        for token in unknown.group(1).split():
+        tokens = unknown.group(1).split()
+        hint_of = getattr(self, 'unknown_flag_hint', None)  # a command's own word on flags it does not take
+        said = []
+        for i, token in enumerate(tokens):
             if token.startswith('-'):
                 close = difflib.get_close_matches(_spelling(token.split('=', 1)[0]), list(flags), n=1, cutoff=0.6)
                 if close:
                     hints[token] = flags[close[0]]
+                elif hint_of is not None and token.startswith('--'):
+                    said.append(hint_of(token, tokens[i + 1] if i + 1 < len(tokens) else ''))
+        said = [h for h in said if h]
+        if said and not hints:
+            return ' (' + '; '.join(said) + ')'
         if len(hints) == 1:
             return f' (did you mean {next(iter(hints.values()))}?)'
         return f' (did you mean {", ".join(f"{v} for {k}" for k, v in hints.items())}?)' if hints else ''

@@ -13,8 +13,9 @@ from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..backends.base import Launch, LaunchRefused
-from ..backends.launch import build_launch
+from ..backends.launch import LAUNCHERS, build_launch
 from ..backends.recipe import Recipe
+from ..plan.fit import PARTIAL_CHECKPOINT_BACKENDS
 from ..plan.memory import MEGATRON_BACKENDS
 from ..plan.request import Plan, alternative_plan
 
@@ -29,11 +30,34 @@ def launch_plan(plan: Plan, recipe: Recipe,
     plan = with_alternative_commands(plan, recipe, environ)
     if not has_launch(plan):
         return plan, None
+    if not any(plan.backend in launcher.backends for launcher in LAUNCHERS):  # planned, but nothing here runs it
+        if plan.verdict != 'fits':
+            return plan, None
+        return refused(plan, [f'this swift-vora has no launcher for {plan.backend} yet']), None
     try:
-        launch = build_launch(plan, recipe, environ)
+        launch = build_launch(plan, recipe.with_overrides(chosen_overrides(plan, recipe)), environ)
     except LaunchRefused as exc:
         return refused(plan, exc.reasons), None
     return replace(plan, command=launch.command()), launch
+
+
+def chosen_overrides(plan: Plan, recipe: Recipe) -> List[str]:
+    """The settings the plan's search chose where the recipe left them free (plan/search.py: micro-batch,
+    checkpointed layers, offload, a lowered video budget), as `key=value` overrides of the recipe: the launch trains
+    what the plan planned. [] when nothing was searched or the recipe already says the same."""
+    chosen = (plan.search or {}).get('chosen') or {}
+    keys = {'micro_batch': 'train.micro_batch', 'checkpoint_layers': 'train.checkpoint_layers',
+            'offload': 'deepspeed.offload', 'max_frames': 'video.max_frames', 'pair_tokens': 'video.pair_tokens'}
+    out = []
+    for setting, key in keys.items():
+        if setting not in chosen:
+            continue
+        value = chosen[setting]
+        if setting == 'offload' and value == 'none' and recipe[key] in (None, 'none'):
+            continue
+        if recipe[key] != value:
+            out.append(f'{key}={"null" if value is None else value}')
+    return out
 
 
 def has_launch(plan: Plan) -> bool:
@@ -81,5 +105,11 @@ def alternative_overrides(alternative: Dict[str, Any], recipe: Recipe) -> List[s
         wanted.update({'train.packing': 'dataset', 'data.max_length': alt['pack_length']} if alt.get('pack_length')
                       else {'train.packing': 'off'})
     current = {'deepspeed.offload': recipe['deepspeed.offload'] or 'none'}
-    return [f'{key}={value}' for key, value in wanted.items()
-            if value is not None and str(current.get(key, recipe[key])) != str(value)]
+    out = [f'{key}={value}' for key, value in wanted.items()
+           if value is not None and str(current.get(key, recipe[key])) != str(value)]
+    # the checkpointed layers the alternative was planned with, where the backend takes a number of them
+    layers = alt.get('checkpoint_layers')
+    if (recipe['train.gradient_checkpointing'] and alt['backend'] in PARTIAL_CHECKPOINT_BACKENDS
+            and recipe['train.checkpoint_layers'] != layers):
+        out.append(f'train.checkpoint_layers={"null" if layers is None else layers}')
+    return out

@@ -9,24 +9,26 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 from typing import Dict, List
 
 from .. import switches
-from ..backends.recipe import Recipe, recipe_from_dict
+from ..backends.base import command_line
+from ..backends.recipe import SCHEMA, Recipe, recipe_from_dict
 from ..budget import ENV_PREFIX, VideoBudget
 from ..cli_values import count_or_auto, nonnegative_int, number, positive_int
 from ..data.windowing import WindowConfig
 from ..errors import InvalidInput, UsageError
 from ..json_output import dumps
 from ..plan import constants as C
-from ..plan.backend import AUTO
+from ..plan import speed
+from ..plan.backend import AUTO, Backend
 from ..plan.hardware import PROFILES, resolve
 from ..plan.memory import BACKENDS, COMPILE_MODES, FP8_MODES, MEGATRON_BACKENDS, VISION_MODES
 from ..plan.model_source import load_model_spec
 from ..plan.model_spec import LORA_TARGETS, TUNERS, UnsupportedModel
 from ..plan.request import CHECKPOINTS, Plan, PlanRequest
+from ..plan.search import describe_setting
 from ..plan.select import make_plan
 from ..plan.video_budget import budget_sample
 from .compose import has_launch, launch_plan, refused, with_alternative_commands
@@ -56,12 +58,14 @@ def register_commands(subparsers) -> None:
     t.add_argument('--tuner', choices=TUNERS, default='lora',
                    help='lora (default), full, or selective (attention + shared experts)')
     t.add_argument('--backend', choices=(AUTO, ) + BACKENDS, default=AUTO)
-    t.add_argument('--offload', choices=('none', 'cpu'), default='none', help='DeepSpeed CPU offload')
+    t.add_argument('--offload', choices=('none', 'cpu'), default=None,
+                   help='DeepSpeed CPU offload (default: searched -- used only where nothing fits without it)')
     t.add_argument('--quant', choices=('none', '4bit'), default='none', help='4bit = QLoRA base (dense only)')
     t.add_argument('--ep', type=positive_int(4096), default=None,
                    help='expert parallel size (Megatron; default: chosen)')
     t.add_argument('--tp', type=positive_int(4096), default=None, help='tensor parallel size (Megatron; default 1)')
-    t.add_argument('--micro-batch', type=positive_int(1_000_000), default=1)
+    t.add_argument('--micro-batch', type=positive_int(1_000_000), default=None,
+                   help='samples per GPU per step (default: searched, 1 2 4 8 -- the fastest that fits)')
     t.add_argument('--pack-length', type=positive_int(10_000_000), default=None, metavar='TOKENS',
                    help='dataset packing (swift sft --packing, recipe train.packing=dataset): rows filled with '
                         'samples up to TOKENS tokens, planned full')
@@ -73,7 +77,7 @@ def register_commands(subparsers) -> None:
     t.add_argument('--checkpoint-layers', type=count_or_auto(nonnegative_int(100_000)), default=None, metavar='N',
                    help='with gradient checkpointing: checkpoint the first N decoder layers only, the others keep '
                         'their activations; auto: the fewest the plan fits (recipe train.checkpoint_layers; '
-                        'default: all)')
+                        'default: searched with the micro-batch; N = the layer count checkpoints every layer)')
     t.add_argument('--samples', type=positive_int(10 ** 12), default=None, metavar='N',
                    help='windowed samples per epoch of your dataset: the plan estimates hours per epoch (train '
                         'counts them from the recipe\'s dataset)')
@@ -113,6 +117,10 @@ def register_commands(subparsers) -> None:
                    default=None,
                    help='tokens per frame pair (video.pair_tokens, SWIFT_VORA_PAIR_TOKENS; default 256). '
                         '--frame-tokens is the older name of the same flag')
+    s.add_argument('--min-pair-tokens', type=positive_int(1_000_000), default=None,
+                   help='the fewest tokens a frame pair may be shrunk to (video.min_pair_tokens, '
+                        'SWIFT_VORA_MIN_PAIR_TOKENS; default 16): with --min-frames, the floor down to which the plan '
+                        'lowers a video budget that does not fit')
     s.add_argument('--max-video-tokens', type=positive_int(100_000_000), default=None,
                    help='cap on one clip\'s video tokens (video.max_video_tokens, SWIFT_VORA_MAX_VIDEO_TOKENS)')
     s.add_argument('--window', '--clip-seconds', dest='window', type=number(1, 7 * 24 * 3600),  # data.window's range
@@ -121,7 +129,12 @@ def register_commands(subparsers) -> None:
                         'the older name')
     s.add_argument('--answer-tokens', type=positive_int(1_000_000), default=None,
                    help='supervised (answer) tokens per sample')
-    p.add_argument('--json', action='store_true', help='print JSON')
+    p.add_argument('--as-given', action='store_true',
+                   help='plan exactly the settings given, their defaults for the others (micro-batch 1, every layer '
+                        'checkpointed, no offload, the video budget as set): no search')
+    p.add_argument('--explain', action='store_true',
+                   help='also print where every number comes from (measurements, derivations, assumptions)')
+    p.add_argument('--json', action='store_true', help='print JSON (it always carries the explanation)')
     p.set_defaults(handler=cmd_plan)
 
 
@@ -130,7 +143,8 @@ def sample_budget(args, environ=None):
     """(VideoBudget, window seconds) for `plan`: flags, else SWIFT_VORA_* environment, else the template's defaults."""
     environ = os.environ if environ is None else environ
     flags = {'fps': args.fps, 'min_frames': args.min_frames, 'max_frames': args.max_frames,
-             'pair_tokens': args.pair_tokens, 'max_video_tokens': args.max_video_tokens}
+             'pair_tokens': args.pair_tokens, 'max_video_tokens': args.max_video_tokens,
+             'min_pair_tokens': getattr(args, 'min_pair_tokens', None)}
     try:
         budget = VideoBudget.from_env(environ)
     except ValueError as e:
@@ -155,7 +169,8 @@ def sample_budget(args, environ=None):
 
 
 def _check_args(args) -> None:
-    video = [args.fps, args.min_frames, args.max_frames, args.pair_tokens, args.max_video_tokens, args.window]
+    video = [args.fps, args.min_frames, args.max_frames, args.pair_tokens, args.max_video_tokens, args.window,
+             args.min_pair_tokens]
     if args.seq_len is not None and any(v is not None for v in video):
         raise ValueError('give either --seq-len or the video budget (--fps/--min-frames/--max-frames/--pair-tokens/'
                          '--max-video-tokens/--window), not both')
@@ -168,8 +183,9 @@ def request_from_args(args, budget: VideoBudget, window: float) -> PlanRequest:
     frames, pair_tokens = budget_sample(budget, window)
     answer = args.answer_tokens if args.answer_tokens is not None else C.DEFAULT_ANSWER_TOKENS
     return PlanRequest(
-        model=args.model, hardware=args.hardware, tuner=args.tuner, backend=args.backend, offload=args.offload,
-        quant=args.quant, ep=args.ep, tp=args.tp, micro_batch=args.micro_batch, seq_len=args.seq_len,
+        model=args.model, hardware=args.hardware, tuner=args.tuner, backend=args.backend,
+        offload=args.offload or 'none', quant=args.quant, ep=args.ep, tp=args.tp, micro_batch=args.micro_batch or 1,
+        seq_len=args.seq_len, search=searched(args, budget),
         pack_length=args.pack_length,
         fps=float(budget.fps), max_frames=frames, min_frames=min(int(budget.min_frames), frames),
         frame_tokens=pair_tokens, clip_seconds=window,
@@ -179,7 +195,28 @@ def request_from_args(args, budget: VideoBudget, window: float) -> PlanRequest:
         gradient_checkpointing=not args.no_gradient_checkpointing, compile=args.compile, checkpoints=args.checkpoints,
         checkpoint_layers=None if args.no_gradient_checkpointing else args.checkpoint_layers,
         fp8=args.fp8, samples_per_epoch=args.samples, cross_entropy=args.cross_entropy, recompute=args.recompute,
-        vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT)
+        vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT, min_pair_tokens=int(budget.min_pair_tokens),
+        global_batch=SCHEMA['megatron.global_batch'][1])  # what the stand-in recipe launches with
+
+
+def searched(args, budget: VideoBudget) -> tuple:
+    """The settings `plan` leaves to the search: those no flag (nor, for the video budget, SWIFT_VORA_* variable)
+    set; none with --as-given."""
+    if args.as_given:
+        return ()
+    free = []
+    if args.micro_batch is None and not args.pack_length:
+        free.append('micro_batch')
+    if args.checkpoint_layers is None and not args.no_gradient_checkpointing:
+        free.append('checkpoint_layers')
+    if args.offload is None:
+        free.append('offload')
+    env_budget = any(switches.given(ENV_PREFIX + name, os.environ)
+                     for name in ('MAX_FRAMES', 'PAIR_TOKENS', 'MAX_VIDEO_TOKENS'))
+    if args.max_frames is None and args.pair_tokens is None and args.max_video_tokens is None and not env_budget \
+            and args.seq_len is None:
+        free.append('video_budget')
+    return tuple(free)
 
 
 def stand_in_recipe(args, budget: VideoBudget, window: float, hw) -> Recipe:
@@ -196,7 +233,7 @@ def stand_in_recipe(args, budget: VideoBudget, window: float, hw) -> Recipe:
         'video': budget.to_dict(),
         'train': {'backend': args.backend, 'tuner': args.tuner, 'quantization': args.quant,
                   'lora_rank': args.lora_rank if args.lora_rank is not None else C.DEFAULT_LORA_RANK,
-                  'micro_batch': args.micro_batch,
+                  **({'micro_batch': args.micro_batch} if args.micro_batch is not None else {}),
                   'target_modules': 'attention' if args.lora_targets == 'attention' else 'all-linear',
                   'gradient_checkpointing': not args.no_gradient_checkpointing, 'compile': args.compile,
                   **({'checkpoint_layers': args.checkpoint_layers}
@@ -256,7 +293,7 @@ def cmd_plan(args) -> int:
     if args.json:
         print(dumps(plan.to_dict(), indent=2))
     else:
-        print(render_plan(plan))
+        print(render_plan(plan, explain=args.explain))
     if plan.verdict != 'fits':  # one line on stderr too, so that a script's log says why without parsing stdout
         print(f'swift-vora plan: {plan.verdict.replace("_", " ")} (exit {plan.exit_code})', file=sys.stderr)
     return plan.exit_code
@@ -272,7 +309,54 @@ def _table(items: Dict[str, float], indent: str = '  ') -> List[str]:
     return rows
 
 
-def render_plan(plan) -> str:
+def _peak_note(plan) -> List[str]:
+    """A line naming why the breakdown's total is not the GPU peak: the breakdown is the training step, and the
+    peak can be elsewhere (loading, where FP8 weights are converted after a bf16 load)."""
+    total = round(sum(plan.breakdown.values()), 2)
+    if plan.gpu_peak_gib is None or abs(total - plan.gpu_peak_gib) < 0.005:
+        return []
+    phase = max(plan.phases, key=lambda k: plan.phases[k]['gpu_gib']) if plan.phases else 'another phase'
+    return [f'  (the breakdown is the training step, {total:.2f} GiB; the GPU peak, {plan.gpu_peak_gib:.2f} GiB, is at '
+            f'{phase.replace("_", " ")}: see phases)']
+
+
+def _speed_line(plan) -> str:
+    if not plan.est_measured:
+        return f'speed    : {plan.est_basis or "no measurement"}: no estimate'
+    hours = (f', {speed.format_hours(plan.est_hours_per_epoch)} per epoch of {plan.est_samples_per_epoch:,} samples'
+             if plan.est_hours_per_epoch is not None else ' (hours: --samples N)')
+    return f'speed    : {plan.est_tokens_per_s:,.0f} tokens/s{hours}  [estimated]'
+
+
+def _option_lines(plan, layers: int) -> List[str]:
+    lines = []
+    for o in plan.options:
+        hours = (f', {speed.format_hours(o["est_hours_per_epoch"])}' if o['est_hours_per_epoch'] is not None
+                 else '')
+        pace = f'{o["est_tokens_per_s"]:,.0f} tokens/s{hours}' if o['est_measured'] else 'no measurement'
+        mark = '*' if o['chosen'] else ' '
+        lines.append(f'  {mark} {describe_setting(o, layers)}: {o["gpu_peak_gib"]:.1f} GiB, {pace}')
+        lines.append(f'      {o["est_basis"]}')
+    return lines
+
+
+def _alternative_lines(plan, spec_layers: int) -> List[str]:
+    lines = []
+    for a in (plan.alternatives or [])[:3]:
+        pace = (f'{a["est_tokens_per_s"]:,.0f} tokens/s' + (f', {speed.format_hours(a["est_hours_per_epoch"])}'
+                                                          if a.get('est_hours_per_epoch') is not None else '')
+                if a.get('est_measured') else 'no measurement')
+        where = f'{a["num_gpus"]} GPU{"s" if a["num_gpus"] > 1 else ""}' + (f' x {a["nodes"]} nodes'
+                                                                          if a['nodes'] > 1 else '')
+        bits = [a['tuner'], str(a['backend'])] + (['CPU offload'] if a['offload'] == 'cpu' else []) + (
+            ['4-bit base'] if a['quant'] == '4bit' else []) + [f'micro-batch {a["micro_batch"]}']
+        lines.append(f'  - {" ".join(bits[:2])}, {", ".join(bits[2:])} on {where}: {a["gpu_peak_gib"]:.1f} GiB, '
+                     f'{pace}')
+        lines.append(f'      {a.get("est_basis", "")}')
+    return lines
+
+
+def render_plan(plan, explain: bool = False) -> str:
     m = plan.model
     kind = m.get('kind', '?')
     desc = f'{m.get("model_type")} ({m.get("architecture")}), {kind}, {m.get("total_params", 0) / 1e9:.2f} B params'
@@ -292,17 +376,24 @@ def render_plan(plan) -> str:
                  f'{hw.get("gpu_mem_gib", 0):.2f} GiB' + (f' x {hw.get("nodes")} nodes' if hw.get('nodes', 1) > 1
                                                           else '') + f', {host}')
     tok = plan.tokens or {}
+    layers = int(m.get('num_layers') or 0)
     tuner = plan.tuner + (f' r={plan.lora_rank} ({plan.lora_targets})' if plan.tuner == 'lora' else '')
-    lines.append(f'request  : {tuner}, offload {plan.offload}, quant {plan.quant}, micro batch {plan.micro_batch}, '
-                 f'{tok.get("total_tokens", "?")} tokens/sample'
+    ckpt = (f', {plan.checkpoint_layers} of {layers} layers checkpointed'
+            if plan.checkpoint_layers is not None and layers and plan.checkpoint_layers < layers else '')
+    lines.append(f'request  : {tuner}, micro-batch {plan.micro_batch}{ckpt}, offload {plan.offload}, quant '
+                 f'{plan.quant}, {tok.get("total_tokens", "?")} tokens/sample'
                  + (f', {plan.trainable_params / 1e6:,.1f} M trainable' if plan.trainable_params else ''))
-    par = f' (EP {plan.ep}, TP {plan.tp})' if plan.backend in MEGATRON_BACKENDS else ''
+    world = (plan.num_gpus or 1) * (plan.nodes or 1)
+    replicas = world > 1 and plan.backend in (Backend.UNSLOTH_SPLIT_LORA, Backend.DDP)
+    par = (f' (EP {plan.ep}, TP {plan.tp})' if plan.backend in MEGATRON_BACKENDS else
+           f' ({world} replicas, data parallel)' if replicas else '')
     lines.append(f'backend  : {plan.backend}{par}')
     lines.append(f'verdict  : {plan.verdict.upper().replace("_", " ")} (exit {plan.exit_code})')
     if plan.gpu_peak_gib is not None:
         lines.append(f'GPU peak : {plan.gpu_peak_gib:.2f} GiB per GPU of {plan.gpu_capacity_gib:.2f} GiB  [predicted]')
         lim = f' of {plan.host_limit_gib:.2f} GiB' if plan.host_limit_gib is not None else ' (limit unknown)'
         lines.append(f'host peak: {plan.host_peak_gib:.2f} GiB per node{lim}  [predicted]')
+        lines.append(_speed_line(plan))
         ph = plan.phases
         if ph:
             lines.append('phases   : ' + ', '.join(f'{k.replace("_", " ")} {v["gpu_gib"]:.1f} GiB GPU / '
@@ -310,22 +401,37 @@ def render_plan(plan) -> str:
         lines.append('')
         lines.append('per-GPU breakdown (predicted, GiB)')
         lines += _table(plan.breakdown)
+        lines += _peak_note(plan)
         lines.append('host breakdown (predicted, GiB per node)')
         lines += _table(plan.host_breakdown)
+    if len(plan.options) > 1:  # the plan's own line alone says nothing the lines above do not
+        lines.append('')
+        samples = f' for {plan.est_samples_per_epoch:,} samples' if plan.est_samples_per_epoch else ''
+        lines.append(f'options that fit (fewest estimated hours{samples} first; * planned)')
+        lines += _option_lines(plan, layers)
+    if plan.alternatives:
+        lines.append('')
+        lines.append('what fits instead (fewest estimated hours first)')
+        lines += _alternative_lines(plan, layers)
     lines.append('')
     lines.append('reasons')
     lines += [f'  - {r}' for r in plan.reasons]
     if plan.assumptions:
         lines.append('assumptions')
         lines += [f'  - {a}' for a in plan.assumptions]
+    if explain and plan.explain:
+        lines.append('where the numbers come from')
+        lines += [f'  - {e}' for e in plan.explain]
+    elif plan.explain:
+        lines.append('(--explain: where each number comes from)')
     lines.append('')
     if plan.command:
         note = '' if plan.verdict == 'fits' else ' (not run: does not fit)'
         lines.append(f'command{note}')
-        lines.append('  ' + shlex.join(plan.command))
+        lines.append('  ' + command_line(plan.command))
     if plan.alternative and plan.alternative.get('command'):
         lines.append('alternative command')
-        lines.append('  ' + shlex.join(plan.alternative['command']))
+        lines.append('  ' + command_line(plan.alternative['command']))
     return '\n'.join(lines)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 
 from ..backends.base import LaunchUsageError
@@ -46,10 +47,35 @@ def register_commands(subparsers) -> None:
     p.add_argument('--dry-run', action='store_true', help='print the plan, the exact command and generated files; '
                    'launch nothing')
     p.add_argument('--json', action='store_true', help='with --dry-run: one JSON object (plan, argv, env, files)')
+    p.add_argument('--explain', action='store_true',
+                   help='also print where every number of the plan comes from (measurements, derivations)')
     p.add_argument('--trust-recipe-hardware', action='store_true',
                    help='launch even where this machine has fewer GPUs, less GPU memory or no bf16 than the recipe '
                         'plans for (recipe key hardware_check: false says the same)')
     p.set_defaults(handler=cmd_train)
+    p.unknown_flag_hint = engine_flag_hint
+
+
+def engine_flag_hint(flag: str, value: str = '') -> str:
+    """For a flag `train` does not take (`--learning_rate 1e-5`): where that setting goes -- the recipe key that sets
+    it (as an override, `train.learning_rate=1e-5`), else `swift_args:` (any swift sft / megatron sft argument,
+    checked by the engine's own parser before launch). '' for what is not an ms-swift spelling."""
+    from ..backends.recipe import ALIASES, MODELLED_ARGS, SCHEMA
+    name, eq, inline = flag.lstrip('-').partition('=')
+    name = name.replace('-', '_')
+    if not name or not name.replace('_', '').isalnum():
+        return ''
+    shown = inline if eq else value if value and not value.startswith('-') else 'VALUE'
+    key = MODELLED_ARGS.get(name) or next((k for k in (*SCHEMA, *ALIASES) if k.split('.', 1)[-1] == name), None)
+    if key and '.' in key and ' ' not in key:
+        return (f'--{name} is an ms-swift argument; `swift-vora train` takes it as the recipe key {key}: '
+                f'{shlex.join([f"{key}={shown}"])} after the recipe, or {key.split(".", 1)[1]}: under '
+                f'{key.split(".", 1)[0]}: in the file')
+    if key:
+        return f'--{name} is set by swift-vora itself ({key})'
+    return (f'--{name} is not a swift-vora train flag; if it is a swift sft / megatron sft argument, give it as '
+            f'{shlex.join([f"swift_args.{name}={shown}"])} (or under swift_args: in the recipe): ms-swift\'s own '
+            'parser checks it before launch')
 
 
 # Lines of each annotation file checked before a launch: enough to catch a wrong file or format in a second.
@@ -128,10 +154,10 @@ def other_machine_problem(recipe, plan):
 
 def launch_problems(recipe, plan, launch, trust_hardware: bool):
     """([problem, ...], exit code) of everything that stops this launch, in the order a launch meets it: the
-    hardware (exit 4), the model's weights (2), the rendezvous of several nodes (2), the dataset (2: missing; 1:
-    invalid lines). All of them are said at once -- a machine that is not the recipe's and a dataset that is not
-    there are two things to fix -- and the exit code is the first's. `--dry-run` reports the same list with the
-    same exit code."""
+    hardware (exit 4), the model's weights (2; not on another machine), the rendezvous of several nodes (2), the
+    dataset (2: missing; 1: invalid lines). All of them are said at once -- a machine that is not the recipe's and a
+    dataset that is not there are two things to fix -- and the exit code is the first's. `--dry-run` reports the
+    same list with the same exit code."""
     problems, code = [], EXIT_OK
 
     def add(message: str, exit_code: int) -> None:
@@ -144,7 +170,9 @@ def launch_problems(recipe, plan, launch, trust_hardware: bool):
         if mismatch:
             add(mismatch, EXIT_REFUSED)
     source = plan.config_source or {}
-    if not source.get('local_model', True):  # planned from a cached / shipped config: the weights are not there
+    # planned from a cached / shipped config: the weights are not there. Not said on a machine that is not the
+    # recipe's: advising a 70 GB download for a recipe that cannot run here would be the wrong first word
+    if not source.get('local_model', True) and not problems:
         add(f'{recipe.path}: model.path {recipe["model.path"]!r} is not a local model directory (planned from '
             f'{source.get("description")}); download the model first, e.g. `huggingface-cli download '
             f'{source.get("model_id") or "ORG/NAME"} --local-dir {recipe["model.path"]}`, and point model.path at '
@@ -206,13 +234,13 @@ def cmd_train(args) -> int:
                              'notes': launch.notes, 'shell': launch.shell()}
         print(dumps(out, indent=2))
     else:
-        print(render_plan(plan))
+        print(render_plan(plan, explain=args.explain))
     if plan.verdict != 'fits' or launch is None:
         _err(f'not launched: {plan.verdict.replace("_", " ")} (exit {plan.exit_code})')  # stderr: JSON stays clean
         overrides = [] if args.json else fits_with_overrides(plan, recipe)  # --json: `fits_with_overrides`
         if overrides:
-            _err(f'what fits on this hardware, as recipe overrides: swift-vora train {args.recipe} '
-                 f'{" ".join(overrides)}')
+            _err('what fits on this hardware, as recipe overrides: '
+                 + shlex.join(['swift-vora', 'train', args.recipe, *overrides]))
         return plan.exit_code
     if not args.json:
         print('\nlaunch (exact command)')

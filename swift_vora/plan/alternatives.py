@@ -5,26 +5,23 @@ from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import constants as C
-from . import speed
+from . import search, speed
 from .backend import Backend
 from .fit import checkpoints_of, estimate_for, fits, param_count, samples_per_row
 from .hardware import Hardware
-from .memory import DEEPSPEED_BACKENDS, MemoryEstimate
+from .memory import DEEPSPEED_BACKENDS, MEGATRON_BACKENDS, MemoryEstimate
 from .model_spec import ModelSpec
 from .request import OFFLOADS, QUANTS, PlanRequest
-from .rules import MEGATRON_SUPPORTED_MODEL_TYPES, check_refusal, choose_ep
+from .rules import auto_candidates, check_refusal, choose_ep
 from .video_budget import VideoTokens
 
 
 def _candidate_backends(spec: ModelSpec, world: int, tuner: str) -> List[Backend]:
+    """The backends an alternative may use: the dense ones for a dense model; for a MoE the ones `auto` plans
+    (rules.auto_candidates) -- DeepSpeed ZeRO-2 trains a MoE only when asked for by name, so it is never offered."""
     if not spec.is_moe:
         return [Backend.DEEPSPEED_ZERO3, Backend.DEEPSPEED_ZERO2, Backend.DDP]
-    out = []
-    if world == 1 and tuner == 'lora':
-        out.append(Backend.UNSLOTH_SPLIT_LORA)
-    if world > 1 and tuner == 'lora' and spec.model_type in MEGATRON_SUPPORTED_MODEL_TYPES:
-        out.append(Backend.MEGATRON_EP_LORA)
-    return out + [Backend.DEEPSPEED_ZERO2, Backend.DDP]
+    return [backend for backend, _ in auto_candidates(spec, world, tuner)]
 
 
 _TUNER_LADDER = {'full': ['full', 'selective', 'lora'], 'selective': ['selective', 'lora'], 'lora': ['lora']}
@@ -32,17 +29,24 @@ _TUNER_LADDER = {'full': ['full', 'selective', 'lora'], 'selective': ['selective
 
 def _evaluate(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend,
               ep: Optional[int] = None, tp: Optional[int] = None):
-    ep = ep if ep is not None else (choose_ep(spec, hw.world) if backend == Backend.MEGATRON_EP_LORA else 1)
+    ep = ep if ep is not None else (choose_ep(spec, hw.world) if backend in MEGATRON_BACKENDS else 1)
     tp = tp if tp is not None else 1
     if check_refusal(spec, hw.world, req, backend, ep, tp, hw):
         return None
-    est, _ = estimate_for(spec, tokens, req, hw, backend, ep, tp)
+    free = tuple(s for s in req.search if s in ('micro_batch', 'checkpoint_layers'))
+    if free:  # what the user left free is searched here as for the plan (search.py): the fastest that fits
+        r = replace(req, search=free, tp=tp)
+        found = search.search(spec, r, hw, [((r.max_frames, r.frame_tokens), tokens)], [(backend, '', ep)])
+        best = found.chosen or found.asked
+        return best.estimate, found.chosen is not None, ep, tp, best.request
+    est, decided = estimate_for(spec, tokens, req, hw, backend, ep, tp)
     gpu_ok, host_ok = fits(est, hw)
-    return est, gpu_ok and host_ok, ep, tp
+    return est, gpu_ok and host_ok, ep, tp, decided
 
 
 def _alt_dict(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend,
               est: MemoryEstimate, ep: int, tp: int, label: str) -> Dict[str, Any]:
+    pace = speed.for_setup(spec, tokens, est.setup, hw.gpu_name)
     return {'label': label, 'backend': backend, 'tuner': req.tuner, 'offload': req.offload, 'quant': req.quant,
             'fp8': req.fp8,
             'micro_batch': req.micro_batch, 'pack_length': req.pack_length, 'num_gpus': hw.num_gpus,
@@ -51,7 +55,14 @@ def _alt_dict(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardwa
             'host_peak_gib': round(est.host_peak / C.GiB, 2), 'host_limit_gib': hw.host_ram_gib,
             'trainable_params': est.trainable_params, 'checkpoints': checkpoints_of(est),
             'checkpoint_layers': est.setup.checkpoint_layers,
-            'est_tokens_per_s': speed.for_setup(spec, tokens, est.setup, hw.gpu_name).tokens_per_s}
+            'est_tokens_per_s': pace.tokens_per_s, 'est_samples_per_s': pace.samples_per_s,
+            'est_hours_per_epoch': speed.hours_per_epoch(req.samples_per_epoch, pace), 'est_measured': pace.measured,
+            'est_basis': pace.basis, 'est_source': pace.source}
+
+
+def speed_key(a: Dict[str, Any]):
+    """Fewest hours first: an estimate before none, then the most samples per second."""
+    return (not a.get('est_measured'), -(a.get('est_samples_per_s') or 0.0))
 
 
 def describe_alternative(a: Dict[str, Any], spec: ModelSpec) -> str:
@@ -64,7 +75,7 @@ def describe_alternative(a: Dict[str, Any], spec: ModelSpec) -> str:
         bits.append('CPU offload')
     if a['quant'] == '4bit':
         bits.append('4-bit base (QLoRA)')
-    if a['backend'] == Backend.MEGATRON_EP_LORA:
+    if a['backend'] in MEGATRON_BACKENDS:
         bits.append(f'EP {a["ep"]}, TP {a["tp"]}')
     if a['micro_batch'] != 1:
         bits.append(f'micro batch {a["micro_batch"]}')
@@ -75,7 +86,12 @@ def describe_alternative(a: Dict[str, Any], spec: ModelSpec) -> str:
         gpus += f' x {a["nodes"]} nodes'
     host = (f'host {a["host_peak_gib"]:.1f} GiB of {a["host_limit_gib"]:.1f} GiB limit'
             if a['host_limit_gib'] is not None else f'host {a["host_peak_gib"]:.1f} GiB')
-    pace = f', about {a["est_tokens_per_s"]:,.0f} tokens/s' if a.get('est_tokens_per_s') else ''
+    if a.get('est_tokens_per_s'):
+        pace = f', about {a["est_tokens_per_s"]:,.0f} tokens/s'
+        if a.get('est_hours_per_epoch') is not None:
+            pace += f', {speed.format_hours(a["est_hours_per_epoch"])} per epoch'
+    else:
+        pace = f'; speed: {speed.NO_MEASUREMENT}'
     return (f'{", ".join(bits)} on {gpus}: {a["gpu_peak_gib"]:.1f} GiB per GPU '
             f'({param_count(a["trainable_params"])} trainable), {host}{pace}')
 
@@ -83,9 +99,10 @@ def describe_alternative(a: Dict[str, Any], spec: ModelSpec) -> str:
 def find_alternatives(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware,
                       current: Tuple[str, int, int]) -> List[Dict[str, Any]]:
     """Candidates that fit: on the same hardware (smaller micro batch, other backend / offload, selective, LoRA,
-    4-bit for dense LoRA) fastest first (plan/speed.py's estimate: CPU offload fits in less memory and trains slower
-    than a 4-bit base without it), then more GPUs of the same kind (2, 4, 8 per node with the same host RAM, then 2,
-    4, 8 nodes like this one), fewest first."""
+    4-bit for dense LoRA) fewest estimated hours first (plan/speed.py's estimate: CPU offload fits in less memory and
+    trains slower than a 4-bit base without it; a setting no run measured comes after those with an estimate), then
+    more GPUs of the same kind (2, 4, 8 per node with the same host RAM, then 2, 4, 8 nodes like this one), fewest
+    first."""
     found: List[Dict[str, Any]] = []
     seen = {(req.tuner, current[0], req.offload, req.quant, req.micro_batch, req.pack_length, hw.num_gpus, hw.nodes,
              current[2])}
@@ -98,7 +115,7 @@ def find_alternatives(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw
         res = _evaluate(spec, tokens, r, h, backend, tp=tp)
         if res is None:
             return False
-        est, ok, ep, tp = res
+        est, ok, ep, tp, r = res
         if ok:
             d = _alt_dict(spec, tokens, r, h, backend, est, ep, tp, label)
             d['lora_rank'] = r.lora_rank if r.tuner == 'lora' else None
@@ -119,7 +136,7 @@ def find_alternatives(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw
                             continue
                         r = replace(req, tuner=tuner, offload=off, quant=quant, backend=backend, ep=None, tp=None)
                         tps = [1]
-                        if backend == Backend.MEGATRON_EP_LORA:  # tensor parallel also splits the vocab-parallel logits
+                        if backend in MEGATRON_BACKENDS:  # tensor parallel also splits the vocab-parallel logits
                             tps = [t for t in (1, 2, 4, 8) if h.world % t == 0 and spec.num_heads % t == 0
                                    and spec.num_kv_heads % t == 0]
                         for tp in tps:
@@ -148,5 +165,5 @@ def find_alternatives(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw
         sweep(h, 'more GPUs')
         if len(found) > before and any(f['tuner'] == req.tuner for f in found):
             break
-    same = sorted((f for f in found if f['label'].startswith('same hardware')), key=lambda f: -f['est_tokens_per_s'])
+    same = sorted((f for f in found if f['label'].startswith('same hardware')), key=speed_key)
     return same + [f for f in found if not f['label'].startswith('same hardware')]

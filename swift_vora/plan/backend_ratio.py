@@ -1,12 +1,10 @@
-"""Which MoE LoRA backend is faster on ONE GPU, by measurement: Megatron-SWIFT (megatron_ep_lora, EP 1) against
-swift-vora's Unsloth split LoRA (unsloth_split_lora), per model family and GPU.
+"""The two one-GPU MoE LoRA backends measured side by side: Megatron-SWIFT (megatron_ep_lora, EP 1) against
+swift-vora's Unsloth split LoRA (unsloth_split_lora), per model family, GPU and depth.
 
-Where both backends fit one GPU (a MoE model, LoRA, a model type mcore-bridge supports), the plan's `backend_choice`
-says what each would cost (its predicted peak and estimated tokens/s) and which is faster with the ratio measured
-for this model family on this GPU and the result file it came from. `backend=auto` takes the measured faster one;
-an explicit backend is kept and the sentence says what the other would cost. With no measurement for the family and
-GPU the state is `not_measured`: the rule's default stands (plan/rules.py: Unsloth on one GPU) and the plan says the
-ratio is not measured yet -- no ratio is ever made up.
+Each backend's speed estimate comes from its own runs (plan/speed.py); `auto` picks by estimated hours
+(plan/search.py). This table is the direct comparison of the two in one call, on the same model and clips, which the
+plan quotes (under `--explain`) only for a model of the depth it was measured at: a ratio measured on a model cut to
+8 layers is not the ratio at 40 (the vision tower, the LM head and the embeddings weigh differently).
 
 The table is `backend_ratios.json` next to this module: one entry per (model family, GPU), written only from a
 result file of benchmarks/megatron_moe.py (its `backend_ratio`: the fastest Megatron variant against the Unsloth
@@ -18,22 +16,21 @@ variant, tokens/s on median steps, on the same model and clips):
 Refused: a result with no `backend_ratio`; one where either compared variant failed or has fewer than
 MIN_MEASURED_STEPS measured steps (the benchmark protocol: a median of fewer is one slow step away from another
 ratio); and one with any failure that is not a variant outside the comparison failing to report. A variant the
-ratio does not compare that did not finish (call g's mg_base, the item-1 run, killed by its variant timeout after
-the compared variants had run) says nothing about the two speeds: the entry keeps its failure (`not_compared`)
-and the ratio stands. A failed check (loss, merged load, LoRA placement, guards) names no variant and refuses
-the whole file.
+ratio does not compare that did not finish (a variant killed by its timeout after the compared variants had run)
+says nothing about the two speeds: the entry keeps its failure (`not_compared`) and the ratio stands. A failed check
+(loss, merged load, LoRA placement, guards) names no variant and refuses the whole file.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'backend_ratios.json')
 MEGATRON, UNSLOTH = 'megatron_ep_lora', 'unsloth_split_lora'
-NOT_MEASURED, MEASURED = 'not_measured', 'measured'
 MIN_MEASURED_STEPS = 10
 
 
@@ -108,7 +105,9 @@ def entry_from_result(result: Dict[str, Any], source: str) -> Dict[str, Any]:
         raise ValueError(f'{source}: the result names no GPU (machine)')
     m, u = ratio['megatron_tokens_per_s'], ratio['unsloth_tokens_per_s']
     faster = MEGATRON if m > u else UNSLOTH
+    cut = re.search(r'cut to (\d+) layers', str(result.get('model') or ''))
     entry = {'model_family': result.get('model_family', 'qwen3_5_moe'), 'gpu': gpu_key(str(gpu)), 'faster': faster,
+             'layers': int(cut.group(1)) if cut else (result.get('layers') or None),
              'ratio': round(max(m, u) / min(m, u), 3),
              'tokens_per_s': {MEGATRON: m, UNSLOTH: u},
              'peak_reserved_gib': {MEGATRON: ratio.get('megatron_peak_reserved_gib'),
@@ -135,31 +134,6 @@ def record(result_path: str, path: Optional[str] = None) -> Dict[str, Any]:
         json.dump({'entries': entries + [entry]}, f, indent=2)
         f.write('\n')
     return entry
-
-
-def compare(model_type: str, gpu_name: str, chosen: str, costs: Dict[str, Dict[str, Any]],
-            path: Optional[str] = None) -> Dict[str, Any]:
-    """The plan's `backend_choice`: `costs` is backend -> {gpu_peak_gib, fits, est_tokens_per_s}. `faster` is the
-    measured one (None when not measured); `sentence` says it, with the other's cost."""
-    entry = lookup(model_type, gpu_name, path)
-    other = UNSLOTH if chosen == MEGATRON else MEGATRON
-    o = costs[other]
-    cost = f'{other} would peak at {o["gpu_peak_gib"]} GiB (predicted)'
-    if o.get('est_tokens_per_s'):
-        cost += f', ~{o["est_tokens_per_s"]:,.0f} tokens/s estimated ({o.get("est_source") or "plan/speed.py"})'
-    if entry is None:
-        return {'status': NOT_MEASURED, 'compared': costs, 'faster': None, 'ratio': None, 'source': None,
-                'sentence': f'Both {UNSLOTH} and {MEGATRON} fit one GPU; which is faster for {model_type} on '
-                            f'{gpu_key(gpu_name) or "this GPU"} is not measured yet (benchmarks/megatron_moe.py '
-                            f'measures it, `python -m swift_vora.plan.backend_ratio RESULT` records it), so the '
-                            f'rule\'s default stands: {chosen}; {cost}.'}
-    faster, ratio = entry['faster'], entry['ratio']
-    slower = UNSLOTH if faster == MEGATRON else MEGATRON
-    measured = (f'{faster} measured {ratio:g}x the tokens/s of {slower} for {model_type} on {entry["gpu"]} '
-                f'({entry["tokens_per_s"][faster]:,.0f} vs {entry["tokens_per_s"][slower]:,.0f}; '
-                f'{entry["settings"][faster]} vs {entry["settings"][slower]}, {entry["source"]})')
-    return {'status': MEASURED, 'compared': costs, 'faster': faster, 'ratio': ratio, 'source': entry['source'],
-            'sentence': f'{measured}; {cost}.'}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

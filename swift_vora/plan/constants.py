@@ -191,6 +191,10 @@ MOE_DISPATCH_COPIES = 3  # permuted tokens, expert outputs, un-permuted combine 
 UNSLOTH_MOE_DISPATCH_COPIES = 1  # the permuted input (x k x hidden, bf16)
 UNSLOTH_ACT_BYTES_PER_EXPERT_FFN = 6  # gate+up output (2 x I) and the activated intermediate (I), bf16
 FIT_MARGIN = 0.0  # extra headroom required on top of the predicted peak, fraction of capacity
+# What the search (plan/search.py) leaves free of the GPU when it chooses a setting the user did not set (a larger
+# micro-batch, fewer checkpointed layers): the plan's peaks are within +-10 % of the measured ones, mostly above
+# (docs/memory-model.md), so a chosen setting keeps 5 % of the GPU; what the user sets is planned against all of it.
+SEARCH_MARGIN = 0.05
 TIGHT_FRACTION = 0.90  # peak above this fraction of capacity -> a "tight" warning in the reasons
 # Samples/s of the compiled 2B LoRA on one H200 without checkpointing, relative to checkpointed micro-batch 1, by
 # micro-batch (docs/benchmarks.md, runs 14a and 14c: 3.76 -> 4.76, and 5.70 at micro-batch 4); quoted by the plan's
@@ -227,6 +231,7 @@ DEFAULT_FPS = float(_BUDGET.fps)  # frames per second of clip (video.fps / SWIFT
 DEFAULT_MAX_FRAMES = int(_BUDGET.max_frames)  # frame cap per clip (video.max_frames / SWIFT_VORA_MAX_FRAMES)
 DEFAULT_MIN_FRAMES = int(_BUDGET.min_frames)  # never fewer frames per clip (video.min_frames)
 DEFAULT_FRAME_TOKENS = int(_BUDGET.pair_tokens)  # tokens per frame pair (video.pair_tokens / SWIFT_VORA_PAIR_TOKENS)
+DEFAULT_MIN_PAIR_TOKENS = int(_BUDGET.min_pair_tokens)  # the lowest tokens a pair is shrunk to (video.min_pair_tokens)
 TIMESTAMP_TOKENS_PER_GROUP = 8  # "<t seconds>" text (~6 tokens) + vision start/end per frame pair [fit]
 DEFAULT_PROMPT_TOKENS = 96  # system + user prompt around the video
 DEFAULT_ANSWER_TOKENS = 32  # the JSON window list the model learns to write (the supervised positions)

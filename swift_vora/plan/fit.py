@@ -59,19 +59,27 @@ def train_setup(req: PlanRequest, hw: Hardware, backend: Backend, ep: int, tp: i
                                              if hw.gpu_mem_gib <= C.ZERO3_SMALL_GPU_GIB else C.ZERO3_MAX_LIVE_PARAMS))
 
 
-def fits(est: MemoryEstimate, hw: Hardware) -> Tuple[bool, bool]:
-    gpu_ok = est.gpu_peak <= hw.gpu_mem_gib * C.GiB * (1 - C.FIT_MARGIN)
+def plan_estimate(spec: ModelSpec, tokens: VideoTokens, setup: TrainSetup) -> MemoryEstimate:
+    """memory.estimate for `setup` (every backend, megatron_ep_full included, has terms of its own)."""
+    return estimate(spec, tokens, setup)
+
+
+def fits(est: MemoryEstimate, hw: Hardware, margin: float = C.FIT_MARGIN) -> Tuple[bool, bool]:
+    """(fits the GPU, fits the host): `margin` is the fraction of the GPU left free (the search keeps
+    C.SEARCH_MARGIN for the settings it chooses)."""
+    gpu_ok = est.gpu_peak <= hw.gpu_mem_gib * C.GiB * (1 - margin)
     host_ok = hw.host_ram_gib is None or est.host_peak <= hw.host_ram_gib * C.GiB
     return gpu_ok, host_ok
 
 
 def estimate_for(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend, ep: int,
-                 tp: int) -> Tuple[MemoryEstimate, PlanRequest]:
+                 tp: int, margin: float = C.FIT_MARGIN) -> Tuple[MemoryEstimate, PlanRequest]:
     """The estimate and the request it was made for, with `checkpoints=auto` and `checkpoint_layers=auto`
-    decided (the checkpoints' place first, with every layer checkpointed; then how many layers)."""
-    est, req = _checkpoints_decided(spec, tokens, req, hw, backend, ep, tp)
+    decided (the checkpoints' place first, with every layer checkpointed; then how many layers), each so that the
+    plan fits with `margin` of the GPU left free."""
+    est, req = _checkpoints_decided(spec, tokens, req, hw, backend, ep, tp, margin)
     if req.checkpoint_layers == CHECKPOINT_LAYERS_AUTO:
-        return _fewest_checkpointed_layers(spec, tokens, req, hw, backend, ep, tp, est)
+        return _fewest_checkpointed_layers(spec, tokens, req, hw, backend, ep, tp, est, margin)
     return est, req
 
 
@@ -82,20 +90,20 @@ PARTIAL_CHECKPOINT_BACKENDS = (Backend.DDP, Backend.DEEPSPEED_ZERO2, Backend.DEE
 
 
 def _fewest_checkpointed_layers(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware,
-                                backend: Backend, ep: int, tp: int,
-                                every_layer: MemoryEstimate) -> Tuple[MemoryEstimate, PlanRequest]:
+                                backend: Backend, ep: int, tp: int, every_layer: MemoryEstimate,
+                                margin: float = C.FIT_MARGIN) -> Tuple[MemoryEstimate, PlanRequest]:
     """`checkpoint_layers=auto`: the fewest checkpointed layers (the first ones) whose plan fits -- each layer
     not checkpointed is one the backward does not recompute, paid for in memory. Every layer when no fewer fits,
     when every layer does not fit either, with the checkpoints offloaded to host RAM (the offload is there because
     the GPU is short), or where the backend has no partial checkpointing."""
     every = replace(req, checkpoint_layers=None)
-    if not req.gradient_checkpointing or _every_layer_kept(req, backend) or not all(fits(every_layer, hw)):
+    if not req.gradient_checkpointing or _every_layer_kept(req, backend) or not all(fits(every_layer, hw, margin)):
         return every_layer, every
     best, best_k = every_layer, None
     for k in range(spec.num_layers - 1, -1, -1):  # memory grows as k falls: stop at the first that does not fit
         fewer = replace(req, checkpoint_layers=k)
-        est = estimate(spec, tokens, train_setup(fewer, hw, backend, ep, tp, tokens))
-        if not all(fits(est, hw)):
+        est = plan_estimate(spec, tokens, train_setup(fewer, hw, backend, ep, tp, tokens))
+        if not all(fits(est, hw, margin)):
             break
         best, best_k = est, k
     return best, replace(req, checkpoint_layers=best_k)
@@ -111,19 +119,19 @@ def _every_layer_kept(req: PlanRequest, backend: Backend) -> Optional[str]:
 
 
 def _checkpoints_decided(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend,
-                         ep: int, tp: int) -> Tuple[MemoryEstimate, PlanRequest]:
+                         ep: int, tp: int, margin: float = C.FIT_MARGIN) -> Tuple[MemoryEstimate, PlanRequest]:
     """`checkpoints=auto` decided: Unsloth keeps its layer checkpoints on the GPU when that fits (the faster path,
     measured: docs/benchmarks.md) and offloads them to pinned host RAM only when the GPU-resident plan does not fit
     and the offloaded one does."""
     if backend != Backend.UNSLOTH_SPLIT_LORA or req.checkpoints != 'auto' or not req.gradient_checkpointing:
-        return estimate(spec, tokens, train_setup(req, hw, backend, ep, tp, tokens)), req
+        return plan_estimate(spec, tokens, train_setup(req, hw, backend, ep, tp, tokens)), req
     on_gpu = replace(req, checkpoints='gpu')
-    est = estimate(spec, tokens, train_setup(on_gpu, hw, backend, ep, tp, tokens))
-    if all(fits(est, hw)):
+    est = plan_estimate(spec, tokens, train_setup(on_gpu, hw, backend, ep, tp, tokens))
+    if all(fits(est, hw, margin)):
         return est, on_gpu
     on_host = replace(req, checkpoints='host')
-    est_host = estimate(spec, tokens, train_setup(on_host, hw, backend, ep, tp, tokens))
-    return (est_host, on_host) if all(fits(est_host, hw)) else (est, on_gpu)
+    est_host = plan_estimate(spec, tokens, train_setup(on_host, hw, backend, ep, tp, tokens))
+    return (est_host, on_host) if all(fits(est_host, hw, margin)) else (est, on_gpu)
 
 
 def checkpoint_layers_sentence(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, asked: Any, hw: Hardware,
@@ -136,7 +144,7 @@ def checkpoint_layers_sentence(spec: ModelSpec, tokens: VideoTokens, req: PlanRe
     if k is None:
         why = _every_layer_kept(req, backend) or 'no fewer fit'
         return f'train.checkpoint_layers=auto: every one of the {n} decoder layers checkpointed ({why}).'
-    every = estimate(spec, tokens, train_setup(replace(req, checkpoint_layers=None), hw, backend, ep, tp, tokens))
+    every = plan_estimate(spec, tokens, train_setup(replace(req, checkpoint_layers=None), hw, backend, ep, tp, tokens))
     which = (f'no decoder layer checkpointed, all {n} keep their activations' if k == 0 else
              f'the first {k} of {n} decoder layers checkpointed, the last {n - k} keep their activations')
     return (f'train.checkpoint_layers=auto: {which} -- the fewest the plan fits ({gib(est.gpu_peak)} on the GPU; '
@@ -159,7 +167,7 @@ def checkpoint_sentence(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, 
     if where is None:
         return None
     other = replace(req, checkpoints='host' if where == 'gpu' else 'gpu')
-    alt = estimate(spec, tokens, train_setup(other, hw, backend, 1, 1, tokens))
+    alt = plan_estimate(spec, tokens, train_setup(other, hw, backend, 1, 1, tokens))
     if where == 'gpu':
         why = 'the plan has room for them' if asked == 'auto' else 'as requested'
         effect = (f'would lower the GPU peak to {gib(alt.gpu_peak)}' if alt.gpu_peak < est.gpu_peak else

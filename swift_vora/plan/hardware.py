@@ -115,9 +115,9 @@ PROFILES: Dict[str, tuple] = {
     'a100-80x8': (8, GPU_GIB['A100 80GB'], 2000 * C.GB / C.GiB, 'A100 80GB', f'{_DGX}: DGX A100 640GB, 2 TB'),
     'h100x1': (1, GPU_GIB['H100 80GB'], 200 * C.GB / C.GiB, 'H100 80GB', 'cloud 1-GPU H100 VM, 200 GB (assumption)'),
     'h100x8': (8, GPU_GIB['H100 80GB'], 2000 * C.GB / C.GiB, 'H100 80GB', f'{_DGX}: DGX H100, 2 TB'),
-    # 1 x H200; the seed case's container: 276 GB (= 257.0 GiB) of RAM. The lent machine itself has 128 GiB
+    # 1 x H200 in a container of 276 GB (= 257.0 GiB) of RAM (the first user's). The lent machine itself has 128 GiB
     # and no cgroup limit: use `--hardware local` there, or `--host-ram-gib 128`.
-    'h200x1': (1, H200_GIB, 276 * C.GB / C.GiB, 'H200', "seed case container limit: 276 GB"),
+    'h200x1': (1, H200_GIB, 276 * C.GB / C.GiB, 'H200', 'assumed 276 GB container limit'),
     # 8 x H200 in one node (DGX/HGX H200 class: 2 TB of system RAM = 1862.6 GiB).
     'h200x8': (8, H200_GIB, 2000 * C.GB / C.GiB, 'H200', 'DGX H200 system memory 2 TB (assumption)'),
 }
@@ -139,7 +139,28 @@ GPU_CLASSES = {
 }
 
 
+def profile_names() -> List[str]:
+    """Every profile name `--hardware` takes: the named ones and each `<gpu>x<N>`."""
+    generic_names = [f'{c}x{n}' for c, (_, counts, _, _) in GPU_CLASSES.items() for n in counts]
+    return list(PROFILES) + [n for n in generic_names if n not in PROFILES]
+
+
+def suggest_profiles(name: str) -> List[str]:
+    """The profiles a mistyped name most likely meant: `h200` -> h200x1; `a100x1` -> a100-80x1, a100-40x1."""
+    name = name.strip().lower()
+    known = profile_names()
+    gpu_class, _, count = name.rpartition('x')
+    if name in GPU_CLASSES:
+        return [f'{name}x1']
+    prefixed = [n for n in known if gpu_class and n.startswith(gpu_class) and n.endswith('x' + count)]
+    if prefixed:
+        return prefixed[:3]
+    import difflib
+    return difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+
+
 def profile(name: str) -> Hardware:
+    name = name.strip().lower()  # H100x1, H200X8: the same profiles
     if name in PROFILES:
         n, mem, host, gname, note = PROFILES[name]
         return Hardware(name=name, num_gpus=n, gpu_mem_gib=mem, host_ram_gib=host, gpu_name=gname, source='profile',
@@ -151,7 +172,9 @@ def profile(name: str) -> Hardware:
             raise KeyError(f'hardware profile {name!r}: {key} nodes come with {", ".join(map(str, counts))} GPUs; '
                            f'for another count give --gpus N with --hardware {gpu_class}x1')
         return generic(gpu_class, int(count))
-    raise KeyError(f'unknown hardware profile {name!r}; known: {", ".join(PROFILES)}, local, and <gpu>x<N> for '
+    close = suggest_profiles(name)
+    hint = f' (did you mean {" or ".join(close)}?)' if close else ''
+    raise KeyError(f'unknown hardware profile {name!r}{hint}; known: {", ".join(PROFILES)}, local, and <gpu>x<N> for '
                    f'gpu in {", ".join(GPU_CLASSES)}')
 
 
@@ -263,7 +286,7 @@ def machine_mismatch(planned: Hardware, here: Hardware, needs_bf16: bool) -> Lis
 def resolve(name: Optional[str] = None, gpus: Optional[int] = None, gpu_mem_gib: Optional[float] = None,
             host_ram_gib: Optional[float] = None, nodes: int = 1) -> Hardware:
     """`--hardware NAME` or `--gpus/--gpu-mem-gib/--host-ram-gib`; `--host-ram-gib` overrides a profile's host."""
-    if name not in (None, '', 'local') and (gpus is not None or gpu_mem_gib is not None):
+    if name not in (None, '') and name.strip().lower() != 'local' and (gpus is not None or gpu_mem_gib is not None):
         hw = profile(name)  # a profile's GPU, with another count and/or memory
         if gpus is not None:
             hw = with_gpu_count(hw, gpus)
@@ -281,7 +304,7 @@ def resolve(name: Optional[str] = None, gpus: Optional[int] = None, gpu_mem_gib:
             raise ValueError('--gpus and --gpu-mem-gib go together (or --hardware NAME --gpus N)')
         return custom(gpus, gpu_mem_gib, host_ram_gib, nodes)
     name = name or 'local'
-    hw = local() if name == 'local' else profile(name)
+    hw = local() if name.strip().lower() == 'local' else profile(name)
     hw.nodes = nodes
     if host_ram_gib is not None:
         hw.host_ram_gib = host_ram_gib

@@ -108,16 +108,27 @@ class MemoryEstimate:
         return max(p['host'] for p in self.phases.values())
 
     def gpu_gib(self) -> Dict[str, float]:
-        return {k: round(v / C.GiB, 2) for k, v in self.gpu.items() if v > 0}
+        return _rounded_gib(self.gpu)
 
     def host_gib(self) -> Dict[str, float]:
-        return {k: round(v / C.GiB, 2) for k, v in self.host.items() if v > 0}
+        return _rounded_gib(self.host)
 
     def phases_gib(self) -> Dict[str, Dict[str, float]]:
         return {ph: {'gpu_gib': round(v['gpu'] / C.GiB, 2), 'host_gib': round(v['host'] / C.GiB, 2),
                      'gpu_allocated_gib': round(v['gpu_allocated'] / C.GiB, 2),
                      'gpu_reserved_gib': round(v['gpu_reserved'] / C.GiB, 2)}
                 for ph, v in self.phases.items()}
+
+
+def _rounded_gib(items: Dict[str, float]) -> Dict[str, float]:
+    """Items in GiB to 2 decimals that add up to their total rounded the same way (largest remainders take the
+    last hundredth), negative ones included (memory freed within the moment): a breakdown whose total is the peak."""
+    kept = {k: v / C.GiB for k, v in items.items() if abs(v) >= 0.0005 * C.GiB}
+    cents = {k: int(v * 100 // 1) for k, v in kept.items()}
+    short = round(sum(kept.values()) * 100) - sum(cents.values())
+    for k in sorted(kept, key=lambda k: kept[k] * 100 - cents[k], reverse=True)[:max(0, short)]:
+        cents[k] += 1
+    return {k: c / 100 for k, c in cents.items() if c}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -210,7 +221,7 @@ def _model_states(spec: ModelSpec, s: TrainSetup):
             notes.append('without DeepSpeed swift trains bf16 weights with bf16 AdamW states (no fp32 master copy)')
         for c, n in tr.items():
             comp_bytes[c] = comp_bytes.get(c, 0.0) + per * n
-        if b == Backend.DDP and N > 1:
+        if N > 1:  # DDP (ddp; Unsloth's replicas on several GPUs) all-reduces the gradients through its buckets
             add(gpu, 'DDP gradient buckets', (C.BYTES_LORA_PARAM_PEFT if lora else C.BYTES_GRAD_BF16) * T)
     elif b in (Backend.DEEPSPEED_ZERO2, Backend.DEEPSPEED_ZERO3):
         z3 = b == Backend.DEEPSPEED_ZERO3
@@ -378,7 +389,9 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
             notes.append(f'gradient checkpointing of the first {K} of {L} decoder layers only')
         ws = backward * max(per_layer)
         if s.backend == Backend.UNSLOTH_SPLIT_LORA and s.checkpoint_offload:
-            host['offloaded layer checkpoints (Unsloth, pinned)'] = ckpt * C.UNSLOTH_OFFLOAD_PINNED_FACTOR
+            # one process per GPU of the node, each with its own pinned checkpoints
+            host['offloaded layer checkpoints (Unsloth, pinned)'] = (ckpt * C.UNSLOTH_OFFLOAD_PINNED_FACTOR
+                                                                     * s.gpus_per_node)
             gpu['activations: in-flight layer inputs (offloaded checkpointing)'] = (
                 C.UNSLOTH_GPU_INFLIGHT_LAYERS * C.ACT_CHECKPOINT_BYTES_PER_HIDDEN * h * local)
             notes.append('Unsloth offloaded gradient checkpointing keeps every layer input in pinned host RAM')

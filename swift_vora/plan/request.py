@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import constants as C
 from .backend import AUTO, Backend
@@ -16,6 +16,9 @@ QUANTS = ('none', '4bit')
 CHECKPOINTS = ('auto', 'gpu', 'host')  # unsloth_split_lora's layer checkpoints
 CHECKPOINT_LAYERS_AUTO = AUTO  # checkpoint_layers: the plan picks the fewest checkpointed layers that fit
 VERDICTS = ('fits', 'does_not_fit', 'refused')
+# What the search may choose where the user did not (plan/search.py): the samples per GPU per step, how many decoder
+# layers are checkpointed, DeepSpeed's CPU offload, and the video budget (lowered only where it does not fit)
+SEARCHABLE = ('micro_batch', 'checkpoint_layers', 'offload', 'video_budget')
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_REFUSED = 0, 3, 4
 
 
@@ -36,6 +39,9 @@ class PlanRequest:
     fps: float = C.DEFAULT_FPS  # video budget (ignored when seq_len is given)
     max_frames: int = C.DEFAULT_MAX_FRAMES
     min_frames: int = C.DEFAULT_MIN_FRAMES  # the template samples at least this many frames (video.min_frames)
+    # the lowest tokens per frame pair the template may shrink a pair to (video.min_pair_tokens): with min_frames, the
+    # floor the search lowers the video budget to
+    min_pair_tokens: int = C.DEFAULT_MIN_PAIR_TOKENS
     frame_tokens: int = C.DEFAULT_FRAME_TOKENS  # LLM tokens per frame pair (video.pair_tokens)
     clip_seconds: float = C.DEFAULT_CLIP_SECONDS
     text_tokens: int = C.DEFAULT_PROMPT_TOKENS + C.DEFAULT_ANSWER_TOKENS  # prompt + answer around the video
@@ -57,6 +63,13 @@ class PlanRequest:
     cross_entropy: str = C.MEGATRON_CROSS_ENTROPY_DEFAULT
     # megatron_ep_lora's recompute (recipe megatron.recompute): full | selective | none (constants.py)
     recompute: str = 'full'
+    # Megatron's samples per optimizer step over all GPUs (recipe megatron.global_batch): a micro-batch the search
+    # chooses for a Megatron backend divides it by the data-parallel size
+    global_batch: Optional[int] = None
+    # The settings the planner may choose itself (plan/search.py SEARCHABLE: micro_batch, checkpoint_layers, offload,
+    # video_budget): what the user did not set. Empty: plan exactly what is asked (the Python API's default).
+    # backend=auto is searched whatever this says.
+    search: Tuple[str, ...] = ()
 
     def validate(self) -> None:
         checks = [('tuner', self.tuner, TUNERS), ('backend', self.backend, BACKEND_CHOICES),
@@ -78,6 +91,9 @@ class PlanRequest:
                 raise ValueError(f'{name} must be >= 1')
         if self.fps <= 0 or self.clip_seconds <= 0:
             raise ValueError('fps and clip_seconds must be positive')
+        unknown = [name for name in self.search if name not in SEARCHABLE]
+        if unknown:
+            raise ValueError(f'search: {", ".join(unknown)} cannot be searched (searchable: {", ".join(SEARCHABLE)})')
         k = self.checkpoint_layers
         if k is not None and k != CHECKPOINT_LAYERS_AUTO and (isinstance(k, (bool, str)) or int(k) < 0):
             raise ValueError(f'checkpoint_layers must be a number of layers >= 0 or {CHECKPOINT_LAYERS_AUTO} '
@@ -128,10 +144,17 @@ class Plan:
     est_samples_per_s: Optional[float] = None
     est_samples_per_epoch: Optional[int] = None
     est_hours_per_epoch: Optional[float] = None  # None without a dataset to count
-    est_source: str = ''
-    # MoE LoRA on one GPU where both unsloth_split_lora and megatron_ep_lora fit: what each costs and which is
-    # faster by measurement (plan/backend_ratio.py; status not_measured until a benchmark recorded it)
-    backend_choice: Optional[Dict[str, Any]] = None
+    est_source: str = ''  # every factor of the estimate and where it comes from (the text shows it with --explain)
+    est_basis: str = ''  # what the estimate rests on, in a user's words: "measured: ..." or "no measurement: ..."
+    est_measured: bool = False  # False: no run of this backend on this kind of model; no number is given
+    # The settings that fit, fewest estimated hours first, the plan's own first (`chosen`): backend, micro-batch,
+    # checkpointed layers, offload, video budget, GPU peak, tokens/s, hours and what each estimate rests on
+    options: List[Dict[str, Any]] = field(default_factory=list)
+    # What the search chose and what it kept as the user set it (plan/search.py): {'searched': [...], 'kept': [...],
+    # 'chosen': {setting: value}, 'budget_lowered': bool, 'candidates': N}
+    search: Dict[str, Any] = field(default_factory=dict)
+    # Where the numbers come from: the derivations and measurements behind the reasons (`plan --explain`, and here)
+    explain: List[str] = field(default_factory=list)
     predicted: bool = True  # every number here is a prediction (constants.py), not a measurement
     # The model as the planner read it, for the launch: config.json is read once (not in the JSON: `model` is its
     # summary there)

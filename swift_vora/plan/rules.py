@@ -1,19 +1,22 @@
-"""The planner's rules: which backend `auto` means, the expert-parallel size, and the refused combinations.
+"""The planner's rules: which backends `auto` considers, the expert-parallel size, and the refused combinations.
 
-Rules (the product's defaults):
+`auto` plans every candidate below that is not refused and picks the one of fewest estimated hours that fits
+(plan/search.py); the first of each row is the default where no estimate tells them apart:
   dense model                -> deepspeed_zero3 (also on one GPU: the stated dense default; ZeRO-3 on one GPU
                                 costs a little speed and keeps one code path from 1 to N GPUs)
-  MoE model, one GPU, LoRA   -> unsloth_split_lora
-  MoE model, one GPU, full / selective -> deepspeed_zero2 (ZeRO-3 is refused for MoE, Unsloth's split LoRA
-                                trains adapters only)
-  MoE model, several GPUs    -> megatron_ep_lora, EP = gcd(routed experts, GPUs) (EP divides both), if
-                                mcore-bridge supports the model type; else deepspeed_zero2
+  dense LoRA with FP8 base   -> ddp (the FP8 layers are not shown to work under DeepSpeed)
+  MoE model, LoRA            -> unsloth_split_lora (one replica per GPU where the model fits one GPU: data
+                                parallel on several), megatron_ep_lora (EP = gcd(routed experts, GPUs), if
+                                mcore-bridge supports the model type), ddp (plain swift sft PEFT)
+  MoE model, full            -> megatron_ep_full (expert parallel, the distributed optimizer), if mcore-bridge
+                                supports the model type; DeepSpeed ZeRO-2 only when asked for by name
+  MoE model, selective       -> ddp (attention + shared experts trained, the experts frozen)
 Refusals (verdict "refused", exit 4) each name their rule and the alternative; see REFUSAL_RULES.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from .backend import Backend
 from .hardware import Hardware
@@ -47,6 +50,8 @@ REFUSAL_RULES = {
     'megatron-lora-only': 'megatron_ep_lora with full or selective training',
     'megatron-full-only': 'megatron_ep_full with a tuner other than full (LoRA: megatron_ep_lora)',
     'megatron-model-type': 'Megatron for a model type mcore-bridge does not support',
+    'moe-full-auto': 'backend auto for full SFT of a MoE model whose type mcore-bridge does not support (DeepSpeed '
+                     'ZeRO-2 trains a MoE only when asked for by name)',
     'offload-deepspeed-only': 'CPU offload with a backend other than DeepSpeed',
     'parallel-megatron-only': '--ep/--tp with a backend other than Megatron (megatron_ep_lora, megatron_ep_full)',
     'ep-needs-moe': 'expert parallelism for a dense model',
@@ -59,25 +64,37 @@ REFUSAL_RULES = {
 }
 
 
-def auto_backend(spec: ModelSpec, world: int, tuner: str, fp8: str = 'off') -> Tuple[Backend, str]:
-    """(backend, why) for backend=auto."""
+def auto_candidates(spec: ModelSpec, world: int, tuner: str, fp8: str = 'off') -> List[Tuple[Backend, str]]:
+    """The backends `auto` plans, each with why it is a candidate, the rule's default first (empty: none -- a MoE's
+    full SFT where mcore-bridge does not support the type)."""
     if not spec.is_moe and fp8 != 'off' and tuner == 'lora':
-        return Backend.DDP, ('dense model with FP8 frozen base weights -> ddp (the FP8 layers are not shown to work '
-                             'under DeepSpeed)')
+        return [(Backend.DDP, 'dense model with FP8 frozen base weights: ddp (the FP8 layers are not shown to work '
+                              'under DeepSpeed)')]
     if not spec.is_moe:
-        return Backend.DEEPSPEED_ZERO3, 'dense model -> DeepSpeed ZeRO-3 (the dense default, from 1 to N GPUs)'
-    if world <= 1:
-        if tuner == 'lora':
-            return Backend.UNSLOTH_SPLIT_LORA, 'MoE model on one GPU -> Unsloth split LoRA'
-        return Backend.DEEPSPEED_ZERO2, (f'MoE model, {tuner} training on one GPU -> DeepSpeed ZeRO-2 (ZeRO-3 is '
-                                         f'refused for MoE; Unsloth split LoRA trains adapters only)')
-    if spec.model_type in MEGATRON_SUPPORTED_MODEL_TYPES and tuner == 'lora':
-        return Backend.MEGATRON_EP_LORA, f'MoE model on {world} GPUs -> Megatron expert-parallel (mcore-bridge)'
-    if tuner != 'lora':  # the Megatron launcher trains LoRA only
-        return Backend.DEEPSPEED_ZERO2, (f'MoE model, {tuner} training on {world} GPUs -> DeepSpeed ZeRO-2 '
-                                         '(megatron_ep_lora trains LoRA only; ZeRO-3 is refused for MoE)')
-    return Backend.DEEPSPEED_ZERO2, (f'MoE model on {world} GPUs, but mcore-bridge does not support '
-                                     f'{spec.model_type} -> DeepSpeed ZeRO-2 (ZeRO-3 is refused for MoE)')
+        return [(Backend.DEEPSPEED_ZERO3, 'dense model: DeepSpeed ZeRO-3, the dense default from 1 to N GPUs')]
+    megatron = spec.model_type in MEGATRON_SUPPORTED_MODEL_TYPES
+    if tuner == 'lora':
+        out = [(Backend.UNSLOTH_SPLIT_LORA, 'MoE LoRA: Unsloth split LoRA, one replica per GPU' if world > 1 else
+                'MoE LoRA on one GPU: Unsloth split LoRA')]
+        if megatron:
+            out.append((Backend.MEGATRON_EP_LORA, f'MoE LoRA: Megatron expert parallel (EP {choose_ep(spec, world)})'))
+        out.append((Backend.DDP, 'MoE LoRA: plain swift sft (PEFT on the fused experts)'))
+        return out
+    if tuner == 'full':
+        if not megatron:
+            return []
+        return [(Backend.MEGATRON_EP_FULL, f'MoE full SFT: Megatron expert parallel (EP {choose_ep(spec, world)}) '
+                                           'with the distributed optimizer')]
+    return [(Backend.DDP, 'MoE selective training (attention + shared experts, the experts frozen): swift sft')]
+
+
+def auto_backend(spec: ModelSpec, world: int, tuner: str, fp8: str = 'off') -> Tuple[Backend, str]:
+    """(backend, why): the rule's default for backend=auto, before any estimate (plan/search.py picks among
+    `auto_candidates` by hours)."""
+    candidates = auto_candidates(spec, world, tuner, fp8)
+    if not candidates:
+        return Backend.MEGATRON_EP_FULL, f'mcore-bridge does not support {spec.model_type}'
+    return candidates[0]
 
 
 def choose_ep(spec: ModelSpec, world: int) -> int:
@@ -89,9 +106,10 @@ def choose_ep(spec: ModelSpec, world: int) -> int:
 
 def _moe_alternative(spec: ModelSpec, world: int) -> str:
     if world > 1 and spec.model_type in MEGATRON_SUPPORTED_MODEL_TYPES:
-        return f'megatron_ep_lora (expert-parallel LoRA, EP {choose_ep(spec, world)})'
+        return (f'unsloth_split_lora (one replica per GPU) or megatron_ep_lora (expert-parallel LoRA, EP '
+                f'{choose_ep(spec, world)})')
     if world > 1:
-        return 'unsloth_split_lora on one GPU, or deepspeed_zero2'
+        return 'unsloth_split_lora (one replica per GPU)'
     return 'unsloth_split_lora (bf16 split LoRA on one GPU)'
 
 
@@ -115,10 +133,10 @@ def check_refusal(spec: ModelSpec, world: int, req: PlanRequest, backend: Backen
         return ('zero3-moe', f'{spec.model_type} is a MoE model ({spec.num_experts} routed experts): ZeRO-3 gathers '
                 'every fused expert block on every rank; DeepSpeed\'s own MoE layer refuses ZeRO-3, and swift\'s '
                 'leaf-module workaround runs but slowly — maintainers point MoE users to Megatron',
-                _moe_alternative(spec, world) + ('' if world > 1 else '; or deepspeed_zero2 for full training'))
+                _moe_alternative(spec, world) + '; megatron_ep_full for full training')
     if backend == Backend.UNSLOTH_SPLIT_LORA and req.tuner != 'lora':
         return ('unsloth-lora-only', f'unsloth_split_lora trains LoRA adapters only, not {req.tuner} training',
-                '--tuner lora, or deepspeed_zero2' + ('' if moe else ' / deepspeed_zero3'))
+                '--tuner lora, or ' + ('megatron_ep_full' if moe else 'deepspeed_zero3'))
     if backend == Backend.MEGATRON_EP_LORA and req.tuner != 'lora':  # what the Megatron launcher accepts
         return ('megatron-lora-only', f'megatron_ep_lora trains LoRA adapters only, not {req.tuner} training',
                 ('--backend megatron_ep_full (full SFT, expert parallel, distributed optimizer)'

@@ -98,7 +98,8 @@ def cases(tmp: str) -> List[Tuple[str, List[str]]]:
         json.dump(cfg, f)
     for row in sorted(calibration.ROWS, key=lambda r: r['id']):
         model = moe if row.get('model') == calibration.MOE else calibration.model_path(row)
-        out.append((f'plan-calibration-{row["id"]:02d}', ['plan', '--model', model, *row['plan'], '--json']))
+        out.append((f'plan-calibration-{row["id"]:02d}', ['plan', '--model', model, *row['plan'],
+                                                          *calibration.AS_RUN, '--json']))
     # `train --dry-run` compares the recipe's hardware with this machine, as the launch does: the cases trust the
     # recipe, so that what is stored does not depend on the machine that captured it (docs/errors.md, Pre-flight)
     return [(name, [*argv, '--trust-recipe-hardware'] if argv[0] == 'train' else argv)
