@@ -626,7 +626,8 @@ def dry_run(args) -> int:
             continue
         if plan['plan']['verdict'] != 'fits':
             failed += 1
-        extra = {k: v for k, v in plan['launch']['env'].items() if k.startswith(('NVTE_', 'SWIFT_VORA_PROFILE'))}
+        extra = {k: v for k, v in plan['launch']['env'].items()
+                 if k.startswith('NVTE_') or k == 'SWIFT_VORA_PROFILE_STEP'}
         print(f'== {name}: {plan["plan"]["backend"]} {plan["plan"]["verdict"]} {plan["plan"]["gpu_peak_gib"]} GiB '
               f'(reserved {plan["plan"]["phases"]["steady"]["gpu_reserved_gib"]}) on {args.hardware}; '
               f'{plan["launch"]["env"].get("SWIFT_VORA_MEGATRON_FLA")}; {extra}; '
@@ -687,9 +688,9 @@ def main(argv=None) -> int:
             if is_megatron(name):
                 result = run_megatron(name, args, b, inputs, work, flagship=name == checked and not args.no_flagship)
             elif name == 'vora_unsloth_best':
-                # on the card the call got (--hardware), as the Megatron variants: the recipe plans for an H200
+                # on the card the call got (--hardware: moe_throughput.vora_command passes it), as the Megatron ones
                 result = mt.run_vora(name, args, b, inputs, work, flagship=False, fla=False,
-                                     extra_overrides=[*UNSLOTH_BEST, f'hardware={args.hardware}'])
+                                     extra_overrides=UNSLOTH_BEST)
                 result['planned_peak_gib'] = (result.get('planned') or {}).get('gpu_peak_gib')
                 planned = (result.get('planned') or {}).get('gpu_reserved_gib')
                 result['plan_error'] = round(result['peak_reserved_gib'] / planned - 1, 3) \

@@ -222,7 +222,9 @@ def build_model(out_dir: str, shape: str, layers: Optional[int], device: str) ->
 # ---- variants -----------------------------------------------------------------------------------------------------
 def vora_command(args, b: Dict[str, Any], model: str, ann: str, out: str, flagship: bool,
                  extra: Optional[List[str]] = None, merge: bool = True) -> List[str]:
-    overrides = [f'model.path={model}', 'model.type=qwen3_5_moe', f'data.dataset={ann}',
+    # the card the call got (--hardware; the recipe plans for an H200, and `train` refuses another machine)
+    hardware = [f'hardware={args.hardware}'] if getattr(args, 'hardware', None) else []
+    overrides = [f'model.path={model}', 'model.type=qwen3_5_moe', *hardware, f'data.dataset={ann}',
                  f'data.window={b["clip_s"]:g}', f'data.stride={b["clip_s"]:g}', 'data.min_event=0.5',
                  f'video.fps={b["fps"]:g}', f'video.max_frames={b["max_frames"]}',
                  f'video.pair_tokens={b["pair_tokens"]}', f'video.min_pair_tokens={b["min_pair_tokens"]}',
@@ -766,6 +768,9 @@ def main(argv=None) -> int:
     parser.add_argument('--variant-timeout', type=float, default=None)
     parser.add_argument('--fla-path', default=tp.switch('SWIFT_VORA_FLA_PATH') or '',
                         help='PYTHONPATH entry holding flash-linear-attention (added by *_fla variants)')
+    parser.add_argument('--hardware', default=None,
+                        help='the planner\'s profile of the card this call runs on (h100x1 on an H100; default: the '
+                             'recipe\'s own, h200x1)')
     parser.add_argument('--gpu-gib', type=float, default=None,
                         help='with --dry-run: also refuse a plan above a card of this many GiB (79.2: an H100)')
     parser.add_argument('--deadline', type=float, default=None, help='seconds: skip variants that would start later')

@@ -376,7 +376,8 @@ def mismatch(patch: Patch) -> Optional[str]:
     # a module the target's module needs and this machine lacks (transformer_engine on a CPU or an Unsloth machine):
     # importing the target would fail halfway, leaving its package half-imported in sys.modules -- where
     # `'swift.megatron' in sys.modules` then reads as "inside megatron sft" (swift_registry.py)
-    missing = [m for m in patch.needs if importlib.util.find_spec(m) is None]
+    # (one already imported counts as there, whatever its spec: find_spec raises on a module without one)
+    missing = [m for m in patch.needs if m not in sys.modules and importlib.util.find_spec(m) is None]
     if missing:
         return f'{patch.target} needs {", ".join(missing)}, which is not installed'
     try:

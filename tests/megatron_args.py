@@ -17,6 +17,12 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+# recipes/h200x8.yaml trains Unsloth replicas (the fewest hours on eight H200s): these overrides make it Megatron's
+# expert-parallel LoRA by name, at the settings it shipped with for Megatron (micro-batch 2, EP 8, every layer
+# recomputed by Megatron's own settings)
+H200X8_AS_MEGATRON_LORA = ['train.backend=megatron_ep_lora', 'train.checkpoint_layers=null', 'train.micro_batch=2',
+                           'megatron.ep=8']
+
 
 def _install_transformer_engine_stand_in() -> None:
     """Let mcore-bridge import without transformer_engine, for argument parsing only.

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from cli_harness import launch_folder
+from megatron_args import H200X8_AS_MEGATRON_LORA
 
 from swift_vora.backends import LaunchRefused, LaunchUsageError
 from swift_vora.backends.deepspeed import ZERO3_SMALL_GPU, ZERO3_SWIFT, zero_config
@@ -320,13 +321,14 @@ def test_every_backend_launches_with_expandable_segments_unless_the_user_or_reci
     """The Unsloth and Megatron launches grow CUDA segments as the swift sft one does: the plan counts the
     expandable allocator's fragmentation for the Unsloth path (plan/memory.py), measured with it."""
     moe = os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json')
-    for recipe, backend in (('h200x1.yaml', 'unsloth_split_lora'), ('h200x8.yaml', 'megatron_ep_lora')):
+    for recipe, extra, backend in (('h200x1.yaml', [], 'unsloth_split_lora'), ('h200x8.yaml', [], 'unsloth_split_lora'),
+                                   ('h200x8.yaml', H200X8_AS_MEGATRON_LORA, 'megatron_ep_lora')):
         path = os.path.join(REPO, 'recipes', recipe)
-        rc, d, err = dry_json(path, f'model.path={moe}', env={'PYTORCH_CUDA_ALLOC_CONF': ''})
+        rc, d, err = dry_json(path, f'model.path={moe}', *extra, env={'PYTORCH_CUDA_ALLOC_CONF': ''})
         assert rc == 0, err
         assert d['plan']['backend'] == backend
         assert d['launch']['env']['PYTORCH_CUDA_ALLOC_CONF'] == 'expandable_segments:True'
-        rc, d, err = dry_json(path, f'model.path={moe}', 'env.PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64',
+        rc, d, err = dry_json(path, f'model.path={moe}', *extra, 'env.PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64',
                               env={'PYTORCH_CUDA_ALLOC_CONF': ''})
         assert rc == 0, err
         assert d['launch']['env']['PYTORCH_CUDA_ALLOC_CONF'] == 'max_split_size_mb:64'
@@ -370,7 +372,7 @@ def test_extra_args_cannot_switch_the_backend():
 
 
 def test_extra_args_cannot_change_the_loss_the_megatron_plan_counted():
-    recipe = recipe_from_dict(dict(minimal(MOE_35B), hardware='h200x8',
+    recipe = recipe_from_dict(dict(minimal(MOE_35B, backend='megatron_ep_lora'), hardware='h200x8',
                                    extra_args=['--cross_entropy_fusion_impl', 'te']))
     with pytest.raises(LaunchUsageError, match='cross_entropy_fusion_impl'):
         build_launch(plan_recipe(recipe), recipe)
@@ -384,7 +386,8 @@ def test_checkpoint_layers_reaches_the_training_process_and_is_refused_where_it_
                                                               recipe_from_dict(minimal())).env
     moe = recipe_from_dict(dict(minimal(MOE_35B, checkpoint_layers=30), hardware='h200x1'))
     assert build_launch(plan_recipe(moe), moe).env['SWIFT_VORA_CHECKPOINT_LAYERS'] == '30'
-    megatron = recipe_from_dict(dict(minimal(MOE_35B, checkpoint_layers=4), hardware='h200x8'))
+    megatron = recipe_from_dict(dict(minimal(MOE_35B, checkpoint_layers=4, backend='megatron_ep_lora'),
+                                     hardware='h200x8'))
     with pytest.raises(LaunchUsageError, match='megatron.recompute'):
         build_launch(plan_recipe(megatron), megatron)
     with pytest.raises(RecipeError, match='gradient_checkpointing is false'):
@@ -422,7 +425,8 @@ def test_checkpoint_layers_auto_launches_the_fewest_layers_the_plan_fits():
     assert any('every one of the 40 decoder layers checkpointed (the layer checkpoints go to host RAM' in r
                for r in offloaded_plan.reasons)
     # Megatron recomputes by its own settings: auto is not refused there, it leaves them alone
-    megatron = recipe_from_dict(dict(minimal(MOE_35B, checkpoint_layers='auto'), hardware='h200x8'))
+    megatron = recipe_from_dict(dict(minimal(MOE_35B, checkpoint_layers='auto', backend='megatron_ep_lora'),
+                                     hardware='h200x8'))
     assert 'SWIFT_VORA_CHECKPOINT_LAYERS' not in build_launch(plan_recipe(megatron), megatron).env
     with pytest.raises(RecipeError, match="'train.checkpoint_layers' must be a number of layers or auto"):
         recipe_from_dict(minimal(checkpoint_layers='some'))
@@ -449,7 +453,7 @@ def test_recipe_env_cannot_override_the_budget():
     ('h200x1', ['train.backend=ddp', 'extra_args=[--deepspeed=zero3_offload]']),
     ('h200x1', ['train.backend=ddp', 'extra_args=[--deepspeed, \'{"zero_optimization": {"stage": 3}}\']']),
     ('h200x1', ['train.backend=deepspeed_zero2', 'deepspeed.zero_optimization.stage=3']),
-    ('h200x8', ['extra_args=[--deepspeed, zero3]']),
+    ('h200x8', [*H200X8_AS_MEGATRON_LORA, 'extra_args=[--deepspeed, zero3]']),
 ])
 @pytest.mark.parametrize('model', [MOE_35B, MOE_30B_VL])
 def test_moe_with_zero3_is_refused_everywhere(recipe, overrides, model):

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from cli_harness import launch_folder
+from megatron_args import H200X8_AS_MEGATRON_LORA
 
 from swift_vora.backends import LaunchUsageError
 from swift_vora.backends.launch import build_launch
@@ -20,10 +21,11 @@ CONFIGS = os.path.join(REPO, 'tests', 'fixtures', 'configs')
 MOE_35B = os.path.join(CONFIGS, 'qwen3_5_moe_35b_a3b.json')
 MOE_30B_VL = os.path.join(CONFIGS, 'qwen3_vl_moe_30b_a3b.json')
 H200X8 = os.path.join(REPO, 'recipes', 'h200x8.yaml')
+MEGATRON_LORA = H200X8_AS_MEGATRON_LORA  # the h200x8 recipe trains Unsloth replicas: Megatron's LoRA by name
 
 
 def launch_for(*overrides, model=MOE_35B, environ=None):
-    recipe = load_recipe(H200X8, [f'model.path={model}', *overrides])
+    recipe = load_recipe(H200X8, [f'model.path={model}', *MEGATRON_LORA, *overrides])
     plan = plan_recipe(recipe)
     assert plan.verdict == 'fits', plan.reasons
     return build_launch(plan, recipe, environ=environ or {})
@@ -61,13 +63,14 @@ def test_model_type_must_match_the_config():
 
 
 def test_parallel_sizes_are_checked():
-    recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', 'megatron.ep=3'])
+    recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', *MEGATRON_LORA, 'megatron.ep=3'])
     with pytest.raises(LaunchUsageError):
         parallel_sizes(plan_view_stub(8), recipe)
-    recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', 'megatron.global_batch=12'])
+    recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', *MEGATRON_LORA, 'megatron.global_batch=12'])
     with pytest.raises(LaunchUsageError):
         megatron_sft_args(plan_view_stub(8), recipe)
-    recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', 'train.target_modules=[all-linear, all-router]'])
+    recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', *MEGATRON_LORA,
+                                  'train.target_modules=[all-linear, all-router]'])
     with pytest.raises(LaunchUsageError):
         megatron_sft_args(plan_view_stub(8), recipe)
 
@@ -120,8 +123,9 @@ def test_generated_argv_parses_with_megatron_swift_arguments(megatron_parser_ava
 
 
 def test_dry_run_prints_the_megatron_command(megatron_parser_available, tmp_path):
-    proc = subprocess.run([sys.executable, '-m', 'swift_vora', 'train', H200X8, f'model.path={MOE_35B}', '--dry-run',
-                           '--json', '--trust-recipe-hardware'], cwd=launch_folder(tmp_path), capture_output=True,
+    proc = subprocess.run([sys.executable, '-m', 'swift_vora', 'train', H200X8, f'model.path={MOE_35B}', *MEGATRON_LORA,
+                           '--dry-run', '--json', '--trust-recipe-hardware'], cwd=launch_folder(tmp_path),
+                          capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     d = json.loads(proc.stdout)
@@ -178,9 +182,9 @@ def test_guard_callbacks_resolve_in_megatron_swift(megatron_parser_available):
 def test_cross_entropy_implementation_reaches_megatron_sft_and_the_plan():
     """megatron.cross_entropy_fusion_impl is passed to megatron sft (the fusion on) and planned with: TE's fused
     cross entropy keeps only the bf16 logits, so the same recipe plans less GPU memory."""
-    recipe = load_recipe(H200X8, [f'model.path={MOE_35B}'])
+    recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', *MEGATRON_LORA])
     native = plan_recipe(recipe)
-    te_recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', 'megatron.cross_entropy_fusion_impl=te'])
+    te_recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', *MEGATRON_LORA, 'megatron.cross_entropy_fusion_impl=te'])
     te = plan_recipe(te_recipe)
     assert te.gpu_peak_gib < native.gpu_peak_gib - 1
     for plan, recipe, impl in ((native, recipe, 'native'), (te, te_recipe, 'te')):
@@ -192,9 +196,9 @@ def test_cross_entropy_implementation_reaches_megatron_sft_and_the_plan():
 def test_cross_entropy_implementation_is_checked_and_not_set_twice():
     from swift_vora.backends.recipe import RecipeError
     with pytest.raises(RecipeError, match='cross_entropy_fusion_impl'):
-        load_recipe(H200X8, [f'model.path={MOE_35B}', 'megatron.cross_entropy_fusion_impl=liger'])
+        load_recipe(H200X8, [f'model.path={MOE_35B}', *MEGATRON_LORA, 'megatron.cross_entropy_fusion_impl=liger'])
     with pytest.raises(RecipeError, match='megatron.cross_entropy_fusion_impl'):
-        load_recipe(H200X8, [f'model.path={MOE_35B}', 'swift_args={cross_entropy_fusion_impl: te}'])
+        load_recipe(H200X8, [f'model.path={MOE_35B}', *MEGATRON_LORA, 'swift_args={cross_entropy_fusion_impl: te}'])
 
 
 # ---- full SFT (megatron_ep_full, recipes/h200x8-full.yaml) and the step profile's callback ---------------------------
@@ -226,7 +230,7 @@ def test_full_sft_keeps_the_vision_tower_frozen_and_the_tuners_apart():
         full_launch_for('train.freeze_vit=false')
     lora_on_full = plan_recipe(load_recipe(H200X8_FULL, [f'model.path={MOE_35B}', 'train.tuner=lora']))
     assert lora_on_full.verdict == 'refused' and lora_on_full.rule == 'megatron-full-only'
-    full_on_lora = plan_recipe(load_recipe(H200X8, [f'model.path={MOE_35B}', 'train.tuner=full']))
+    full_on_lora = plan_recipe(load_recipe(H200X8, [f'model.path={MOE_35B}', *MEGATRON_LORA, 'train.tuner=full']))
     assert full_on_lora.verdict == 'refused' and full_on_lora.rule == 'megatron-lora-only'
     assert 'megatron_ep_full' in full_on_lora.reasons[-1]
 

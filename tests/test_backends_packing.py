@@ -50,8 +50,9 @@ def test_gated_deltanet_model_packs_only_with_flash_linear_attention(monkeypatch
 def test_megatron_packs_a_gated_deltanet_moe_only_with_flash_linear_attention(monkeypatch, value):
     """mcore-bridge's Gated DeltaNet asserts at the first packed step without fla: the Megatron launch refuses first
     (the h200x8 recipe's Qwen3.5-MoE: 30 of its 40 layers), and packs where fla is installed."""
+    from megatron_args import H200X8_AS_MEGATRON_LORA
     overrides = (f'model.path={os.path.join(CONFIGS, "qwen3_5_moe_35b_a3b.json")}', f'train.packing={value}',
-                 'data.max_length=20000')
+                 'data.max_length=20000', *H200X8_AS_MEGATRON_LORA)
     monkeypatch.setattr(packing, 'linear_attention_kernels_installed', lambda: False)
     with pytest.raises(LaunchRefused) as refused:
         _launch('h200x8.yaml', *overrides)
@@ -64,7 +65,7 @@ def test_megatron_packs_a_gated_deltanet_moe_only_with_flash_linear_attention(mo
     assert _flag(argv, flag) == 'true'
     # the recipe as shipped trains padded rows, fla or not
     monkeypatch.setattr(packing, 'linear_attention_kernels_installed', lambda: False)
-    argv = _launch('h200x8.yaml', overrides[0]).argv
+    argv = _launch('h200x8.yaml', overrides[0], *H200X8_AS_MEGATRON_LORA).argv
     assert _flag(argv, '--padding_free') == 'false' and '--packing' not in argv
 
 

@@ -30,7 +30,9 @@ def flag(argv, name):
 
 def one_gpu_launch(*extra):
     """What scripts/gpu/megatron_smoke.sh asks for: the h200x8 recipe on one H200, EP 1."""
-    recipe = load_recipe(H200X8, [f'model.path={MOE_30B_VL}', 'model.type=qwen3_vl_moe', 'hardware=h200x1',
+    from megatron_args import H200X8_AS_MEGATRON_LORA  # as the script: Megatron's LoRA by name, then EP 1
+    recipe = load_recipe(H200X8, [*H200X8_AS_MEGATRON_LORA, f'model.path={MOE_30B_VL}', 'model.type=qwen3_vl_moe',
+                                  'hardware=h200x1',
                                   'host_ram_gib=128', 'megatron.ep=1', 'megatron.tp=1', 'megatron.global_batch=2',
                                   'train.max_steps=8', 'train.save_steps=8', 'train.logging_steps=1', *extra])
     plan = plan_recipe(recipe)

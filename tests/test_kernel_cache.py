@@ -108,7 +108,9 @@ def test_a_folder_an_import_drops_is_put_back(monkeypatch, tmp_path):
     assert os.environ['TORCHINDUCTOR_CACHE_DIR'] == str(tmp_path / 'inductor')
     assert os.environ['TRITON_CACHE_DIR'] == str(tmp_path / 'triton')
     assert os.environ['UNSLOTH_COMPILE_LOCATION'] == 'set by the import'
-    monkeypatch.delenv('UNSLOTH_COMPILE_LOCATION')
+    # not monkeypatch.delenv: its undo would put this value back for every later test in the session (unsloth_zoo's
+    # compiler then wrote its generated modules into a folder of that name in the working directory)
+    os.environ.pop('UNSLOTH_COMPILE_LOCATION')
 
 
 def test_torch_default_for_inductor_is_not_taken_for_a_user_choice(tmp_path):

@@ -168,11 +168,14 @@ def test_the_switch_refuses_a_bad_value():
 
 
 def _megatron_launch(model, model_type, environ=None):
+    from megatron_args import H200X8_AS_MEGATRON_LORA
+
     from swift_vora.backends.launch import build_launch
     from swift_vora.backends.planning import plan_recipe
     from swift_vora.backends.recipe import load_recipe
     recipe = load_recipe(os.path.join(REPO, 'recipes', 'h200x8.yaml'),
-                         [f'model.path={os.path.join(CONFIGS, model)}', f'model.type={model_type}'])
+                         [f'model.path={os.path.join(CONFIGS, model)}', f'model.type={model_type}',
+                          *H200X8_AS_MEGATRON_LORA])
     return build_launch(plan_recipe(recipe), recipe, environ=environ or {})
 
 

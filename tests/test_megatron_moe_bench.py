@@ -81,13 +81,17 @@ def test_each_variant_trains_at_the_micro_batch_its_name_says_whatever_the_recip
     assert 'TORCHDYNAMO_DISABLE' not in launches[mm.FLAGSHIP].env
 
 
-def test_the_flagship_is_the_recipe_as_shipped():
-    """Item 1 trains `swift-vora train recipes/h200x8.yaml` overridden to one GPU: the flagship variant is the one
-    whose micro-batch is the recipe's, and it changes no other lever."""
-    from swift_vora.backends.recipe import load_recipe
-    shipped = load_recipe(mm.RECIPE)
+def test_the_flagship_is_megatrons_lora_as_the_tests_and_scripts_name_it():
+    """Item 1 trains `swift-vora train recipes/h200x8.yaml` overridden to one GPU and to Megatron's LoRA by name (the
+    recipe itself trains Unsloth replicas on eight H200s): the flagship variant is the micro-batch those overrides
+    give, it changes no other lever, and every Megatron LoRA variant names the backend."""
+    from megatron_args import H200X8_AS_MEGATRON_LORA
     levers = mm.MEGATRON_LEVERS[mm.FLAGSHIP]
-    assert levers == [f'train.micro_batch={shipped.values["train.micro_batch"]}'], (levers, mm.FLAGSHIP)
+    micro_batch = next(o for o in H200X8_AS_MEGATRON_LORA if o.startswith('train.micro_batch='))
+    assert levers == [micro_batch], (levers, mm.FLAGSHIP)
+    args = mm.parse_args([])
+    overrides = mm.megatron_overrides(mm.FLAGSHIP, args, mm.mt.budget(False), '/m', 'a.jsonl', '/o', flagship=True)
+    assert 'train.backend=megatron_ep_lora' in overrides and 'train.checkpoint_layers=null' in overrides
 
 
 def test_the_argvs_parse_with_megatron_swift(launches):

@@ -182,6 +182,8 @@ def test_the_router_class_unsloths_compiler_generates_is_read_and_routes_fused(t
     from swift_vora.tiny_model import qwen3_5_moe_config
     module, _ = real_router_module(tmp_path / 'router')
     monkeypatch.setitem(sys.modules, moe_router.MODULE, module)
+    # the package it belongs to, as imported in the runner (the patch needs unsloth_zoo: here the router module alone)
+    monkeypatch.setitem(sys.modules, 'unsloth_zoo', sys.modules.get('unsloth_zoo') or types.ModuleType('unsloth_zoo'))
     monkeypatch.delitem(patches._checked, moe_router.PATCH, raising=False)  # decided per process: here, for this
     monkeypatch.setenv(moe_router.ENV, '1')  # unsloth_zoo reads its switch from the environment at each call
     compiled = unsloth_compiled.compiled_module(tmp_path, 'unsloth_compiled_router', ('Qwen3_5MoeTopKRouter', False))

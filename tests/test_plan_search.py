@@ -144,13 +144,14 @@ def test_refusals_hold_for_moe_on_several_gpus(replicas_allowed):
 
 
 def test_moe_full_sft_on_several_gpus_is_megatron_and_zero2_only_by_name():
-    """Full SFT of the MoE on 8 x H200: Megatron's expert-parallel full SFT, with no speed number (no run yet);
-    DeepSpeed ZeRO-2 plans only when named, with the warning citing the failures upstream reported."""
+    """Full SFT of the MoE on 8 x H200: Megatron's expert-parallel full SFT, priced from its own MoE run (the depth
+    cut it ran at said), never faster than the LoRA the same GPUs train; DeepSpeed ZeRO-2 plans only when named, with
+    the warning citing the failures upstream reported, and no number (it never ran on a MoE)."""
     p = make_plan(PlanRequest(model=MOE, hardware='h200x8', tuner='full', samples_per_epoch=10000, search=SEARCHABLE))
     assert p.backend == 'megatron_ep_full' and p.ep == 8
-    assert not p.est_measured and p.est_tokens_per_s is None and p.est_hours_per_epoch is None
-    assert p.est_basis.startswith('no measurement')
-    assert any(r.startswith('Speed: no measurement') for r in p.reasons)
+    assert p.est_measured and 'megatron-h100-full' in p.est_source and 'cut to 3 layers' in p.est_basis
+    lora = make_plan(PlanRequest(model=MOE, hardware='h200x8', samples_per_epoch=10000, search=SEARCHABLE))
+    assert p.est_hours_per_epoch >= lora.est_hours_per_epoch
     assert all(o['backend'] != 'deepspeed_zero2' for o in p.options + p.alternatives)
     named = make_plan(PlanRequest(model=MOE, hardware='h200x8', tuner='full', backend='deepspeed_zero2'))
     assert named.backend == 'deepspeed_zero2' and 'ms-swift#6473' in named.reasons[0]

@@ -39,7 +39,7 @@ def test_seed_full_sft_on_one_h200_does_not_fit(capsys):
         assert key in p
     # full SFT of a MoE goes to Megatron's expert parallelism (ZeRO-2 only when asked for by name)
     assert p['backend'] == 'megatron_ep_full' and p['gpu_peak_gib'] > 139.8
-    assert not p['est_measured'] and p['est_tokens_per_s'] is None  # no run measured it: no number
+    assert p['est_measured'] and 'megatron-h100-full' in p['est_source']  # its own MoE run, not LoRA's
     text = ' '.join(p['reasons'])
     assert 'Too big on the GPU' in text and 'Fastest alternative that fits' in text
     assert p['alternative'] and p['alternative']['gpu_peak_gib'] <= 139.8
@@ -96,14 +96,18 @@ def test_auto_dense_is_zero3_even_on_one_gpu():
     assert '--deepspeed' in p.command and any('zero3' in a for a in p.command)
 
 
-def test_auto_moe_several_gpus_is_megatron_with_ep_dividing_both():
+def test_auto_moe_several_gpus_by_hours_and_megatron_ep_dividing_both():
+    # one replica fits one H200: a replica per GPU is the fewest hours, Megatron EP 8 listed beside it
     p = planned(SEED, 'h200x8')
-    assert p.backend == 'megatron_ep_lora' and p.ep == 8 and p.verdict == 'fits'
-    assert p.command[p.command.index('--expert_model_parallel_size') + 1] == '8'
-    # 3 GPUs, 256 experts -> EP 1 ; 6 GPUs, 60 experts (tiny has 8) -> gcd
-    p3 = make_plan(PlanRequest(model=SEED, hardware='3090x3'))
-    assert p3.backend == 'megatron_ep_lora' and p3.ep == 1
-    p6 = make_plan(PlanRequest(model=cfg('tiny_qwen3_vl_moe')), hardware=custom(6, 24, 128))
+    assert p.backend == 'unsloth_split_lora' and p.verdict == 'fits'
+    assert any(o['backend'] == 'megatron_ep_lora' and o.get('ep') == 8 for o in p.options), p.options
+    mg = planned(SEED, 'h200x8', '--backend', 'megatron_ep_lora')
+    assert mg.ep == 8 and mg.command[mg.command.index('--expert_model_parallel_size') + 1] == '8'
+    # a replica does not fit a 24 GB GPU: the experts are split; 3 GPUs, 256 experts -> EP 1
+    p3 = make_plan(PlanRequest(model=SEED, hardware='3090x3', backend='megatron_ep_lora'))
+    assert p3.ep == 1
+    p6 = make_plan(PlanRequest(model=cfg('tiny_qwen3_vl_moe'), backend='megatron_ep_lora'),
+                   hardware=custom(6, 24, 128))
     assert p6.ep == 2  # gcd(8 experts, 6 GPUs)
 
 
@@ -223,8 +227,11 @@ def test_text_output_is_readable(capsys):
     out = capsys.readouterr().out
     assert rc == 3
     for s in ('backend  : megatron_ep_full', 'verdict  : DOES NOT FIT', 'GPU peak', 'host peak', 'per-GPU breakdown',
-              'reasons', 'predicted', 'speed    : no measurement', 'what fits instead'):
+              'reasons', 'predicted', 'speed    : ', 'what fits instead'):
         assert s in out
+    # a backend no run measured on this kind of model says so, with no number
+    main(['plan', '--model', SEED, '--hardware', 'h200x8', '--tuner', 'full', '--backend', 'deepspeed_zero2'])
+    assert 'speed    : no measurement' in capsys.readouterr().out
 
 
 def test_usage_errors_exit_2(capsys):
@@ -271,10 +278,10 @@ def test_plan_command_is_what_train_runs(tmp_path):
                                                                          'selective')):
         # no qwen_vl_utils globals: the video_ora template applies the budget itself (SWIFT_VORA_* switches)
         assert not any(a.startswith(('FPS=', 'FPS_MAX_FRAMES=', 'VIDEO_MAX_TOKEN_NUM=')) for a in p.command)
-    argv = planned(SEED, 'h200x8').command
+    argv = planned(SEED, 'h200x8', '--backend', 'megatron_ep_lora').command
     assert argv[:1] == ['env'] and 'sft' in argv and argv[argv.index('--expert_model_parallel_size') + 1] == '8'
     (tmp_path / 'config.json').write_text(open(SEED).read())
-    argv = planned(str(tmp_path / 'config.json'), 'h200x8').command
+    argv = planned(str(tmp_path / 'config.json'), 'h200x8', '--backend', 'megatron_ep_lora').command
     assert argv[argv.index('--model') + 1] == str(tmp_path)  # a planned config.json trains its directory
     argv = planned(SEED, 'h200x1').command
     assert any(a.endswith('unsloth_runner') for a in argv)

@@ -58,7 +58,10 @@ def test_no_figure_crosses_the_kind_of_model():
         assert key[1] == measured.kind, key  # every row is keyed by the kind of model that ran
     # ZeRO-2 never ran on a MoE: the dense stand-in does not apply to one
     assert speed.measured_efficiency('deepspeed_zero2', 'moe', False, True, 1)[0] is None
-    assert speed.measured_efficiency('megatron_ep_full', 'moe', False, True, 1)[0] is None
+    # Megatron full SFT: its own MoE run (the 3-layer cut on an H100), not Megatron LoRA's efficiency
+    full, _, full_backend = speed.measured_efficiency('megatron_ep_full', 'moe', False, True, 1)
+    assert full_backend == 'megatron_ep_full' and full.kind == 'moe' and full.gpu == 'H100' and full.layers == 3
+    assert speed.measured_efficiency('megatron_ep_full', 'dense', False, True, 1)[0] is None
     # Unsloth and Megatron ran on MoE models only
     assert speed.measured_efficiency('unsloth_split_lora', 'dense', False, True, 1)[0] is None
     assert speed.measured_efficiency('megatron_ep_lora', 'dense', False, True, 1)[0] is None
@@ -234,8 +237,8 @@ def test_derive_marks_in_and_out_of_sample_rows_and_gives_a_full_sft_candidate(t
     derived = speed_table.derive_megatron(str(tmp_path), listed_rows=False)
     (setting, ) = derived['settings']
     assert (setting['backend'], setting['checkpointing'], setting['micro_batch']) == ('megatron_ep_full', True, 1)
-    # no efficiency of its own yet: the planner prices it at Megatron LoRA's, and the run is the candidate
-    assert setting['planner_efficiency'] is None and 'not benchmarked' in setting['planner_source']
+    # the planner's own full-SFT efficiency (one run, in-sample in the real files); here the run is a candidate
+    assert setting['planner_efficiency'] == speed.EFFICIENCY[('megatron_ep_full', 'moe', False, True, 1)].value
     assert not setting['in_sample'] and setting['derived_efficiency'] is None
     assert setting['candidate_efficiency'] == setting['out_of_sample'][0]['efficiency'] > 0
     assert 'no in-sample row; candidate' in speed_table.render_derived(derived)

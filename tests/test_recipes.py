@@ -112,9 +112,12 @@ def test_header_numbers_are_the_dry_runs(name, capsys, tmp_path):
     from swift_vora.cli import main
     text = header(name)
     argv = ['train', os.path.join(RECIPES, f'{name}.yaml'), *headers_script._stand_in(
-        os.path.join(RECIPES, f'{name}.yaml'), str(tmp_path)), '--dry-run', '--json']
-    assert main(argv) == 0
-    plan = json.loads(capsys.readouterr().out)['plan']
+        os.path.join(RECIPES, f'{name}.yaml'), str(tmp_path)), '--dry-run', '--json', '--trust-recipe-hardware']
+    code = main(argv)
+    done = json.loads(capsys.readouterr().out)
+    # planned on a fresh clone: the exit code is the launch's (the model's weights and the data are not here)
+    assert code == 0 or (code == 2 and done.get('not_launched')), (code, done.get('not_launched'))
+    plan = done['plan']
     planned = re.search(r'Plan \(swift-vora train --dry-run, predicted\): (.*?); ([\d.]+) GiB per GPU of ([\d.]+), '
                         r'host ([\d.]+) GiB; (\d+) tokens a sample', text.replace('\n', ' '))
     assert planned, f'{name}.yaml: no Plan line'

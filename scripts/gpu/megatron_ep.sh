@@ -51,7 +51,7 @@ PYEOF
 
 # EP GPUs of 139.8 GiB (H200), EP-way expert parallel, no tensor parallel; DP = EP, so global batch 2 x EP.
 # the recipe trains Unsloth replicas on eight H200s: this run is Megatron EP LoRA by name
-OVERRIDES=(train.backend=megatron_ep_lora train.checkpoint_layers=null "model.path=$model" model.type=qwen3_vl_moe
+OVERRIDES=(train.backend=megatron_ep_lora train.checkpoint_layers=null train.micro_batch=2 "model.path=$model" model.type=qwen3_vl_moe
   hardware=null "gpus=$EP" gpu_mem_gib=139.8 host_ram_gib=128
   "megatron.ep=$EP" megatron.tp=1 "megatron.global_batch=$((2 * EP))" "data.dataset=$data"
   "train.output_dir=$WORK/run" "train.max_steps=$STEPS" "train.save_steps=$STEPS" train.logging_steps=1

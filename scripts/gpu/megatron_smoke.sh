@@ -41,7 +41,7 @@ PYEOF
 # One H200, EP 1: the h200x8 recipe with the hardware profile, the model and the run length swapped.
 # lr 1e-3: a random model's loss must visibly fall within a few steps. host_ram_gib: the lent machine's 128 GiB.
 # the recipe trains Unsloth replicas on eight H200s: this run is Megatron LoRA by name
-OVERRIDES=(train.backend=megatron_ep_lora train.checkpoint_layers=null "model.path=$WORK/model" model.type=qwen3_vl_moe
+OVERRIDES=(train.backend=megatron_ep_lora train.checkpoint_layers=null train.micro_batch=2 "model.path=$WORK/model" model.type=qwen3_vl_moe
   hardware=h200x1 host_ram_gib=128 megatron.ep=1
   megatron.tp=1 megatron.global_batch=2 "data.dataset=$WORK/train/annotations.jsonl" "train.output_dir=$WORK/run"
   "train.max_steps=$STEPS" "train.save_steps=$STEPS" train.logging_steps=1 train.lr=1e-3 train.dataloader_workers=2
