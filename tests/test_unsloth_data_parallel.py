@@ -126,12 +126,27 @@ def test_replicas_train_what_one_process_trains_over_the_same_global_batch(ranks
 
 
 @pytest.mark.slow
+def test_one_process_under_torchrun_is_the_one_process_run(tiny_qwen3_5_moe_dir, six_samples, one_process, tmp_path,
+                                                           offline_env):
+    """`NPROC_PER_NODE=1`: the launcher's process trains exactly what the plain process trains -- no DDP, no
+    exchange: the same losses and the same adapter, bit for bit."""
+    got = run(tiny_qwen3_5_moe_dir, six_samples, tmp_path / 'out', offline_env, nproc=1,
+              overrides=[f'train.max_steps={STEPS}', f'train.grad_accum={GLOBAL_BATCH}'])
+    assert 'replica 0 of 1' in got['log'] and 'without DDP' in got['log']
+    assert got['result']['wrapped_in_ddp'] is False and one_process['result']['wrapped_in_ddp'] is False
+    assert got['losses'] == one_process['losses']
+    mine, reference = adapter(got['out']), adapter(one_process['out'])
+    assert sorted(mine) == sorted(reference) and all(mine[k].equal(reference[k]) for k in reference)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize('ranks,world', [('two_ranks', 2), ('three_ranks', 3)])
 def test_every_rank_holds_the_saved_adapter_and_only_rank_0_wrote(ranks, world, request):
     from swift_vora.backends.data_parallel import adapter_digest
     got = request.getfixturevalue(ranks)
     out, log = got['out'], got['log']
     dp = got['result']['data_parallel']
+    assert got['result']['wrapped_in_ddp'] is True
     assert dp['world_size'] == world and dp['backend'] == 'gloo' and [r['rank'] for r in dp['ranks']] == list(
         range(world))
     # each rank's digest of its live adapter = the digest of what rank 0 saved
@@ -306,9 +321,22 @@ def test_a_plan_on_eight_gpus_launches_eight_replicas():
     assert plan.backend == 'unsloth_split_lora' and plan.verdict != 'refused', plan.reasons
     launch = build_launch(plan, recipe, environ={})
     assert launch.env['NPROC_PER_NODE'] == '8' and launch.argv[1:3] == ['-m', 'swift_vora.backends.unsloth_runner']
-    assert any('through torchrun' in note for note in launch.notes)
+    note = next(note for note in launch.notes if 'through torchrun' in note)
+    assert 'DDP all-reduces the LoRA gradients' in note
     cfg = UnslothRunConfig.from_json(next(t for p, t in launch.files.items() if p.endswith(RUN_CONFIG_NAME)))
     assert (cfg.num_gpus, cfg.nodes, cfg.grad_accum) == (8, 1, 2)  # a global batch of 16, as swift sft's ddp
+
+
+def test_one_process_through_torchrun_is_announced_as_the_one_gpu_run():
+    """`NPROC_PER_NODE=1 swift-vora train recipes/h200x1.yaml --dry-run`: the note says no DDP, not an all-reduce."""
+    from swift_vora.backends.launch import build_launch
+    from swift_vora.backends.planning import plan_recipe
+    from swift_vora.backends.recipe import load_recipe
+    recipe = load_recipe(RECIPE, [f'model.path={os.path.join(CONFIGS, "qwen3_5_moe_35b_a3b.json")}'])
+    plan = plan_recipe(recipe)
+    assert plan.backend == 'unsloth_split_lora', plan.reasons
+    note = next(n for n in build_launch(plan, recipe, environ={'NPROC_PER_NODE': '1'}).notes if 'torchrun' in n)
+    assert 'no DDP' in note and 'all-reduces' not in note
 
 
 def test_the_one_gpu_benchmark_runs_its_twin_under_torchrun_and_compares_the_medians():

@@ -25,6 +25,11 @@ each process is one replica:
   `static_graph`;
 - the micro-batches before the last of a step run under `no_sync()`: one all-reduce per optimizer step.
 
+One process under torchrun (`--nproc_per_node 1`) is the one-GPU run: it joins its group of one (the launcher's
+contract) but is not wrapped in DDP and exchanges nothing -- there is no peer, and DDP would still bucket, reduce and
+divide every LoRA gradient each step (measured 4-7 % of the median step on the 8-layer 35B-A3B cut; accelerate does
+not wrap a single process either).
+
 Failure, bounded: a rank that raises leaves non-zero, with its rank in its last line and its traceback in torchrun's
 summary (`record`); torchrun then stops every other worker of its node (SIGTERM, then SIGKILL) and exits non-zero,
 naming the first failed rank. Workers on other nodes stop when their collective fails: at once where the transport
@@ -84,6 +89,11 @@ class Replicas:
         return self.rank == 0
 
     @property
+    def alone(self) -> bool:
+        """No peer to exchange with: one process, with or without a launcher."""
+        return self.world == 1
+
+    @property
     def backend(self) -> Optional[str]:
         if not self.distributed:
             return None
@@ -116,8 +126,9 @@ class Replicas:
 
     # ---- the model -----------------------------------------------------------------------------------------------
     def wrap(self, model):
-        """The module the loop calls: `model` in DDP over its trainable tensors (module docstring), or `model`."""
-        if not self.distributed:
+        """The module the loop calls: `model` in DDP over its trainable tensors (module docstring), or `model` where
+        this process is alone."""
+        if self.alone:
             return model
         from torch.nn.parallel import DistributedDataParallel as DDP
         ignored = list(getattr(model, '_ddp_params_and_buffers_to_ignore', None) or [])
@@ -137,7 +148,7 @@ class Replicas:
     # ---- host values ---------------------------------------------------------------------------------------------
     def sum(self, values: List[float]) -> List[float]:
         """Element-wise sum over the replicas (float64, on the gloo group)."""
-        if not self.distributed:
+        if self.alone:
             return list(values)
         import torch
         import torch.distributed as dist
@@ -147,7 +158,7 @@ class Replicas:
 
     def gather(self, obj: Any) -> List[Any]:
         """Every replica's `obj`, in rank order (on the gloo group)."""
-        if not self.distributed:
+        if self.alone:
             return [obj]
         import torch.distributed as dist
         out: List[Any] = [None] * self.world

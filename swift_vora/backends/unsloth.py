@@ -273,11 +273,13 @@ def build_unsloth_launch(view: PlanView, recipe: Recipe, environ: Optional[Mappi
     notes = []
     launched = {**(os.environ if environ is None else environ), **env}
     if any(launched.get(k) for k in ('NPROC_PER_NODE', 'NNODES')):  # data_parallel.RELAUNCH_ENV, as swift sft
+        alone = (launched.get('NPROC_PER_NODE') or '1') == '1' and (launched.get('NNODES') or '1') == '1'
+        exchange = ('one process: trained as the one-GPU run, no DDP (no peer to all-reduce with)' if alone else
+                    'each trains its own samples, DDP all-reduces the LoRA gradients, rank 0 writes')
         notes.append(f'{launched.get("NPROC_PER_NODE") or 1} process(es) per node, one replica each, through '
                      f'torchrun{" on " + launched["NNODES"] + " nodes" if launched.get("NNODES") else ""}: the runner '
                      'starts `python -m torch.distributed.run` itself from NPROC_PER_NODE / NNODES / NODE_RANK / '
-                     'MASTER_ADDR / MASTER_PORT, as `swift sft` does; each trains its own samples, DDP all-reduces '
-                     'the LoRA gradients, rank 0 writes')
+                     f'MASTER_ADDR / MASTER_PORT, as `swift sft` does; {exchange}')
     if recipe['guards.callbacks']:
         notes.append('guards.callbacks are swift Trainer callbacks; the Unsloth runner does not run them '
                      '(its own checks: router frozen, experts trained, no 4-bit)')

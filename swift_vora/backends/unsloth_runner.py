@@ -228,6 +228,8 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
         if planned != replicas.world:
             log(f'WARNING: the run config was planned for {planned} process(es); torchrun started {replicas.world}: '
                 f'each optimizer step trains {replicas.world} x {cfg.micro_batch} x {cfg.grad_accum} samples')
+        if replicas.alone:
+            log('one process under the launcher: trained as the one-GPU run, without DDP (no peer to all-reduce with)')
 
     t_load = time.time()
     model, info = load_model(cfg, device if replicas.world > 1 else None)
@@ -326,6 +328,7 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                                 first=first)
     model.train()
     forward = replicas.wrap(model)  # DDP over the LoRA tensors under torchrun (data_parallel.py), else the model
+    info['wrapped_in_ddp'] = forward is not model
     sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
     # every rank profiles the same step (the steps kept in flight must match across ranks); rank 0 writes beside
     # the logs, the others in a folder of their own
