@@ -8,8 +8,8 @@ README.md holds each block between `<!-- figures:NAME ... -->` and `<!-- /figure
 the two is this script's output (edit the script, not the block). tests/test_readme_figures.py runs --check, so a
 README that no longer matches its files fails.
 
-Every figure names where it comes from: the call (a letter of benchmarks/results/*-<letter>-*.json) or the run, and
-how many optimizer steps it measured (the protocol: 12 steps a variant, the first 2 not measured -- 10 measured;
+Every figure names where it comes from -- its result file in benchmarks/results/ -- and how many optimizer steps it
+measured (the protocol: 12 steps a variant, the first 2 not measured -- 10 measured;
 the dense runs measure 12). A figure of fewer measured steps, or from a file assembled by hand, is marked "before
 the protocol" (PROTOCOL_STEPS). MFU says its divisor: the H200's measured 790 TFLOP/s bf16 matmul rate (what the
 benchmarks divide by), with the figure at the 989 TFLOP/s spec next to it.
@@ -47,10 +47,9 @@ def _module(name: str):
     return module
 
 
-def call_of(filename: str) -> str:
-    """`moe-h200-full-m-2026-12-04.json` -> 'call m'; the first full-depth file, without a letter, is call a."""
-    m = re.match(r'(?:moe-h200-full|megatron-h200-moe|moe-h200)-([a-z])-', filename)
-    return f'call {m.group(1)}' if m else 'call a'
+def source(filename: str) -> str:
+    """How a figure names its result file (in benchmarks/results/)."""
+    return f'`{filename}`'
 
 
 def measured_steps(variant: Dict[str, Any], doc: Optional[Dict[str, Any]] = None) -> int:
@@ -91,7 +90,7 @@ def dense() -> Dict[str, Any]:
     for key, name in (('checkpointed', 'throughput-r16b-2026-12-02.json'), ('free', 'throughput-r16-2026-12-02.json')):
         d = _load(name)
         ours, plain = d['variants'][d['swift_vora_variant']], d['variants'][d['baseline_variant']]
-        out[key] = {'run': 'run ' + name.split('-')[1][1:], 'ours': ours, 'plain': plain,
+        out[key] = {'run': source(name), 'ours': ours, 'plain': plain,
                     'tokens_per_sample': d['swift_vora_tokens_per_s'] / d['swift_vora_samples_per_s'],
                     'speedup': ours['samples_per_s'] / plain['samples_per_s'],
                     'memory': ours['peak_reserved_gib'] / plain['peak_reserved_gib'],
@@ -102,8 +101,8 @@ def dense() -> Dict[str, Any]:
         for name, v in (d.get('variants') or {}).items():
             if (name.startswith('baseline') and v.get('samples_per_s') and not d.get('smoke')
                     and measured_steps(v) >= PROTOCOL_STEPS and (fastest is None or v['samples_per_s'] > fastest[0])):
-                fastest = (v['samples_per_s'], os.path.basename(path).split('-')[1 if 'r1' in path else 0])
-    out['fastest_plain'] = {'samples_per_s': fastest[0], 'run': 'run ' + fastest[1][1:],
+                fastest = (v['samples_per_s'], os.path.basename(path))
+    out['fastest_plain'] = {'samples_per_s': fastest[0], 'run': source(fastest[1]),
                             'speedup': out['free']['ours']['samples_per_s'] / fastest[0]}
     return out
 
@@ -121,7 +120,7 @@ def moe() -> Dict[str, Any]:
                 'speedup': ours['tokens_per_s'] / plain['tokens_per_s'],
                 'speedup_mean': ours['tokens_per_s_mean'] / plain['tokens_per_s_mean'],
                 'steps': min(measured_steps(ours), measured_steps(plain))}
-    per_call = [{'call': call_of(s['file']), 'speedup': s['speedup_median'], 'variant': s['ours'],
+    per_call = [{'file': s['file'], 'speedup': s['speedup_median'], 'variant': s['ours'],
                  'steps': min(measured_steps(by_file[s['file']]['variants'][s['ours']]),
                               measured_steps(by_file[s['file']]['variants']['swift_peft']))}
                 for s in summary['speedup_per_call']]
@@ -141,16 +140,16 @@ def moe() -> Dict[str, Any]:
         'auto': {'file': 'moe-h200-full-n-2026-12-04.json', 'variant': auto, 'plan_error': n['plan_error'],
                  'steps': measured_steps(auto)},
         'every_layer': {'min': every_layer['min'], 'max': every_layer['max'], 'spread': every_layer['spread'],
-                        'calls': [call_of(x['file']) for x in every_layer['calls']],
+                        'calls': [x['file'] for x in every_layer['calls']],
                         'gib': max(by_file[x['file']]['variants']['vora_unsloth_mb4']['peak_reserved_gib']
                                    for x in every_layer['calls']),
                         'steps': min(measured_steps(by_file[x['file']]['variants']['vora_unsloth_mb4'])
                                      for x in every_layer['calls'])},
-        'rank': {'call': call_of(rank['file']), 'ratio': rank['median_step_ratio'],
+        'rank': {'file': rank['file'], 'ratio': rank['median_step_ratio'],
                  'saved_gib': j[rank['twin']]['peak_reserved_gib'] - j[rank['variant']]['peak_reserved_gib']},
-        'host': {'call': call_of(host['file']), 'ratio': host['median_step_ratio']},
-        'fold': {'call': call_of(fold['file']), 'ratio': fold['median_step_ratio']},
-        'gather': {'call': 'call r', 'ratio': gather['tokens_per_s'] / twin_r['tokens_per_s'],
+        'host': {'file': host['file'], 'ratio': host['median_step_ratio']},
+        'fold': {'file': fold['file'], 'ratio': fold['median_step_ratio']},
+        'gather': {'file': 'moe-h200-full-r-2026-12-05.json', 'ratio': gather['tokens_per_s'] / twin_r['tokens_per_s'],
                    'tokens_per_s': gather['tokens_per_s'], 'mfu': gather['mfu'],
                    'steps': min(measured_steps(gather), measured_steps(twin_r))},
         'mb8': {'tokens_per_s': c['vora_unsloth_mb8']['tokens_per_s'], 'steps': measured_steps(c['vora_unsloth_mb8'])},
@@ -160,23 +159,40 @@ def moe() -> Dict[str, Any]:
 
 
 def moe_8_layers() -> Dict[str, Any]:
-    """The 35B-A3B shape cut to 8 layers: call g's side-by-side (the protocol's 10 steps each) and the first file,
-    assembled by hand from a call of 4 measured steps (before the protocol), which the README no longer quotes."""
+    """The 35B-A3B shape cut to 8 layers: the side-by-side of megatron-h200-moe-g (the protocol's 10 steps each) and
+    the first file, assembled by hand from 4 measured steps (before the protocol), which the README no longer quotes;
+    Megatron on an H100 (Transformer Engine's CUTLASS grouped GEMM against its twin), the data-parallel runner under
+    torchrun with one process against the runner without it, and Megatron full SFT on the cut to 3 layers."""
     g = _load('megatron-h200-moe-g-2026-12-04.json')
     ours, plain, mg = (g['variants'][k] for k in ('vora_unsloth_best', 'swift_peft', 'mg_mb2'))
     mg_base = _load('derived-megatron-h200-moe-g-mg_base-logs.json')['variants']['mg_base']
-    ratios = [(call_of(name), _load(name)['backend_ratio']['megatron_over_unsloth'])
+    ratios = [(name, _load(name)['backend_ratio']['megatron_over_unsloth'])
               for name in ('megatron-h200-moe-b-2026-12-02.json', 'megatron-h200-moe-c-2026-12-03.json',
                            'megatron-h200-moe-g-2026-12-04.json')]
     h = _load('megatron-h200-moe-h-2026-12-05.json')
     flagship = h['variants']['mg_mb2']
+    prof = _load('megatron-h100-moe-prof-2026-12-06.json')
+    cutlass, cutlass_twin = prof['variants']['mg_mb2_cutlass'], prof['variants']['mg_mb2']
+    tr = _load('moe-torchrun1-c-2026-12-06.json')
+    tr_one, tr_twin = tr['variants']['vora_unsloth_mb4_torchrun1'], tr['variants']['vora_unsloth_mb4']
+    full = _load('megatron-h100-full-2026-12-06.json')
+    mgf = full['variants'][full['flagship_variant']]
     return {'ours': ours, 'plain': plain, 'speedup': ours['tokens_per_s'] / plain['tokens_per_s'],
             'steps': min(measured_steps(ours, g), measured_steps(plain, g)),
             'megatron': mg, 'megatron_steps': measured_steps(mg, g),
             'megatron_vs_mb1': mg['tokens_per_s'] / mg_base['tokens_per_s'],
             'megatron_vs_plain': mg['tokens_per_s'] / plain['tokens_per_s'],
             'ratios': ratios, 'flagship': flagship, 'flagship_steps': measured_steps(flagship, h),
-            'flagship_losses': (flagship['losses'][0], flagship['losses'][-1], len(flagship['losses']))}
+            'flagship_losses': (flagship['losses'][0], flagship['losses'][-1], len(flagship['losses'])),
+            'cutlass': {'file': 'megatron-h100-moe-prof-2026-12-06.json', 'ours': cutlass, 'twin': cutlass_twin,
+                        'ratio': cutlass['tokens_per_s'] / cutlass_twin['tokens_per_s'],
+                        'steps': min(measured_steps(cutlass, prof), measured_steps(cutlass_twin, prof))},
+            'torchrun': {'file': 'moe-torchrun1-c-2026-12-06.json', 'one': tr_one, 'twin': tr_twin,
+                         'ratio': tr_one['tokens_per_s'] / tr_twin['tokens_per_s'],
+                         'steps': min(measured_steps(tr_one), measured_steps(tr_twin))},
+            'full': {'file': 'megatron-h100-full-2026-12-06.json', 'v': mgf, 'steps': measured_steps(mgf, full),
+                     'layers': full['model'].split('cut to ')[1].split(' ')[0], 'changed': full['weights_changed'],
+                     'losses': (mgf['losses'][0], mgf['losses'][-1], len(mgf['losses']))}}
 
 
 def fp8() -> Dict[str, Any]:
@@ -211,7 +227,7 @@ def planner() -> Dict[str, Any]:
 # ---- the README blocks ---------------------------------------------------------------------------------------------
 def block_planner_accuracy(f: Dict[str, Any]) -> str:
     mem, spd = f['planner']['memory'], f['planner']['speed']
-    return _wrap(f'How it decides: `docs/planner.md`; prediction against H200 measurements: `docs/memory-model.md` '
+    return _wrap(f'How it decides: `docs/planner.md`; prediction against measured runs: `docs/memory-model.md` '
                  f'(memory: {mem["out_within"]} of {mem["out"]} out-of-sample runs within ±10 %, `python '
                  f'benchmarks/calibration_table.py`) and `python benchmarks/speed_table.py` (speed: {spd["within"]} of '
                  f'{spd["checked"]} checked runs within ±{100 * spd["tolerance"]:.0f} %, {spd["in_sample"]} of them '
@@ -223,11 +239,11 @@ def block_measured(f: Dict[str, Any]) -> str:
     sm = _load('megatron-h200-2026-12-01.json')
     ck, fr, fp = de['checkpointed'], de['free'], de['fastest_plain']
     h = mo['headline']
-    per_call = ', '.join(f'{x(c["speedup"])} ({c["call"][5:]})' for c in mo['per_call'] if c['call'] != 'call a')
-    first = next(c for c in mo['per_call'] if c['call'] == 'call a')
+    first, later = mo['per_call'][0], mo['per_call'][1:]
+    cu, tr, fu = cut['cutlass'], cut['torchrun'], cut['full']
     lines = [
-        f'Each figure names its call (a file of `benchmarks/results/`, `python benchmarks/moe_calls.py` for the '
-        f'full-depth MoE calls) and how many optimizer steps it measured; MFU divides by the H200\'s measured '
+        f'Each figure names its result file (in `benchmarks/results/`; `python benchmarks/moe_calls.py` tabulates the '
+        f'full-depth MoE runs) and how many optimizer steps it measured; MFU divides by the H200\'s measured '
         f'{MEASURED_TFLOPS} TFLOP/s bf16 rate and says what it is at the {SPEC_TFLOPS} TFLOP/s spec. Generated by '
         '`python benchmarks/readme_figures.py` from the files.',
         '',
@@ -236,8 +252,8 @@ def block_measured(f: Dict[str, Any]) -> str:
         f'across samples, {le["shuffled"]:.2f} (chance {le["chance"]:.2f}).',
         f'* Throughput (`benchmarks/throughput.py`, 2B-shape Qwen3-VL LoRA, '
         f'{ck["tokens_per_sample"] / 1000:.1f}k tokens per sample, plain `swift sft` '
-        f'and swift-vora side by side in one invocation): against plain swift as a knowledgeable user tunes it '
-        f'(Liger, no ViT checkpointing, persistent workers, expandable segments), **{x(ck["speedup"], 2)} its '
+        f'and swift-vora side by side in one invocation, one H200): against plain swift as a knowledgeable user tunes '
+        f'it (Liger, no ViT checkpointing, persistent workers, expandable segments), **{x(ck["speedup"], 2)} its '
         f'samples/s at less memory** ({ck["ours"]["samples_per_s"]:.2f} against {ck["plain"]["samples_per_s"]:.2f} '
         f'at {ck["ours"]["peak_reserved_gib"]:.2f} against {ck["plain"]["peak_reserved_gib"]:.2f} GiB, '
         f'{mfu(ck["ours"]["mfu"])}; {ck["run"]}, {steps_note(ck["steps"])} each), and where memory is free '
@@ -253,70 +269,85 @@ def block_measured(f: Dict[str, Any]) -> str:
         f'* MoE video LoRA at full depth (`benchmarks/moe_throughput.py --layers 40`, the whole Qwen3.5/3.6-MoE '
         f'35B-A3B shape: 35.1 B parameters, 256 experts, 64 frames / {h["tokens_per_sample"]:,.0f} tokens per sample, '
         'loaded from a real '
-        f'safetensors checkpoint), plain `swift sft` PEFT (`--target_parameters`) and swift-vora side by side in one '
-        f'invocation ({call_of(h["file"])}, {steps_note(h["steps"])} each): **swift-vora (`swift-vora train '
-        f'recipes/h200x1.yaml`: Unsloth split LoRA, micro-batch 4, the last 8 of 40 layers not checkpointed, and '
-        f'the opt-in `SWIFT_VORA_MOE_LORA_SCALE=rank`) {h["ours"]["tokens_per_s"]:,.0f} tokens/s on the median '
+        f'safetensors checkpoint, one H200), plain `swift sft` PEFT (`--target_parameters`) and swift-vora side by '
+        f'side in one invocation ({source(h["file"])}, {steps_note(h["steps"])} each): **swift-vora (`swift-vora '
+        f'train recipes/h200x1.yaml`: Unsloth split LoRA, micro-batch 4, the last 8 of 40 layers not checkpointed, '
+        f'and the opt-in `SWIFT_VORA_MOE_LORA_SCALE=rank`) {h["ours"]["tokens_per_s"]:,.0f} tokens/s on the median '
         f'step against plain swift\'s {h["plain"]["tokens_per_s"]:,.0f}: {x(h["speedup"])}** ({x(h["speedup_mean"])} '
         f'on the mean step), at {h["ours"]["peak_reserved_gib"]:.1f} against {h["plain"]["peak_reserved_gib"]:.1f} '
-        f'GiB, {mfu(h["ours"]["mfu"])} on active parameters. Each side-by-side call\'s fastest swift-vora '
-        f'configuration over its plain swift: {per_call} (10 measured steps each); the first, before autocast '
-        f'and the encode threads, {x(first["speedup"])} ({first["call"][5:]}).',
+        f'GiB, {mfu(h["ours"]["mfu"])} on active parameters. In each side-by-side run of the protocol, swift-vora\'s '
+        f'fastest configuration over plain swift: {", ".join(x(c["speedup"]) for c in later)} (10 measured steps '
+        f'each); the first run, before autocast and the encode threads, {x(first["speedup"])} '
+        f'({source(first["file"])}).',
         f'  With `train.checkpoint_layers: auto` planned at the clips\' own 220 tokens a frame pair (the recipe caps '
         f'256): {mo["auto"]["variant"]["tokens_per_s"]:,.0f} tokens/s, '
         f'{mo["auto"]["variant"]["peak_reserved_gib"]:.1f} GiB, plan {100 * mo["auto"]["plan_error"]:+.1f} % '
-        f'({call_of(mo["auto"]["file"])}, {steps_note(mo["auto"]["steps"])}). Every layer checkpointed: '
+        f'({source(mo["auto"]["file"])}, {steps_note(mo["auto"]["steps"])}). Every layer checkpointed: '
         f'{mo["every_layer"]["min"]:,.0f}-{mo["every_layer"]["max"]:,.0f} tokens/s across '
-        f'{len(mo["every_layer"]["calls"])} calls ({", ".join(c[5:] for c in mo["every_layer"]["calls"])}; spread '
-        f'{100 * mo["every_layer"]["spread"]:.1f} %), {mo["every_layer"]["gib"]:.0f} GiB. Levers, each against its '
-        f'twin of the same call (median steps): the expert LoRA scaling on the rank intermediate '
-        f'{x(mo["rank"]["ratio"], 2)} with {mo["rank"]["saved_gib"]:.1f} GiB less ({mo["rank"]["call"]}; opt-in '
-        f'until a second twin call); the two host levers {x(mo["host"]["ratio"], 3)} ({mo["host"]["call"]}: not '
-        f'defaults); the routed-row gather\'s permutation backward with the gate gradient as one compiled reduction '
-        f'{x(mo["gather"]["ratio"], 3)} ({mo["gather"]["tokens_per_s"]:,.0f} tokens/s, '
-        f'{mfu(mo["gather"]["mfu"])}; {mo["gather"]["call"]}); the experts\' down-projection LoRA folded into the '
-        f'base GEMM {x(mo["fold"]["ratio"], 3)} ({mo["fold"]["call"]}: it loses); unsloth_zoo\'s fused router did not '
-        'engage in calls p and r (its reader missed the router class Unsloth\'s compiler generates; fixed since, '
-        'not yet run on the GPU), and Gated DeltaNet\'s query and key at their own head count '
+        f'{len(mo["every_layer"]["calls"])} runs (spread {100 * mo["every_layer"]["spread"]:.1f} %), '
+        f'{mo["every_layer"]["gib"]:.0f} GiB. Levers, each against its twin of the same run (median steps): the '
+        f'expert LoRA scaling on the rank intermediate {x(mo["rank"]["ratio"], 2)} with {mo["rank"]["saved_gib"]:.1f} '
+        f'GiB less ({source(mo["rank"]["file"])}; opt-in until a second twin run); the two host levers '
+        f'{x(mo["host"]["ratio"], 3)} (not defaults); the routed-row gather\'s permutation backward with the gate '
+        f'gradient as one compiled reduction {x(mo["gather"]["ratio"], 3)} ({mo["gather"]["tokens_per_s"]:,.0f} '
+        f'tokens/s, {mfu(mo["gather"]["mfu"])}; {source(mo["gather"]["file"])}); the experts\' down-projection LoRA '
+        f'folded into the base GEMM {x(mo["fold"]["ratio"], 3)} (it loses); unsloth_zoo\'s fused router did not engage '
+        'in the two runs that tried it (its reader missed the router class Unsloth\'s compiler generates; fixed '
+        'since, not yet run on a GPU), and Gated DeltaNet\'s query and key at their own head count '
         '(`SWIFT_VORA_GDN_QK_HEADS=grouped`) is built, not yet measured. Measured slower at full depth and '
         f'not used: micro-batch 8 ({mo["mb8"]["tokens_per_s"]:,.0f} tokens/s, {steps_note(mo["mb8"]["steps"])}) '
         f'and Unsloth\'s Triton expert GEMMs ({mo["triton"]["tokens_per_s"]:,.0f} at micro-batch 4, '
-        f'{steps_note(mo["triton"]["steps"])}; call c for both). The first step compiles Triton kernels (minutes on '
+        f'{steps_note(mo["triton"]["steps"])}). The first step compiles Triton kernels (minutes on '
         'a fresh machine; `swift-vora kernel-cache export` / `import` carries them to the next one). The planner '
         f'within {100 * pl["memory"]["full_depth"][0]:+.1f} to {100 * pl["memory"]["full_depth"][1]:+.1f} % of every '
         'full-depth peak on the calibration rows (`docs/memory-model.md`). `swift sft --tuner_backend unsloth` '
         'fails on this model in ms-swift 4.6.',
-        f'* The same shape cut to 8 layers ({call_of("megatron-h200-moe-g-")}, {steps_note(cut["steps"])} each): '
-        f'swift-vora\'s Unsloth path {cut["ours"]["tokens_per_s"]:,.0f} tokens/s against plain `swift sft` PEFT\'s '
-        f'{cut["plain"]["tokens_per_s"]:,.0f}: {x(cut["speedup"])}. It comes from the Gated DeltaNet Triton kernel '
-        'unsloth_zoo vendors (with the Hopper fix), which plain swift cannot use on that machine, and from '
-        'micro-batching. (An earlier figure, 3.3x, came from a file assembled by hand from 4 measured steps before '
-        'the protocol: not quoted.)',
+        f'* The same shape cut to 8 layers, one H200 ({source("megatron-h200-moe-g-2026-12-04.json")}, '
+        f'{steps_note(cut["steps"])} each): swift-vora\'s Unsloth path {cut["ours"]["tokens_per_s"]:,.0f} tokens/s '
+        f'against plain `swift sft` PEFT\'s {cut["plain"]["tokens_per_s"]:,.0f}: {x(cut["speedup"])}. It comes from '
+        'the Gated DeltaNet Triton kernel unsloth_zoo vendors (with the Hopper fix), which plain swift cannot use on '
+        'that machine, and from micro-batching. (An earlier figure, 3.3x, came from a file assembled by hand from 4 '
+        'measured steps before the protocol: not quoted.) On one H100, the Unsloth runner under `torchrun '
+        f'--nproc_per_node 1` (the data-parallel path with one replica) against the same runner without torchrun: '
+        f'{x(tr["ratio"], 3)} ({tr["one"]["tokens_per_s"]:,.0f} against {tr["twin"]["tokens_per_s"]:,.0f} tokens/s, '
+        f'micro-batch 4; {source(tr["file"])}, {steps_note(tr["steps"])} each).',
         f'* FP8 frozen base weights (`train.fp8: frozen_base`, torchao): a memory lever, not a speed one, at the 2B '
         f'shape: {e8["saved"]:.2f} GiB below bf16 ({e8["eight"]["peak_reserved_gib"]:.2f} against '
         f'{e8["bf16"]["peak_reserved_gib"]:.2f} GiB reserved) at {x(e8["ratio"], 2)} its samples/s, the '
-        f'{e8["losses"]} logged losses within {100 * e8["loss_diff"]:.1f} % of bf16\'s (run fp8-b, '
-        f'{steps_note(e8["steps"])}); held-out learning not checked yet. Spending the freed memory on fewer '
+        f'{e8["losses"]} logged losses within {100 * e8["loss_diff"]:.1f} % of bf16\'s '
+        f'({source("throughput-fp8-b-2026-12-02.json")}, {steps_note(e8["steps"])}); held-out learning not checked '
+        'yet. Spending the freed memory on fewer '
         f'recomputed layers (26 of 28 checkpointed, {e8["ck26"]["peak_reserved_gib"]:.2f} GiB) gave '
         f'{e8["ck26"]["samples_per_s"]:.2f} samples/s: still {x(e8["ck26_ratio"], 2)} bf16 with every layer '
-        f'checkpointed (run fp8-c against fp8-b: across runs, {steps_note(e8["ck26_steps"])}).',
-        '* Megatron-SWIFT LoRA (`swift-vora train recipes/h200x8.yaml` overridden to one H200, EP 1): on a small '
-        f'random Qwen3-VL-MoE the loss fell {sm["losses"][0]:.2f} -> {sm["losses"][-1]:.2f} over '
-        f'{len(sm["losses"])} steps, '
+        f'checkpointed ({source("throughput-fp8-c-2026-12-03.json")} against the former: across runs, '
+        f'{steps_note(e8["ck26_steps"])}).',
+        '* Megatron-SWIFT LoRA (`swift-vora train recipes/h200x8.yaml train.backend=megatron_ep_lora` overridden to '
+        f'one GPU, EP 1): on a small random Qwen3-VL-MoE the loss fell {sm["losses"][0]:.2f} -> '
+        f'{sm["losses"][-1]:.2f} over {len(sm["losses"])} steps, '
         f'expert and attention LoRA, router untouched, the merged checkpoint verified. On the 8-layer cut '
-        '(Gated DeltaNet under Megatron): '
+        '(Gated DeltaNet under Megatron), one H200: '
         f'{min(r for _, r in cut["ratios"]):.3f}-{max(r for _, r in cut["ratios"]):.3f}x the tokens/s of '
-        f'swift-vora\'s Unsloth path ({", ".join(c[5:] for c, _ in cut["ratios"])}); in '
-        f'{call_of("megatron-h200-moe-g-")} at micro-batch 2, its fastest lever, '
+        f'swift-vora\'s Unsloth path in {len(cut["ratios"])} runs; at micro-batch 2, its fastest lever, '
         f'{cut["megatron"]["tokens_per_s"]:,.0f} tokens/s ({steps_note(cut["megatron_steps"])}), '
         f'{x(cut["megatron_vs_mb1"], 2)} its micro-batch 1 and {x(cut["megatron_vs_plain"], 2)} plain `swift sft` '
-        f'PEFT\'s. The `h200x8` recipe as shipped (call h) trained that shape to its end: loss '
-        f'{cut["flagship_losses"][0]:.2f} -> {cut["flagship_losses"][1]:.2f} in {cut["flagship_losses"][2]} steps, '
-        f'{cut["flagship"]["tokens_per_s"]:,.0f} tokens/s ({steps_note(cut["flagship_steps"])}), '
+        f'PEFT\'s. At the settings the recipe names for Megatron (micro-batch 2) it trained that shape to its end: '
+        f'loss {cut["flagship_losses"][0]:.2f} -> {cut["flagship_losses"][1]:.2f} in {cut["flagship_losses"][2]} '
+        f'steps, {cut["flagship"]["tokens_per_s"]:,.0f} tokens/s ({steps_note(cut["flagship_steps"])}), '
         f'{cut["flagship"]["peak_reserved_gib"]:.2f} GiB reserved, the merged checkpoint loads in transformers, '
-        'router untouched (`docs/backends.md`). EP ≥ 2 has not run.',
-        f'* Planner memory model: {pl["memory"]["out_within"]} of {pl["memory"]["out"]} out-of-sample H200 '
-        f'measurements within ±10 % of their peaks -- rows no constant or rule was fitted to; '
+        f'router untouched ({source("megatron-h200-moe-h-2026-12-05.json")}; `docs/backends.md`). On one H100, '
+        'Transformer Engine\'s CUTLASS grouped GEMM (`NVTE_USE_CUTLASS_GROUPED_GEMM=1`) '
+        f'{x(cu["ratio"], 2)} its twin ({cu["ours"]["tokens_per_s"]:,.0f} against {cu["twin"]["tokens_per_s"]:,.0f} '
+        f'tokens/s, data wait {100 * cu["ours"]["data_wait_fraction"]:.0f} %; {source(cu["file"])}, '
+        f'{steps_note(cu["steps"])} each). EP ≥ 2 has not run.',
+        f'* Megatron full SFT of a MoE (`megatron_ep_full`, `recipes/h200x8-full.yaml` overridden to one H100, EP 1) '
+        f'on the 35B-A3B shape cut to {fu["layers"]} layers: loss {fu["losses"][0]:.2f} -> {fu["losses"][1]:.2f} in '
+        f'{fu["losses"][2]} steps, {fu["v"]["tokens_per_s"]:,.0f} tokens/s ({steps_note(fu["steps"])}), '
+        f'{fu["v"]["peak_reserved_gib"]:.2f} GiB reserved against {fu["v"]["planned_reserved_gib"]:.2f} planned '
+        f'before the run ({100 * fu["v"]["plan_error"]:+.1f} %); experts, attention, router and shared expert '
+        f'changed, the vision tower unchanged ({fu["changed"]["vision"]} of its tensors changed; '
+        f'{source(fu["file"])}).',
+        f'* Planner memory model: {pl["memory"]["out_within"]} of {pl["memory"]["out"]} out-of-sample measurements '
+        f'(H200 and H100) within ±10 % of their peaks -- rows no constant or rule was fitted to; '
         f'{pl["memory"]["within"]} of {pl["memory"]["checked"]} checked rows in all, {pl["memory"]["reported"]} '
         'reported and not checked, each with why (`python benchmarks/calibration_table.py`, '
         '`docs/memory-model.md`).',
