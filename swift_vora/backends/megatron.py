@@ -29,6 +29,9 @@ What the generated command does (ms-swift 4.6.0, swift/megatron/arguments/megatr
   --no_save_optim true`: each checkpoint-N is the converted Hugging Face model (mcore-bridge's `save_weights`,
   experts gathered from every expert rank), loadable in transformers and vLLM; no Megatron checkpoint or optimizer
   state is written (12 bytes per trainable parameter), so a run cannot resume from it.
+- `--gradient_accumulation_fusion false` only where apex is installed without its CUDA extension (megatron-core would
+  stop building the model); without apex ms-swift turns the fusion off itself and the launch says what that costs
+  (backends/megatron_grad_fusion.py).
 - `vora_step_profile` (backends/megatron_profile.py) is named in `--callbacks` when the training environment sets
   SWIFT_VORA_PROFILE_STEP: torch.profiler over that optimizer step, and every step's data wait.
 
@@ -42,7 +45,7 @@ from typing import Dict, List, Mapping, Optional
 
 from ..guards.registry import GUARDS, MEGATRON_GUARDS, enabled_guards
 from ..plan.backend import AUTO, Backend
-from . import megatron_fla, megatron_profile
+from . import megatron_fla, megatron_grad_fusion, megatron_profile
 from .base import Launch, Launcher, LaunchUsageError, PlanView
 from .common import (
     bool_arg,
@@ -167,6 +170,7 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
     callbacks += [c for c in recipe['guards.callbacks'] if c not in callbacks]
     if callbacks:
         argv += ['--callbacks', *callbacks]
+    argv += megatron_grad_fusion.check(recipe['extra_args']).args  # apex without its CUDA extension
     return argv + recipe['extra_args']
 
 
@@ -199,6 +203,9 @@ def build_megatron_launch(view: PlanView, recipe: Recipe, environ: Optional[Mapp
     if skipped:
         notes.append(f'guards {", ".join(skipped)} hook swift sft trainers only and do not run under megatron sft '
                      f'(run there: {", ".join(MEGATRON_GUARDS)})')
+    fusion = megatron_grad_fusion.check(recipe['extra_args'])
+    if fusion.note:
+        notes.append(fusion.note)
     return Launch(argv=argv, env=env, notes=notes)
 
 
