@@ -214,7 +214,7 @@ ROWS: List[Dict[str, Any]] = [
     # at its timeout while it saved the adapter, after its 12 steps: the peak comes from its kept train log
     # (docs/runs/h200-moe-full/call-c-logs-moe_full.tgz) through `moe_throughput.py --summarize-logs` ---
     {'id': 29, 'what': 'Qwen3.5-35B-A3B, all 40 layers, Unsloth split LoRA r16, checkpoints on the GPU, micro-batch 8 '
-                       '(moe_throughput vora_unsloth_mb8, call c, from its train log), 8 x 7,788 tok',
+                       '(moe_throughput vora_unsloth_mb8, 2026-12-02, from its train log), 8 x 7,788 tok',
      'source': ('derived-moe-h200-full-c-logs.json', 'vora_unsloth_mb8'), 'scope': 'training', 'model': MOE,
      'plan': [*UNSLOTH_FULL, '--micro-batch', '8', '--checkpoints', 'gpu']},
     # --- FP8 frozen base weights (train.fp8=frozen_base, issue #34), after its two bugs were fixed (2026-12-02):
@@ -228,28 +228,28 @@ ROWS: List[Dict[str, Any]] = [
     # twin in the same call repeats row 21), and the 8-layer cut at micro-batch 4 from the two Megatron calls of #31
     # (their Unsloth side: b before autocast, c under it); no constant changed for them ---
     {'id': 31, 'what': 'Qwen3.5-35B-A3B, all 40 layers, Unsloth split LoRA r16, checkpoints on the GPU, micro-batch 4, '
-                       'forward under autocast (moe_throughput vora_unsloth_mb4, call e), 4 x 7,788 tok',
+                       'forward under autocast (moe_throughput vora_unsloth_mb4, 2026-12-03), 4 x 7,788 tok',
      'source': ('moe-h200-full-e-2026-12-03.json', 'vora_unsloth_mb4'), 'scope': 'training', 'model': MOE,
      'plan': [*UNSLOTH_FULL, '--micro-batch', '4', '--checkpoints', 'gpu']},
     *({'id': 32 + i, 'what': f'Qwen3.5-35B-A3B cut to 8 layers, Unsloth split LoRA r16, checkpoints on the GPU, '
-                             f'micro-batch 4, {what} (megatron_moe vora_unsloth_best, {call}), 4 x 7,788 tok',
+                             f'micro-batch 4, {what} (megatron_moe vora_unsloth_best, {date}), 4 x 7,788 tok',
        'source': (fname, 'vora_unsloth_best'), 'scope': 'training', 'model': MOE8,
        'plan': [*UNSLOTH_FULL, '--micro-batch', '4', '--checkpoints', 'gpu']}
-      for i, (fname, call, what) in enumerate((
-          ('megatron-h200-moe-b-2026-12-02.json', 'call b', 'LoRA in fp32'),
-          ('megatron-h200-moe-c-2026-12-03.json', 'call c', 'forward under autocast')))),
+      for i, (fname, date, what) in enumerate((
+          ('megatron-h200-moe-b-2026-12-02.json', '2026-12-02', 'LoRA in fp32'),
+          ('megatron-h200-moe-c-2026-12-03.json', '2026-12-03', 'forward under autocast')))),
     # --- Megatron-SWIFT on the 8-layer cut (#31): in sample -- the plan counts the larger of the logits and the layer
     # working set instead of both (Megatron's loss backward frees the logits before the last layer is recomputed),
     # changed after this row was measured (call b measured the same 38.62 GiB) ---
     {'id': 34, 'what': 'Qwen3.5-35B-A3B cut to 8 layers, Megatron-SWIFT LoRA r16 via `swift-vora train '
                        'recipes/h200x8.yaml` on one H200 (EP 1), full recompute, native cross entropy, micro-batch 1 '
-                       '(megatron_moe mg_base, call c; memory(GiB) = max reserved of the process), 7,788 tok',
+                       '(megatron_moe mg_base, 2026-12-03; memory(GiB) = max reserved of the process), 7,788 tok',
      'source': ('megatron-h200-moe-c-2026-12-03.json', 'mg_base'), 'scope': 'run', 'model': MOE8,
      'plan': MEGATRON_MOE8},
     # --- out of sample: the same with TE's fused cross entropy, predicted (24.19 GiB, docs/memory-model.md) before
     # it ran (memory-only call d of #31: 5 steps, 2026-12-03; the call's device time ended before mg_f32 finished) ---
     {'id': 35, 'what': 'as 34 with TE\'s fused cross entropy (megatron.cross_entropy_fusion_impl=te; megatron_moe '
-                       'mg_te_ce, memory call d, 5 steps), 7,788 tok',
+                       'mg_te_ce, 5 steps, 2026-12-03), 7,788 tok',
      'source': ('megatron-h200-moe-mem-d-partial.json', 'mg_te_ce'), 'scope': 'run', 'model': MOE8,
      'plan': [*MEGATRON_MOE8, '--cross-entropy', 'te']},
     # --- out of sample: FP8 frozen base weights with 26 of the 28 layers checkpointed (#34 run fp8-c, 2026-12-03; the
@@ -262,46 +262,47 @@ ROWS: List[Dict[str, Any]] = [
     # j, 2026-12-03; its default twin in the same call repeats row 31). The planner does not model the lever (one
     # expert-output product less: 249,536 x 2,048 bf16, 0.95 GiB); no constant changed for it ---
     {'id': 37, 'what': 'as 31 with the expert LoRA scaling applied to the rank-16 intermediate '
-                       '(SWIFT_VORA_MOE_LORA_SCALE=rank; moe_throughput vora_unsloth_mb4_rank_scale, call j), '
+                       '(SWIFT_VORA_MOE_LORA_SCALE=rank; moe_throughput vora_unsloth_mb4_rank_scale, 2026-12-03), '
                        '4 x 7,788 tok',
      'source': ('moe-h200-full-j-2026-12-03.json', 'vora_unsloth_mb4_rank_scale'), 'scope': 'training', 'model': MOE,
      'plan': [*UNSLOTH_FULL, '--micro-batch', '4', '--checkpoints', 'gpu']},
     # --- out of sample: #30 call k (2026-12-03, a fresh machine): the lever a second time, and the same with the last 4
     # of 40 decoder layers not checkpointed (train.checkpoint_layers=36). No constant changed for them ---
-    {'id': 38, 'what': 'as 37, a second call (moe_throughput vora_unsloth_mb4_rank_scale, call k), 4 x 7,788 tok',
+    {'id': 38, 'what': 'as 37, measured again on a fresh machine (moe_throughput vora_unsloth_mb4_rank_scale, '
+                       '2026-12-03), 4 x 7,788 tok',
      'source': ('moe-h200-full-k-2026-12-03.json', 'vora_unsloth_mb4_rank_scale'), 'scope': 'training', 'model': MOE,
      'plan': [*UNSLOTH_FULL, '--micro-batch', '4', '--checkpoints', 'gpu']},
     {'id': 39, 'what': 'as 38 with the first 36 of 40 decoder layers checkpointed (train.checkpoint_layers=36; '
-                       'moe_throughput vora_unsloth_mb4_ck36_rank_scale, call k), 4 x 7,788 tok',
+                       'moe_throughput vora_unsloth_mb4_ck36_rank_scale, measured beside 38), 4 x 7,788 tok',
      'source': ('moe-h200-full-k-2026-12-03.json', 'vora_unsloth_mb4_ck36_rank_scale'), 'scope': 'training',
      'model': MOE, 'plan': [*UNSLOTH_FULL, '--micro-batch', '4', '--checkpoints', 'gpu', '--checkpoint-layers', '36']},
     # --- out of sample: #31 memory call f (2026-12-04), micro-batch 2 under Megatron, predicted (57.32 GiB,
     # docs/memory-model.md) before it ran; mg_f32 of the same call timed out in its first step. No constant changed ---
-    {'id': 40, 'what': 'as 34 at micro-batch 2 (megatron_moe mg_mb2, memory call f, 5 steps), 2 x 7,788 tok',
+    {'id': 40, 'what': 'as 34 at micro-batch 2 (megatron_moe mg_mb2, 5 steps, 2026-12-04), 2 x 7,788 tok',
      'source': ('megatron-h200-moe-mem-f-2026-12-04.json', 'mg_mb2'), 'scope': 'run', 'model': MOE8,
      'plan': [*MEGATRON_MOE8, '--micro-batch', '2']},
     # --- out of sample: #30 call l (2026-12-04): 8 of 40 layers not checkpointed, with the host levers (vision
     # preamble on the prefetch thread, one step in flight; neither changes what the GPU holds). No constant changed ---
     {'id': 41, 'what': 'as 38 with the first 32 of 40 decoder layers checkpointed (train.checkpoint_layers=32; '
-                       'moe_throughput vora_unsloth_mb4_ck32_rank_scale_nosync, call l), 4 x 7,788 tok',
+                       'moe_throughput vora_unsloth_mb4_ck32_rank_scale_nosync, 2026-12-04), 4 x 7,788 tok',
      'source': ('moe-h200-full-l-partial.json', 'vora_unsloth_mb4_ck32_rank_scale_nosync'), 'scope': 'training',
      'model': MOE, 'plan': [*UNSLOTH_FULL, '--micro-batch', '4', '--checkpoints', 'gpu', '--checkpoint-layers', '32']},
     # --- out of sample: #31 memory call f's mg_f32 (2026-12-04): killed by its variant timeout after its 5 steps were
     # logged (the first took 184 s), so the run's file has no figure; its kept logs through the benchmark's own
     # summary (`megatron_moe.py --summarize-logs`, a derived file). Predicted (28.51 GiB) before it ran ---
-    {'id': 42, 'what': 'as 34 at 32 frames (video.max_frames=32; megatron_moe mg_f32, memory call f, 5 steps, from its '
-                       'kept logs), 4,017 tok',
+    {'id': 42, 'what': 'as 34 at 32 frames (video.max_frames=32; megatron_moe mg_f32, measured beside 40, 5 steps, '
+                       'from its kept logs), 4,017 tok',
      'source': ('derived-megatron-h200-moe-mem-f-mg_f32-logs.json', 'mg_f32'), 'scope': 'run', 'model': MOE8,
      'plan': [*MEGATRON_MOE8, '--max-frames', '32']},
     # --- out of sample: #30 calls m and n (2026-12-04). m: row 41's configuration without the host levers, next to
     # plain swift; n: train.checkpoint_layers=auto with the frame-pair cap at the clips' 220 tokens, where the plan
     # picked 30 of 40 (a fresh machine). No constant changed for them ---
-    {'id': 43, 'what': 'as 41 without the host levers, a second call (moe_throughput vora_unsloth_mb4_ck32_rank_scale, '
-                       'call m), 4 x 7,788 tok',
+    {'id': 43, 'what': 'as 41 without the host levers, measured again (moe_throughput '
+                       'vora_unsloth_mb4_ck32_rank_scale, 2026-12-04), 4 x 7,788 tok',
      'source': ('moe-h200-full-m-2026-12-04.json', 'vora_unsloth_mb4_ck32_rank_scale'), 'scope': 'training',
      'model': MOE, 'plan': [*UNSLOTH_FULL, '--micro-batch', '4', '--checkpoints', 'gpu', '--checkpoint-layers', '32']},
     {'id': 44, 'what': 'as 43 with the first 30 of 40 decoder layers checkpointed (train.checkpoint_layers=auto at '
-                       'video.pair_tokens=220; moe_throughput vora_unsloth_mb4_ckauto_rank_scale, call n), '
+                       'video.pair_tokens=220; moe_throughput vora_unsloth_mb4_ckauto_rank_scale, 2026-12-04), '
                        '4 x 7,788 tok',
      'source': ('moe-h200-full-n-2026-12-04.json', 'vora_unsloth_mb4_ckauto_rank_scale'), 'scope': 'training',
      'model': MOE, 'plan': [*UNSLOTH_FULL, '--micro-batch', '4', '--checkpoints', 'gpu', '--checkpoint-layers', '30']},
@@ -309,29 +310,30 @@ ROWS: List[Dict[str, Any]] = [
     # changed). 46 in sample: MEGATRON_ACT_SAVED_FRACTION was fitted on it (planned 57.22 GiB before, +19.8 %, with
     # the HF accounting; predicted before the call, docs/memory-model.md). 47 in sample: the Unsloth path's
     # fragmentation became the expandable allocator's after it (reserved +12.0 % before, allocated +4.9 %) ---
-    {'id': 45, 'what': 'as 40, 12 steps (megatron_moe mg_mb2, call g), 2 x 7,788 tok',
+    {'id': 45, 'what': 'as 40, 12 steps on a fresh machine (megatron_moe mg_mb2, 2026-12-04), 2 x 7,788 tok',
      'source': ('megatron-h200-moe-g-2026-12-04.json', 'mg_mb2'), 'scope': 'run', 'model': MOE8,
      'plan': [*MEGATRON_MOE8, '--micro-batch', '2']},
-    {'id': 46, 'what': 'as 34 without recompute (megatron.recompute=none; megatron_moe mg_norecompute, call g), '
-                       '7,788 tok',
+    {'id': 46, 'what': 'as 34 without recompute (megatron.recompute=none; megatron_moe mg_norecompute, measured beside '
+                       '45), 7,788 tok',
      'source': ('megatron-h200-moe-g-2026-12-04.json', 'mg_norecompute'), 'scope': 'run', 'model': MOE8,
      'plan': [*MEGATRON_MOE8, '--recompute', 'none']},
     {'id': 47, 'what': 'as 33 with no decoder layer checkpointed (train.checkpoint_layers=auto picked 0 of 8; '
-                       'megatron_moe vora_unsloth_best, call g), 4 x 7,788 tok',
+                       'megatron_moe vora_unsloth_best, measured beside 45), 4 x 7,788 tok',
      'source': ('megatron-h200-moe-g-2026-12-04.json', 'vora_unsloth_best'), 'scope': 'training', 'model': MOE8,
      'plan': [*UNSLOTH_FULL, '--micro-batch', '4', '--checkpoints', 'gpu', '--checkpoint-layers', '0']},
     # --- #31 call h (2026-12-05): out of sample (row 45's configuration as item 1's flagship, 12 steps, a fresh
     # machine; no constant changed since call g) ---
-    {'id': 48, 'what': 'as 45, item 1\'s flagship (megatron_moe mg_mb2, call h), 2 x 7,788 tok',
+    {'id': 48, 'what': 'as 45, the benchmark\'s flagship: trained to its end with the merged export and every check '
+                       '(megatron_moe mg_mb2, 2026-12-05), 2 x 7,788 tok',
      'source': ('megatron-h200-moe-h-2026-12-05.json', 'mg_mb2'), 'scope': 'run', 'model': MOE8,
      'plan': [*MEGATRON_MOE8, '--micro-batch', '2']},
     # --- 2026-12-06, an H100 (megatron_moe calls 2 and 5): out of sample, planned before the runs, no constant
     # changed since; the full-SFT row is the megatron_ep_full memory model's first measurement ---
-    {'id': 49, 'what': 'as 45 on an H100 (megatron_moe mg_mb2, prof call 2), 2 x 7,788 tok',
+    {'id': 49, 'what': 'as 45 on an H100 (megatron_moe mg_mb2, 2026-12-06), 2 x 7,788 tok',
      'source': ('megatron-h100-moe-prof-2026-12-06.json', 'mg_mb2'), 'scope': 'run', 'model': MOE8,
      'plan': [*MEGATRON_MOE8_H100, '--micro-batch', '2']},
     {'id': 50, 'what': 'Megatron full SFT (megatron_ep_full, distributed optimizer), 35B-A3B cut to 3 layers, EP 1, '
-                       'TE cross entropy, micro-batch 1, one H100 (megatron_moe mgf_te_ce, full call 5), 7,788 tok',
+                       'TE cross entropy, micro-batch 1, one H100 (megatron_moe mgf_te_ce, 2026-12-06), 7,788 tok',
      'source': ('megatron-h100-full-2026-12-06.json', 'mgf_te_ce'), 'scope': 'run', 'model': MOE3,
      'plan': [*MEGATRON_FULL_H100, '--cross-entropy', 'te']},
 ]
