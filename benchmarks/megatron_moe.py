@@ -66,7 +66,7 @@ the flagship +3 min (merged save, merge_for_vllm.sh's check, merged load), vora_
 first step autotunes ~225 s on a fresh machine), swift_peft ~2 min. The default list puts the side-by-side first
 (mg_mb2, mg_base, mg_te_ce, vora_unsloth_best, swift_peft: ~17 min), then mg_selective; with `--deadline 840` the
 run ends within ~15-17 min. Run it through scripts/gpu/background.sh and wait from back-to-back calls
-(docs/backends.md lists the calls).
+(docs/runs/gpu-calls.md lists the device calls that ran it).
 """
 from __future__ import annotations
 
