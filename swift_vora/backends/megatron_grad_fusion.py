@@ -61,6 +61,6 @@ def check(extra_args: Sequence[str], installed: Optional[Callable[[str], bool]] 
             f'--cuda_ext to keep the fusion: {BUILD}'))
     return FusionCheck(apex, extension, [], (
         f'apex is not installed here: Megatron-SWIFT turns gradient accumulation fusion off, and every trainable '
-        f'tensor\'s gradient is added to its fp32 main gradient by a kernel of its own each micro-batch (with LoRA on '
-        f'every expert: thousands of small kernels a step, the GPU waiting on the host). Megatron-SWIFT\'s '
-        f'environment setup builds apex on the GPU machine: {BUILD}'))
+        f'tensor\'s gradient is added to its fp32 main gradient by a kernel of its own each micro-batch (a MoE\'s '
+        f'experts are a tensor each: thousands of small kernels a step, the GPU waiting on the host). '
+        f'Megatron-SWIFT\'s environment setup builds apex on the GPU machine: {BUILD}'))
