@@ -129,7 +129,8 @@ MEGATRON_LEVERS: Dict[str, List[str]] = {
                                 'train.dataloader_workers=8', 'swift_args.dataloader_prefetch_factor=4'],
 }
 # Megatron full SFT (megatron_ep_full, recipes/h200x8-full.yaml overridden to one GPU, EP 1) on the same shape cut to
-# what fits one GPU (`--layers 4` on an H200: docs/benchmarks.md), at the recipe's micro-batch 1 unless the name says
+# what fits one GPU (`--layers 4` on an H200: docs/runs/benchmarks-log.md), at the recipe's micro-batch 1 unless the
+# name says
 MEGATRON_FULL_LEVERS: Dict[str, List[str]] = {
     'mgf': [],
     'mgf_te_ce': ['megatron.cross_entropy_fusion_impl=te'],

@@ -279,6 +279,8 @@ def test_compile_is_opt_in_reaches_the_plugin_and_says_where_it_does_not_apply()
     assert rc == 0, err
     notes = ' '.join(d['launch']['notes'])
     assert 'not applied under DeepSpeed' in notes and 'measured slower' in notes and 'docs/benchmarks.md' in notes
+    with open(os.path.join(REPO, 'docs', 'benchmarks.md'), encoding='utf-8') as f:  # the page the note sends to
+        assert any('Liger' in line and 'compiled layers' in line for line in f), 'docs/benchmarks.md: no Liger figure'
     rc, _, err = dry_json(recipe, f'model.path={DENSE_2B}', 'train.compile=everything')
     assert rc != 0 and "'train.compile'" in err and 'off, layers' in err
 

@@ -111,8 +111,8 @@ def test_inductor_checkpoint_in_graph_gradient_is_that_of_the_computed_loss(qwen
     the forward computed, i.e. the recompute used the forward's masks. Checked against a central finite difference
     along a random direction of the LoRA weights, in float32; the gradient of the same loss under other masks
     (seed 8) misses it by far, so the check can fail. CPU only: on the H200's torch 2.11 inductor's partitioner
-    rejects this graph (`AssertionError: Node add_538 was invalid, but is output`, docs/benchmarks.md), which is why
-    `SWIFT_VORA_COMPILE_CHECKPOINT=graph` is not the default."""
+    rejects this graph (`AssertionError: Node add_538 was invalid, but is output`, docs/runs/benchmarks-log.md),
+    which is why `SWIFT_VORA_COMPILE_CHECKPOINT=graph` is not the default."""
     from transformers import AutoModelForImageTextToText
     torch._dynamo.reset()
     torch.manual_seed(0)

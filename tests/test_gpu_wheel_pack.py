@@ -3,7 +3,7 @@ compression. What a user of the GPU scripts relies on: what the archive unpacks 
 wheels install; the Transformer Engine core comes out ready for setup_megatron.sh (no parts needed); nothing that
 was altered, added or aimed outside the repository is written; a bad input names its file. Small fake wheels stand
 in for the real ones (the real sets: 33.7 and 55.7 MiB packed, measured in docs/runs/gpu-calls.md and
-docs/benchmarks.md)."""
+docs/runs/benchmarks-log.md)."""
 import hashlib
 import io
 import json

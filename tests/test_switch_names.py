@@ -12,8 +12,8 @@ from swift_vora.switches import SwitchError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPELT_OUT = re.compile(r'SWIFT_VORA_[A-Z0-9_]*[A-Z0-9]')
-# docs/benchmarks.md is the log of past runs: it names switches of levers that were measured and removed.
-RUN_LOG = os.path.join('docs', 'benchmarks.md')
+# docs/runs/benchmarks-log.md is the log of past runs: it names switches of levers that were measured and removed.
+RUN_LOG = os.path.join('docs', 'runs', 'benchmarks-log.md')
 NOT_VARIABLES = {'SWIFT_VORA_GUARD', 'SWIFT_VORA_TINY_MODEL'}  # the prefix of GUARD_<NAME>; a marker file's name
 
 

@@ -240,7 +240,7 @@ def unsloth_gradient_checkpointing(view: PlanView, recipe: Recipe) -> Any:
 
 # Unsloth compiles each decoder block as one torch.compile region by default. On a Qwen3.5-MoE video sample
 # (~7.8k tokens, one H200, torch 2.11) the first forward under that compile did not finish in 270 s, while the same
-# run without it trained (docs/benchmarks.md, "MoE on one H200"). Off unless the caller's environment sets it.
+# run without it trained (docs/runs/benchmarks-log.md, "MoE on one H200"). Off unless the caller's environment sets it.
 BLOCK_COMPILE_ENV = 'UNSLOTH_BLOCK_COMPILE'
 
 

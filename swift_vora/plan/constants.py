@@ -197,8 +197,8 @@ FIT_MARGIN = 0.0  # extra headroom required on top of the predicted peak, fracti
 SEARCH_MARGIN = 0.05
 TIGHT_FRACTION = 0.90  # peak above this fraction of capacity -> a "tight" warning in the reasons
 # Samples/s of the compiled 2B LoRA on one H200 without checkpointing, relative to checkpointed micro-batch 1, by
-# micro-batch (docs/benchmarks.md, runs 14a and 14c: 3.76 -> 4.76, and 5.70 at micro-batch 4); quoted by the plan's
-# "Memory to spare" sentence (measured speed, not a memory fit).
+# micro-batch (docs/runs/benchmarks-log.md, runs 14a and 14c: 3.76 -> 4.76, and 5.70 at micro-batch 4); quoted by
+# the plan's "Memory to spare" sentence (measured speed, not a memory fit).
 SPEEDUP_WITHOUT_CHECKPOINTING = {1: 1.27, 4: 1.52}
 # Samples/s of Unsloth's split LoRA with the layer checkpoints on the GPU, relative to its offloaded checkpointing
 # (Qwen3.5-MoE 35B-A3B shape, 8 of 40 layers, 64 frames, one H200, 2026-12-02: 2.60 against 2.03); quoted by the

@@ -121,8 +121,8 @@ def _every_layer_kept(req: PlanRequest, backend: Backend) -> Optional[str]:
 def _checkpoints_decided(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend,
                          ep: int, tp: int, margin: float = C.FIT_MARGIN) -> Tuple[MemoryEstimate, PlanRequest]:
     """`checkpoints=auto` decided: Unsloth keeps its layer checkpoints on the GPU when that fits (the faster path,
-    measured: docs/benchmarks.md) and offloads them to pinned host RAM only when the GPU-resident plan does not fit
-    and the offloaded one does."""
+    measured: docs/runs/benchmarks-log.md) and offloads them to pinned host RAM only when the GPU-resident plan does
+    not fit and the offloaded one does."""
     if backend != Backend.UNSLOTH_SPLIT_LORA or req.checkpoints != 'auto' or not req.gradient_checkpointing:
         return plan_estimate(spec, tokens, train_setup(req, hw, backend, ep, tp, tokens)), req
     on_gpu = replace(req, checkpoints='gpu')

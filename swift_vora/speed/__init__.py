@@ -7,7 +7,7 @@ Where they take effect:
   (swift_vora/swift_registry.py, next to the guards);
 - a patch installed when the plugin is imported (swift_vora/swift_registry.py);
 - per encoded sample, in the `video_ora` template's DataLoader workers, through `speed/encode.py`.
-Each module's docstring says what it changes and why the result is the same; docs/benchmarks.md says what each
+Each module's docstring says what it changes and why the result is the same; docs/runs/benchmarks-log.md says what each
 one measured. Importing this package imports neither torch nor ms-swift (the modules do).
 """
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """Regional `torch.compile` of the LLM's decoder layers: fewer, fused kernels and one autograd node per layer.
 
 After `lora_autocast` and Liger, a GPU profile of a 2B Qwen3-VL LoRA step showed the GPU idle half the time
-(docs/benchmarks.md): the host could not launch the ~100 small kernels per decoder layer and pass (PEFT's dropout,
-A, B, scale and add for 7 LoRA layers, RMSNorm, RoPE, SiLU-mul) as fast as the GPU ran them. Compiling each decoder
-layer with inductor fuses the elementwise work around the matmuls into a few Triton kernels and replaces the
+(docs/runs/benchmarks-log.md): the host could not launch the ~100 small kernels per decoder layer and pass (PEFT's
+dropout, A, B, scale and add for 7 LoRA layers, RMSNorm, RoPE, SiLU-mul) as fast as the GPU ran them. Compiling each
+decoder layer with inductor fuses the elementwise work around the matmuls into a few Triton kernels and replaces the
 per-op Python dispatch and autograd bookkeeping with one compiled forward and one compiled backward.
 
 This is PyTorch's "regional compilation" recipe (https://pytorch.org/tutorials/recipes/regional_compilation.html):
 `nn.Module.compile()` on every layer of the repeated block, in place, so parameter names and PEFT's adapter saving
 are unchanged. The layers share one compiled graph per grad mode and shape class (dynamo inlines the module and lifts
-its parameters), so 28 layers compile once, not 28 times. The first steps pay the compile (docs/benchmarks.md says
-how long). PEFT's LoRA dropout is fused by inductor with its own RNG.
+its parameters), so 28 layers compile once, not 28 times. The first steps pay the compile
+(docs/runs/benchmarks-log.md says how long). PEFT's LoRA dropout is fused by inductor with its own RNG.
 
 Where gradient checkpointing runs (`SWIFT_VORA_COMPILE_CHECKPOINT`):
 - `eager` (default): transformers' (reentrant) checkpoint around each compiled
@@ -20,8 +20,8 @@ Where gradient checkpointing runs (`SWIFT_VORA_COMPILE_CHECKPOINT`):
 - `graph`: the layer's forward wrapped in `torch.utils.checkpoint.checkpoint`, which dynamo traces as an
   activation-checkpoint region: the forward saves only the layer's inputs and the recompute runs inside the compiled
   backward -- one compiled forward and one compiled backward per layer, as torchtitan does it. Correct with torch
-  2.14 (CPU tests below), but torch 2.11's inductor partitioner rejects the graph (docs/benchmarks.md), so it is
-  opt-in.
+  2.14 (CPU tests below), but torch 2.11's inductor partitioner rejects the graph (docs/runs/benchmarks-log.md), so
+  it is opt-in.
 Dropout stays exact either way. Inside the graph, AOTAutograd replays the forward's RNG state in the recompute (under
 `aot_eager` training is bit-identical to eager reentrant checkpointing with the same seed; with inductor the gradient
 is the derivative of the loss that was computed). Around it, the checkpointed forward (no-grad graph) and its
@@ -29,12 +29,12 @@ recompute (training graph) draw the same masks from the RNG state `torch.utils.c
 tests/test_compile_layers.py checks both on CPU, and the around-the-layer masks on CUDA too (marked gpu).
 
 The vision tower's blocks are compiled too (`SWIFT_VORA_COMPILE_VISION=0` leaves them eager). In a step trace most
-of the frozen vision tower's GPU time was outside its matmuls and attention (docs/benchmarks.md): autocast runs its
-LayerNorms and its rotary embedding in float32, as dozens of small kernels per block with the GPU
+of the frozen vision tower's GPU time was outside its matmuls and attention (docs/runs/benchmarks-log.md): autocast
+runs its LayerNorms and its rotary embedding in float32, as dozens of small kernels per block with the GPU
 waiting on their launches. A vision block's whole work (norms, qkv, rotary embedding, the batched attention of
 swift_vora/speed/vit_attention.py, projection, MLP, residuals) is one compiled function shared by all blocks; the
 frame-group sizes enter as ints read once per vision forward, so the graph has no host sync. Under a frozen tower
-it is an inference graph (nothing there needs autograd). docs/benchmarks.md measures it.
+it is an inference graph (nothing there needs autograd). docs/runs/benchmarks-log.md measures it.
 
 `SWIFT_VORA_COMPILE=layers` turns it on (recipe key `train.compile: layers`); it is off by default because on a CPU
 or a tiny model the compile costs more than it saves. Not applied under DeepSpeed (ZeRO-3 gathers parameters in

@@ -3,11 +3,11 @@
 With the decoder layers compiled (swift_vora/speed/compile_layers.py) a step of the 2B Qwen3-VL LoRA benchmark
 is limited by the host, not the GPU: every millisecond the Python side spends between kernel launches while the
 launch queue is empty is a millisecond the GPU waits. A trace of one step (benchmarks/step_timeline.py,
-docs/benchmarks.md) showed such costs that change nothing in what is trained:
+docs/runs/benchmarks-log.md) showed such costs that change nothing in what is trained:
 
 - `Trainer.floating_point_ops` (transformers), called after every micro-batch for the logged `total_flos`, counts
   the model's parameters each time: `num_parameters(exclude_embeddings=True)` walks every module and parameter
-  (thousands of modules with LoRA; docs/benchmarks.md times it). The count cannot change
+  (thousands of modules with LoRA; docs/runs/benchmarks-log.md times it). The count cannot change
   while training runs, so it is taken once per model; the returned FLOPs are the same number.
 - The DeepStack merge of Qwen3-VL / Qwen3.5 (`_deepstack_process`, in transformers and as ms-swift replaces it)
   adds the vision features into the first decoder layers with boolean-mask indexing, `hidden[mask, :]` read and

@@ -4,7 +4,7 @@ PEFT keeps LoRA adapters in fp32 next to a bf16 base model (`autocast_adapter_dt
 `lora.Linear.forward`, casts the layer input to the adapter dtype first (`_cast_input_dtype`), so the dropout
 runs in fp32 and autocast then casts the dropout output back to bf16 for the matmul. On a 2B Qwen3-VL with LoRA
 on all linear layers and a video sample, those casts and the fp32 dropout were a large share of the GPU kernel
-time of a training step (docs/benchmarks.md, torch profile). Under autocast the matmul sees
+time of a training step (docs/runs/benchmarks-log.md, torch profile). Under autocast the matmul sees
 bf16 either way, and a bf16 dropout computes the same scaled values as fp32 dropout followed by a bf16 cast, so
 skipping the cast keeps the arithmetic of the LoRA matmuls (the adapters and their optimizer states stay fp32).
 

@@ -4,7 +4,7 @@ Every Qwen2-VL .. Qwen3.5 vision tower embeds its patches with `nn.Conv3d(kernel
 inputs of exactly that size: one output position per patch, so the convolution is a matrix product of the
 flattened patches with the flattened weight. cuDNN does not see that: on the H200 (torch 2.11, bf16) it picked
 `implicit_convolveNd_sgemm` and spent 20 ms of a 983 ms step on a product worth 0.6 ms at the GEMM rate of the same
-step (run 15, docs/benchmarks.md). Upstream: huggingface/transformers#45750; transformers' opt-in
+step (run 15, docs/runs/benchmarks-log.md). Upstream: huggingface/transformers#45750; transformers' opt-in
 `fusion_config` (#45041) swaps in an `nn.Linear` with a converted, renamed weight -- which would change the names
 PEFT, DeepSpeed and `merge_for_vllm.sh` see. Here the module tree and the weights stay as they are: the patch
 embedding's forward still calls its `proj`, and that Conv3d instance becomes a `PatchGemmConv3d`, an nn.Conv3d

@@ -3,7 +3,7 @@
 Every new sequence length costs the host work the GPU then waits for: cuDNN's fused attention builds an execution
 plan per length (forward and backward), GEMM heuristics are queried per shape. Video clips of one length encode to
 many slightly different token counts, and with the decoder layers compiled the optimizer steps that met a
-first-seen length were the slow ones (docs/benchmarks.md).
+first-seen length were the slow ones (docs/runs/benchmarks-log.md).
 
 Padding at the END of a causal sequence changes nothing that is trained: no real token attends to a later
 position, the pad tokens carry label -100 (no loss, no gradient, not in `num_items_in_batch`), and the attention

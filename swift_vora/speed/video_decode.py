@@ -3,7 +3,7 @@
 qwen_vl_utils opens every training video with `decord.VideoReader(path)`, whose default `num_threads=0` lets
 ffmpeg start a decoding thread per core. With N DataLoader workers that is N x cores threads on the machine; they
 compete with the trainer's own threads, which after regional compilation are what limits a step. Single-threaded
-decoding also costs less CPU per clip (docs/benchmarks.md has both measurements).
+decoding also costs less CPU per clip (docs/runs/benchmarks-log.md has both measurements).
 
 Narrow patch: `decord.VideoReader` is replaced by a subclass whose `num_threads` defaults to
 `SWIFT_VORA_DECODE_THREADS` (default 1; 0 = decord's own default, i.e. no patch). Explicit `num_threads=` arguments

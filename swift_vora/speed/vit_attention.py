@@ -3,7 +3,7 @@
 Without flash-attn, transformers 5.17's `Qwen3VLVisionAttention.forward` (and the identical Qwen3-VL-MoE, Qwen3.5,
 Qwen3.5-MoE copies) splits the packed patch sequence per frame group with `lengths.tolist()` on a CUDA tensor --
 a device-to-host sync in every one of the 24 vision layers -- and runs one attention call per group (32 per
-layer for a 64-frame clip). A GPU profile (docs/benchmarks.md) showed the training step host-bound: the GPU
+layer for a 64-frame clip). A GPU profile (docs/runs/benchmarks-log.md) showed the training step host-bound: the GPU
 idle half the time. This narrow patch computes the split sizes once per vision forward (cached on the
 `cu_seqlens` tensor that all layers share) and, when every group has the same length -- always the case for one
 video, whose frame groups share one grid -- runs all groups as one batched attention call. The arithmetic is the
