@@ -13,9 +13,10 @@ that Megatron-SWIFT's LoRA path does not need and that take far longer to compil
 sources of this one extension with apex's OWN compiler flags and include directory, read from APEX_SRC/setup.py (the
 `CUDAExtension(name="fused_weight_gradient_mlp_cuda", ...)` call, parsed, not imported: that setup.py runs nvcc and
 probes torch at import); nothing of apex is copied or changed. It differs from apex's `--cuda_ext` build in two
-things only: TORCH_CUDA_ARCH_LIST is `--arch` (9.0 by default: sm_90 code only, where apex cross-compiles for
-7.5-12.0 without a GPU), and the module is packaged on its own (the same top-level module name
-`fused_weight_gradient_mlp_cuda`, so `import fused_weight_gradient_mlp_cuda` works as with apex's own install).
+things: TORCH_CUDA_ARCH_LIST is `--arch` (9.0 by default: sm_90 code only, where apex cross-compiles for 7.5-12.0
+without a GPU), and the module is packaged on its own (the same top-level module name `fused_weight_gradient_mlp_cuda`,
+so `import fused_weight_gradient_mlp_cuda` works as with apex's own install); and its link drops the debug
+information that Python's own CFLAGS (-g) put in (9.7 of 10 MB; no compiler flag changes).
 Pair it with apex's Python package built without extension flags (fetch_wheels.sh megatron builds both).
 
 As apex's setup.py does, it refuses when nvcc's CUDA version differs from the one torch was built with. pip's
@@ -139,8 +140,10 @@ def main(argv=None) -> int:
             os.makedirs(os.path.join(tmp, 'link'))
             os.symlink(os.path.join(cuda_lib, versioned[-1]), os.path.join(tmp, 'link', 'libcudart.so'))
             lib_dirs.append(os.path.join(tmp, 'link'))
+        # the link drops debug information (-g comes from Python's own CFLAGS, not from apex): 9.7 of the module's
+        # 10 MB, which would ride along in every device call; the code is the same
         ext = CUDAExtension(name=EXTENSION, sources=sources, include_dirs=includes, extra_compile_args=flags,
-                            library_dirs=lib_dirs)
+                            library_dirs=lib_dirs, extra_link_args=['-Wl,--strip-debug'])
         cwd = os.getcwd()
         os.chdir(tmp)  # setuptools writes egg-info and build/ next to the working directory
         try:
