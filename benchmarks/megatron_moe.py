@@ -28,6 +28,9 @@ micro-batch 1 unless its name says otherwise (whatever the recipe ships: each na
 - the fix candidates, each one change against `mg_mb2`: `mg_mb2_workers8` (the data path: 8 DataLoader workers and
   `--dataloader_prefetch_factor 4`), `mg_mb2_cutlass` (Transformer Engine's CUTLASS grouped GEMM,
   NVTE_USE_CUTLASS_GROUPED_GEMM=1), `mg_mb2_cutlass_workers8` (both).
+- `mg_mb2_cutlass_nofusion`: `mg_mb2_cutlass` with `--gradient_accumulation_fusion false` (extra_args): its twin
+  without megatron-core's gradient accumulation fusion, what a machine without apex's fused_weight_gradient_mlp_cuda
+  runs; the two in one call measure what the fusion buys (the launch notes which case the machine is in).
 Full SFT (`mgf*`: `swift-vora train recipes/h200x8-full.yaml` overridden to one GPU, EP 1, `--full-lr`, the model
 cut to `--layers`, 4 on an H200): `mgf` (the recipe: micro-batch 1, native cross entropy; the call's checked run --
 scripts/gpu/megatron_report.py --full: the loss, checkpoint-N, the converted HF model, against the base by part, the
@@ -127,6 +130,13 @@ MEGATRON_LEVERS: Dict[str, List[str]] = {
     'mg_mb2_cutlass': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1'],
     'mg_mb2_cutlass_workers8': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
                                 'train.dataloader_workers=8', 'swift_args.dataloader_prefetch_factor=4'],
+    # mg_mb2_cutlass's twin without gradient accumulation fusion: megatron-core's DDP then adds each trainable
+    # tensor's gradient to its fp32 main gradient with a kernel of its own, every micro-batch (what Megatron-SWIFT
+    # does wherever apex is missing). Against mg_mb2_cutlass on a machine with apex and its
+    # fused_weight_gradient_mlp_cuda extension: what the fusion buys. In extra_args, so that the launch's apex check
+    # leaves it as it is (backends/megatron_grad_fusion.py)
+    'mg_mb2_cutlass_nofusion': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
+                                "extra_args=[--gradient_accumulation_fusion, 'false']"],
 }
 # Megatron full SFT (megatron_ep_full, recipes/h200x8-full.yaml overridden to one GPU, EP 1) on the same shape cut to
 # what fits one GPU (`--layers 4` on an H200: docs/runs/benchmarks-log.md), at the recipe's micro-batch 1 unless the

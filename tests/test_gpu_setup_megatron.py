@@ -112,6 +112,23 @@ def test_one_install_keeps_every_file_of_the_shared_transformer_engine_folder(ca
     assert again.returncode == 0 and 'already holds' in again.stdout
 
 
+def test_apexs_two_wheels_go_in_with_the_set(carried):
+    """fetch_wheels.sh megatron puts apex's Python package and its fused_weight_gradient_mlp_cuda extension (a
+    top-level module megatron-core imports) into .whl/megatron as two wheels: both are installed, under no filter."""
+    tmp_path, _ = carried
+    write_wheel(tmp_path / 'whl' / 'apex-0.1-py3-none-any.whl', 'apex', '0.1', {'apex/__init__.py': 'APEX = 1\n'})
+    # (the real one is cp312-cp312-linux_x86_64 with a .so; pure here, so that any test interpreter installs it)
+    write_wheel(tmp_path / 'whl' / 'apex_fused_weight_gradient_mlp_cuda-0.1+cu130.torch2.11.0-py3-none-any.whl',
+                'apex_fused_weight_gradient_mlp_cuda', '0.1+cu130.torch2.11.0',
+                {'fused_weight_gradient_mlp_cuda.py': 'WGRAD = 1\n'})
+    proc = run(tmp_path, 'install')
+    assert proc.returncode == 0, proc.stderr
+    site = tmp_path / 'site'
+    assert (site / 'apex' / '__init__.py').read_text() == 'APEX = 1\n'
+    assert (site / 'fused_weight_gradient_mlp_cuda.py').read_text() == 'WGRAD = 1\n'
+    assert 'installed 4 wheels' in proc.stdout  # TE core + meta + apex's two
+
+
 def test_without_sha256sums_it_says_what_to_carry(tmp_path):
     (tmp_path / 'whl').mkdir()
     proc = run(tmp_path, 'assemble')

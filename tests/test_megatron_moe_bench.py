@@ -99,7 +99,8 @@ def test_the_argvs_parse_with_megatron_swift(launches):
     for name in ('megatron', 'mcore_bridge'):  # found, not imported (mcore_bridge imports transformer_engine): a
         assert importlib.util.find_spec(name) is not None, name  # test dependency, checked in a subprocess below
     from megatron_args import validate_argv
-    validate_argv([launch.argv[2:] for launch in launches.values()])
+    parsed = dict(zip(launches, validate_argv([launch.argv[2:] for launch in launches.values()])))
+    assert parsed['mg_mb2_cutlass_nofusion']['values']['gradient_accumulation_fusion'] is False
 
 
 def test_default_variants_are_known():
@@ -230,6 +231,23 @@ def test_the_fix_candidates_reach_megatron_sft(launches):
     assert 'NVTE_USE_CUTLASS_GROUPED_GEMM' not in launches['mg_mb2'].env
     for name in ('mg_mb2_workers8', 'mg_mb2_cutlass', 'mg_mb2_cutlass_workers8'):  # each against mg_mb2: one change
         assert flag(launches[name].argv, '--micro_batch_size') == '2'
+
+
+def test_the_fusion_twin_differs_from_mg_mb2_cutlass_only_in_the_fusion_flag(launches):
+    fused, unfused = launches['mg_mb2_cutlass'], launches['mg_mb2_cutlass_nofusion']
+    fusion = '--gradient_accumulation_fusion'
+    assert unfused.argv.count(fusion) == 1 and flag(unfused.argv, fusion) == 'false'
+    # mg_mb2_cutlass leaves the fusion to Megatron-SWIFT and the launch's apex check (which adds the same flag only
+    # where apex lacks its CUDA extension): the rest of the two launches is the same
+    without = [a for i, a in enumerate(unfused.argv) if a != fusion and (i == 0 or unfused.argv[i - 1] != fusion)]
+    stripped = [a for i, a in enumerate(fused.argv) if a != fusion and (i == 0 or fused.argv[i - 1] != fusion)]
+    assert without == [a.replace('mg_mb2_cutlass', 'mg_mb2_cutlass_nofusion') for a in stripped]
+    own = ('SWIFT_VORA_ENCODE_LOG', 'SWIFT_VORA_RECIPE_OVERRIDES')  # the variant's folder, its overrides
+    rest = [{k: v for k, v in launch.env.items() if k not in own} for launch in (fused, unfused)]
+    assert rest[0] == rest[1]
+    assert unfused.env['NVTE_USE_CUTLASS_GROUPED_GEMM'] == '1'
+    # the recipe sets the flag itself: the launch's apex check says nothing about this machine's apex
+    assert not any('gradient accumulation fusion' in n for n in unfused.notes)
 
 
 def test_a_profiled_variant_runs_one_step_more_and_names_the_profile_callback(tmp_path):

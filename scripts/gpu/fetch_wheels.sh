@@ -13,6 +13,9 @@
 #                                               # Transformer Engine (not part of `all`: it downloads torch 2.11 +
 #                                               # CUDA 13 headers to build TE's torch extension, ~4 GB under .build/)
 #   TE_SLIM=0 bash scripts/gpu/fetch_wheels.sh megatron   # the untouched 171 MiB TE wheel in three parts .te0-.te2
+#   APEX_SRC=/path/to/apex bash scripts/gpu/fetch_wheels.sh megatron   # NVIDIA apex's source tree (git clone
+#                                               # https://github.com/NVIDIA/apex), needed once: apex's wheels are
+#                                               # built from it (no registry has them)
 #
 # Layout (all under the git-ignored .whl/):
 #   .whl/swift/*.whl        installed on the GPU machine by scripts/gpu/setup_env.sh (`--target /tmp/site`)
@@ -21,7 +24,8 @@
 #   .whl/unsloth/*.whl      the Unsloth set (trl 1.15 / datasets 4.8.5: never mix with .whl/swift)
 #   .whl/moe/*.whl          Unsloth without its trl/datasets pins (ms-swift's trl 0.29.1 satisfies it) + fla
 #   .whl/megatron/*.whl     megatron-core, mcore-bridge, peft 0.20, TE's meta wheel and its torch extension (built
-#                           here from the sdist) + SHA256SUMS of the TE core wheel and its three parts
+#                           here from the sdist), apex (Python package + its fused_weight_gradient_mlp_cuda extension,
+#                           built here from APEX_SRC) + SHA256SUMS of the TE core wheel and its three parts
 #   .te0/ [.te1/ .te2/]     the TE core wheel in 57 MiB parts, one per device call (scripts/gpu/setup_megatron.sh
 #                           reassembles, checks and installs them): by default the sm_90-only slim wheel
 #                           (scripts/gpu/slim_te.py: 27.7 MiB, one part); TE_SLIM=0: the 171 MiB original, three
@@ -163,13 +167,18 @@ MEGATRON_SET=(megatron-core==0.16.1 mcore-bridge==1.6.5 peft==0.20.0 transformer
 # Build time: 1187 s for the 28 .cpp files on the 2 shared CPU cores of the CPU machine with other jobs running
 # (2026-12-01; 516 s on an idle pair). Result: a 0.7 MB cp312 linux_x86_64 wheel (needs glibc >= 2.34); with the TE
 # core wheel and torch 2.11.0 it imports here on CPU (transformer_engine.pytorch, transformer_engine_torch).
-build_te_torch() {
+build_venv() {  # build_venv WHAT: the Python 3.12 venv under .build/ that builds the compiled wheels
   local venv="$ROOT/.build/py312" py312="${PY312:-python3.12}"
   if [ ! -x "$venv/bin/python" ]; then
     "$py312" -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version' || {
-      echo "fetch_wheels: need Python 3.12 for the TE torch extension (set PY312=/path/to/python3.12)" >&2; return 1; }
+      echo "fetch_wheels: need Python 3.12 for $1 (set PY312=/path/to/python3.12)" >&2; return 1; }
     "$py312" -m venv "$venv"
   fi
+}
+
+build_te_torch() {
+  local venv="$ROOT/.build/py312"
+  build_venv "the TE torch extension" || return 1
   "$venv/bin/python" -m pip install -q torch==2.11.0 "cuda-toolkit[nvcc,cccl]==13.0.2" setuptools
   local nv="$venv/lib/python3.12/site-packages/nvidia" tmp t0=$SECONDS
   tmp="$(mktemp -d)"
@@ -180,10 +189,55 @@ build_te_torch() {
   echo "fetch_wheels: transformer_engine_torch built in $((SECONDS - t0)) s"
 }
 
+# NVIDIA apex (not PyPI's unrelated `apex`): megatron-core fuses the weight-gradient GEMM of its own linear layers
+# with the accumulation into the fp32 main gradient through apex's CUDA extension fused_weight_gradient_mlp_cuda,
+# and ms-swift 4.6 keeps that fusion on only where `import apex` works -- without apex each trainable tensor's
+# gradient is added by a kernel of its own every micro-batch (swift_vora/backends/megatron_grad_fusion.py). No
+# registry has apex's wheels and Megatron-SWIFT's users build it with --cpp_ext --cuda_ext: ~15 extensions, far too
+# long on two cores. So two wheels from APEX_SRC (an apex source tree): (a) apex's Python package, built by its own
+# setup.py without extension flags (py3-none-any); (b) the one extension megatron-core imports, compiled by
+# scripts/gpu/build_apex_wgrad.py from apex's own sources with apex's own flags, for sm_90 only
+# (cp312-cp312-linux_x86_64, torch 2.11.0+cu130). nvcc compiles CUDA here (TE's extension is C++ only): nvcc,
+# nvvm (cicc) and crt must all be CUDA 13.0 -- nvidia-cuda-nvcc leaves nvvm/crt unpinned and pip then takes 13.5,
+# whose PTX 9.5 13.0's ptxas refuses -- hence the nvvm,crt extras. Build time (2026-12-06, the 2 shared CPU cores):
+# (a) 7 s, 0.24 MB; (b) 152-161 s for its 1 .cpp + 2 .cu files, 0.08 MB (its link drops the debug information
+# Python's -g puts in: 2.9 MB with it). Both import on CPU with torch 2.11.0 (no GPU needed to import).
+APEX_WHEEL="apex-0.1-py3-none-any.whl"
+APEX_WGRAD_WHEEL="apex_fused_weight_gradient_mlp_cuda-0.1+cu130.torch2.11.0-cp312-cp312-linux_x86_64.whl"
+build_apex() {
+  local src="${APEX_SRC:-}" venv="$ROOT/.build/py312" tmp t0=$SECONDS
+  if [ -z "$src" ] || [ ! -f "$src/setup.py" ] || [ ! -f "$src/csrc/megatron/fused_weight_gradient_dense.cpp" ]; then
+    echo "fetch_wheels: the Megatron set needs NVIDIA apex's wheels, built from its source: set APEX_SRC to an apex" \
+         "source tree (git clone https://github.com/NVIDIA/apex) -- $([ -z "$src" ] && echo "APEX_SRC is not set" ||
+         echo "APEX_SRC=$src has no setup.py and csrc/megatron/fused_weight_gradient_dense.cpp")" >&2
+    return 1
+  fi
+  src="$(cd "$src" && pwd)"
+  build_venv "apex's CUDA extension" || return 1
+  "$venv/bin/python" -m pip install -q torch==2.11.0 "cuda-toolkit[nvcc,cccl,nvvm,crt]==13.0.2" setuptools packaging
+  local nv="$venv/lib/python3.12/site-packages/nvidia"
+  tmp="$(mktemp -d)"
+  # (called after ||: set -e does not hold in here, each step says so itself)
+  # (a) pip builds a local tree in place (build/, egg-info): a copy, so APEX_SRC stays as it was. apex's setup.py
+  # runs `nvcc -V` even without extensions (CUDA_HOME), and adds extensions for any APEX_* variable set to 1: none.
+  cp -r "$src" "$tmp/apex" && (
+    for v in $(compgen -e); do case "$v" in APEX_*) unset "$v";; esac; done
+    CUDA_HOME="$nv/cu13" "$venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps -w "$tmp/out" "$tmp/apex"
+  ) || { echo "fetch_wheels: apex's Python wheel did not build" >&2; rm -rf "$tmp"; return 1; }
+  # (b) the extension, from APEX_SRC's own sources and flags
+  CUDA_HOME="$nv/cu13" CPATH="$nv/cu13/include:$nv/nccl/include:$nv/cudnn/include" MAX_JOBS="$(nproc)" \
+    "$venv/bin/python" "$ROOT/scripts/gpu/build_apex_wgrad.py" "$src" "$tmp/out" --arch 9.0 \
+    || { echo "fetch_wheels: apex's fused_weight_gradient_mlp_cuda did not build" >&2; rm -rf "$tmp"; return 1; }
+  mv "$tmp/out/$APEX_WHEEL" "$tmp/out/$APEX_WGRAD_WHEEL" "$MEGATRON"/ || { rm -rf "$tmp"; return 1; }
+  rm -rf "$tmp"
+  echo "fetch_wheels: apex wheels built in $((SECONDS - t0)) s"
+}
+
 if [ "$WHAT" = megatron ]; then
   mkdir -p "$MEGATRON"
   fetch "$MEGATRON" "${MEGATRON_SET[@]}"
   ls "$MEGATRON"/transformer_engine_torch-"$TE_VERSION"-cp312-*.whl >/dev/null 2>&1 || build_te_torch
+  [ -f "$MEGATRON/$APEX_WHEEL" ] && [ -f "$MEGATRON/$APEX_WGRAD_WHEEL" ] || build_apex
   fetch "$ORIG" "transformer-engine-cu13==$TE_VERSION"
   got="$(sha256sum "$ORIG/$TE_CORE" | cut -d' ' -f1)"
   if [ "$got" != "$TE_CORE_SHA256" ] || [ "$(stat -c %s "$ORIG/$TE_CORE")" != "$TE_CORE_BYTES" ]; then

@@ -14,7 +14,9 @@
 # GPU after the import check (a slim wheel on another architecture stops there, saying how to fall back). .whl/megatron/SHA256SUMS (written by fetch_wheels.sh) lists the sha256 of each part and
 # of the whole wheel; any mismatch or missing part refuses (exit 1) before anything is installed.
 # All TE wheels (core, meta, torch extension) share the transformer_engine/ folder: they go in with the rest of the
-# set in ONE `pip install --target` (separate --target installs replace each other's transformer_engine/).
+# set in ONE `pip install --target` (separate --target installs replace each other's transformer_engine/). Every
+# wheel of .whl/megatron goes in, apex's two among them (its Python package and fused_weight_gradient_mlp_cuda, sm_90);
+# `all` then imports apex and runs the extension's weight-gradient accumulation on the GPU against torch.
 #
 # A wheel pack (scripts/gpu/wheel_pack.py, unpacked by run_all.sh) brings the core wheel ready, in .whl/megatron-te/
 # with a SHA256SUMS of its own: when that file is there it is used (checked) and no part is needed.
@@ -178,6 +180,29 @@ if torch.cuda.is_available():  # TE's kernels load for this GPU (the slim wheel 
                          'holds one architecture: rerun scripts/gpu/fetch_wheels.sh megatron with TE_SLIM=0 (three '
                          'parts) or TE_KEEP_SM=<sm>') from e
     print('TE kernels (Linear, GroupedLinear fwd+bwd, bf16) ran on', torch.cuda.get_device_name())
+# apex (fetch_wheels.sh builds it with its fused_weight_gradient_mlp_cuda, sm_90 only): megatron-core's gradient
+# accumulation fusion. Without it the run still trains (Megatron-SWIFT turns the fusion off); with apex but no working
+# extension megatron-core would stop building the model: refuse here, before minutes of model building
+import importlib.util
+if importlib.util.find_spec('apex') is None:
+    print('apex: not in this set (Megatron-SWIFT runs with gradient accumulation fusion off)')
+else:
+    import apex  # noqa: F401
+    import fused_weight_gradient_mlp_cuda as wgrad
+    print('apex', md.version('apex'), '+ fused_weight_gradient_mlp_cuda', md.version('apex-fused-weight-gradient-mlp-cuda'))
+    if torch.cuda.is_available():  # megatron-core's call: main_grad (fp32, out x in) += grad_output^T @ input
+        x = torch.randn(64, 32, device='cuda', dtype=torch.bfloat16)
+        g = torch.randn(64, 48, device='cuda', dtype=torch.bfloat16)
+        main_grad = torch.ones(48, 32, device='cuda', dtype=torch.float32)
+        want = main_grad + g.float().t() @ x.float()
+        try:
+            wgrad.wgrad_gemm_accum_fp32(x, g, main_grad)
+            torch.cuda.synchronize()
+        except RuntimeError as e:
+            raise SystemExit(f'apex\'s fused_weight_gradient_mlp_cuda failed on {torch.cuda.get_device_name()}: {e} '
+                             '(fetch_wheels.sh builds it for sm_90 only)') from e
+        assert torch.allclose(main_grad, want, rtol=1e-3, atol=1e-2), (main_grad - want).abs().max()
+        print('apex wgrad_gemm_accum_fp32 (bf16 -> fp32 main grad) ran on', torch.cuda.get_device_name())
 PYEOF
 )"
   rc=$?
