@@ -100,7 +100,12 @@ def register_megatron_callbacks() -> bool:
     `vora_<name>` (idempotent); elsewhere do nothing and import nothing. True when registered."""
     if 'swift.megatron' not in sys.modules:  # only `megatron sft` / `megatron ...` entry points import it
         return False
-    from swift.megatron.callbacks import MegatronCallback, megatron_callbacks_map
+    try:
+        from swift.megatron.callbacks import MegatronCallback, megatron_callbacks_map
+    except ImportError:
+        # swift.megatron is there half-imported, not a Megatron process: an import of Megatron-SWIFT's arguments that
+        # failed on a machine without transformer_engine (a dry run's argument check) leaves the package behind
+        return False
 
     from .guards.registry import MEGATRON_GUARDS, megatron_guard_class
 

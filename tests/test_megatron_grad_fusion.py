@@ -71,3 +71,28 @@ def test_the_flag_parses_with_megatron_swift_arguments(monkeypatch, megatron_par
     from megatron_args import validate_argv
     launch = megatron_launch(monkeypatch, ['apex'])
     assert validate_argv([launch.argv[2:]])[0]['values']['gradient_accumulation_fusion'] is False
+
+
+def test_a_dry_run_without_transformer_engine_leaves_no_half_imported_megatron(monkeypatch):
+    """The engine-argument check imports Megatron-SWIFT's arguments; without transformer_engine that import fails
+    halfway. What it had entered is taken out again: the plugin, registered afterwards in the same process, must not
+    take the leftover `swift.megatron` for a `megatron sft` process."""
+    import importlib.util
+    import sys
+    if importlib.util.find_spec('transformer_engine') is not None:
+        pytest.skip('transformer_engine is installed here: the import does not fail')
+    launch = megatron_launch(monkeypatch, ['apex'], 'extra_args=["--gradient_accumulation_fusion", "true"]')
+    assert any('not checked' in n for n in launch.notes)
+    assert not [m for m in sys.modules if m.startswith(('swift.megatron', 'mcore_bridge'))]
+    from swift_vora import swift_registry
+    assert swift_registry.register_megatron_callbacks() is False
+
+
+def test_the_plugin_does_not_take_a_half_imported_megatron_for_a_megatron_process(monkeypatch):
+    import sys
+    import types
+
+    from swift_vora import swift_registry
+    monkeypatch.setitem(sys.modules, 'swift.megatron', types.ModuleType('swift.megatron'))
+    monkeypatch.setitem(sys.modules, 'swift.megatron.callbacks', None)  # its import fails, as without TE
+    assert swift_registry.register_megatron_callbacks() is False

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from .. import switches
@@ -149,6 +150,11 @@ def passthrough_args(recipe: Recipe) -> List[str]:
     return argv
 
 
+# What an engine's argument parser imports on the way to a module that needs CUDA (mcore-bridge imports
+# transformer_engine): a failed import of it must not leave these behind
+HALF_IMPORTED = ('swift.megatron', 'mcore_bridge')
+
+
 class _EngineArgumentError(Exception):
     pass
 
@@ -157,9 +163,15 @@ def check_engine_args(launch: Launch, recipe: Recipe, launcher: Launcher) -> Non
     """Parse the final argv with the engine's own parser (argparse level: names, types, choices; nothing is
     loaded) so that a misspelt or ill-typed `swift_args` / `extra_args` entry stops here, not minutes into a
     launch. Without the engine installed (megatron-core, Transformer Engine), a note says the check did not run."""
+    before = set(sys.modules)
     try:
         parser = launcher.argument_parser()
     except ImportError as e:
+        # the failed import leaves the packages it had entered half-imported (swift.megatron without its arguments):
+        # taken out again, or this process would read them as installed (swift_registry: "inside megatron sft")
+        for name in set(sys.modules) - before:
+            if name.startswith(HALF_IMPORTED):
+                sys.modules.pop(name, None)
         launch.notes.append(f'swift_args/extra_args not checked: the {launch.argv[1]} argument parser could not be '
                             f'imported here ({e})')
         return
