@@ -102,9 +102,11 @@ def parallel_sizes(view: PlanView, recipe: Recipe) -> Dict[str, int]:
     return {'ep': ep, 'tp': tp, 'pp': pp}
 
 
-def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> List[str]:
+def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None,
+                      fusion: Optional[megatron_grad_fusion.FusionCheck] = None) -> List[str]:
     """Arguments after `megatron sft` (validated by tests against MegatronSftArguments). `environ`: the
-    environment the training process will see (it selects the guards); none means no SWIFT_VORA_GUARDS set."""
+    environment the training process will see (it selects the guards); none means no SWIFT_VORA_GUARDS set.
+    `fusion`: the launch's apex check of this machine, made here when not given."""
     full = view.backend == Backend.MEGATRON_EP_FULL
     if recipe['train.dtype'] != 'bfloat16':
         raise LaunchUsageError(f'{view.backend} trains in bfloat16 (train.dtype=bfloat16)')
@@ -170,7 +172,8 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
     callbacks += [c for c in recipe['guards.callbacks'] if c not in callbacks]
     if callbacks:
         argv += ['--callbacks', *callbacks]
-    argv += megatron_grad_fusion.check(recipe['extra_args']).args  # apex without its CUDA extension
+    fusion = fusion or megatron_grad_fusion.check(recipe['extra_args'])
+    argv += fusion.args  # apex without its CUDA extension
     return argv + recipe['extra_args']
 
 
@@ -189,7 +192,8 @@ def build_megatron_launch(view: PlanView, recipe: Recipe, environ: Optional[Mapp
         # Gated DeltaNet layers: bind the flash-linear-attention that is correct on this GPU (backends/megatron_fla.py)
         env[megatron_fla.ENV] = 'auto'
     child_environ = {**(os.environ if environ is None else environ), **env}  # what Launch.run gives the child
-    argv = [console_script('megatron'), 'sft', *megatron_sft_args(view, recipe, child_environ)]
+    fusion = megatron_grad_fusion.check(recipe['extra_args'])  # once: its flag goes in argv, its note in notes
+    argv = [console_script('megatron'), 'sft', *megatron_sft_args(view, recipe, child_environ, fusion)]
     saved = (f'HF weights (full SFT, for transformers and vLLM): {recipe["train.output_dir"]}/[vN-.../]checkpoint-N'
              if tuner == 'full' else
              f'merged HF weights for vLLM: {recipe["train.output_dir"]}/[vN-.../]checkpoint-N-merged')
@@ -203,7 +207,6 @@ def build_megatron_launch(view: PlanView, recipe: Recipe, environ: Optional[Mapp
     if skipped:
         notes.append(f'guards {", ".join(skipped)} hook swift sft trainers only and do not run under megatron sft '
                      f'(run there: {", ".join(MEGATRON_GUARDS)})')
-    fusion = megatron_grad_fusion.check(recipe['extra_args'])
     if fusion.note:
         notes.append(fusion.note)
     return Launch(argv=argv, env=env, notes=notes)

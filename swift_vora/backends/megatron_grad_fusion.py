@@ -33,8 +33,6 @@ BUILD = ('pip install -v --no-build-isolation --config-settings "--build-option=
 
 @dataclass(frozen=True)
 class FusionCheck:
-    apex: bool
-    extension: bool
     args: List[str]  # what the launch adds to `megatron sft`
     note: Optional[str]  # what the launch tells the user, None when the fusion runs
 
@@ -48,18 +46,18 @@ def _installed(name: str) -> bool:
 
 def check(extra_args: Sequence[str], installed: Optional[Callable[[str], bool]] = None) -> FusionCheck:
     installed = installed or _installed
-    apex, extension = installed('apex'), installed(EXTENSION)
     if any(a == FLAG or a.startswith(FLAG + '=') for a in extra_args):
-        return FusionCheck(apex, extension, [], None)
+        return FusionCheck([], None)
+    apex, extension = installed('apex'), installed(EXTENSION)
     if apex and extension:
-        return FusionCheck(apex, extension, [], None)
+        return FusionCheck([], None)
     if apex:
-        return FusionCheck(apex, extension, [FLAG, 'false'], (
+        return FusionCheck([FLAG, 'false'], (
             f'apex is installed without its CUDA extension {EXTENSION}: megatron-core would stop building the model '
             f'with gradient accumulation fusion on, so the launch passes {FLAG} false (every trainable tensor\'s '
             f'gradient then added by a kernel of its own: slower with many LoRA tensors). Rebuild apex with '
             f'--cuda_ext to keep the fusion: {BUILD}'))
-    return FusionCheck(apex, extension, [], (
+    return FusionCheck([], (
         f'apex is not installed here: Megatron-SWIFT turns gradient accumulation fusion off, and every trainable '
         f'tensor\'s gradient is added to its fp32 main gradient by a kernel of its own each micro-batch (a MoE\'s '
         f'experts are a tensor each: thousands of small kernels a step, the GPU waiting on the host). '
