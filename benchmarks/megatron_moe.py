@@ -31,11 +31,15 @@ micro-batch 1 unless its name says otherwise (whatever the recipe ships: each na
 - `mg_mb2_cutlass_nofusion`: `mg_mb2_cutlass` with `--gradient_accumulation_fusion false` (extra_args): its twin
   without megatron-core's gradient accumulation fusion, what a machine without apex's fused_weight_gradient_mlp_cuda
   runs; the two in one call measure what the fusion buys (the launch notes which case the machine is in).
+- `mg_mb2_cutlass_noprefetch`: `mg_mb2_cutlass` with SWIFT_VORA_MEGATRON_PREFETCH=off (Megatron-SWIFT's DataLoader,
+  which stalls the first step of every epoch); `mg_mb2_cutlass_pao`: with `use_precision_aware_optimizer` (TE's
+  FusedAdam keeps the master weights; no per-tensor copy into the bf16 weights).
 Full SFT (`mgf*`: `swift-vora train recipes/h200x8-full.yaml` overridden to one GPU, EP 1, `--full-lr`, the model
 cut to `--layers`, 4 on an H200): `mgf` (the recipe: micro-batch 1, native cross entropy; the call's checked run --
 scripts/gpu/megatron_report.py --full: the loss, checkpoint-N, the converted HF model, against the base by part, the
 router trained, the vision tower identical, checkpoint-N loads in transformers, the guard's full-mode report),
-`mgf_te_ce`, `mgf_freeze_router` (megatron.freeze_router=true), `mgf_mb2`, `mgf_cutlass`. Their checkpoints
+`mgf_te_ce`, `mgf_freeze_router` (megatron.freeze_router=true), `mgf_mb2`, `mgf_cutlass`, `mgf_cutlass_pao` (the
+precision-aware optimizer; 2 bytes of master weight a parameter instead of 4, not in the plan). Their checkpoints
 (a whole model each) are deleted once the variant is summarized. A full-SFT call writes `megatron-h200-full-*.json`
 (`--name`); its checked run is its first full variant (`mgf` where asked).
 Others: `vora_unsloth_best` (swift-vora's Unsloth path in its best measured configuration: micro-batch 4, GPU-resident
@@ -137,6 +141,17 @@ MEGATRON_LEVERS: Dict[str, List[str]] = {
     # leaves it as it is (backends/megatron_grad_fusion.py)
     'mg_mb2_cutlass_nofusion': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
                                 "extra_args=[--gradient_accumulation_fusion, 'false']"],
+    # mg_mb2_cutlass without the DataLoader read across epoch ends (backends/megatron_prefetch.py): Megatron-SWIFT's
+    # loader as it is, whose first step of every epoch waits for its micro-batch to be encoded -- with this
+    # benchmark's 16 samples at global batch 4, every fourth step
+    'mg_mb2_cutlass_noprefetch': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
+                                  'env.SWIFT_VORA_MEGATRON_PREFETCH=off'],
+    # mg_mb2_cutlass with megatron-core's precision-aware optimizer: TE's FusedAdam keeps the fp32 master weights
+    # (as bf16 weight + 16-bit remainder) and writes the bf16 weights in its multi-tensor kernels, instead of the
+    # distributed optimizer's one copy kernel per trainable tensor (_copy_main_params_to_model_params: 8,256 copies and
+    # 0.4 s of GPU idle in the profiled step of megatron-h100-moe-fusion-2026-12-06)
+    'mg_mb2_cutlass_pao': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
+                           'swift_args.use_precision_aware_optimizer=true'],
 }
 # Megatron full SFT (megatron_ep_full, recipes/h200x8-full.yaml overridden to one GPU, EP 1) on the same shape cut to
 # what fits one GPU (`--layers 4` on an H200: docs/runs/benchmarks-log.md), at the recipe's micro-batch 1 unless the
@@ -147,6 +162,9 @@ MEGATRON_FULL_LEVERS: Dict[str, List[str]] = {
     'mgf_freeze_router': ['megatron.freeze_router=true'],
     'mgf_mb2': ['train.micro_batch=2'],
     'mgf_cutlass': ['env.NVTE_USE_CUTLASS_GROUPED_GEMM=1'],
+    # the precision-aware optimizer (see mg_mb2_cutlass_pao): for full SFT it also keeps 2 bytes of master weight per
+    # parameter instead of 4 (the 16-bit remainder), which the plan does not count yet -- measured, not planned
+    'mgf_cutlass_pao': ['env.NVTE_USE_CUTLASS_GROUPED_GEMM=1', 'swift_args.use_precision_aware_optimizer=true'],
 }
 FULL_FLAGSHIP = 'mgf'  # the full-SFT call's checked run: checkpoint-N (the HF model) against the base, loaded
 UNSLOTH_BEST = ['train.micro_batch=4', 'unsloth.gradient_checkpointing=true']

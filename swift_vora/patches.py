@@ -198,6 +198,14 @@ PATCHES = (
     Patch('megatron_profile_optimizer', 'megatron.core.optimizer.optimizer:MegatronOptimizer.step', 'megatron-core',
           'wraps', ('self', ), 'backends/megatron_profile.py', 'leave SWIFT_VORA_PROFILE_STEP unset or 0 (no step '
           'profiled)', 'tests/test_megatron_profile.py'),
+    # `megatron sft`: the training DataLoader read across epoch ends (backends/megatron_prefetch.py): the trainer
+    # instance's `_prepare_dataloader` wrapped; the DataLoader it returns built again by the trainer's own
+    # `_create_dataloader` over the same random batch sampler, read without end, one epoch per `for`
+    Patch('megatron_epoch_prefetch', 'swift.megatron.trainers.base:BaseMegatronTrainer._prepare_dataloader',
+          'ms-swift', 'wraps', ('self', 'train_dataset', 'val_dataset'), 'backends/megatron_prefetch.py',
+          'SWIFT_VORA_MEGATRON_PREFETCH=off', 'tests/test_megatron_prefetch.py',
+          uses=('MegatronPretrainingRandomSampler(', 'self._create_dataloader(train_dataset, train_batch_sampler)',
+                'return train_dataloader, val_dataloader'), needs=('transformer_engine', )),
     # Unsloth's grouped-GEMM MoE forward (its cached copy too): three statements rewritten so that each expert LoRA's
     # scaling multiplies the rank-r intermediate, not the expert output (speed/moe_lora_scale.py); unsloth_zoo is
     # installed with the GPU's MoE wheel set only, so on a CPU machine its source is pinned here and read there

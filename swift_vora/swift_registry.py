@@ -120,6 +120,12 @@ def register_megatron_callbacks() -> bool:
     profile = megatron_profile.MegatronStepProfile
     megatron_callbacks_map.setdefault(megatron_profile.CALLBACK, type(profile.__name__, (profile, MegatronCallback),
                                                                       {'__module__': profile.__module__}))
+    # the training DataLoader read across epoch ends (backends/megatron_prefetch.py), named by the launch unless the
+    # training process's environment sets SWIFT_VORA_MEGATRON_PREFETCH=off
+    from .backends import megatron_prefetch
+    prefetch = megatron_prefetch.MegatronEpochPrefetch
+    megatron_callbacks_map.setdefault(megatron_prefetch.CALLBACK, type(prefetch.__name__, (prefetch, MegatronCallback),
+                                                                       {'__module__': prefetch.__module__}))
     # Compiled Triton kernels and autotuning timings persist across launches (and from scripts/gpu/gdn_grad_check.py
     # into the run after it): without this every `megatron sft` process autotunes the Gated DeltaNet kernels again
     # (two 147 s first steps on a fresh H200, 2026-12-02). Set before any kernel compiles; a user's value is kept.

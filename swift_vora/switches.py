@@ -223,6 +223,11 @@ def _table() -> Tuple[Switch, ...]:
                'fla on a Hopper GPU with Triton < 3.7.1, refused without it; set by the launch for such models) | '
                'vendored', choices=('off', 'auto', 'vendored'), aliases=off_aliases,
                where='backends/megatron_fla.py'),
+        Switch(PREFIX + 'MEGATRON_PREFETCH', 'choice', 'epochs', 'megatron sft: the training DataLoader\'s workers '
+               'keep encoding across the end of each epoch -- epochs (the launch names the vora_epoch_prefetch '
+               'callback) | off (Megatron-SWIFT\'s loader as it is: the first step of every epoch waits for its '
+               'micro-batch to be encoded)', choices=('epochs', 'off'), aliases=off_aliases,
+               where='backends/megatron_prefetch.py'),
         # --- benchmark and GPU-script tools (not read by the plugin) --------------------------------------------
         Switch(PREFIX + 'BENCH_DIR', 'path', None, 'benchmarks/throughput.py: where its probes write', None,
                where='benchmarks/throughput.py', group='tool'),

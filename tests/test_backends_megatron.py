@@ -144,23 +144,32 @@ def callbacks_of(argv):
     return argv[start:end]
 
 
+def guard_callbacks_of(argv):
+    """The callbacks of `argv` but the data loader's `vora_epoch_prefetch` (named unless switched off; its own test
+    below)."""
+    return [c for c in callbacks_of(argv) if c != PREFETCH]
+
+
+PREFETCH = 'vora_epoch_prefetch'
+
+
 def test_guards_that_run_under_megatron_are_named_in_callbacks():
     launch = launch_for()
-    assert callbacks_of(launch.argv) == GUARD_CALLBACKS
+    assert callbacks_of(launch.argv) == [*GUARD_CALLBACKS, PREFETCH]
     assert any('coverage, supervision' in note and 'do not run under megatron sft' in note for note in launch.notes)
     # the selection the training process will see: the caller's environment, then the recipe's guards.env
-    assert callbacks_of(launch_for(environ={'SWIFT_VORA_GUARDS': 'none'}).argv) == []
-    assert callbacks_of(launch_for(environ={'SWIFT_VORA_GUARD_MEMORY': '0'}).argv) == ['vora_fingerprint',
+    assert guard_callbacks_of(launch_for(environ={'SWIFT_VORA_GUARDS': 'none'}).argv) == []
+    assert guard_callbacks_of(launch_for(environ={'SWIFT_VORA_GUARD_MEMORY': '0'}).argv) == ['vora_fingerprint',
                                                                                       'vora_lora_update']
-    assert callbacks_of(launch_for('guards.env={SWIFT_VORA_GUARDS: "all,-lora_update"}').argv) == [
+    assert guard_callbacks_of(launch_for('guards.env={SWIFT_VORA_GUARDS: "all,-lora_update"}').argv) == [
         'vora_fingerprint', 'vora_memory']
-    assert callbacks_of(launch_for('guards.env={SWIFT_VORA_GUARDS: coverage}').argv) == []
+    assert guard_callbacks_of(launch_for('guards.env={SWIFT_VORA_GUARDS: coverage}').argv) == []
 
 
 def test_recipe_callbacks_may_name_megatron_guards_only():
     launch = launch_for('guards.callbacks=[tensorboard, vora_memory]', environ={'SWIFT_VORA_GUARDS': 'none'})
-    assert callbacks_of(launch.argv) == ['tensorboard', 'vora_memory']
-    assert callbacks_of(launch_for('guards.callbacks=[vora_memory]').argv) == GUARD_CALLBACKS  # not twice
+    assert callbacks_of(launch.argv) == [PREFETCH, 'tensorboard', 'vora_memory']
+    assert guard_callbacks_of(launch_for('guards.callbacks=[vora_memory]').argv) == GUARD_CALLBACKS  # not twice
     with pytest.raises(LaunchUsageError, match='vora_coverage cannot run under megatron sft .*the guards that run '
                                                'there: vora_fingerprint, vora_memory, vora_lora_update'):
         launch_for('guards.callbacks=[vora_coverage]')
@@ -173,7 +182,7 @@ def test_guard_callbacks_resolve_in_megatron_swift(megatron_parser_available):
     Megatron trainer looks them up in); a guard that does not run under Megatron is reported."""
     from megatron_args import validate_argv
     results = validate_argv([launch_for('guards.callbacks=[tensorboard]').argv[2:]])
-    assert results[0]['values']['callbacks'] == [*GUARD_CALLBACKS, 'tensorboard']
+    assert results[0]['values']['callbacks'] == [*GUARD_CALLBACKS, PREFETCH, 'tensorboard']
     assert results[0]['unknown_callbacks'] == []
     with pytest.raises(ValueError, match=r"megatron_callbacks_map has no \['vora_coverage'\]"):
         validate_argv([['--model', 'x', '--custom_register_path', 'swift_vora', '--callbacks', 'vora_coverage']])
@@ -237,8 +246,16 @@ def test_full_sft_keeps_the_vision_tower_frozen_and_the_tuners_apart():
 
 def test_the_step_profile_callback_is_named_when_the_switch_is_set():
     assert 'vora_step_profile' not in callbacks_of(launch_for().argv)
-    assert callbacks_of(launch_for(environ={'SWIFT_VORA_PROFILE_STEP': '13'}).argv)[-1] == 'vora_step_profile'
+    assert guard_callbacks_of(launch_for(environ={'SWIFT_VORA_PROFILE_STEP': '13'}).argv)[-1] == 'vora_step_profile'
     assert 'vora_step_profile' in callbacks_of(full_launch_for(environ={'SWIFT_VORA_PROFILE_STEP': '0'}).argv)
+
+
+def test_the_epoch_prefetch_callback_is_named_unless_switched_off():
+    """The DataLoader read across epoch ends (backends/megatron_prefetch.py) for LoRA and full SFT alike; the switch
+    as the training process will see it, from the caller's environment or the recipe's env."""
+    assert PREFETCH in callbacks_of(launch_for().argv) and PREFETCH in callbacks_of(full_launch_for().argv)
+    assert PREFETCH not in callbacks_of(launch_for(environ={'SWIFT_VORA_MEGATRON_PREFETCH': 'off'}).argv)
+    assert PREFETCH not in callbacks_of(launch_for('env={SWIFT_VORA_MEGATRON_PREFETCH: "off"}').argv)
 
 
 def test_full_sft_argv_parses_with_megatron_swift_arguments(megatron_parser_available):
@@ -251,4 +268,5 @@ def test_full_sft_argv_parses_with_megatron_swift_arguments(megatron_parser_avai
     assert values['tuner_type'] == 'full' and values['use_distributed_optimizer'] is True
     assert values['freeze_parameters_regex'] == r'\.mlp\.router\.' and values['freeze_vit'] is True
     assert values['expert_model_parallel_size'] == 8 and 'vora_step_profile' in values['callbacks']
+    assert PREFETCH in values['callbacks']
     assert results[0]['unknown_callbacks'] == []

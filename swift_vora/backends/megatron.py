@@ -34,6 +34,9 @@ What the generated command does (ms-swift 4.6.0, swift/megatron/arguments/megatr
   (backends/megatron_grad_fusion.py).
 - `vora_step_profile` (backends/megatron_profile.py) is named in `--callbacks` when the training environment sets
   SWIFT_VORA_PROFILE_STEP: torch.profiler over that optimizer step, and every step's data wait.
+- `vora_epoch_prefetch` (backends/megatron_prefetch.py) is named in `--callbacks` unless the training environment
+  sets SWIFT_VORA_MEGATRON_PREFETCH=off: the DataLoader's workers encode the next epoch's first micro-batches while
+  the current epoch's last ones train, instead of starting on them when the epoch begins.
 
 The tests parse the generated argv with Megatron-SWIFT's own argument class (tests/megatron_args.py), since
 Megatron's transformer_engine cannot be installed without CUDA.
@@ -45,7 +48,7 @@ from typing import Dict, List, Mapping, Optional
 
 from ..guards.registry import GUARDS, MEGATRON_GUARDS, enabled_guards
 from ..plan.backend import AUTO, Backend
-from . import megatron_fla, megatron_grad_fusion, megatron_profile
+from . import megatron_fla, megatron_grad_fusion, megatron_prefetch, megatron_profile
 from .base import Launch, Launcher, LaunchUsageError, PlanView
 from .common import (
     bool_arg,
@@ -169,6 +172,8 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
     callbacks = megatron_guard_callbacks(environ or {})
     if megatron_profile.wanted(environ or {}):  # SWIFT_VORA_PROFILE_STEP set for the training process
         callbacks.append(megatron_profile.CALLBACK)
+    if megatron_prefetch.wanted(environ or {}):  # unless SWIFT_VORA_MEGATRON_PREFETCH=off
+        callbacks.append(megatron_prefetch.CALLBACK)
     callbacks += [c for c in recipe['guards.callbacks'] if c not in callbacks]
     if callbacks:
         argv += ['--callbacks', *callbacks]

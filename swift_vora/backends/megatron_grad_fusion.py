@@ -60,5 +60,6 @@ def check(extra_args: Sequence[str], installed: Optional[Callable[[str], bool]] 
     return FusionCheck([], (
         f'apex is not installed here: Megatron-SWIFT turns gradient accumulation fusion off, and every trainable '
         f'tensor\'s gradient is added to its fp32 main gradient by a kernel of its own each micro-batch (a MoE\'s '
-        f'experts are a tensor each: thousands of small kernels a step, the GPU waiting on the host). '
+        f'experts are a tensor each: thousands of small kernels a step, the GPU waiting on the host; LoRA on the '
+        f'35B-A3B MoE cut to 8 layers trained 1.28x the tokens/s with the fusion, one H100). '
         f'Megatron-SWIFT\'s environment setup builds apex on the GPU machine: {BUILD}'))
