@@ -49,13 +49,21 @@ TORCHRUN = '_torchrun1'
 # `step_clock`, 2026-12-04, after call l): its median step is the step period, its mean is not (one step short over
 # the window -- docs/runs/h200-moe-full/README.md, "Call l").
 HOST_CLOCK_MEAN = 'not comparable: one step in flight, timed by the host before the GPU step clock (call l)'
+# benchmarks/megatron_moe.py's Megatron levers against their twin of the same call: gradient-accumulation fusion off
+# (*_nofusion), Megatron-SWIFT's DataLoader without the read across epochs (*_noprefetch), the precision-aware
+# optimizer (*_pao). Megatron's result files carry the model as text; its depth is not in them.
+NOFUSION, NOPREFETCH, PAO = '_nofusion', '_noprefetch', '_pao'
+MEGATRON_PREFIX, UNSLOTH_BEST = 'mg_', 'vora_unsloth_best'
 # Each lever against its twin of the same call: (summary key, the lever's name suffix, its label in the text)
 LEVER_TWINS = (('rank_scale_vs_default', RANK_SCALE, ''), ('host_levers_vs_twin', HOST_LEVERS, ' (host levers)'),
                ('gather_vs_twin', GATHER, ' (permutation gather)'), ('router_vs_twin', ROUTER, ' (fused router)'),
                ('fold_vs_twin', FOLD, ' (down LoRA folded)'),
                ('gate_grad_vs_twin', GATE_GRAD, ' (fused gate gradient)'),
                ('gva_vs_twin', GVA, ' (Gated DeltaNet grouped query/key heads)'),
-               ('torchrun_vs_twin', TORCHRUN, ' (under torchrun, one process)'))
+               ('torchrun_vs_twin', TORCHRUN, ' (under torchrun, one process)'),
+               ('nofusion_vs_twin', NOFUSION, ' (no gradient-accumulation fusion)'),
+               ('noprefetch_vs_twin', NOPREFETCH, ' (Megatron-SWIFT\'s DataLoader, no read across epochs)'),
+               ('pao_vs_twin', PAO, ' (precision-aware optimizer)'))
 
 
 def setting(name: str, variant: Dict[str, Any], date: str) -> str:
@@ -82,10 +90,37 @@ def load(pattern: str, results: str = RESULTS) -> List[Dict[str, Any]]:
             data = json.load(f)
         variants = {setting(n, v, data.get('date')): v for n, v in (data.get('variants') or {}).items()}
         calls.append({'file': os.path.basename(path), 'date': data.get('date'), 'partial': bool(data.get('partial')),
-                      'layers': (data.get('model') or {}).get('layers'), 'variants': variants,
-                      'command': data.get('command')})
+                      'layers': _layers(data), 'variants': variants, 'command': data.get('command'),
+                      'gpu': (data.get('machine') or {}).get('gpu')})
     finished = {c['command'] for c in calls if not c['partial'] and c['command']}
     return [c for c in calls if not (c['partial'] and c['command'] in finished)]
+
+
+def _layers(data: Dict[str, Any]) -> Any:
+    model = data.get('model')
+    return model.get('layers') if isinstance(model, dict) else data.get('layers')
+
+
+def megatron_over_unsloth(calls: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The fastest Megatron variant of each call over the Unsloth path's best configuration: of the same call where
+    it ran there, else of each other call on the same GPU (`same_call` False: not side by side)."""
+    def best_megatron(c):
+        rates = {n: v['tokens_per_s'] for n, v in c['variants'].items()
+                 if n.startswith(MEGATRON_PREFIX) and v.get('tokens_per_s')}
+        return max(rates.items(), key=lambda kv: kv[1]) if rates else None
+
+    out = []
+    for c in calls:
+        best = best_megatron(c)
+        if best is None:
+            continue
+        own = (c['variants'].get(UNSLOTH_BEST) or {}).get('tokens_per_s')
+        others = [] if own else [o for o in calls if o is not c and o.get('gpu') == c.get('gpu')
+                                 and (o['variants'].get(UNSLOTH_BEST) or {}).get('tokens_per_s')]
+        for o, rate in ([(c, own)] if own else [(o, o['variants'][UNSLOTH_BEST]['tokens_per_s']) for o in others]):
+            out.append({'file': c['file'], 'megatron': best[0], 'unsloth_file': o['file'], 'same_call': o is c,
+                        'ratio': round(best[1] / rate, 3)})
+    return out
 
 
 def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -135,7 +170,7 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
                  if r['file'] != where]  # the same call is side by side: speedup_per_call has it
     return {'calls': [{k: c[k] for k in ('file', 'date', 'partial', 'layers')} for c in calls],
             'variants': per_variant, 'speedup_per_call': speedups, 'speedup_across_calls': cross,
-            'autocast_vs_fp32_lora': twins, **levers}
+            'autocast_vs_fp32_lora': twins, 'megatron_over_unsloth': megatron_over_unsloth(calls), **levers}
 
 
 def _mean_step(variant: Dict[str, Any]) -> Dict[str, Any]:
@@ -176,6 +211,9 @@ def render(s: Dict[str, Any]) -> str:
         for t in s.get(key) or []:
             lines.append(f'{t["file"]}: {t["variant"]}{label} against {t["twin"]}: {t["median_step_ratio"]}x (median '
                          f'steps), {t["losses"]} logged losses within {100 * t["loss_max_rel_diff"]:.2f} %')
+    for r in s.get('megatron_over_unsloth') or []:
+        where = 'the same call' if r['same_call'] else f'{r["unsloth_file"]} (same GPU, not side by side)'
+        lines.append(f'{r["file"]}: {r["megatron"]} / {UNSLOTH_BEST} of {where} = {r["ratio"]}x (median steps)')
     for sp in s.get('speedup_across_calls') or []:
         lines.append(f'across calls (not side by side): {sp["ours"]} of {sp["ours_file"]} / swift_peft of '
                      f'{sp["plain_file"]} = {sp["speedup_median"]}x (median steps)')

@@ -177,6 +177,9 @@ def moe_8_layers() -> Dict[str, Any]:
     tr_one, tr_twin = tr['variants']['vora_unsloth_mb4_torchrun1'], tr['variants']['vora_unsloth_mb4']
     full = _load('megatron-h100-full-2026-12-06.json')
     mgf = full['variants'][full['flagship_variant']]
+    fusion_file = 'megatron-h100-moe-fusion-b-2026-12-06.json'
+    fb = _load(fusion_file)
+    fused, unfused = fb['variants']['mg_mb2_cutlass'], fb['variants']['mg_mb2_cutlass_nofusion']
     return {'ours': ours, 'plain': plain, 'speedup': ours['tokens_per_s'] / plain['tokens_per_s'],
             'steps': min(measured_steps(ours, g), measured_steps(plain, g)),
             'megatron': mg, 'megatron_steps': measured_steps(mg, g),
@@ -187,6 +190,9 @@ def moe_8_layers() -> Dict[str, Any]:
             'cutlass': {'file': 'megatron-h100-moe-prof-2026-12-06.json', 'ours': cutlass, 'twin': cutlass_twin,
                         'ratio': cutlass['tokens_per_s'] / cutlass_twin['tokens_per_s'],
                         'steps': min(measured_steps(cutlass, prof), measured_steps(cutlass_twin, prof))},
+            'fusion': {'file': fusion_file, 'ours': fused, 'twin': unfused,
+                       'ratio': fused['tokens_per_s'] / unfused['tokens_per_s'],
+                       'steps': min(measured_steps(fused, fb), measured_steps(unfused, fb))},
             'torchrun': {'file': 'moe-torchrun1-c-2026-12-06.json', 'one': tr_one, 'twin': tr_twin,
                          'ratio': tr_one['tokens_per_s'] / tr_twin['tokens_per_s'],
                          'steps': min(measured_steps(tr_one), measured_steps(tr_twin))},
@@ -240,7 +246,7 @@ def block_measured(f: Dict[str, Any]) -> str:
     ck, fr, fp = de['checkpointed'], de['free'], de['fastest_plain']
     h = mo['headline']
     first, later = mo['per_call'][0], mo['per_call'][1:]
-    cu, tr, fu = cut['cutlass'], cut['torchrun'], cut['full']
+    cu, tr, fu, ga = cut['cutlass'], cut['torchrun'], cut['full'], cut['fusion']
     lines = [
         f'Each figure names its result file (in `benchmarks/results/`; `python benchmarks/moe_calls.py` tabulates the '
         f'full-depth MoE runs) and how many optimizer steps it measured; MFU divides by the H200\'s measured '
@@ -338,7 +344,9 @@ def block_measured(f: Dict[str, Any]) -> str:
         'Transformer Engine\'s CUTLASS grouped GEMM (`NVTE_USE_CUTLASS_GROUPED_GEMM=1`) '
         f'{x(cu["ratio"], 2)} its twin ({cu["ours"]["tokens_per_s"]:,.0f} against {cu["twin"]["tokens_per_s"]:,.0f} '
         f'tokens/s, data wait {100 * cu["ours"]["data_wait_fraction"]:.0f} %; {source(cu["file"])}, '
-        f'{steps_note(cu["steps"])} each). EP ≥ 2 has not run.',
+        f'{steps_note(cu["steps"])} each), and with apex\'s gradient-accumulation fusion {x(ga["ratio"], 2)} its '
+        f'twin without ({ga["ours"]["tokens_per_s"]:,.0f} against {ga["twin"]["tokens_per_s"]:,.0f} tokens/s; '
+        f'{source(ga["file"])}, {steps_note(ga["steps"])} each). EP ≥ 2 has not run.',
         f'* Megatron full SFT of a MoE (`megatron_ep_full`, `recipes/h200x8-full.yaml` overridden to one H100, EP 1) '
         f'on the 35B-A3B shape cut to {fu["layers"]} layers: loss {fu["losses"][0]:.2f} -> {fu["losses"][1]:.2f} in '
         f'{fu["losses"][2]} steps, {fu["v"]["tokens_per_s"]:,.0f} tokens/s ({steps_note(fu["steps"])}), '

@@ -757,6 +757,38 @@ def test_moe_calls_keeps_runs_of_the_fp32_lora_runner_apart_from_autocast_runs(t
                                            'loss_max_rel_diff_vs_fp32_lora': 0.01, 'median_step_ratio': 1.2}]
 
 
+def test_moe_calls_reads_megatron_results_and_their_levers(tmp_path):
+    """benchmarks/megatron_moe.py's files (the model as text): a Megatron lever against its twin of the same call,
+    and the fastest Megatron variant over the Unsloth path -- side by side where both ran in one call, else against
+    each call on the same GPU, said to be not side by side."""
+    sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
+    import moe_calls
+    h100 = {'gpu': 'NVIDIA H100 80GB HBM3'}
+    step = {'losses': [12.0, 10.0]}
+    files = {
+        'megatron-a.json': {'machine': h100, 'variants': {
+            'mg_mb2_cutlass': {'tokens_per_s': 7500.0, 'median_step_s': 4.0, **step},
+            'mg_mb2_cutlass_nofusion': {'tokens_per_s': 6000.0, 'median_step_s': 5.0, **step}}},
+        'megatron-b.json': {'machine': h100, 'variants': {'vora_unsloth_best': {'tokens_per_s': 30000.0}}},
+        'megatron-c.json': {'machine': {'gpu': 'NVIDIA H200'}, 'variants': {
+            'mg_mb2': {'tokens_per_s': 5000.0}, 'vora_unsloth_best': {'tokens_per_s': 40000.0}}},
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_text(json.dumps({'date': 'd', 'model': 'random Qwen3.5-MoE', **data}))
+    s = moe_calls.summarize(moe_calls.load('megatron-*.json', str(tmp_path)))
+    assert s['nofusion_vs_twin'] == [{'file': 'megatron-a.json', 'variant': 'mg_mb2_cutlass_nofusion',
+                                      'twin': 'mg_mb2_cutlass', 'losses': 2, 'loss_max_rel_diff': 0.0,
+                                      'median_step_ratio': 0.8}]
+    assert s['megatron_over_unsloth'] == [
+        {'file': 'megatron-a.json', 'megatron': 'mg_mb2_cutlass', 'unsloth_file': 'megatron-b.json', 'same_call': False,
+         'ratio': 0.25},
+        {'file': 'megatron-c.json', 'megatron': 'mg_mb2', 'unsloth_file': 'megatron-c.json', 'same_call': True,
+         'ratio': 0.125}]
+    text = moe_calls.render(s)
+    assert 'mg_mb2_cutlass / vora_unsloth_best of megatron-b.json (same GPU, not side by side) = 0.25x' in text
+    assert 'mg_mb2 / vora_unsloth_best of the same call = 0.125x' in text
+
+
 def test_moe_calls_keeps_autocast_runs_before_the_encode_pool_apart(tmp_path):
     """Call e ran under autocast but with one encode thread and Unsloth's per-frame vision attention (its runner
     reports no `encode_threads`): `_serial`, so the spread across calls never mixes that code change with noise."""
