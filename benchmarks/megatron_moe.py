@@ -33,7 +33,8 @@ micro-batch 1 unless its name says otherwise (whatever the recipe ships: each na
   runs; the two in one call measure what the fusion buys (the launch notes which case the machine is in).
 - `mg_mb2_cutlass_noprefetch`: `mg_mb2_cutlass` with SWIFT_VORA_MEGATRON_PREFETCH=off (Megatron-SWIFT's DataLoader,
   which stalls the first step of every epoch); `mg_mb2_cutlass_pao`: with `use_precision_aware_optimizer` (TE's
-  FusedAdam keeps the master weights; no per-tensor copy into the bf16 weights).
+  FusedAdam keeps the master weights; no per-tensor copy into the bf16 weights); `mg_mb2_cutlass_glora`: with
+  SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm (each expert LoRA factor one torch._grouped_mm, not a GEMM per expert).
 Full SFT (`mgf*`: `swift-vora train recipes/h200x8-full.yaml` overridden to one GPU, EP 1, `--full-lr`, the model
 cut to `--layers`, 4 on an H200): `mgf` (the recipe: micro-batch 1, native cross entropy; the call's checked run --
 scripts/gpu/megatron_report.py --full: the loss, checkpoint-N, the converted HF model, against the base by part, the
@@ -152,6 +153,10 @@ MEGATRON_LEVERS: Dict[str, List[str]] = {
     # 0.4 s of GPU idle in the profiled step of megatron-h100-moe-fusion-2026-12-06)
     'mg_mb2_cutlass_pao': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
                            'swift_args.use_precision_aware_optimizer=true'],
+    # mg_mb2_cutlass with each expert LoRA factor as one torch._grouped_mm (backends/megatron_expert_lora.py) instead
+    # of TE's one GEMM per expert: _GroupedLinearBackward held the host 1.06 s of the profiled 7.8 s step
+    'mg_mb2_cutlass_glora': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
+                             'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm'],
 }
 # Megatron full SFT (megatron_ep_full, recipes/h200x8-full.yaml overridden to one GPU, EP 1) on the same shape cut to
 # what fits one GPU (`--layers 4` on an H200: docs/runs/benchmarks-log.md), at the recipe's micro-batch 1 unless the

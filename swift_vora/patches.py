@@ -206,6 +206,16 @@ PATCHES = (
           'SWIFT_VORA_MEGATRON_PREFETCH=off', 'tests/test_megatron_prefetch.py',
           uses=('MegatronPretrainingRandomSampler(', 'self._create_dataloader(train_dataset, train_batch_sampler)',
                 'return train_dataloader, val_dataloader'), needs=('transformer_engine', )),
+    # `megatron sft`, MoE LoRA (SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm): after mcore-bridge's update_layer has built
+    # an expert layer's two factors, each replaced by its own generic grouped LoRA module (NpuGroupedLoraLinear, the
+    # same weight{i}) with a forward of one torch._grouped_mm (backends/megatron_expert_lora.py)
+    Patch('megatron_expert_lora_grouped_mm', 'mcore_bridge.tuners.lora:LoraParallelLinear.update_layer',
+          'mcore-bridge', 'wraps', ('self', 'adapter_name', 'r', 'lora_alpha', 'kwargs'),
+          'backends/megatron_expert_lora.py', 'SWIFT_VORA_MEGATRON_EXPERT_LORA=te (the default)',
+          'tests/test_megatron_expert_lora.py',
+          uses=('self.lora_A[adapter_name] = lora_a', 'self.lora_B[adapter_name] = lora_b', 'TEGroupedLinear(',
+                'NpuGroupedLoraLinear(', 'self.reset_lora_parameters(adapter_name, init_lora_weights)'),
+          needs=('transformer_engine', )),
     # Unsloth's grouped-GEMM MoE forward (its cached copy too): three statements rewritten so that each expert LoRA's
     # scaling multiplies the rank-r intermediate, not the expert output (speed/moe_lora_scale.py); unsloth_zoo is
     # installed with the GPU's MoE wheel set only, so on a CPU machine its source is pinned here and read there

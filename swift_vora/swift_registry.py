@@ -134,4 +134,8 @@ def register_megatron_callbacks() -> bool:
     # Gated DeltaNet models: the flash-linear-attention kernels that are correct on this GPU (only when the launch
     # set SWIFT_VORA_MEGATRON_FLA; a refusal stops here, before the model loads)
     megatron_fla.install_from_env()
+    # MoE LoRA: an expert layer's factors as one grouped GEMM each (only where SWIFT_VORA_MEGATRON_EXPERT_LORA says so;
+    # before the model is built, so that mcore-bridge's update_layer builds them)
+    from .backends import megatron_expert_lora
+    megatron_expert_lora.install_from_env()
     return True

@@ -228,6 +228,10 @@ def _table() -> Tuple[Switch, ...]:
                'callback) | off (Megatron-SWIFT\'s loader as it is: the first step of every epoch waits for its '
                'micro-batch to be encoded)', choices=('epochs', 'off'), aliases=off_aliases,
                where='backends/megatron_prefetch.py'),
+        Switch(PREFIX + 'MEGATRON_EXPERT_LORA', 'choice', 'te', 'megatron sft, MoE LoRA: how an expert layer\'s LoRA '
+               'factors compute -- te (mcore-bridge\'s Transformer Engine grouped linears: one GEMM per expert) | '
+               'grouped_mm (one torch._grouped_mm per product for all experts; bf16 on compute capability 9.0+)',
+               choices=('te', 'grouped_mm'), where='backends/megatron_expert_lora.py'),
         # --- benchmark and GPU-script tools (not read by the plugin) --------------------------------------------
         Switch(PREFIX + 'BENCH_DIR', 'path', None, 'benchmarks/throughput.py: where its probes write', None,
                where='benchmarks/throughput.py', group='tool'),
