@@ -166,3 +166,16 @@ def test_the_switch():
     assert not mel.wanted({}) and mel.wanted({mel.ENV: 'grouped_mm'})
     with pytest.raises(switches.SwitchError, match=mel.ENV):
         mel.wanted({mel.ENV: 'grouped'})
+
+
+def test_the_gpu_check_script_runs_its_checks_on_the_cpu(tmp_path):
+    """scripts/gpu/expert_lora_check.py (run on an H100: docs/runs/h100-expert-lora-check-2026-12-06/) on a few
+    rows on the CPU: every factor shape of the 35B-A3B expert LoRA within bf16 rounding of the fp32 oracle."""
+    import json
+    import runpy
+    check = runpy.run_path(str(Path(__file__).resolve().parents[1] / 'scripts' / 'gpu' / 'expert_lora_check.py'))
+    assert check['main'](['--device', 'cpu', '--rows', '600', '--no-timing', '--out', str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob('expert-lora-check-*.json')).read_text())
+    assert report['ok'] and [f['factor'] for f in report['factors']] == [
+        'fc1.lora_A', 'fc1.lora_B', 'fc2.lora_A', 'fc2.lora_B']
+    assert all(f['experts_without_rows'] > 0 and f['out_rel_err'] < 1e-2 for f in report['factors'])
