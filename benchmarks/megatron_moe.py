@@ -27,7 +27,8 @@ micro-batch 1 unless its name says otherwise (whatever the recipe ships: each na
   and what the steady steps lose without the fusions).
 - the fix candidates, each one change against `mg_mb2`: `mg_mb2_workers8` (the data path: 8 DataLoader workers and
   `--dataloader_prefetch_factor 4`), `mg_mb2_cutlass` (Transformer Engine's CUTLASS grouped GEMM,
-  NVTE_USE_CUTLASS_GROUPED_GEMM=1), `mg_mb2_cutlass_workers8` (both).
+  NVTE_USE_CUTLASS_GROUPED_GEMM=1), `mg_mb2_cutlass_workers8` (both). The recipe sets CUTLASS itself since
+  2026-12-06: from then `mg_mb2` is `mg_mb2_cutlass`, and `mg_mb2_nocutlass` (=0) the per-expert cuBLAS twin.
 - `mg_mb2_cutlass_nofusion`: `mg_mb2_cutlass` with `--gradient_accumulation_fusion false` (extra_args): its twin
   without megatron-core's gradient accumulation fusion, what a machine without apex's fused_weight_gradient_mlp_cuda
   runs; the two in one call measure what the fusion buys (the launch notes which case the machine is in).
@@ -133,6 +134,9 @@ MEGATRON_LEVERS: Dict[str, List[str]] = {
     # to cuBLAS)
     'mg_mb2_workers8': ['train.micro_batch=2', 'train.dataloader_workers=8', 'swift_args.dataloader_prefetch_factor=4'],
     'mg_mb2_cutlass': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1'],
+    # recipes/h200x8.yaml sets NVTE_USE_CUTLASS_GROUPED_GEMM=1 in its env since 2026-12-06 (after the measurements
+    # above), so `mg_mb2` runs CUTLASS from then on, as `mg_mb2_cutlass`; this is the per-expert cuBLAS twin
+    'mg_mb2_nocutlass': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=0'],
     'mg_mb2_cutlass_workers8': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
                                 'train.dataloader_workers=8', 'swift_args.dataloader_prefetch_factor=4'],
     # mg_mb2_cutlass's twin without gradient accumulation fusion: megatron-core's DDP then adds each trainable

@@ -228,8 +228,10 @@ def test_the_fix_candidates_reach_megatron_sft(launches):
     assert launches['mg_mb2_cutlass'].env['NVTE_USE_CUTLASS_GROUPED_GEMM'] == '1'  # TE reads it at each GEMM call
     both = launches['mg_mb2_cutlass_workers8']
     assert both.env['NVTE_USE_CUTLASS_GROUPED_GEMM'] == '1' and flag(both.argv, '--dataloader_num_workers') == '8'
-    assert 'NVTE_USE_CUTLASS_GROUPED_GEMM' not in launches['mg_mb2'].env
-    for name in ('mg_mb2_workers8', 'mg_mb2_cutlass', 'mg_mb2_cutlass_workers8'):  # each against mg_mb2: one change
+    # the recipe turns CUTLASS on itself (its env): mg_mb2 runs it as shipped, mg_mb2_nocutlass is the cuBLAS twin
+    assert launches['mg_mb2'].env['NVTE_USE_CUTLASS_GROUPED_GEMM'] == '1'
+    assert launches['mg_mb2_nocutlass'].env['NVTE_USE_CUTLASS_GROUPED_GEMM'] == '0'
+    for name in ('mg_mb2_workers8', 'mg_mb2_cutlass', 'mg_mb2_cutlass_workers8', 'mg_mb2_nocutlass'):
         assert flag(launches[name].argv, '--micro_batch_size') == '2'
 
 
