@@ -179,3 +179,14 @@ def test_the_gpu_check_script_runs_its_checks_on_the_cpu(tmp_path):
     assert report['ok'] and [f['factor'] for f in report['factors']] == [
         'fc1.lora_A', 'fc1.lora_B', 'fc2.lora_A', 'fc2.lora_B']
     assert all(f['experts_without_rows'] > 0 and f['out_rel_err'] < 1e-2 for f in report['factors'])
+
+
+def test_offsets_are_the_experts_end_rows_and_are_reused_for_the_same_list_only():
+    splits = [3, 0, 5]
+    first = mel.offsets_of(splits, torch.device('cpu'))
+    assert first.tolist() == [3, 3, 8] and first.dtype == torch.int32
+    assert mel.offsets_of(splits, torch.device('cpu')) is first  # a layer's second factor: the same list
+    splits[0] = 4  # the same list with other counts is computed again
+    assert mel.offsets_of(splits, torch.device('cpu')).tolist() == [4, 4, 9]
+    assert mel.offsets_of([4, 0, 5], torch.device('cpu')).tolist() == [4, 4, 9]
+    assert mel.offsets_of(torch.tensor([1, 2]), torch.device('cpu')).tolist() == [1, 3]

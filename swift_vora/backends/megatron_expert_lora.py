@@ -55,12 +55,27 @@ def wanted(environ=None) -> bool:
     return switches.read(ENV, environ) == 'grouped_mm'
 
 
+_last_offsets: Dict[str, Any] = {}  # the one list of row counts seen last, its values and its offsets
+
+
 def offsets_of(m_splits, device):
-    """Each expert's end row, as torch._grouped_mm takes them (int32 on the input's device)."""
+    """Each expert's end row, as torch._grouped_mm takes them (int32 on the input's device). A list of row counts
+    (what megatron-core hands TE) is copied from pinned memory without a host sync, and reused for the same list in
+    the next call (a layer's two factors get the same one)."""
     import torch
     if isinstance(m_splits, torch.Tensor):
         return torch.cumsum(m_splits.to(device=device), 0, dtype=torch.int32)
-    return torch.tensor(list(itertools.accumulate(int(m) for m in m_splits)), dtype=torch.int32, device=device)
+    values = [int(m) for m in m_splits]
+    last = _last_offsets
+    if last.get('list') is m_splits and last.get('values') == values and last['offsets'].device == device:
+        return last['offsets']
+    ends = torch.tensor(list(itertools.accumulate(values)), dtype=torch.int32)
+    if device.type == 'cuda':
+        offsets = ends.pin_memory().to(device, non_blocking=True)
+    else:
+        offsets = ends.to(device)
+    _last_offsets.update({'list': m_splits, 'values': values, 'offsets': offsets})
+    return offsets
 
 
 _dummies: Dict[Tuple[Any, ...], Any] = {}
