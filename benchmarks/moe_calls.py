@@ -106,22 +106,20 @@ def _layers(data: Dict[str, Any]) -> Any:
 def megatron_over_unsloth(calls: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """The fastest Megatron variant of each call over the Unsloth path's best configuration: of the same call where
     it ran there, else of each other call on the same GPU (`same_call` False: not side by side)."""
-    def best_megatron(c):
-        rates = {n: v['tokens_per_s'] for n, v in c['variants'].items()
-                 if n.startswith(MEGATRON_PREFIX) and v.get('tokens_per_s')}
-        return max(rates.items(), key=lambda kv: kv[1]) if rates else None
+    def unsloth(c):
+        return (c['variants'].get(UNSLOTH_BEST) or {}).get('tokens_per_s')
 
     out = []
     for c in calls:
-        best = best_megatron(c)
-        if best is None:
+        rates = {n: v['tokens_per_s'] for n, v in c['variants'].items()
+                 if n.startswith(MEGATRON_PREFIX) and v.get('tokens_per_s')}
+        if not rates:
             continue
-        own = (c['variants'].get(UNSLOTH_BEST) or {}).get('tokens_per_s')
-        others = [] if own else [o for o in calls if o is not c and o.get('gpu') == c.get('gpu')
-                                 and (o['variants'].get(UNSLOTH_BEST) or {}).get('tokens_per_s')]
-        for o, rate in ([(c, own)] if own else [(o, o['variants'][UNSLOTH_BEST]['tokens_per_s']) for o in others]):
-            out.append({'file': c['file'], 'megatron': best[0], 'unsloth_file': o['file'], 'same_call': o is c,
-                        'ratio': round(best[1] / rate, 3)})
+        best = max(rates, key=rates.get)
+        against = [c] if unsloth(c) else [o for o in calls
+                                          if o is not c and o.get('gpu') == c.get('gpu') and unsloth(o)]
+        out += [{'file': c['file'], 'megatron': best, 'unsloth_file': o['file'], 'same_call': o is c,
+                 'ratio': round(rates[best] / unsloth(o), 3)} for o in against]
     return out
 
 

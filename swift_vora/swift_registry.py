@@ -107,25 +107,18 @@ def register_megatron_callbacks() -> bool:
         # failed on a machine without transformer_engine (a dry run's argument check) leaves the package behind
         return False
 
+    from .backends import megatron_prefetch, megatron_profile
     from .guards.registry import MEGATRON_GUARDS, megatron_guard_class
-
-    for name in MEGATRON_GUARDS:
-        guard = megatron_guard_class(name)
-        # MegatronCallback second: events ms-swift adds later fall back to its no-ops
-        megatron_callbacks_map.setdefault(PREFIX + name, type(guard.__name__, (guard, MegatronCallback),
-                                                              {'__module__': guard.__module__}))
+    callbacks = {PREFIX + name: megatron_guard_class(name) for name in MEGATRON_GUARDS}
     # the step profile and data-wait log (backends/megatron_profile.py), named by the launch when the training
-    # process's environment sets SWIFT_VORA_PROFILE_STEP
-    from .backends import megatron_profile
-    profile = megatron_profile.MegatronStepProfile
-    megatron_callbacks_map.setdefault(megatron_profile.CALLBACK, type(profile.__name__, (profile, MegatronCallback),
-                                                                      {'__module__': profile.__module__}))
-    # the training DataLoader read across epoch ends (backends/megatron_prefetch.py), named by the launch unless the
-    # training process's environment sets SWIFT_VORA_MEGATRON_PREFETCH=off
-    from .backends import megatron_prefetch
-    prefetch = megatron_prefetch.MegatronEpochPrefetch
-    megatron_callbacks_map.setdefault(megatron_prefetch.CALLBACK, type(prefetch.__name__, (prefetch, MegatronCallback),
-                                                                       {'__module__': prefetch.__module__}))
+    # process's environment sets SWIFT_VORA_PROFILE_STEP; the training DataLoader read across epoch ends
+    # (backends/megatron_prefetch.py), named unless it sets SWIFT_VORA_MEGATRON_PREFETCH=off
+    callbacks[megatron_profile.CALLBACK] = megatron_profile.MegatronStepProfile
+    callbacks[megatron_prefetch.CALLBACK] = megatron_prefetch.MegatronEpochPrefetch
+    for name, cls in callbacks.items():
+        # MegatronCallback second: events ms-swift adds later fall back to its no-ops
+        megatron_callbacks_map.setdefault(name, type(cls.__name__, (cls, MegatronCallback),
+                                                     {'__module__': cls.__module__}))
     # Compiled Triton kernels and autotuning timings persist across launches (and from scripts/gpu/gdn_grad_check.py
     # into the run after it): without this every `megatron sft` process autotunes the Gated DeltaNet kernels again
     # (two 147 s first steps on a fresh H200, 2026-12-02). Set before any kernel compiles; a user's value is kept.

@@ -32,6 +32,7 @@ the benchmark variant `mg_mb2_cutlass_glora`, not yet run.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import logging
@@ -47,8 +48,7 @@ FACTOR_BASE = 'mcore_bridge.tuners.npu_lora'
 FACTOR_PARAMS = ('self', 'num_gemms', 'input_size', 'output_size', 'config', 'bias', 'is_expert')
 ALIGN = 8  # torch._grouped_mm: 16-byte strides, 8 bf16 elements
 logger = logging.getLogger('swift')
-_factor_class: Dict[str, Any] = {}  # the subclass, made once per process
-_replaced = {'factors': 0, 'kept': 0}
+_warned = {'kept': False}  # a factor left as TE's is said once per process
 
 
 def wanted(environ=None) -> bool:
@@ -91,6 +91,7 @@ def _dummy_grad(weight):
     return _dummies[key]
 
 
+@functools.lru_cache(maxsize=None)  # the Function class, made once (torch is imported where it is first used)
 def _grouped_lora_mm():
     import torch
 
@@ -124,29 +125,23 @@ def _grouped_lora_mm():
     return GroupedLoraMM
 
 
-_function: Dict[str, Any] = {}
-
-
 def grouped_lora_mm(x, m_splits, weights: Sequence[Any]):
     """x [tokens, in] (rows grouped by expert, `m_splits` rows each) through each expert's [out, in] weight."""
-    if 'f' not in _function:
-        _function['f'] = _grouped_lora_mm()
-    return _function['f'].apply(x.contiguous(), offsets_of(m_splits, x.device), *weights)
+    return _grouped_lora_mm().apply(x.contiguous(), offsets_of(m_splits, x.device), *weights)
 
 
+@functools.lru_cache(maxsize=None)  # one subclass per base class
 def factor_class(base):
     """`GroupedMMLoraFactor`: mcore-bridge's generic grouped LoRA module `base` with a forward of one grouped GEMM."""
-    if base.__name__ not in _factor_class:
-        class GroupedMMLoraFactor(base):
-            """mcore-bridge's grouped LoRA factor (its `weight{i}` per local expert) computed by one torch._grouped_mm
-            (swift_vora/backends/megatron_expert_lora.py)."""
+    class GroupedMMLoraFactor(base):
+        """mcore-bridge's grouped LoRA factor (its `weight{i}` per local expert) computed by one torch._grouped_mm
+        (swift_vora/backends/megatron_expert_lora.py)."""
 
-            def forward(self, x, m_splits, *args, **kwargs):
-                weights = [getattr(self, f'weight{i}') for i in range(self.num_gemms)]
-                return grouped_lora_mm(x, m_splits, weights), None
+        def forward(self, x, m_splits, *args, **kwargs):
+            weights = [getattr(self, f'weight{i}') for i in range(self.num_gemms)]
+            return grouped_lora_mm(x, m_splits, weights), None
 
-        _factor_class[base.__name__] = GroupedMMLoraFactor
-    return _factor_class[base.__name__]
+    return GroupedMMLoraFactor
 
 
 def applies_to(factor) -> Optional[str]:
@@ -203,13 +198,12 @@ def replace_expert_factors(layer, adapter_name: str, base) -> int:
             continue
         why = applies_to(factor)
         if why is not None:
-            _replaced['kept'] += 1
-            if _replaced['kept'] == 1:
+            if not _warned['kept']:
+                _warned['kept'] = True
                 logger.warning(f'swift-vora: an expert LoRA factor stays Transformer Engine\'s ({why}; {ENV})')
             continue
         factors[adapter_name] = grouped_factor(factor, base, layer.config, layer.is_expert)
         replaced += 1
-    _replaced['factors'] += replaced
     return replaced
 
 
@@ -253,8 +247,3 @@ def install_from_env() -> bool:
         logger.warning(f'swift-vora: {ENV}=grouped_mm needs mcore-bridge\'s LoRA ({e}); the expert LoRA stays as it is')
         return False
     return install(lora.LoraParallelLinear, factor.NpuGroupedLoraLinear)
-
-
-def counts() -> Dict[str, int]:
-    """How many factors this process replaced, and kept as TE's."""
-    return dict(_replaced)

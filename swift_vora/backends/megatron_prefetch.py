@@ -75,7 +75,6 @@ class EpochsOfOneIterator:
 
     def __init__(self, loader, sampler):
         self.loader = loader
-        self.dataset = loader.dataset
         self._counter = copy.copy(sampler)  # advanced an epoch per `for`, as the real one is by the workers' fetches
         self._iterator: Optional[Iterator[Any]] = None
         self.epochs_started = 0
