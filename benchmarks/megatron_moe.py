@@ -35,7 +35,9 @@ micro-batch 1 unless its name says otherwise (whatever the recipe ships: each na
 - `mg_mb2_cutlass_noprefetch`: `mg_mb2_cutlass` with SWIFT_VORA_MEGATRON_PREFETCH=off (Megatron-SWIFT's DataLoader,
   which stalls the first step of every epoch); `mg_mb2_cutlass_pao`: with `use_precision_aware_optimizer` (TE's
   FusedAdam keeps the master weights; no per-tensor copy into the bf16 weights); `mg_mb2_cutlass_glora`: with
-  SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm (each expert LoRA factor one torch._grouped_mm, not a GEMM per expert).
+  SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm (each expert LoRA factor one torch._grouped_mm, not a GEMM per expert);
+  `mg_mb2_cutlass_gmm`: the factors and the frozen experts under them (SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm) as
+  grouped GEMMs, no per-expert work on the host; `mg_mb2_cutlass_gmm_pao`: that with the precision-aware optimizer.
 Full SFT (`mgf*`: `swift-vora train recipes/h200x8-full.yaml` overridden to one GPU, EP 1, `--full-lr`, the model
 cut to `--layers`, 4 on an H200): `mgf` (the recipe: micro-batch 1, native cross entropy; the call's checked run --
 scripts/gpu/megatron_report.py --full: the loss, checkpoint-N, the converted HF model, against the base by part, the
@@ -161,6 +163,17 @@ MEGATRON_LEVERS: Dict[str, List[str]] = {
     # of TE's one GEMM per expert: _GroupedLinearBackward held the host 1.06 s of the profiled 7.8 s step
     'mg_mb2_cutlass_glora': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
                              'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm'],
+    # every expert product of mg_mb2_cutlass one torch._grouped_mm: the LoRA factors (as _glora) and the frozen experts
+    # under them (backends/megatron_expert_base.py: TE's grouped GEMM walks the 256 experts on the host even where its
+    # CUTLASS kernel is one launch); and that with the precision-aware optimizer: every host-bound part of the profiled
+    # step that a setting reaches
+    'mg_mb2_cutlass_gmm': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
+                           'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm',
+                           'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm'],
+    'mg_mb2_cutlass_gmm_pao': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
+                               'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm',
+                               'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm',
+                               'swift_args.use_precision_aware_optimizer=true'],
 }
 # Megatron full SFT (megatron_ep_full, recipes/h200x8-full.yaml overridden to one GPU, EP 1) on the same shape cut to
 # what fits one GPU (`--layers 4` on an H200: docs/runs/benchmarks-log.md), at the recipe's micro-batch 1 unless the
@@ -665,7 +678,8 @@ def dry_run(args) -> int:
         if plan['plan']['verdict'] != 'fits':
             failed += 1
         extra = {k: v for k, v in plan['launch']['env'].items()
-                 if k.startswith('NVTE_') or k == 'SWIFT_VORA_PROFILE_STEP'}
+                 if k.startswith(('NVTE_', 'SWIFT_VORA_MEGATRON_EXPERT_', 'SWIFT_VORA_MEGATRON_PREFETCH'))
+                 or k == 'SWIFT_VORA_PROFILE_STEP'}
         print(f'== {name}: {plan["plan"]["backend"]} {plan["plan"]["verdict"]} {plan["plan"]["gpu_peak_gib"]} GiB '
               f'(reserved {plan["plan"]["phases"]["steady"]["gpu_reserved_gib"]}) on {args.hardware}; '
               f'{plan["launch"]["env"].get("SWIFT_VORA_MEGATRON_FLA")}; {extra}; '

@@ -51,9 +51,10 @@ TORCHRUN = '_torchrun1'
 HOST_CLOCK_MEAN = 'not comparable: one step in flight, timed by the host before the GPU step clock (call l)'
 # benchmarks/megatron_moe.py's Megatron levers against their twin of the same call: gradient-accumulation fusion off
 # (*_nofusion), Megatron-SWIFT's DataLoader without the read across epochs (*_noprefetch), the precision-aware
-# optimizer (*_pao), the expert LoRA factors as one grouped GEMM (*_glora). Megatron's result files carry the model as
+# optimizer (*_pao), the expert LoRA factors as one grouped GEMM (*_glora), and those with the frozen experts under
+# them too (*_gmm). Megatron's result files carry the model as
 # text; its depth is not in them.
-NOFUSION, NOPREFETCH, PAO, GLORA = '_nofusion', '_noprefetch', '_pao', '_glora'
+NOFUSION, NOPREFETCH, PAO, GLORA, GMM = '_nofusion', '_noprefetch', '_pao', '_glora', '_gmm'
 MEGATRON_PREFIX, UNSLOTH_BEST = 'mg_', 'vora_unsloth_best'
 # Each lever against its twin of the same call: (summary key, the lever's name suffix, its label in the text)
 LEVER_TWINS = (('rank_scale_vs_default', RANK_SCALE, ''), ('host_levers_vs_twin', HOST_LEVERS, ' (host levers)'),
@@ -65,7 +66,8 @@ LEVER_TWINS = (('rank_scale_vs_default', RANK_SCALE, ''), ('host_levers_vs_twin'
                ('nofusion_vs_twin', NOFUSION, ' (no gradient-accumulation fusion)'),
                ('noprefetch_vs_twin', NOPREFETCH, ' (Megatron-SWIFT\'s DataLoader, no read across epochs)'),
                ('pao_vs_twin', PAO, ' (precision-aware optimizer)'),
-               ('glora_vs_twin', GLORA, ' (expert LoRA as one grouped GEMM)'))
+               ('glora_vs_twin', GLORA, ' (expert LoRA as one grouped GEMM)'),
+               ('gmm_vs_twin', GMM, ' (every expert product one grouped GEMM)'))
 
 
 def setting(name: str, variant: Dict[str, Any], date: str) -> str:

@@ -216,6 +216,16 @@ PATCHES = (
           uses=('self.lora_A[adapter_name] = lora_a', 'self.lora_B[adapter_name] = lora_b', 'TEGroupedLinear(',
                 'NpuGroupedLoraLinear(', 'self.reset_lora_parameters(adapter_name, init_lora_weights)'),
           needs=('transformer_engine', )),
+    # `megatron sft`, MoE LoRA (SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm): after mcore-bridge's update_layer has built
+    # an expert layer's LoRA, the layer's frozen base (megatron-core's TE grouped linear) becomes a subclass of its own
+    # class whose forward, for frozen weights, is one torch._grouped_mm over the stacked experts
+    # (backends/megatron_expert_base.py)
+    Patch('megatron_expert_base_grouped_mm', 'mcore_bridge.tuners.lora:LoraParallelLinear.update_layer',
+          'mcore-bridge', 'wraps', ('self', 'adapter_name', 'r', 'lora_alpha', 'kwargs'),
+          'backends/megatron_expert_base.py', 'SWIFT_VORA_MEGATRON_EXPERT_BASE=te (the default)',
+          'tests/test_megatron_expert_base.py',
+          uses=('self.base_layer', 'TEGroupedLinear', 'self.is_expert', 'self.is_grouped'),
+          needs=('transformer_engine', )),
     # Unsloth's grouped-GEMM MoE forward (its cached copy too): three statements rewritten so that each expert LoRA's
     # scaling multiplies the rank-r intermediate, not the expert output (speed/moe_lora_scale.py); unsloth_zoo is
     # installed with the GPU's MoE wheel set only, so on a CPU machine its source is pinned here and read there
@@ -303,6 +313,17 @@ def patched_by(obj: Any) -> Optional[str]:
     """The name of the swift-vora patch that put `obj` there; None for upstream's own code."""
     found = getattr(obj, MARKER, None)
     return found[0] if isinstance(found, tuple) else None
+
+
+def in_chain(obj: Any, name: str) -> bool:
+    """Whether patch `name` is one of the swift-vora replacements stacked on `obj` (two patches may wrap one target)."""
+    while True:
+        found = getattr(obj, MARKER, None)
+        if not isinstance(found, tuple):
+            return False
+        if found[0] == name:
+            return True
+        obj = found[1]
 
 
 def upstream(obj: Any) -> Any:

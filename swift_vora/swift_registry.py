@@ -129,6 +129,8 @@ def register_megatron_callbacks() -> bool:
     megatron_fla.install_from_env()
     # MoE LoRA: an expert layer's factors as one grouped GEMM each (only where SWIFT_VORA_MEGATRON_EXPERT_LORA says so;
     # before the model is built, so that mcore-bridge's update_layer builds them)
-    from .backends import megatron_expert_lora
+    # and the frozen experts under that LoRA as one grouped GEMM per product (SWIFT_VORA_MEGATRON_EXPERT_BASE)
+    from .backends import megatron_expert_base, megatron_expert_lora
     megatron_expert_lora.install_from_env()
+    megatron_expert_base.install_from_env()
     return True

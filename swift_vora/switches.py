@@ -232,6 +232,11 @@ def _table() -> Tuple[Switch, ...]:
                'factors compute -- te (mcore-bridge\'s Transformer Engine grouped linears: one GEMM per expert) | '
                'grouped_mm (one torch._grouped_mm per product for all experts; bf16 on compute capability 9.0+)',
                choices=('te', 'grouped_mm'), where='backends/megatron_expert_lora.py'),
+        Switch(PREFIX + 'MEGATRON_EXPERT_BASE', 'choice', 'te', 'megatron sft, MoE LoRA: how the frozen experts '
+               'under an expert LoRA compute -- te (megatron-core\'s Transformer Engine grouped linears) | '
+               'grouped_mm (the experts\' weights stacked once, one torch._grouped_mm per product; bf16 on compute '
+               'capability 9.0+)',
+               choices=('te', 'grouped_mm'), where='backends/megatron_expert_base.py'),
         # --- benchmark and GPU-script tools (not read by the plugin) --------------------------------------------
         Switch(PREFIX + 'BENCH_DIR', 'path', None, 'benchmarks/throughput.py: where its probes write', None,
                where='benchmarks/throughput.py', group='tool'),

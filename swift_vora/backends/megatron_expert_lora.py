@@ -218,7 +218,7 @@ def install(lora_cls, base) -> bool:
     """Wrap `lora_cls.update_layer` (mcore-bridge's LoraParallelLinear) so that each expert layer's factors are
     grouped-GEMM factors on `base` (its NpuGroupedLoraLinear). False where already installed or not applicable."""
     update = lora_cls.update_layer
-    if patches.patched_by(update) == PATCH or not patches.applicable(PATCH):
+    if patches.in_chain(update, PATCH) or not patches.applicable(PATCH):
         return False
     why = check_factor_base(base)
     if why is not None:
