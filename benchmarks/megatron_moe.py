@@ -37,7 +37,9 @@ micro-batch 1 unless its name says otherwise (whatever the recipe ships: each na
   FusedAdam keeps the master weights; no per-tensor copy into the bf16 weights); `mg_mb2_cutlass_glora`: with
   SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm (each expert LoRA factor one torch._grouped_mm, not a GEMM per expert);
   `mg_mb2_cutlass_gmm`: the factors and the frozen experts under them (SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm) as
-  grouped GEMMs, no per-expert work on the host; `mg_mb2_cutlass_gmm_pao`: that with the precision-aware optimizer.
+  grouped GEMMs, no per-expert work on the host; `mg_mb2_cutlass_gmm_pao`: that with the precision-aware optimizer;
+  `mg_mb4_te_ce`, `mg_mb4_te_ce_gmm`, `mg_mb4_te_ce_gmm_pao`: one micro-batch of 4 a step with TE's cross entropy
+  (the host's per-micro-batch work once a step; fits an H100), alone and with those levers.
 Full SFT (`mgf*`: `swift-vora train recipes/h200x8-full.yaml` overridden to one GPU, EP 1, `--full-lr`, the model
 cut to `--layers`, 4 on an H200): `mgf` (the recipe: micro-batch 1, native cross entropy; the call's checked run --
 scripts/gpu/megatron_report.py --full: the loss, checkpoint-N, the converted HF model, against the base by part, the
@@ -170,6 +172,18 @@ MEGATRON_LEVERS: Dict[str, List[str]] = {
     'mg_mb2_cutlass_gmm': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
                            'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm',
                            'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm'],
+    # one micro-batch of 4 samples a step (global batch 4) instead of two of 2: the host's per-micro-batch work once a
+    # step, as the Unsloth path's micro-batch 4; TE's cross entropy keeps the logits to 2 bytes a position x vocab
+    # (native: 10), which is what makes 4 fit an H100 (planned 50 GiB against 64 for mg_mb2)
+    'mg_mb4_te_ce': ['train.micro_batch=4', 'megatron.cross_entropy_fusion_impl=te',
+                     'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1'],
+    'mg_mb4_te_ce_gmm': ['train.micro_batch=4', 'megatron.cross_entropy_fusion_impl=te',
+                         'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1', 'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm',
+                         'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm'],
+    'mg_mb4_te_ce_gmm_pao': ['train.micro_batch=4', 'megatron.cross_entropy_fusion_impl=te',
+                             'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1', 'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm',
+                             'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm',
+                             'swift_args.use_precision_aware_optimizer=true'],
     'mg_mb2_cutlass_gmm_pao': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
                                'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm',
                                'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm',

@@ -93,11 +93,19 @@ def load(pattern: str, results: str = RESULTS) -> List[Dict[str, Any]]:
         with open(path) as f:
             data = json.load(f)
         variants = {setting(n, v, data.get('date')): v for n, v in (data.get('variants') or {}).items()}
+        command = data.get('command')  # a list of words in the first Megatron file
         calls.append({'file': os.path.basename(path), 'date': data.get('date'), 'partial': bool(data.get('partial')),
-                      'layers': _layers(data), 'variants': variants, 'command': data.get('command'),
-                      'gpu': (data.get('machine') or {}).get('gpu')})
+                      'layers': _layers(data), 'variants': variants,
+                      'command': ' '.join(command) if isinstance(command, list) else command,
+                      'gpu': _gpu(data)})
     finished = {c['command'] for c in calls if not c['partial'] and c['command']}
     return [c for c in calls if not (c['partial'] and c['command'] in finished)]
+
+
+def _gpu(data: Dict[str, Any]) -> Any:
+    """The card a call ran on; the first Megatron file (2026-12-01) wrote its machine as a line of text."""
+    machine = data.get('machine')
+    return machine.get('gpu') if isinstance(machine, dict) else machine
 
 
 def _layers(data: Dict[str, Any]) -> Any:
