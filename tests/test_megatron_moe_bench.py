@@ -233,6 +233,16 @@ def test_the_fix_candidates_reach_megatron_sft(launches):
     assert launches['mg_mb2_nocutlass'].env['NVTE_USE_CUTLASS_GROUPED_GEMM'] == '0'
     for name in ('mg_mb2_workers8', 'mg_mb2_cutlass', 'mg_mb2_cutlass_workers8', 'mg_mb2_nocutlass'):
         assert flag(launches[name].argv, '--micro_batch_size') == '2'
+    # every expert product as a grouped GEMM: both switches reach the training process's environment
+    for name in ('mg_mb2_cutlass_gmm', 'mg_mb4_te_ce_gmm', 'mg_mb4_te_ce_gmm_pao'):
+        env = launches[name].env
+        assert env['SWIFT_VORA_MEGATRON_EXPERT_LORA'] == env['SWIFT_VORA_MEGATRON_EXPERT_BASE'] == 'grouped_mm'
+    assert 'SWIFT_VORA_MEGATRON_EXPERT_BASE' not in launches['mg_mb4_te_ce'].env
+    # one micro-batch of 4 a step, with TE's cross entropy (what makes it fit an H100)
+    for name in ('mg_mb4_te_ce', 'mg_mb4_te_ce_gmm', 'mg_mb4_te_ce_gmm_pao'):
+        assert flag(launches[name].argv, '--micro_batch_size') == '4'
+        assert flag(launches[name].argv, '--cross_entropy_fusion_impl') == 'te'
+    assert flag(launches['mg_mb4_te_ce_gmm_pao'].argv, '--use_precision_aware_optimizer') == 'true'
 
 
 def test_the_fusion_twin_differs_from_mg_mb2_cutlass_only_in_the_fusion_flag(launches):

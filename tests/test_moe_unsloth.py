@@ -772,6 +772,10 @@ def test_moe_calls_reads_megatron_results_and_their_levers(tmp_path):
         'megatron-b.json': {'machine': h100, 'variants': {'vora_unsloth_best': {'tokens_per_s': 30000.0}}},
         'megatron-c.json': {'machine': {'gpu': 'NVIDIA H200'}, 'variants': {
             'mg_mb2': {'tokens_per_s': 5000.0}, 'vora_unsloth_best': {'tokens_per_s': 40000.0}}},
+        # the first Megatron file wrote its machine as text and its command as a list of words
+        'megatron-d.json': {'machine': 'NVIDIA H200 x1', 'command': ['bash', 'megatron_smoke.sh'], 'variants': {
+            'mg_mb2_cutlass': {'tokens_per_s': 4000.0, 'median_step_s': 2.0, **step},
+            'mg_mb2_cutlass_gmm': {'tokens_per_s': 8000.0, 'median_step_s': 1.0, **step}}},
     }
     for name, data in files.items():
         (tmp_path / name).write_text(json.dumps({'date': 'd', 'model': 'random Qwen3.5-MoE', **data}))
@@ -779,11 +783,13 @@ def test_moe_calls_reads_megatron_results_and_their_levers(tmp_path):
     assert s['nofusion_vs_twin'] == [{'file': 'megatron-a.json', 'variant': 'mg_mb2_cutlass_nofusion',
                                       'twin': 'mg_mb2_cutlass', 'losses': 2, 'loss_max_rel_diff': 0.0,
                                       'median_step_ratio': 0.8}]
+    assert s['gmm_vs_twin'] == [{'file': 'megatron-d.json', 'variant': 'mg_mb2_cutlass_gmm', 'twin': 'mg_mb2_cutlass',
+                                 'losses': 2, 'loss_max_rel_diff': 0.0, 'median_step_ratio': 2.0}]
     assert s['megatron_over_unsloth'] == [
         {'file': 'megatron-a.json', 'megatron': 'mg_mb2_cutlass', 'unsloth_file': 'megatron-b.json', 'same_call': False,
          'ratio': 0.25},
         {'file': 'megatron-c.json', 'megatron': 'mg_mb2', 'unsloth_file': 'megatron-c.json', 'same_call': True,
-         'ratio': 0.125}]
+         'ratio': 0.125}]  # megatron-d ran on no card an Unsloth run shares
     text = moe_calls.render(s)
     assert 'mg_mb2_cutlass / vora_unsloth_best of megatron-b.json (same GPU, not side by side) = 0.25x' in text
     assert 'mg_mb2 / vora_unsloth_best of the same call = 0.125x' in text
