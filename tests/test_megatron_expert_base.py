@@ -1,8 +1,8 @@
 """The frozen experts under an expert LoRA as one grouped GEMM per product
 (swift_vora/backends/megatron_expert_base.py), on the CPU, where torch._grouped_mm runs too. Transformer Engine's
-grouped linear cannot be built without CUDA, so a stand-in with its interface (weight0..weightN, num_gemms, use_bias,
-te_return_bias, parallel_mode, config, forward(x, m_splits) -> (out, None)) computes the reference as TE does: each
-expert's rows through that expert's weight."""
+grouped linear cannot be built without CUDA, so a stand-in with its interface (weight0..weightN, num_gemms,
+use_bias, te_return_bias, parallel_mode, tp_size, config, forward(x, m_splits) -> (out, None)) computes the reference
+as TE does: each expert's rows through that expert's weight."""
 from types import SimpleNamespace
 
 import pytest
@@ -21,7 +21,9 @@ class StandInGroupedLinear(torch.nn.Module):
     def __init__(self, num_gemms=4, inp=16, out=24, dtype=torch.float32, seed=0):
         super().__init__()
         torch.manual_seed(seed)
-        self.num_gemms, self.use_bias, self.te_return_bias, self.parallel_mode = num_gemms, False, False, None
+        # what megatron-core's TEColumnParallelGroupedLinear leaves on an expert layer at EP 1, TP 1
+        self.num_gemms, self.use_bias, self.te_return_bias = num_gemms, False, False
+        self.parallel_mode, self.tp_size = 'column', 1
         self.config = SimpleNamespace(fp8=None, fp4=None, cpu_offloading=False)
         for i in range(num_gemms):
             self.register_parameter(f'weight{i}', torch.nn.Parameter(torch.randn(out, inp, dtype=dtype),
@@ -115,8 +117,10 @@ def test_what_it_cannot_take_runs_te_s_forward():
     unaligned = grouped(inp=12)
     unaligned(torch.randn(24, 12), SPLITS)
     assert unaligned.te_calls == 1 and 'multiples of 8' in vars(unaligned)[meb.WHY]
-    for layer in (grouped(), grouped()):
-        layer.te_return_bias = True
+    returns_bias, tensor_parallel = grouped(), grouped()
+    returns_bias.te_return_bias = True
+    tensor_parallel.tp_size = 2
+    for layer in (returns_bias, tensor_parallel):
         layer(x, SPLITS)
         assert layer.te_calls == 1
     assert meb.call_reason(grouped(), [torch.zeros(8, 8)]) is None

@@ -19,7 +19,8 @@ once while it stacks); a weight whose storage was replaced since (a merge, a loa
 
 Only where it applies, decided at every call: the weights frozen (a trainable base -- full SFT, unfrozen experts --
 runs TE's forward, whose weight gradients this module does not compute), no bias, no FP8 / FP4, no CPU offloading,
-no tensor-parallel communication inside TE (mcore-bridge refuses LoRA under expert tensor parallelism), and, decided
+no tensor parallelism inside TE (megatron-core leaves TE's 'column' / 'row' mode on an expert layer at EP 1, TP 1,
+where TE shards nothing: only a TE tensor-parallel size above 1 counts), and, decided
 once per layer, bf16 weights on a GPU of compute capability 9.0 or later (or any float on the CPU) with every
 dimension a multiple of 8. Elsewhere TE's forward runs, as upstream.
 The numbers: bf16 products accumulated in fp32 by the grouped kernel, as TE's GEMMs; the input gradient one grouped
@@ -97,8 +98,10 @@ def call_reason(layer, weights) -> Optional[str]:
         return 'FP8 / FP4'
     if getattr(config, 'cpu_offloading', False):
         return 'CPU offloading'
-    if getattr(layer, 'parallel_mode', None) is not None:
-        return f'TE\'s tensor-parallel mode {layer.parallel_mode!r}'
+    # megatron-core keeps TE's parallel mode ('column' / 'row') on an expert layer at EP 1 and TP 1, where TE shards
+    # and communicates nothing: only a tensor-parallel size above 1 makes TE's grouped linear more than its products
+    if getattr(layer, 'tp_size', 1) > 1:
+        return f'TE\'s tensor parallelism ({layer.tp_size} ranks, {getattr(layer, "parallel_mode", None)!r})'
     return None
 
 
