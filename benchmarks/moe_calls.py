@@ -67,7 +67,8 @@ LEVER_TWINS = (('rank_scale_vs_default', RANK_SCALE, ''), ('host_levers_vs_twin'
                ('noprefetch_vs_twin', NOPREFETCH, ' (Megatron-SWIFT\'s DataLoader, no read across epochs)'),
                ('pao_vs_twin', PAO, ' (precision-aware optimizer)'),
                ('glora_vs_twin', GLORA, ' (expert LoRA as one grouped GEMM)'),
-               ('gmm_vs_twin', GMM, ' (every expert product one grouped GEMM)'))
+               ('gmm_vs_twin', GMM, ' (every expert product one grouped GEMM)'),
+               ('gmm_pao_vs_twin', GMM + PAO, ' (every expert product one grouped GEMM, precision-aware optimizer)'))
 
 
 def setting(name: str, variant: Dict[str, Any], date: str) -> str:
@@ -165,10 +166,12 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
                               'loss_max_rel_diff_vs_fp32_lora': found['loss_max_rel_diff'],
                               'median_step_ratio': found['median_step_ratio']})
             for key, suffix, _ in LEVER_TWINS:
-                other = c['variants'].get(name.removesuffix(suffix)) if name.endswith(suffix) else None
-                if other and v.get('losses') and other.get('losses'):
+                if not (name.endswith(suffix) and v.get('losses')):
+                    continue
+                for other in _twin_calls(c, calls, name.removesuffix(suffix)):
                     levers[key].append({'file': c['file'], 'variant': name, 'twin': name.removesuffix(suffix),
-                                        **_against(v, other)})
+                                        'twin_file': other['file'], 'same_call': other is c,
+                                        **_against(v, other['variants'][name.removesuffix(suffix)])})
     # across calls (not side by side, say so): the fastest swift-vora run of any call over each plain swift run
     ours_all = [(r['tokens_per_s'], n, r['file']) for n, v in per_variant.items() if n.startswith('vora_')
                 for r in v['calls']]
@@ -189,6 +192,18 @@ def _mean_step(variant: Dict[str, Any]) -> Dict[str, Any]:
     if runner.get('step_sync') == 'lagged' and 'step_clock' not in runner:
         return {'mean_step_s': None, 'mean_step_note': HOST_CLOCK_MEAN}
     return {'mean_step_s': variant.get('mean_step_s')}
+
+
+def _twin_calls(call: Dict[str, Any], calls: List[Dict[str, Any]], name: str) -> List[Dict[str, Any]]:
+    """The calls holding a lever's twin `name`: the same call where it ran there, else each other call on the same GPU
+    that ran it (a lever measured in a call of its own; not side by side -- across machines the same setting has
+    spread 25 %)."""
+    def ran(o):
+        return bool((o['variants'].get(name) or {}).get('losses'))
+
+    if ran(call):
+        return [call]
+    return [o for o in calls if o is not call and o.get('gpu') and o.get('gpu') == call.get('gpu') and ran(o)]
 
 
 def _against(v: Dict[str, Any], twin: Dict[str, Any]) -> Dict[str, Any]:
@@ -219,8 +234,9 @@ def render(s: Dict[str, Any]) -> str:
                      f'steps), {t["losses"]} logged losses within {100 * t["loss_max_rel_diff_vs_fp32_lora"]:.2f} %')
     for key, _, label in LEVER_TWINS:
         for t in s.get(key) or []:
-            lines.append(f'{t["file"]}: {t["variant"]}{label} against {t["twin"]}: {t["median_step_ratio"]}x (median '
-                         f'steps), {t["losses"]} logged losses within {100 * t["loss_max_rel_diff"]:.2f} %')
+            where = '' if t.get('same_call', True) else f' of {t["twin_file"]} (same GPU, not side by side)'
+            lines.append(f'{t["file"]}: {t["variant"]}{label} against {t["twin"]}{where}: {t["median_step_ratio"]}x '
+                         f'(median steps), {t["losses"]} logged losses within {100 * t["loss_max_rel_diff"]:.2f} %')
     for r in s.get('megatron_over_unsloth') or []:
         where = 'the same call' if r['same_call'] else f'{r["unsloth_file"]} (same GPU, not side by side)'
         lines.append(f'{r["file"]}: {r["megatron"]} / {UNSLOTH_BEST} of {where} = {r["ratio"]}x (median steps)')

@@ -122,6 +122,14 @@ def test_factors_it_cannot_take_stay_as_they_are():
     with_bias = NpuGroupedLoraLinear(2, 16, 8, config=CONFIG, bias=True, is_expert=True)
     assert mel.applies_to(with_bias) == 'a LoRA bias'
     assert 'not a grouped factor' in mel.applies_to(torch.nn.Linear(16, 8))
+    # Transformer Engine's grouped linear without a bias keeps an empty tensor as each bias{i}: not a bias
+    te_like = factor()
+    for i in range(4):
+        setattr(te_like, f'bias{i}', torch.Tensor())
+    te_like.use_bias = False
+    assert mel.applies_to(te_like) is None
+    te_like.bias2 = torch.zeros(24)
+    assert mel.applies_to(te_like) == 'a LoRA bias'
     layer = SimpleNamespace(is_grouped=True, is_expert=True, config=CONFIG, lora_bias={'default': False},
                             lora_A={'default': factor(inp=12)}, lora_B={'default': factor(inp=8)})
     kept = layer.lora_A['default']

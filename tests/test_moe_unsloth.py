@@ -776,16 +776,26 @@ def test_moe_calls_reads_megatron_results_and_their_levers(tmp_path):
         'megatron-d.json': {'machine': 'NVIDIA H200 x1', 'command': ['bash', 'megatron_smoke.sh'], 'variants': {
             'mg_mb2_cutlass': {'tokens_per_s': 4000.0, 'median_step_s': 2.0, **step},
             'mg_mb2_cutlass_gmm': {'tokens_per_s': 8000.0, 'median_step_s': 1.0, **step}}},
+        'megatron-e.json': {'machine': h100, 'variants': {
+            'mg_mb2_cutlass': {'tokens_per_s': 6000.0, 'median_step_s': 5.0, **step}}},
+        'megatron-f.json': {'machine': h100, 'variants': {
+            'mg_mb2_cutlass_pao': {'tokens_per_s': 15000.0, 'median_step_s': 2.0, **step}}},
     }
     for name, data in files.items():
         (tmp_path / name).write_text(json.dumps({'date': 'd', 'model': 'random Qwen3.5-MoE', **data}))
     s = moe_calls.summarize(moe_calls.load('megatron-*.json', str(tmp_path)))
     assert s['nofusion_vs_twin'] == [{'file': 'megatron-a.json', 'variant': 'mg_mb2_cutlass_nofusion',
-                                      'twin': 'mg_mb2_cutlass', 'losses': 2, 'loss_max_rel_diff': 0.0,
-                                      'median_step_ratio': 0.8}]
+                                      'twin': 'mg_mb2_cutlass', 'twin_file': 'megatron-a.json', 'same_call': True,
+                                      'losses': 2, 'loss_max_rel_diff': 0.0, 'median_step_ratio': 0.8}]
     assert s['gmm_vs_twin'] == [{'file': 'megatron-d.json', 'variant': 'mg_mb2_cutlass_gmm', 'twin': 'mg_mb2_cutlass',
-                                 'losses': 2, 'loss_max_rel_diff': 0.0, 'median_step_ratio': 2.0}]
-    assert s['megatron_over_unsloth'] == [
+                                 'twin_file': 'megatron-d.json', 'same_call': True, 'losses': 2,
+                                 'loss_max_rel_diff': 0.0, 'median_step_ratio': 2.0}]
+    # a lever run in a call of its own: against its twin of each other call on the same GPU, said so
+    assert [(t['twin_file'], t['same_call'], t['median_step_ratio']) for t in s['pao_vs_twin']] == [
+        ('megatron-a.json', False, 2.0), ('megatron-e.json', False, 2.5)]
+    assert ('megatron-f.json: mg_mb2_cutlass_pao (precision-aware optimizer) against mg_mb2_cutlass of '
+            'megatron-a.json (same GPU, not side by side): 2.0x') in moe_calls.render(s)
+    assert [r for r in s['megatron_over_unsloth'] if r['file'] in ('megatron-a.json', 'megatron-c.json')] == [
         {'file': 'megatron-a.json', 'megatron': 'mg_mb2_cutlass', 'unsloth_file': 'megatron-b.json', 'same_call': False,
          'ratio': 0.25},
         {'file': 'megatron-c.json', 'megatron': 'mg_mb2', 'unsloth_file': 'megatron-c.json', 'same_call': True,
@@ -855,7 +865,8 @@ def test_moe_calls_compares_the_rank_scale_lever_with_its_twin_of_the_same_call(
     (tmp_path / 'moe-h200-full-j.json').write_text(json.dumps(call))
     s = moe_calls.summarize(moe_calls.load('moe-h200-full-*.json', str(tmp_path)))
     assert s['rank_scale_vs_default'] == [{'file': 'moe-h200-full-j.json', 'variant': 'vora_unsloth_mb4_rank_scale',
-                                           'twin': 'vora_unsloth_mb4', 'losses': 2, 'loss_max_rel_diff': 0.0,
+                                           'twin': 'vora_unsloth_mb4', 'twin_file': 'moe-h200-full-j.json',
+                                           'same_call': True, 'losses': 2, 'loss_max_rel_diff': 0.0,
                                            'median_step_ratio': 1.1}]
     assert 'vora_unsloth_mb4_rank_scale against vora_unsloth_mb4: 1.1x' in moe_calls.render(s)
 
@@ -882,7 +893,8 @@ def test_moe_calls_compares_the_host_levers_with_their_twin_and_drops_the_mean_o
     s = moe_calls.summarize(moe_calls.load('moe-h200-full-*.json', str(tmp_path)))
     assert s['host_levers_vs_twin'] == [{'file': 'moe-h200-full-m.json',
                                          'variant': 'vora_unsloth_mb4_ck32_rank_scale_nosync',
-                                         'twin': 'vora_unsloth_mb4_ck32_rank_scale', 'losses': 2,
+                                         'twin': 'vora_unsloth_mb4_ck32_rank_scale',
+                                         'twin_file': 'moe-h200-full-m.json', 'same_call': True, 'losses': 2,
                                          'loss_max_rel_diff': 0.005, 'median_step_ratio': 1.04}]
     assert '(host levers) against vora_unsloth_mb4_ck32_rank_scale: 1.04x' in moe_calls.render(s)
     runs = {r['file']: r for r in s['variants']['vora_unsloth_mb4_ck32_rank_scale_nosync']['calls']}

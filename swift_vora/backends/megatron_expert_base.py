@@ -40,6 +40,7 @@ PATCH = 'megatron_expert_base_grouped_mm'
 STACK = '_vora_expert_stack'  # the module attribute holding the stacked weights (not a buffer: not saved)
 WHY = '_vora_expert_stack_why'  # why this layer stays TE's, decided once (None: it does not)
 logger = logging.getLogger('swift')
+_said = {'stacked': False}  # the first stacked layer is said once per process (train.log: the path ran)
 
 
 def wanted(environ=None) -> bool:
@@ -120,6 +121,10 @@ def stacked(layer, weights):
         for i, w in enumerate(weights):
             w.data = stack[i]  # the Parameter stays (its attributes, its name); its storage is the stack's row
     object.__setattr__(layer, STACK, stack)
+    if not _said['stacked']:
+        _said['stacked'] = True
+        logger.info(f'swift-vora: frozen experts computed by torch._grouped_mm (the first layer: {tuple(stack.shape)} '
+                    f'stacked, {stack.numel() * stack.element_size() / 2**30:.2f} GiB)')
     return stack
 
 

@@ -48,7 +48,7 @@ FACTOR_BASE = 'mcore_bridge.tuners.npu_lora'
 FACTOR_PARAMS = ('self', 'num_gemms', 'input_size', 'output_size', 'config', 'bias', 'is_expert')
 ALIGN = 8  # torch._grouped_mm: 16-byte strides, 8 bf16 elements
 logger = logging.getLogger('swift')
-_warned = {'kept': False}  # a factor left as TE's is said once per process
+_warned = {'kept': False, 'replaced': False}  # a factor left as TE's, and the first replaced: said once per process
 
 
 def wanted(environ=None) -> bool:
@@ -151,8 +151,10 @@ def applies_to(factor) -> Optional[str]:
     weights = [getattr(factor, f'weight{i}', None) for i in range(getattr(factor, 'num_gemms', 0))]
     if not weights or any(w is None for w in weights):
         return 'not a grouped factor with weight0..weightN'
-    if any(getattr(factor, f'bias{i}', None) is not None for i in range(len(weights))) or getattr(
-            factor, 'use_bias', False):
+    # TE's grouped linear without a bias keeps an empty tensor as each `bias{i}` (transformer_engine/pytorch/module/
+    # grouped_linear.py: `setattr(self, f"bias{i}", torch.Tensor()...)`): only a bias with elements is one
+    if getattr(factor, 'use_bias', False) or any(
+            getattr(getattr(factor, f'bias{i}', None), 'numel', lambda: 0)() for i in range(len(weights))):
         return 'a LoRA bias'
     w = weights[0]
     if any(d % ALIGN for d in w.shape):
@@ -204,6 +206,11 @@ def replace_expert_factors(layer, adapter_name: str, base) -> int:
             continue
         factors[adapter_name] = grouped_factor(factor, base, layer.config, layer.is_expert)
         replaced += 1
+        if not _warned['replaced']:
+            _warned['replaced'] = True
+            shape = tuple(getattr(factor, 'weight0').shape)
+            logger.info(f'swift-vora: expert LoRA factors computed by torch._grouped_mm (the first: {factor.num_gemms} '
+                        f'experts of {shape})')
     return replaced
 
 
