@@ -336,6 +336,21 @@ ROWS: List[Dict[str, Any]] = [
                        'TE cross entropy, micro-batch 1, one H100 (megatron_moe mgf_te_ce, 2026-12-06), 7,788 tok',
      'source': ('megatron-h100-full-2026-12-06.json', 'mgf_te_ce'), 'scope': 'run', 'model': MOE3,
      'plan': [*MEGATRON_FULL_H100, '--cross-entropy', 'te']},
+    # --- 2026-12-06 evening, an H100 (megatron_moe gmm calls 2 and 3): out of sample, planned before the runs, no
+    # memory constant changed since; the grouped frozen experts' stack and the precision-aware optimizer are not in the
+    # plan (the stack's copy is transient; the optimizer's master of LoRA weights is small) ---
+    {'id': 51, 'what': 'as 45 on an H100 with TE\'s CUTLASS grouped GEMM and the epoch prefetch (megatron_moe '
+                       'mg_mb2_cutlass, 2026-12-06 evening), 2 x 7,788 tok',
+     'source': ('megatron-h100-moe-gmm-2026-12-06.json', 'mg_mb2_cutlass'), 'scope': 'run', 'model': MOE8,
+     'plan': [*MEGATRON_MOE8_H100, '--micro-batch', '2']},
+    {'id': 52, 'what': 'as 34 at micro-batch 4 with TE\'s cross entropy, one H100 (megatron_moe mg_mb4_te_ce, '
+                       'measured beside 51), 4 x 7,788 tok',
+     'source': ('megatron-h100-moe-gmm-2026-12-06.json', 'mg_mb4_te_ce'), 'scope': 'run', 'model': MOE8,
+     'plan': [*MEGATRON_MOE8_H100, '--micro-batch', '4', '--cross-entropy', 'te']},
+    {'id': 53, 'what': 'as 52 with the frozen experts as one grouped GEMM and the precision-aware optimizer '
+                       '(megatron_moe mg_mb4_te_ce_gmm_pao, measured beside 51), 4 x 7,788 tok',
+     'source': ('megatron-h100-moe-gmm-2026-12-06.json', 'mg_mb4_te_ce_gmm_pao'), 'scope': 'run', 'model': MOE8,
+     'plan': [*MEGATRON_MOE8_H100, '--micro-batch', '4', '--cross-entropy', 'te']},
 ]
 # Checked rows outside the tolerance, kept visible instead of refitted (a refit would make them in-sample): the
 # check fails on any other row outside, and on one of these coming back inside (then this list is out of date).

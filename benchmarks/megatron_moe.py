@@ -107,6 +107,11 @@ RECIPE_FULL = os.path.join(REPO, 'recipes', 'h200x8-full.yaml')
 # predictions were made for (calls b-g: the recipe shipped micro-batch 1 then; it ships 2 since call g); a lever that
 # sets the micro-batch says so in its name.
 BASE_MICRO_BATCH = 'train.micro_batch=1'
+# The same for the recipe's Megatron settings added after the first calls (2026-12-06: TE's cross entropy, the frozen
+# experts as one grouped GEMM, the precision-aware optimizer): every variant starts from the settings before them, and
+# a lever that sets one says so in its name (`mg_shipped`: the recipe's Megatron settings as shipped, at its EP 1 cut)
+BASE_SETTINGS = ('megatron.cross_entropy_fusion_impl=native', 'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=te',
+                 'megatron.precision_aware_optimizer=false')
 MEGATRON_LEVERS: Dict[str, List[str]] = {
     'mg_base': [],
     'mg_te_ce': ['megatron.cross_entropy_fusion_impl=te'],  # the recipe key: the plan's logits term follows it
@@ -160,34 +165,42 @@ MEGATRON_LEVERS: Dict[str, List[str]] = {
     # distributed optimizer's one copy kernel per trainable tensor (_copy_main_params_to_model_params: 8,256 copies and
     # 0.4 s of GPU idle in the profiled step of megatron-h100-moe-fusion-2026-12-06)
     'mg_mb2_cutlass_pao': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
-                           'swift_args.use_precision_aware_optimizer=true'],
+                           'megatron.precision_aware_optimizer=true'],
     # mg_mb2_cutlass with each expert LoRA factor as one torch._grouped_mm (backends/megatron_expert_lora.py) instead
     # of TE's one GEMM per expert: _GroupedLinearBackward held the host 1.06 s of the profiled 7.8 s step
     'mg_mb2_cutlass_glora': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
                              'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm'],
-    # every expert product of mg_mb2_cutlass one torch._grouped_mm: the LoRA factors (as _glora) and the frozen experts
-    # under them (backends/megatron_expert_base.py: TE's grouped GEMM walks the 256 experts on the host even where its
-    # CUTLASS kernel is one launch); and that with the precision-aware optimizer: every host-bound part of the profiled
-    # step that a setting reaches
+    # mg_mb2_cutlass with the frozen experts under the LoRA as one torch._grouped_mm per product
+    # (backends/megatron_expert_base.py: TE's grouped GEMM walks the 256 experts on the host even where its CUTLASS
+    # kernel is one launch). Its first calls (megatron-h100-moe-gmm*-2026-12-06) also set
+    # SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm, which then replaced no factor (TE's empty bias tensors read as a LoRA
+    # bias): what they ran is this
     'mg_mb2_cutlass_gmm': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
-                           'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm',
                            'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm'],
+    'mg_mb2_cutlass_gmm_pao': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
+                               'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm',
+                               'megatron.precision_aware_optimizer=true'],
     # one micro-batch of 4 samples a step (global batch 4) instead of two of 2: the host's per-micro-batch work once a
     # step, as the Unsloth path's micro-batch 4; TE's cross entropy keeps the logits to 2 bytes a position x vocab
-    # (native: 10), which is what makes 4 fit an H100 (planned 50 GiB against 64 for mg_mb2)
+    # (native: 10), which is what makes 4 fit an H100 (planned 45 GiB against 64 for mg_mb2)
     'mg_mb4_te_ce': ['train.micro_batch=4', 'megatron.cross_entropy_fusion_impl=te',
                      'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1'],
     'mg_mb4_te_ce_gmm': ['train.micro_batch=4', 'megatron.cross_entropy_fusion_impl=te',
-                         'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1', 'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm',
-                         'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm'],
+                         'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1', 'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm'],
     'mg_mb4_te_ce_gmm_pao': ['train.micro_batch=4', 'megatron.cross_entropy_fusion_impl=te',
-                             'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1', 'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm',
-                             'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm',
-                             'swift_args.use_precision_aware_optimizer=true'],
-    'mg_mb2_cutlass_gmm_pao': ['train.micro_batch=2', 'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
-                               'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm',
-                               'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm',
-                               'swift_args.use_precision_aware_optimizer=true'],
+                             'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1', 'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm',
+                             'megatron.precision_aware_optimizer=true'],
+    # recipes/h200x8.yaml's Megatron settings as shipped since that call (its CUTLASS, TE cross entropy, the grouped
+    # frozen experts, the precision-aware optimizer), at micro-batch 4: what mg_mb4_te_ce_gmm_pao ran
+    'mg_shipped': ['train.micro_batch=4', 'megatron.cross_entropy_fusion_impl=te',
+                   'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm', 'megatron.precision_aware_optimizer=true'],
+    # and with the expert LoRA factors as one grouped GEMM each too (their check fixed since): no expert product
+    # left to TE's per-expert host work
+    'mg_mb4_te_ce_gmm_pao_glora': ['train.micro_batch=4', 'megatron.cross_entropy_fusion_impl=te',
+                                   'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
+                                   'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm',
+                                   'megatron.precision_aware_optimizer=true',
+                                   'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm'],
 }
 # Megatron full SFT (megatron_ep_full, recipes/h200x8-full.yaml overridden to one GPU, EP 1) on the same shape cut to
 # what fits one GPU (`--layers 4` on an H200: docs/runs/benchmarks-log.md), at the recipe's micro-batch 1 unless the
@@ -200,7 +213,7 @@ MEGATRON_FULL_LEVERS: Dict[str, List[str]] = {
     'mgf_cutlass': ['env.NVTE_USE_CUTLASS_GROUPED_GEMM=1'],
     # the precision-aware optimizer (see mg_mb2_cutlass_pao): for full SFT it also keeps 2 bytes of master weight per
     # parameter instead of 4 (the 16-bit remainder), which the plan does not count yet -- measured, not planned
-    'mgf_cutlass_pao': ['env.NVTE_USE_CUTLASS_GROUPED_GEMM=1', 'swift_args.use_precision_aware_optimizer=true'],
+    'mgf_cutlass_pao': ['env.NVTE_USE_CUTLASS_GROUPED_GEMM=1', 'megatron.precision_aware_optimizer=true'],
 }
 FULL_FLAGSHIP = 'mgf'  # the full-SFT call's checked run: checkpoint-N (the HF model) against the base, loaded
 UNSLOTH_BEST = ['train.micro_batch=4', 'unsloth.gradient_checkpointing=true']
@@ -244,7 +257,8 @@ def megatron_overrides(name: str, args, b: Dict[str, Any], model: str, ann: str,
               'data.min_event=0.5', f'video.fps={b["fps"]:g}', f'video.max_frames={b["max_frames"]}',
               f'video.pair_tokens={b["pair_tokens"]}', f'video.min_pair_tokens={b["min_pair_tokens"]}',
               f'train.max_steps={last}', f'train.save_steps={last}', 'train.logging_steps=1',
-              f'train.output_dir={out}', f'train.dataloader_workers={args.workers}', BASE_MICRO_BATCH]
+              f'train.output_dir={out}', f'train.dataloader_workers={args.workers}', BASE_MICRO_BATCH,
+              *BASE_SETTINGS]
     if full:  # recipes/h200x8-full.yaml: no adapter, the converted HF model in checkpoint-N
         return [*common, f'train.lr={args.full_lr:g}', *MEGATRON_FULL_LEVERS[name]]
     # the recipe's own backend on eight H200s is Unsloth's replicas: these variants are Megatron's LoRA by name
@@ -666,6 +680,11 @@ def parse_args(argv=None):
 cut_config = mt.cut_config
 
 
+# the variants' own switches a dry run prints beside Transformer Engine's
+SHOWN_SWITCHES = ('SWIFT_VORA_PROFILE_STEP', 'SWIFT_VORA_MEGATRON_PREFETCH', 'SWIFT_VORA_MEGATRON_EXPERT_LORA',
+                  'SWIFT_VORA_MEGATRON_EXPERT_BASE')
+
+
 def dry_run(args) -> int:
     """The argv of every Megatron variant, from `swift-vora train --dry-run --json` (runs on CPU)."""
     b = mt.budget(False)
@@ -692,8 +711,7 @@ def dry_run(args) -> int:
         if plan['plan']['verdict'] != 'fits':
             failed += 1
         extra = {k: v for k, v in plan['launch']['env'].items()
-                 if k.startswith(('NVTE_', 'SWIFT_VORA_MEGATRON_EXPERT_', 'SWIFT_VORA_MEGATRON_PREFETCH'))
-                 or k == 'SWIFT_VORA_PROFILE_STEP'}
+                 if k.startswith('NVTE_') or k in SHOWN_SWITCHES}
         print(f'== {name}: {plan["plan"]["backend"]} {plan["plan"]["verdict"]} {plan["plan"]["gpu_peak_gib"]} GiB '
               f'(reserved {plan["plan"]["phases"]["steady"]["gpu_reserved_gib"]}) on {args.hardware}; '
               f'{plan["launch"]["env"].get("SWIFT_VORA_MEGATRON_FLA")}; {extra}; '

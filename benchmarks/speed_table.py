@@ -207,6 +207,13 @@ ROWS: List[Dict[str, Any]] = [
                    'h) and 7,178 tokens/s (here, an H100): the profile of this very run shows Megatron here bound by '
                    'the host, not the GPU (busy 20 % of the step, 106k kernel launches a step), so its speed follows '
                    'the machine\'s CPU and a FLOP efficiency cannot price it within 20 %. Not refitted'},
+    # Megatron LoRA at micro-batch 4 with the recipe's settings since (TE cross entropy, the frozen experts as grouped
+    # GEMMs, the precision-aware optimizer): the efficiency plan/speed.py holds for micro-batch 4, in-sample for this
+    # run only (its twin without the last two levers, mg_mb4_te_ce, is another setting)
+    {'what': '35B-A3B MoE cut to 8 layers, Megatron LoRA EP 1, mb 4, full recompute, TE cross entropy, grouped '
+             'frozen experts, precision-aware optimizer, one H100 (megatron_moe gmm call 2)',
+     'source': ('megatron-h100-moe-gmm-2026-12-06.json', 'mg_mb4_te_ce_gmm_pao'), 'model': 8,
+     'plan': [*H100, *MEGATRON[len(H200):], '--micro-batch', '4', '--cross-entropy', 'te'], 'fit': True},
     # Megatron full SFT's efficiency (plan/speed.py) is this one run's: in-sample, nothing to check it against yet
     {'what': '35B-A3B MoE cut to 3 layers, Megatron full SFT EP 1, mb 1, full recompute, TE cross entropy, one H100 '
              '(megatron_moe full call 5)',

@@ -97,7 +97,8 @@ def test_generated_argv_parses_with_megatron_swift_arguments(megatron_parser_ava
              launch_for('model.type=qwen3_vl_moe', model=MOE_30B_VL).argv[2:],
              launch_for('model.type=qwen3_vl_moe', 'train.packing=micro_batch', model=MOE_30B_VL).argv[2:],
              launch_for('model.type=qwen3_vl_moe', 'train.packing=dataset', model=MOE_30B_VL).argv[2:],
-             launch_for('megatron.cross_entropy_fusion_impl=te').argv[2:]]
+             launch_for('megatron.cross_entropy_fusion_impl=native', 'megatron.precision_aware_optimizer=false'
+                        ).argv[2:]]
     results = validate_argv(argvs)
     values = results[0]['values']
     assert values['expert_model_parallel_size'] == 8 and values['tuner_type'] == 'lora'
@@ -114,9 +115,12 @@ def test_generated_argv_parses_with_megatron_swift_arguments(megatron_parser_ava
     # ms-swift's Qwen3.5-MoE example; an attention-only MoE packs anywhere)
     assert values['padding_free'] is False and results[3]['values']['padding_free'] is True
     assert results[4]['values']['packing'] is True
-    # the loss the plan counts is the one Megatron-SWIFT is told to use
-    assert values['cross_entropy_loss_fusion'] is True and values['cross_entropy_fusion_impl'] == 'native'
-    assert results[5]['values']['cross_entropy_fusion_impl'] == 'te'
+    # the loss the plan counts is the one Megatron-SWIFT is told to use (the recipe ships TE's)
+    assert values['cross_entropy_loss_fusion'] is True and values['cross_entropy_fusion_impl'] == 'te'
+    assert results[5]['values']['cross_entropy_fusion_impl'] == 'native'
+    # the precision-aware optimizer the recipe ships, and Megatron-SWIFT's default where it is turned off
+    assert values['use_precision_aware_optimizer'] is True
+    assert results[5]['values']['use_precision_aware_optimizer'] is False
     # the check is real: a flag Megatron-SWIFT does not have is reported
     with pytest.raises(ValueError, match='no_such_flag'):
         validate_argv([['--model', 'x', '--no_such_flag', '1']])
@@ -191,7 +195,7 @@ def test_guard_callbacks_resolve_in_megatron_swift(megatron_parser_available):
 def test_cross_entropy_implementation_reaches_megatron_sft_and_the_plan():
     """megatron.cross_entropy_fusion_impl is passed to megatron sft (the fusion on) and planned with: TE's fused
     cross entropy keeps only the bf16 logits, so the same recipe plans less GPU memory."""
-    recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', *MEGATRON_LORA])
+    recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', *MEGATRON_LORA, 'megatron.cross_entropy_fusion_impl=native'])
     native = plan_recipe(recipe)
     te_recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', *MEGATRON_LORA, 'megatron.cross_entropy_fusion_impl=te'])
     te = plan_recipe(te_recipe)
@@ -200,6 +204,19 @@ def test_cross_entropy_implementation_reaches_megatron_sft_and_the_plan():
         argv = build_launch(plan, recipe, environ={}).argv
         assert flag(argv, '--cross_entropy_fusion_impl') == impl
         assert flag(argv, '--cross_entropy_loss_fusion') == 'true'
+
+
+def test_the_precision_aware_optimizer_is_a_recipe_key_not_set_twice():
+    from swift_vora.backends.recipe import RecipeError
+    for value, wanted in (('true', 'true'), ('false', None)):
+        recipe = load_recipe(H200X8, [f'model.path={MOE_35B}', *MEGATRON_LORA,
+                                      f'megatron.precision_aware_optimizer={value}'])
+        argv = build_launch(plan_recipe(recipe), recipe, environ={}).argv
+        assert (flag(argv, '--use_precision_aware_optimizer') if wanted else
+                '--use_precision_aware_optimizer' in argv) == (wanted or False)
+    with pytest.raises(RecipeError, match='megatron.precision_aware_optimizer'):
+        load_recipe(H200X8, [f'model.path={MOE_35B}', *MEGATRON_LORA,
+                             'swift_args={use_precision_aware_optimizer: true}'])
 
 
 def test_cross_entropy_implementation_is_checked_and_not_set_twice():

@@ -136,6 +136,8 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
              bool_arg(recipe['megatron.moe_permute_fusion'])]
     if full:  # the plan shards the fp32 master and Adam states over the data-parallel ranks with it
         argv += ['--use_distributed_optimizer', 'true']
+    if recipe['megatron.precision_aware_optimizer']:
+        argv += ['--use_precision_aware_optimizer', 'true']
         if recipe['megatron.freeze_router']:
             argv += ['--freeze_parameters_regex', ROUTER_REGEX]
     recompute = recipe['megatron.recompute'] if recipe['train.gradient_checkpointing'] else 'none'

@@ -130,6 +130,10 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     # native: Megatron's fused vocab-parallel CE (ms-swift's default; 10 bytes per position x vocab) | te: TE's fused
     # CE (2 bytes per position x vocab; swift_vora/plan/constants.py)
     'megatron.cross_entropy_fusion_impl': ((str, ), 'native'),
+    # megatron-core's precision-aware optimizer (--use_precision_aware_optimizer): Transformer Engine's FusedAdam keeps
+    # the master weights and writes the bf16 weights in its multi-tensor kernels, instead of one copy kernel per
+    # trainable tensor. Full SFT: the master as bf16 + a 16-bit remainder, 2 bytes a parameter less than the plan counts
+    'megatron.precision_aware_optimizer': ((bool, ), False),
     'megatron.attention_backend': ((str, ), 'fused'),  # TE cuDNN attention; flash needs flash-attn (none: torch 2.11)
     'megatron.merge_lora': ((bool, ), True),  # save checkpoint-N-merged (HF safetensors, LoRA merged)
     # megatron_ep_full: keep the MoE router's weights as they are (--freeze_parameters_regex over the TopKRouter
@@ -188,6 +192,7 @@ MODELLED_ARGS: Dict[str, str] = {
     # the plan's logits term depends on the loss (megatron sft gets both, the fusion always on)
     'cross_entropy_fusion_impl': 'megatron.cross_entropy_fusion_impl',
     'cross_entropy_loss_fusion': 'megatron.cross_entropy_fusion_impl',
+    'use_precision_aware_optimizer': 'megatron.precision_aware_optimizer',
     **{k.split('.', 1)[1]: k for k in ALIASES},
     'quant_method': 'train.quantization', 'quant_bits': 'train.quantization', 'deepspeed': 'train.backend',
     'template': 'the video_ora template (always)', 'custom_register_path': 'the plugin (always)',

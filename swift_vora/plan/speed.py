@@ -122,6 +122,14 @@ EFFICIENCY: Dict[Tuple[str, str, bool, bool, int], Measured] = {
     ('megatron_ep_lora', 'moe', False, True, 2): Measured(
         0.0364, **_MOE8, setting='EP 1, full recompute, micro-batch 2',
         runs=_R + 'megatron-h200-moe-g-2026-12-04.json (mg_mb2)', tokens_per_s=4669.6),
+    # micro-batch 4 with the settings recipes/h200x8.yaml ships for Megatron since (TE's cross entropy, the frozen
+    # experts as one grouped GEMM, the precision-aware optimizer, CUTLASS): one run, on an H100; 1.90x micro-batch 2
+    # with none of them in the same call. Still host-bound (the GPU busy half of the profiled step)
+    ('megatron_ep_lora', 'moe', False, True, 4): Measured(
+        0.1056, **_MOE8, gpu='H100',
+        setting='EP 1, full recompute, micro-batch 4, TE cross entropy, the frozen experts as grouped GEMMs, '
+                'precision-aware optimizer',
+        runs=_R + 'megatron-h100-moe-gmm-2026-12-06.json (mg_mb4_te_ce_gmm_pao)', tokens_per_s=13553.1),
     # Megatron-SWIFT full SFT of the MoE: one run, on an H100, the 35B-A3B shape cut to 3 layers (every expert, the
     # vision tower), EP 1, full recompute, TE's cross entropy; MFU over flops_per_sample(tuner='full'). At full depth
     # the vision tower, embeddings and LM head weigh less: how that moves the efficiency is not measured yet. Faster
