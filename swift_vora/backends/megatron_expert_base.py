@@ -32,8 +32,8 @@ import functools
 import logging
 from typing import Any, List, Optional
 
-from .. import patches, switches
-from .megatron_expert_lora import ALIGN, LORA_MODULE, offsets_of
+from .. import switches
+from .megatron_expert_lora import ALIGN, LORA_MODULE, offsets_of, wrap_update_layer
 
 ENV = 'SWIFT_VORA_MEGATRON_EXPERT_BASE'
 PATCH = 'megatron_expert_base_grouped_mm'
@@ -166,16 +166,8 @@ def use_grouped_base(layer) -> bool:
 def install(lora_cls) -> bool:
     """Wrap `lora_cls.update_layer` (mcore-bridge's LoraParallelLinear) so that each expert layer's base computes by
     one grouped GEMM. False where already installed or not applicable."""
-    update = lora_cls.update_layer
-    if patches.in_chain(update, PATCH) or not patches.applicable(PATCH):
+    if not wrap_update_layer(lora_cls, PATCH, lambda layer, name: use_grouped_base(layer)):
         return False
-
-    def update_layer(self, adapter_name, r, *, lora_alpha, **kwargs):
-        result = update(self, adapter_name, r, lora_alpha=lora_alpha, **kwargs)
-        use_grouped_base(self)
-        return result
-
-    lora_cls.update_layer = patches.mark(update_layer, PATCH, update)
     logger.info(f'swift-vora: frozen expert weights under LoRA as one torch._grouped_mm per product ({ENV}=grouped_mm)')
     return True
 

@@ -221,23 +221,32 @@ def check_factor_base(base) -> Optional[str]:
     return None
 
 
-def install(lora_cls, base) -> bool:
-    """Wrap `lora_cls.update_layer` (mcore-bridge's LoraParallelLinear) so that each expert layer's factors are
-    grouped-GEMM factors on `base` (its NpuGroupedLoraLinear). False where already installed or not applicable."""
+def wrap_update_layer(lora_cls, patch: str, after) -> bool:
+    """mcore-bridge's `LoraParallelLinear.update_layer` wrapped as patch `patch`: `after(layer, adapter_name)` runs once
+    upstream has built and initialised the adapter. False where that patch is already there or not applicable (two
+    patches may wrap it: this module's and megatron_expert_base's)."""
     update = lora_cls.update_layer
-    if patches.in_chain(update, PATCH) or not patches.applicable(PATCH):
-        return False
-    why = check_factor_base(base)
-    if why is not None:
-        logger.warning(f'swift-vora: {PATCH} not applied: {why}; the expert LoRA stays Transformer Engine\'s')
+    if patches.in_chain(update, patch) or not patches.applicable(patch):
         return False
 
     def update_layer(self, adapter_name, r, *, lora_alpha, **kwargs):
         result = update(self, adapter_name, r, lora_alpha=lora_alpha, **kwargs)
-        replace_expert_factors(self, adapter_name, base)
+        after(self, adapter_name)
         return result
 
-    lora_cls.update_layer = patches.mark(update_layer, PATCH, update)
+    lora_cls.update_layer = patches.mark(update_layer, patch, update)
+    return True
+
+
+def install(lora_cls, base) -> bool:
+    """Wrap `lora_cls.update_layer` (mcore-bridge's LoraParallelLinear) so that each expert layer's factors are
+    grouped-GEMM factors on `base` (its NpuGroupedLoraLinear). False where already installed or not applicable."""
+    why = check_factor_base(base)
+    if why is not None:
+        logger.warning(f'swift-vora: {PATCH} not applied: {why}; the expert LoRA stays Transformer Engine\'s')
+        return False
+    if not wrap_update_layer(lora_cls, PATCH, lambda layer, name: replace_expert_factors(layer, name, base)):
+        return False
     logger.info(f'swift-vora: expert LoRA factors as one torch._grouped_mm each ({ENV}=grouped_mm)')
     return True
 
