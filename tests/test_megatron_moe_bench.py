@@ -233,11 +233,17 @@ def test_the_fix_candidates_reach_megatron_sft(launches):
     assert launches['mg_mb2_nocutlass'].env['NVTE_USE_CUTLASS_GROUPED_GEMM'] == '0'
     for name in ('mg_mb2_workers8', 'mg_mb2_cutlass', 'mg_mb2_cutlass_workers8', 'mg_mb2_nocutlass'):
         assert flag(launches[name].argv, '--micro_batch_size') == '2'
-    # every expert product as a grouped GEMM: both switches reach the training process's environment
-    for name in ('mg_mb2_cutlass_gmm', 'mg_mb4_te_ce_gmm', 'mg_mb4_te_ce_gmm_pao'):
+    # the grouped frozen experts (_gmm) and the grouped LoRA factors (_glora) reach the training process's environment;
+    # every other variant runs the settings before them, whatever the recipe ships (the benchmark's BASE_SETTINGS)
+    for name in ('mg_mb2_cutlass_gmm', 'mg_mb4_te_ce_gmm', 'mg_mb4_te_ce_gmm_pao', 'mg_shipped'):
         env = launches[name].env
-        assert env['SWIFT_VORA_MEGATRON_EXPERT_LORA'] == env['SWIFT_VORA_MEGATRON_EXPERT_BASE'] == 'grouped_mm'
-    assert 'SWIFT_VORA_MEGATRON_EXPERT_BASE' not in launches['mg_mb4_te_ce'].env
+        assert env['SWIFT_VORA_MEGATRON_EXPERT_BASE'] == 'grouped_mm' and 'SWIFT_VORA_MEGATRON_EXPERT_LORA' not in env
+    assert launches['mg_mb4_te_ce_gmm_pao_glora'].env['SWIFT_VORA_MEGATRON_EXPERT_LORA'] == 'grouped_mm'
+    for name in ('mg_mb4_te_ce', 'mg_mb2', 'mg_base'):
+        assert launches[name].env['SWIFT_VORA_MEGATRON_EXPERT_BASE'] == 'te'
+        assert '--use_precision_aware_optimizer' not in launches[name].argv
+    assert flag(launches['mg_base'].argv, '--cross_entropy_fusion_impl') == 'native'
+    assert flag(launches['mg_shipped'].argv, '--use_precision_aware_optimizer') == 'true'
     # one micro-batch of 4 a step, with TE's cross entropy (what makes it fit an H100)
     for name in ('mg_mb4_te_ce', 'mg_mb4_te_ce_gmm', 'mg_mb4_te_ce_gmm_pao'):
         assert flag(launches[name].argv, '--micro_batch_size') == '4'

@@ -136,10 +136,10 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
              bool_arg(recipe['megatron.moe_permute_fusion'])]
     if full:  # the plan shards the fp32 master and Adam states over the data-parallel ranks with it
         argv += ['--use_distributed_optimizer', 'true']
-    if recipe['megatron.precision_aware_optimizer']:
-        argv += ['--use_precision_aware_optimizer', 'true']
         if recipe['megatron.freeze_router']:
             argv += ['--freeze_parameters_regex', ROUTER_REGEX]
+    if recipe['megatron.precision_aware_optimizer']:  # TE's FusedAdam writes the bf16 weights: no copy per tensor
+        argv += ['--use_precision_aware_optimizer', 'true']
     recompute = recipe['megatron.recompute'] if recipe['train.gradient_checkpointing'] else 'none'
     argv += ['--recompute_granularity', recompute]
     if recompute == 'full':
