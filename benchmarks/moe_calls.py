@@ -127,8 +127,7 @@ def megatron_over_unsloth(calls: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         if not rates:
             continue
         best = max(rates, key=rates.get)
-        against = [c] if unsloth(c) else [o for o in calls
-                                          if o is not c and o.get('gpu') == c.get('gpu') and unsloth(o)]
+        against = _same_call_or_gpu(c, calls, unsloth)
         out += [{'file': c['file'], 'megatron': best, 'unsloth_file': o['file'], 'same_call': o is c,
                  'ratio': round(rates[best] / unsloth(o), 3)} for o in against]
     return out
@@ -168,10 +167,11 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
             for key, suffix, _ in LEVER_TWINS:
                 if not (name.endswith(suffix) and v.get('losses')):
                     continue
-                for other in _twin_calls(c, calls, name.removesuffix(suffix)):
-                    levers[key].append({'file': c['file'], 'variant': name, 'twin': name.removesuffix(suffix),
+                twin = name.removesuffix(suffix)
+                for other in _same_call_or_gpu(c, calls, lambda o: (o['variants'].get(twin) or {}).get('losses')):
+                    levers[key].append({'file': c['file'], 'variant': name, 'twin': twin,
                                         'twin_file': other['file'], 'same_call': other is c,
-                                        **_against(v, other['variants'][name.removesuffix(suffix)])})
+                                        **_against(v, other['variants'][twin])})
     # across calls (not side by side, say so): the fastest swift-vora run of any call over each plain swift run
     ours_all = [(r['tokens_per_s'], n, r['file']) for n, v in per_variant.items() if n.startswith('vora_')
                 for r in v['calls']]
@@ -194,16 +194,12 @@ def _mean_step(variant: Dict[str, Any]) -> Dict[str, Any]:
     return {'mean_step_s': variant.get('mean_step_s')}
 
 
-def _twin_calls(call: Dict[str, Any], calls: List[Dict[str, Any]], name: str) -> List[Dict[str, Any]]:
-    """The calls holding a lever's twin `name`: the same call where it ran there, else each other call on the same GPU
-    that ran it (a lever measured in a call of its own; not side by side -- across machines the same setting has
-    spread 25 %)."""
-    def ran(o):
-        return bool((o['variants'].get(name) or {}).get('losses'))
-
-    if ran(call):
+def _same_call_or_gpu(call: Dict[str, Any], calls: List[Dict[str, Any]], has) -> List[Dict[str, Any]]:
+    """The calls to compare `call` with where `has(call)` is not enough: `call` itself where `has(call)`, else each
+    other call on the same (known) GPU that has it -- not side by side: across machines one setting has spread 25 %."""
+    if has(call):
         return [call]
-    return [o for o in calls if o is not call and o.get('gpu') and o.get('gpu') == call.get('gpu') and ran(o)]
+    return [o for o in calls if o is not call and o.get('gpu') and o.get('gpu') == call.get('gpu') and has(o)]
 
 
 def _against(v: Dict[str, Any], twin: Dict[str, Any]) -> Dict[str, Any]:

@@ -33,7 +33,7 @@ import logging
 from typing import Any, List, Optional
 
 from .. import switches
-from .megatron_expert_lora import ALIGN, LORA_MODULE, offsets_of, wrap_update_layer
+from .megatron_expert_lora import LORA_MODULE, grouped_mm_reason, offsets_of, wrap_update_layer
 
 ENV = 'SWIFT_VORA_MEGATRON_EXPERT_BASE'
 PATCH = 'megatron_expert_base_grouped_mm'
@@ -70,22 +70,6 @@ def _frozen_grouped_mm():
 
 def _weights(layer) -> List[Any]:
     return [getattr(layer, f'weight{i}') for i in range(layer.num_gemms)]
-
-
-def static_reason(weights) -> Optional[str]:
-    """Why weights of this dtype, shape and device stay TE's (None: torch._grouped_mm takes them)."""
-    import torch
-    w = weights[0]
-    if any(d % ALIGN for d in w.shape):
-        return f'its {tuple(w.shape)} weights are not multiples of {ALIGN}'
-    if w.device.type == 'cuda':
-        if w.dtype != torch.bfloat16:
-            return f'{w.dtype} weights on a GPU (torch._grouped_mm takes bf16 there)'
-        if torch.cuda.get_device_capability(w.device) < (9, 0):
-            return 'a GPU before compute capability 9.0'
-    elif w.device.type != 'cpu':
-        return f'weights on {w.device.type}'
-    return None
 
 
 def call_reason(layer, weights) -> Optional[str]:
@@ -140,7 +124,7 @@ def frozen_experts_class(base):
         def forward(self, x, m_splits):
             weights = _weights(self)
             if WHY not in self.__dict__:
-                object.__setattr__(self, WHY, static_reason(weights))
+                object.__setattr__(self, WHY, grouped_mm_reason(weights[0]))
             if self.__dict__[WHY] is not None or call_reason(self, weights) is not None:
                 return super().forward(x, m_splits)
             stack = stacked(self, weights)

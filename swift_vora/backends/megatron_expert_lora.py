@@ -147,7 +147,6 @@ def factor_class(base):
 def applies_to(factor) -> Optional[str]:
     """Why `factor` (one of an expert layer's LoRA factors, as mcore-bridge built it) stays as it is; None where it
     can be a grouped-GEMM factor."""
-    import torch
     weights = [getattr(factor, f'weight{i}', None) for i in range(getattr(factor, 'num_gemms', 0))]
     if not weights or any(w is None for w in weights):
         return 'not a grouped factor with weight0..weightN'
@@ -156,7 +155,13 @@ def applies_to(factor) -> Optional[str]:
     if getattr(factor, 'use_bias', False) or any(
             getattr(getattr(factor, f'bias{i}', None), 'numel', lambda: 0)() for i in range(len(weights))):
         return 'a LoRA bias'
-    w = weights[0]
+    return grouped_mm_reason(weights[0])
+
+
+def grouped_mm_reason(w) -> Optional[str]:
+    """Why `torch._grouped_mm` cannot take expert weights of `w`'s shape, dtype and device (None: it can): 16-byte
+    strides, bf16 on a GPU of compute capability 9.0 or later, any float on the CPU."""
+    import torch
     if any(d % ALIGN for d in w.shape):
         return f'its {tuple(w.shape)} weights are not multiples of {ALIGN}'
     if w.device.type == 'cuda':
