@@ -235,11 +235,11 @@ def is_megatron(name: str) -> bool:
     return name in MEGATRON_LEVERS or name in MEGATRON_FULL_LEVERS
 
 
-def flagship_of(names: List[str]) -> str:
+def flagship_of(names: List[str], lora: str = FLAGSHIP) -> str:
     """The checked run of a call: where it trains full SFT, its first full-SFT variant (FULL_FLAGSHIP first where
-    asked: the recipe as shipped), else item 1's LoRA run."""
+    asked: the recipe as shipped), else item 1's LoRA run (`lora`: FLAGSHIP, or --flagship-variant)."""
     full = [n for n in names if n in MEGATRON_FULL_LEVERS]
-    return (FULL_FLAGSHIP if FULL_FLAGSHIP in full else full[0]) if full else FLAGSHIP
+    return (FULL_FLAGSHIP if FULL_FLAGSHIP in full else full[0]) if full else lora
 
 
 # ---- the Megatron launch --------------------------------------------------------------------------------------------
@@ -636,6 +636,10 @@ def parse_args(argv=None):
     parser.add_argument('--model-dir', default=None, help='reuse a built checkpoint (dry run: a config.json path)')
     parser.add_argument('--variants', default=DEFAULT_VARIANTS)
     parser.add_argument('--no-flagship', action='store_true', help=f'{FLAGSHIP} without the merged export and checks')
+    parser.add_argument('--flagship-variant', default=FLAGSHIP, metavar='NAME',
+                        help=f'the Megatron LoRA variant that is the checked run (default {FLAGSHIP}; mg_shipped: the '
+                             'recipe\'s Megatron settings at its micro-batch, so that its twin in a lever call is '
+                             'also the checked run)')
     parser.add_argument('--steps', type=int, default=12)
     parser.add_argument('--warmup-steps', type=int, default=2)
     parser.add_argument('--global-batch', type=int, default=4, help='samples per Megatron optimizer step')
@@ -667,6 +671,9 @@ def parse_args(argv=None):
     parser.add_argument('--megatron-site', default=tp.switch('SWIFT_VORA_MEGATRON_SITE') or '',
                         help='folder holding the Megatron set (put on PYTHONPATH for the Megatron variants only)')
     args = parser.parse_args(argv)
+    if args.flagship_variant not in MEGATRON_LEVERS:
+        parser.error(f'--flagship-variant {args.flagship_variant}: not a Megatron LoRA variant '
+                     f'({", ".join(MEGATRON_LEVERS)})')
     if args.megatron_profile_step is not None and args.megatron_profile_step <= args.steps:
         parser.error(f'--megatron-profile-step {args.megatron_profile_step}: after the {args.steps} measured steps '
                      '(the profiler slows the step it profiles)')
@@ -693,7 +700,7 @@ def dry_run(args) -> int:
     failed = 0
     names = ([*MEGATRON_LEVERS, *MEGATRON_FULL_LEVERS] if args.variants == 'all' else
              [v for v in args.variants.split(',') if is_megatron(v)])
-    checked = flagship_of(names)
+    checked = flagship_of(names, args.flagship_variant)
     for name in names:
         overrides = megatron_overrides(name, args, b, model, 'data/train.jsonl', f'/tmp/{name}',
                                        name == checked and not args.no_flagship)
@@ -747,7 +754,7 @@ def main(argv=None) -> int:
                           workers=min(16, os.cpu_count() or 1))
     inputs = {'model': model_dir, **tp.write_datasets(work, clips)}
     names = [v for v in args.variants.split(',') if v]
-    checked = flagship_of(names)
+    checked = flagship_of(names, args.flagship_variant)
     full = checked == FULL_FLAGSHIP
     payload: Dict[str, Any] = {
         'benchmark': 'megatron_moe', 'model_family': 'qwen3_5_moe', 'date': tp.now_stamp(), 'machine': tp.hardware(),
