@@ -365,3 +365,24 @@ def test_a_full_sft_call_checks_its_own_run():
     assert final['failures'] == [] and final['tokens_per_s'] == 3000.0 and final['backend_ratio'] is None
     missing = mm.assemble({'flagship_variant': 'mgf', 'variants': {'mgf': {'failed': 'CUDA out of memory'}}})
     assert 'mgf (the checked run) did not report: CUDA out of memory' in missing['failures'][0]
+
+
+def test_the_checked_lora_run_may_be_the_recipes_shipped_settings(tmp_path):
+    """--flagship-variant mg_shipped: the lever call's twin is also the checked run -- it writes the merged copy the
+    expert check reads, its twin-less levers do not; a name that is no Megatron LoRA variant is refused."""
+    args = mm.parse_args(['--flagship-variant', 'mg_shipped'])
+    names = ['mg_shipped', 'mg_mb4_te_ce_gmm_pao_glora', 'vora_unsloth_best']
+    assert mm.flagship_of(names, args.flagship_variant) == 'mg_shipped'
+    assert mm.flagship_of(['mgf', *names], args.flagship_variant) == 'mgf'  # a full-SFT call checks its own run
+    model = '/m'
+    for name, merged in (('mg_shipped', 'true'), ('mg_mb4_te_ce_gmm_pao_glora', 'false')):
+        overrides = mm.megatron_overrides(name, args, mt.budget(False), model, 'a.jsonl', '/o',
+                                          name == mm.flagship_of(names, args.flagship_variant))
+        assert f'megatron.merge_lora={merged}' in overrides, name
+    with pytest.raises(SystemExit):
+        mm.parse_args(['--flagship-variant', 'mgf'])
+    profiled = mm.parse_args(['--flagship-variant', 'mg_shipped', '--megatron-profile-step', '13',
+                              '--profile-variants', 'mg_shipped'])
+    with pytest.raises(SystemExit, match='the checked run is not profiled'):
+        mm.run_megatron('mg_shipped', profiled, mt.budget(False), {'model': model, 'annotations': 'a.jsonl'},
+                        str(tmp_path), flagship=True)
