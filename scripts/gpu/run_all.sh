@@ -6,8 +6,8 @@
 # Run from the repository root through the device tool with carry [".whl/swift"] (plus ".whl/unsloth" for the
 # unsloth phase), or with carry [".wpk/<pack>.tar.xz"] alone: a wheel pack holding the sets the phases need,
 # unpacked into .whl/ before anything else (`python scripts/gpu/wheel_pack.py pack --sets swift,moe,megatron
-# --exclude py_spy,torchao,deepspeed,liger_kernel`: 48.3 MiB, which makes megatron_moe one call from a bare machine,
-# with room beside the repository for the kernel cache, carry [".wpk/megatron-call.tar.xz", ".kcache"];
+# --exclude py_spy,torchao,deepspeed,liger_kernel`: 48.5 MiB with apex, which makes megatron_moe one call from a bare
+# machine; with the repository it comes near the 64 MiB a call carries, so the kernel cache no longer rides along;
 # swift,moe: 30.9 MiB).
 # Phases (each must fit the tool's 10-minute command limit; estimates in brackets):
 #   setup         install + versions + the `--custom_register_path swift_vora` check only          [~1 min]
