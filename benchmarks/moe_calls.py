@@ -14,7 +14,7 @@ import glob
 import json
 import os
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')
 # The Unsloth runner's forward runs under autocast since 2026-12-03 (unsloth_runner.forward_autocast); before, its
@@ -56,6 +56,9 @@ HOST_CLOCK_MEAN = 'not comparable: one step in flight, timed by the host before 
 # text; its depth is not in them.
 NOFUSION, NOPREFETCH, PAO, GLORA, GMM = '_nofusion', '_noprefetch', '_pao', '_glora', '_gmm'
 MEGATRON_PREFIX, UNSLOTH_BEST = 'mg_', 'vora_unsloth_best'
+# Megatron variants that run the same settings under two names: mg_shipped is the recipe as shipped since the call
+# that measured mg_mb4_te_ce_gmm_pao (benchmarks/megatron_moe.py), so either is the other's twin
+SAME_SETTINGS = {'mg_mb4_te_ce_gmm_pao': 'mg_shipped', 'mg_shipped': 'mg_mb4_te_ce_gmm_pao'}
 # Each lever against its twin of the same call: (summary key, the lever's name suffix, its label in the text)
 LEVER_TWINS = (('rank_scale_vs_default', RANK_SCALE, ''), ('host_levers_vs_twin', HOST_LEVERS, ' (host levers)'),
                ('gather_vs_twin', GATHER, ' (permutation gather)'), ('router_vs_twin', ROUTER, ' (fused router)'),
@@ -167,8 +170,9 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
             for key, suffix, _ in LEVER_TWINS:
                 if not (name.endswith(suffix) and v.get('losses')):
                     continue
-                twin = name.removesuffix(suffix)
-                for other in _same_call_or_gpu(c, calls, lambda o: (o['variants'].get(twin) or {}).get('losses')):
+                names = (name.removesuffix(suffix), SAME_SETTINGS.get(name.removesuffix(suffix)))
+                for other in _same_call_or_gpu(c, calls, lambda o: _twin_in(o, names)):
+                    twin = _twin_in(other, names)
                     levers[key].append({'file': c['file'], 'variant': name, 'twin': twin,
                                         'twin_file': other['file'], 'same_call': other is c,
                                         **_against(v, other['variants'][twin])})
@@ -192,6 +196,11 @@ def _mean_step(variant: Dict[str, Any]) -> Dict[str, Any]:
     if runner.get('step_sync') == 'lagged' and 'step_clock' not in runner:
         return {'mean_step_s': None, 'mean_step_note': HOST_CLOCK_MEAN}
     return {'mean_step_s': variant.get('mean_step_s')}
+
+
+def _twin_in(call: Dict[str, Any], names) -> Optional[str]:
+    """The first of `names` that ran with logged losses in `call`."""
+    return next((n for n in names if n and (call['variants'].get(n) or {}).get('losses')), None)
 
 
 def _same_call_or_gpu(call: Dict[str, Any], calls: List[Dict[str, Any]], has) -> List[Dict[str, Any]]:

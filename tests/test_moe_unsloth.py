@@ -780,6 +780,10 @@ def test_moe_calls_reads_megatron_results_and_their_levers(tmp_path):
             'mg_mb2_cutlass': {'tokens_per_s': 6000.0, 'median_step_s': 5.0, **step}}},
         'megatron-f.json': {'machine': h100, 'variants': {
             'mg_mb2_cutlass_pao': {'tokens_per_s': 15000.0, 'median_step_s': 2.0, **step}}},
+        # the recipe as shipped runs what mg_mb4_te_ce_gmm_pao ran: the twin of its _glora lever in the same call
+        'megatron-g.json': {'machine': h100, 'variants': {
+            'mg_shipped': {'tokens_per_s': 13000.0, 'median_step_s': 3.0, **step},
+            'mg_mb4_te_ce_gmm_pao_glora': {'tokens_per_s': 19500.0, 'median_step_s': 2.0, 'losses': [12.0, 10.1]}}},
     }
     for name, data in files.items():
         (tmp_path / name).write_text(json.dumps({'date': 'd', 'model': 'random Qwen3.5-MoE', **data}))
@@ -790,6 +794,9 @@ def test_moe_calls_reads_megatron_results_and_their_levers(tmp_path):
     assert s['gmm_vs_twin'] == [{'file': 'megatron-d.json', 'variant': 'mg_mb2_cutlass_gmm', 'twin': 'mg_mb2_cutlass',
                                  'twin_file': 'megatron-d.json', 'same_call': True, 'losses': 2,
                                  'loss_max_rel_diff': 0.0, 'median_step_ratio': 2.0}]
+    assert s['glora_vs_twin'] == [{'file': 'megatron-g.json', 'variant': 'mg_mb4_te_ce_gmm_pao_glora',
+                                   'twin': 'mg_shipped', 'twin_file': 'megatron-g.json', 'same_call': True,
+                                   'losses': 2, 'loss_max_rel_diff': 0.01, 'median_step_ratio': 1.5}]
     # a lever run in a call of its own: against its twin of each other call on the same GPU, said so
     assert [(t['twin_file'], t['same_call'], t['median_step_ratio']) for t in s['pao_vs_twin']] == [
         ('megatron-a.json', False, 2.0), ('megatron-e.json', False, 2.5)]
