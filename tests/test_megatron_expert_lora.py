@@ -92,6 +92,27 @@ def test_gradients_go_into_megatrons_main_grad_and_accumulate():
             assert w.grad_added_to_main_grad and not w.grad.any()
 
 
+def test_autograd_keeps_the_zero_gradient_it_is_handed_without_a_copy_per_expert():
+    """Under Megatron's DDP (its hook clears each weight's .grad after every backward) the zero gradient handed to
+    autograd becomes the weight's .grad as it is: no copy per expert weight -- with the cached tensor itself autograd
+    copied it, one kernel per expert weight and micro-batch (8,193 of them in a profiled step on an H100)."""
+    f = mel.grouped_factor(factor(), NpuGroupedLoraLinear, CONFIG, True)
+    weights = [getattr(f, f'weight{i}') for i in range(4)]
+    for w in weights:
+        w.main_grad = torch.zeros_like(w, dtype=torch.float32)
+        w.grad_added_to_main_grad = False
+    x, g = torch.randn(24, 16), torch.randn(24, 24)
+    for _ in range(2):
+        out, _ = f(x, SPLITS)
+        (out * g).sum().backward()
+        for w in weights:
+            kept = mel._dummy_grad(w)
+            assert w.grad.untyped_storage().data_ptr() == kept.untyped_storage().data_ptr()
+            assert not kept.any()
+            w.grad = None  # Megatron's backward hook, once it has seen grad_added_to_main_grad
+    assert [bool(w.main_grad.any()) for w in weights] == [split > 0 for split in SPLITS]  # the sums still land
+
+
 def test_an_expert_layers_factors_are_replaced_with_their_weights_and_attributes(monkeypatch):
     a, b = factor(inp=16, out=8, seed=1), factor(inp=8, out=24, seed=2)
     for f in (a, b):
