@@ -317,8 +317,29 @@ def attribute(trace: Dict[str, Any], top_gaps: int = 15) -> Dict[str, Any]:
             'gpu_busy_fraction': round(busy_us / window, 4), 'kernels': len(kernels),
             'kernel_sum_ms': round(sum(k['dur'] for k in kernels) / 1e3, 3),
             'data_wait_fraction': round(rows.get(DATA_WAIT, {}).get('idle_us', 0.0) / window, 4),
-            'rows': table, 'largest_gaps': largest, 'regions_seen': info['regions_seen'],
+            'rows': table, 'largest_gaps': largest, 'optimizer_host_ops': optimizer_host_ops(trace),
+            'regions_seen': info['regions_seen'],
             'backward_linked_fraction': info['backward_linked_fraction']}
+
+
+def optimizer_host_ops(trace: Dict[str, Any], top: int = 8) -> List[Dict[str, Any]]:
+    """What the host ran inside the optimizer's step (the `vora/optimizer` range on its thread): each host op's name
+    with its count and inclusive milliseconds, the longest first. Where the optimizer's GPU work is small and its host
+    idle large, this says which Python step held the host (an op nested in another counts in both)."""
+    events = [e for e in trace.get('traceEvents', []) if e.get('ph') == 'X' and 'dur' in e
+              and e.get('cat') in HOST_CATEGORIES]
+    spans = [(float(e['ts']), float(e['ts']) + float(e['dur']), e.get('tid')) for e in events
+             if e.get('name') == OPTIMIZER_REGION]
+    inclusive: collections.Counter = collections.Counter()
+    count: collections.Counter = collections.Counter()
+    for e in events:
+        name, tid, start = str(e.get('name', '')), e.get('tid'), float(e['ts'])
+        if name == OPTIMIZER_REGION:
+            continue
+        if any(t == tid and a <= start and start + float(e['dur']) <= b for a, b, t in spans):
+            inclusive[name] += float(e['dur'])
+            count[name] += 1
+    return [{'op': name, 'count': count[name], 'ms': round(us / 1e3, 3)} for name, us in inclusive.most_common(top)]
 
 
 def _ms(counter) -> Dict[str, float]:
@@ -347,6 +368,9 @@ def render(result: Dict[str, Any]) -> str:
         if r['part'] == HOST_IDLE:
             lines.append('\nHost idle, by the kernel each gap waited for (ms): ' + ', '.join(
                 f'{k} {v:,.1f}' for k, v in list(r['phases_ms'].items())[:10]))
+    if result.get('optimizer_host_ops'):
+        lines.append('\nOn the host inside the optimizer\'s step (inclusive ms, count): ' + ', '.join(
+            f'{o["op"][:60]} {o["ms"]:,.1f} ({o["count"]:,})' for o in result['optimizer_host_ops']))
     return '\n'.join(lines)
 
 

@@ -184,6 +184,9 @@ def moe_8_layers() -> Dict[str, Any]:
     gm = _load(gmm_file)
     shipped, before, unsloth = (gm['variants'][k] for k in ('mg_mb4_te_ce_gmm_pao', 'mg_mb2_cutlass',
                                                             'vora_unsloth_best'))
+    glora_file = 'megatron-h100-moe-glora-2026-12-06.json'
+    gl = _load(glora_file)
+    glora, glora_unsloth = gl['variants']['mg_mb4_te_ce_gmm_pao_glora'], gl['variants']['vora_unsloth_best']
     return {'ours': ours, 'plain': plain, 'speedup': ours['tokens_per_s'] / plain['tokens_per_s'],
             'steps': min(measured_steps(ours, g), measured_steps(plain, g)),
             'megatron': mg, 'megatron_steps': measured_steps(mg, g),
@@ -195,6 +198,9 @@ def moe_8_layers() -> Dict[str, Any]:
             'fusion': _against_twin(fusion_file, fb, fused, unfused),
             'shipped': {**_against_twin(gmm_file, gm, shipped, before),
                         'over_unsloth': shipped['tokens_per_s'] / unsloth['tokens_per_s'], 'unsloth': unsloth},
+            'glora': {'file': glora_file, 'ours': glora, 'unsloth': glora_unsloth,
+                      'over_unsloth': glora['tokens_per_s'] / glora_unsloth['tokens_per_s'],
+                      'steps': min(measured_steps(glora, gl), measured_steps(glora_unsloth, gl))},
             'torchrun': {'file': 'moe-torchrun1-c-2026-12-06.json', 'one': tr_one, 'twin': tr_twin,
                          'ratio': tr_one['tokens_per_s'] / tr_twin['tokens_per_s'],
                          'steps': min(measured_steps(tr_one), measured_steps(tr_twin))},
@@ -255,6 +261,7 @@ def block_measured(f: Dict[str, Any]) -> str:
     h = mo['headline']
     first, later = mo['per_call'][0], mo['per_call'][1:]
     cu, tr, fu, ga, sh = cut['cutlass'], cut['torchrun'], cut['full'], cut['fusion'], cut['shipped']
+    gl = cut['glora']
     lines = [
         f'Each figure names its result file (in `benchmarks/results/`; `python benchmarks/moe_calls.py` tabulates the '
         f'full-depth MoE runs) and how many optimizer steps it measured; MFU divides by the H200\'s measured '
@@ -359,7 +366,10 @@ def block_measured(f: Dict[str, Any]) -> str:
         f'optimizer) at micro-batch 4: {sh["ours"]["tokens_per_s"]:,.0f} tokens/s, {x(sh["ratio"], 2)} micro-batch 2 '
         f'without them ({sh["twin"]["tokens_per_s"]:,.0f}) and {sh["over_unsloth"]:.2f}x the Unsloth path '
         f'({sh["unsloth"]["tokens_per_s"]:,.0f}), all three in one call ({source(sh["file"])}, '
-        f'{steps_note(sh["steps"])} each). EP ≥ 2 has not run.',
+        f'{steps_note(sh["steps"])} each). With the expert LoRA factors as one grouped GEMM each too (opt-in, '
+        f'`SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm`): {gl["ours"]["tokens_per_s"]:,.0f} tokens/s, '
+        f'{gl["over_unsloth"]:.2f}x the Unsloth path of its own call ({gl["unsloth"]["tokens_per_s"]:,.0f}; '
+        f'{source(gl["file"])}, {steps_note(gl["steps"])} each). EP ≥ 2 has not run.',
         f'* Megatron full SFT of a MoE (`megatron_ep_full`, `recipes/h200x8-full.yaml` overridden to one H100, EP 1) '
         f'on the 35B-A3B shape cut to {fu["layers"]} layers: loss {fu["losses"][0]:.2f} -> {fu["losses"][1]:.2f} in '
         f'{fu["losses"][2]} steps, {fu["v"]["tokens_per_s"]:,.0f} tokens/s ({steps_note(fu["steps"])}), '

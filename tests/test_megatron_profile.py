@@ -327,6 +327,22 @@ def test_a_hand_built_step_is_attributed_exactly():
     assert result['backward_linked_fraction'] == 1.0 and result['data_wait_fraction'] == 0.1
 
 
+def test_the_optimizers_host_ops_say_which_python_step_held_the_host():
+    """The optimizer's host time by op: the step of a fused Adam that walks its parameters in Python shows as itself,
+    the views it takes per tensor counted; ops outside the optimizer's range, or on another thread, are not."""
+    trace = hand_built_trace()
+    trace['traceEvents'] += [
+        X('cpu_op', 'Optimizer.step#FusedAdam.step', 905, 80, 1),
+        *[X('cpu_op', 'aten::slice', 930 + i, 1, 1) for i in range(3)],
+        X('cpu_op', 'aten::slice', 700, 1, 1),  # before the optimizer
+        X('cpu_op', 'aten::slice', 930, 1, 2),  # another thread
+    ]
+    ops = msp.optimizer_host_ops(trace)
+    assert ops == [{'op': 'Optimizer.step#FusedAdam.step', 'count': 1, 'ms': 0.08},
+                   {'op': 'aten::slice', 'count': 3, 'ms': 0.003}]
+    assert 'On the host inside the optimizer\'s step' in msp.render(msp.attribute(trace))
+
+
 def test_overlapping_kernels_share_their_overlap():
     trace = hand_built_trace()
     trace['traceEvents'].append(kernel('sm90_xmma_gemm_bf16bf16_bf16f32', 240, 50, 1, stream=8))  # 240-290
