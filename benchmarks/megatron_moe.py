@@ -635,11 +635,12 @@ def parse_args(argv=None):
     parser.add_argument('--layers', type=int, default=8)
     parser.add_argument('--model-dir', default=None, help='reuse a built checkpoint (dry run: a config.json path)')
     parser.add_argument('--variants', default=DEFAULT_VARIANTS)
-    parser.add_argument('--no-flagship', action='store_true', help=f'{FLAGSHIP} without the merged export and checks')
+    parser.add_argument('--no-flagship', action='store_true',
+                        help='the checked run (--flagship-variant) without the merged export and checks')
     parser.add_argument('--flagship-variant', default=FLAGSHIP, metavar='NAME',
-                        help=f'the Megatron LoRA variant that is the checked run (default {FLAGSHIP}; mg_shipped: the '
-                             'recipe\'s Megatron settings at its micro-batch, so that its twin in a lever call is '
-                             'also the checked run)')
+                        help=f'the Megatron LoRA variant that is the checked run (default {FLAGSHIP}; e.g. '
+                             'mg_shipped, the recipe\'s Megatron settings at micro-batch 4, so that the twin of a '
+                             'lever call is also its checked run); it must be among --variants')
     parser.add_argument('--steps', type=int, default=12)
     parser.add_argument('--warmup-steps', type=int, default=2)
     parser.add_argument('--global-batch', type=int, default=4, help='samples per Megatron optimizer step')
@@ -674,6 +675,12 @@ def parse_args(argv=None):
     if args.flagship_variant not in MEGATRON_LEVERS:
         parser.error(f'--flagship-variant {args.flagship_variant}: not a Megatron LoRA variant '
                      f'({", ".join(MEGATRON_LEVERS)})')
+    names = [v for v in args.variants.split(',') if v]
+    checked = flagship_of(names, args.flagship_variant)
+    if not (args.dry_run or args.summarize_logs or args.no_flagship) and checked not in names:
+        # said before the model is built, not as "did not report" after the whole call
+        parser.error(f'the checked run {checked} is not among --variants ({args.variants}): add it, name another '
+                     'with --flagship-variant, or pass --no-flagship')
     if args.megatron_profile_step is not None and args.megatron_profile_step <= args.steps:
         parser.error(f'--megatron-profile-step {args.megatron_profile_step}: after the {args.steps} measured steps '
                      '(the profiler slows the step it profiles)')

@@ -170,9 +170,9 @@ def summarize(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
             for key, suffix, _ in LEVER_TWINS:
                 if not (name.endswith(suffix) and v.get('losses')):
                     continue
-                names = (name.removesuffix(suffix), SAME_SETTINGS.get(name.removesuffix(suffix)))
-                for other in _same_call_or_gpu(c, calls, lambda o: _twin_in(o, names)):
-                    twin = _twin_in(other, names)
+                twin_names = (name.removesuffix(suffix), SAME_SETTINGS.get(name.removesuffix(suffix)))
+                for other in _same_call_or_gpu(c, calls, lambda o: _twin_in(o, twin_names)):
+                    twin = _twin_in(other, twin_names)
                     levers[key].append({'file': c['file'], 'variant': name, 'twin': twin,
                                         'twin_file': other['file'], 'same_call': other is c,
                                         **_against(v, other['variants'][twin])})

@@ -251,6 +251,21 @@ def test_the_fix_candidates_reach_megatron_sft(launches):
     assert flag(launches['mg_mb4_te_ce_gmm_pao'].argv, '--use_precision_aware_optimizer') == 'true'
 
 
+def test_the_names_moe_calls_takes_for_one_setting_launch_the_same(launches):
+    """benchmarks/moe_calls.py pairs a lever with either name of SAME_SETTINGS as its twin: they must launch the same
+    megatron sft (argv and environment, apart from the recorded list of overrides)."""
+    sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
+    import moe_calls
+    def launched(name):  # the fixture gives each variant its own output folder, /tmp/NAME
+        launch = launches[name]
+        env = {k: v for k, v in launch.env.items() if k != 'SWIFT_VORA_RECIPE_OVERRIDES'}
+        return ([a.replace(f'/tmp/{name}', '/tmp/OUT') for a in launch.argv],
+                {k: v.replace(f'/tmp/{name}', '/tmp/OUT') for k, v in env.items()})
+
+    for one, other in moe_calls.SAME_SETTINGS.items():
+        assert launched(one) == launched(other), (one, other)
+
+
 def test_the_fusion_twin_differs_from_mg_mb2_cutlass_only_in_the_fusion_flag(launches):
     fused, unfused = launches['mg_mb2_cutlass'], launches['mg_mb2_cutlass_nofusion']
     fusion = '--gradient_accumulation_fusion'
@@ -370,8 +385,8 @@ def test_a_full_sft_call_checks_its_own_run():
 def test_the_checked_lora_run_may_be_the_recipes_shipped_settings(tmp_path):
     """--flagship-variant mg_shipped: the lever call's twin is also the checked run -- it writes the merged copy the
     expert check reads, its twin-less levers do not; a name that is no Megatron LoRA variant is refused."""
-    args = mm.parse_args(['--flagship-variant', 'mg_shipped'])
     names = ['mg_shipped', 'mg_mb4_te_ce_gmm_pao_glora', 'vora_unsloth_best']
+    args = mm.parse_args(['--flagship-variant', 'mg_shipped', '--variants', ','.join(names)])
     assert mm.flagship_of(names, args.flagship_variant) == 'mg_shipped'
     assert mm.flagship_of(['mgf', *names], args.flagship_variant) == 'mgf'  # a full-SFT call checks its own run
     model = '/m'
@@ -381,8 +396,11 @@ def test_the_checked_lora_run_may_be_the_recipes_shipped_settings(tmp_path):
         assert f'megatron.merge_lora={merged}' in overrides, name
     with pytest.raises(SystemExit):
         mm.parse_args(['--flagship-variant', 'mgf'])
+    with pytest.raises(SystemExit):  # a checked run the call would not train: refused before the model is built
+        mm.parse_args(['--flagship-variant', 'mg_shipped', '--variants', 'mg_mb4_te_ce_gmm_pao_glora'])
+    assert mm.parse_args(['--flagship-variant', 'mg_shipped', '--variants', 'mg_mb4_te_ce', '--no-flagship'])
     profiled = mm.parse_args(['--flagship-variant', 'mg_shipped', '--megatron-profile-step', '13',
-                              '--profile-variants', 'mg_shipped'])
+                              '--profile-variants', 'mg_shipped', '--variants', 'mg_shipped'])
     with pytest.raises(SystemExit, match='the checked run is not profiled'):
         mm.run_megatron('mg_shipped', profiled, mt.budget(False), {'model': model, 'annotations': 'a.jsonl'},
                         str(tmp_path), flagship=True)

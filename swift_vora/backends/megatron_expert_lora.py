@@ -87,7 +87,9 @@ def _dummy_grad(weight):
     """One zero tensor per shape, dtype and device, handed to autograd for a weight whose gradient went into its
     main_grad (as TE's `get_dummy_wgrad`): the accumulation hooks still fire, and Megatron adds nothing. Handed over
     detached, as TE does: autograd then keeps it as the weight's `.grad` -- the cached tensor itself, referenced
-    here too, it would copy, one kernel per expert weight (8,192 a step on the 35B-A3B cut to 8 layers)."""
+    here too, it would copy, one kernel per expert weight (8,192 a step on the 35B-A3B cut to 8 layers). So every such
+    `.grad` is this one tensor's memory until Megatron's backward hook sets it to None (after every backward): nothing
+    may write into it in place."""
     import torch
     key = (tuple(weight.shape), weight.dtype, weight.device)
     if key not in _dummies:
