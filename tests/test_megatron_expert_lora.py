@@ -69,16 +69,22 @@ def test_products_and_gradients_equal_mcore_bridges_per_expert_ones(dtype, tol):
             torch.testing.assert_close(got.float(), want.float(), atol=tol * 4, rtol=tol)
 
 
-def test_gradients_go_into_megatrons_main_grad_and_accumulate():
-    """As TE's fused accumulation: each weight's gradient added to its fp32 main_grad, the weight marked
-    grad_added_to_main_grad (Megatron's hook then adds nothing), a zero gradient handed to autograd; a second
-    micro-batch adds to the first."""
+def factor_under_megatron_ddp():
+    """A replaced factor whose weights carry what Megatron's DDP gives them (an fp32 main_grad, the accumulation
+    flag), an input of SPLITS rows and an output gradient."""
     f = mel.grouped_factor(factor(), NpuGroupedLoraLinear, CONFIG, True)
     weights = [getattr(f, f'weight{i}') for i in range(4)]
     for w in weights:
         w.main_grad = torch.zeros_like(w, dtype=torch.float32)
         w.grad_added_to_main_grad = False
-    x, g = torch.randn(24, 16), torch.randn(24, 24)
+    return f, weights, torch.randn(24, 16), torch.randn(24, 24)
+
+
+def test_gradients_go_into_megatrons_main_grad_and_accumulate():
+    """As TE's fused accumulation: each weight's gradient added to its fp32 main_grad, the weight marked
+    grad_added_to_main_grad (Megatron's hook then adds nothing), a zero gradient handed to autograd; a second
+    micro-batch adds to the first."""
+    f, weights, x, g = factor_under_megatron_ddp()
     expected = []
     start = 0
     for split in SPLITS:
@@ -97,12 +103,7 @@ def test_autograd_keeps_the_zero_gradient_it_is_handed_without_a_copy_per_expert
     autograd becomes the weight's .grad as it is: no copy per expert weight -- with the cached tensor itself autograd
     copied it, one kernel per expert weight and micro-batch (8,192 a step on the 35B-A3B cut to 8 layers). Without the
     hook's clearing, a second backward accumulates zeros into that shared tensor: it stays zero."""
-    f = mel.grouped_factor(factor(), NpuGroupedLoraLinear, CONFIG, True)
-    weights = [getattr(f, f'weight{i}') for i in range(4)]
-    for w in weights:
-        w.main_grad = torch.zeros_like(w, dtype=torch.float32)
-        w.grad_added_to_main_grad = False
-    x, g = torch.randn(24, 16), torch.randn(24, 24)
+    f, weights, x, g = factor_under_megatron_ddp()
     for _ in range(2):
         out, _ = f(x, SPLITS)
         (out * g).sum().backward()
