@@ -39,7 +39,9 @@ micro-batch 1 unless its name says otherwise (whatever the recipe ships: each na
   `mg_mb2_cutlass_gmm`: the factors and the frozen experts under them (SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm) as
   grouped GEMMs, no per-expert work on the host; `mg_mb2_cutlass_gmm_pao`: that with the precision-aware optimizer;
   `mg_mb4_te_ce`, `mg_mb4_te_ce_gmm`, `mg_mb4_te_ce_gmm_pao`: one micro-batch of 4 a step with TE's cross entropy
-  (the host's per-micro-batch work once a step; fits an H100), alone and with those levers.
+  (the host's per-micro-batch work once a step; fits an H100), alone and with those levers;
+  `mg_mb4_te_ce_gmm_pao_glora` adds the expert LoRA factors as grouped GEMMs, `..._glora_co` the distributed
+  optimizer over coalesced runs of the gradient buffers (SWIFT_VORA_MEGATRON_OPTIMIZER=coalesced).
 Full SFT (`mgf*`: `swift-vora train recipes/h200x8-full.yaml` overridden to one GPU, EP 1, `--full-lr`, the model
 cut to `--layers`, 4 on an H200): `mgf` (the recipe: micro-batch 1, native cross entropy; the call's checked run --
 scripts/gpu/megatron_report.py --full: the loss, checkpoint-N, the converted HF model, against the base by part, the
@@ -201,6 +203,15 @@ MEGATRON_LEVERS: Dict[str, List[str]] = {
                                    'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm',
                                    'megatron.precision_aware_optimizer=true',
                                    'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm'],
+    # and the distributed optimizer over coalesced runs of the gradient buffers
+    # (swift_vora/backends/megatron_coalesced_optimizer.py): TE's FusedAdam walked the 8,256 LoRA tensors in Python,
+    # 650 ms of host time in the profiled step of megatron-h100-moe-glora-2026-12-06; the same updates
+    'mg_mb4_te_ce_gmm_pao_glora_co': ['train.micro_batch=4', 'megatron.cross_entropy_fusion_impl=te',
+                                      'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
+                                      'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm',
+                                      'megatron.precision_aware_optimizer=true',
+                                      'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm',
+                                      'env.SWIFT_VORA_MEGATRON_OPTIMIZER=coalesced'],
 }
 # Megatron full SFT (megatron_ep_full, recipes/h200x8-full.yaml overridden to one GPU, EP 1) on the same shape cut to
 # what fits one GPU (`--layers 4` on an H200: docs/runs/benchmarks-log.md), at the recipe's micro-batch 1 unless the

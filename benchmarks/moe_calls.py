@@ -51,10 +51,11 @@ TORCHRUN = '_torchrun1'
 HOST_CLOCK_MEAN = 'not comparable: one step in flight, timed by the host before the GPU step clock (call l)'
 # benchmarks/megatron_moe.py's Megatron levers against their twin of the same call: gradient-accumulation fusion off
 # (*_nofusion), Megatron-SWIFT's DataLoader without the read across epochs (*_noprefetch), the precision-aware
-# optimizer (*_pao), the expert LoRA factors as one grouped GEMM (*_glora), and those with the frozen experts under
-# them too (*_gmm). Megatron's result files carry the model as
+# optimizer (*_pao), the expert LoRA factors as one grouped GEMM (*_glora), those with the frozen experts under
+# them too (*_gmm), and the optimizer over coalesced runs of the gradient buffers (*_co). Megatron's result files carry
+# the model as
 # text; its depth is not in them.
-NOFUSION, NOPREFETCH, PAO, GLORA, GMM = '_nofusion', '_noprefetch', '_pao', '_glora', '_gmm'
+NOFUSION, NOPREFETCH, PAO, GLORA, GMM, COALESCED = '_nofusion', '_noprefetch', '_pao', '_glora', '_gmm', '_co'
 MEGATRON_PREFIX, UNSLOTH_BEST = 'mg_', 'vora_unsloth_best'
 # Megatron variants that run the same settings under two names: mg_shipped is the recipe as shipped since the call
 # that measured mg_mb4_te_ce_gmm_pao (benchmarks/megatron_moe.py), so either is the other's twin
@@ -71,7 +72,8 @@ LEVER_TWINS = (('rank_scale_vs_default', RANK_SCALE, ''), ('host_levers_vs_twin'
                ('pao_vs_twin', PAO, ' (precision-aware optimizer)'),
                ('glora_vs_twin', GLORA, ' (expert LoRA as one grouped GEMM)'),
                ('gmm_vs_twin', GMM, ' (every expert product one grouped GEMM)'),
-               ('gmm_pao_vs_twin', GMM + PAO, ' (every expert product one grouped GEMM, precision-aware optimizer)'))
+               ('gmm_pao_vs_twin', GMM + PAO, ' (every expert product one grouped GEMM, precision-aware optimizer)'),
+               ('coalesced_vs_twin', COALESCED, ' (the optimizer over coalesced gradient-buffer runs)'))
 
 
 def setting(name: str, variant: Dict[str, Any], date: str) -> str:

@@ -226,6 +226,15 @@ PATCHES = (
           'tests/test_megatron_expert_base.py',
           uses=('self.base_layer', 'TEGroupedLinear', 'self.is_expert', 'self.is_grouped'),
           needs=('transformer_engine', )),
+    # `megatron sft` (SWIFT_VORA_MEGATRON_OPTIMIZER=coalesced): on the trainer's distributed optimizer instance, once
+    # built and before its first step, the per-parameter gradient views replaced by one per coalesced run of a
+    # gradient buffer (the optimizer's param_groups hold the runs' parameter views; its per-parameter state save and
+    # load refused) -- backends/megatron_coalesced_optimizer.py
+    Patch('megatron_coalesced_optimizer',
+          'megatron.core.optimizer.distrib_optimizer:DistributedOptimizer._copy_model_grads_to_main_grads',
+          'megatron-core', 'replaces', ('self', ), 'backends/megatron_coalesced_optimizer.py',
+          'SWIFT_VORA_MEGATRON_OPTIMIZER=per_tensor (the default)', 'tests/test_megatron_coalesced_optimizer.py',
+          {'0.16.1': 'ffcdecd38d14405a'}),
     # Unsloth's grouped-GEMM MoE forward (its cached copy too): three statements rewritten so that each expert LoRA's
     # scaling multiplies the rank-r intermediate, not the expert output (speed/moe_lora_scale.py); unsloth_zoo is
     # installed with the GPU's MoE wheel set only, so on a CPU machine its source is pinned here and read there

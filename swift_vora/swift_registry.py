@@ -107,7 +107,7 @@ def register_megatron_callbacks() -> bool:
         # failed on a machine without transformer_engine (a dry run's argument check) leaves the package behind
         return False
 
-    from .backends import megatron_prefetch, megatron_profile
+    from .backends import megatron_coalesced_optimizer, megatron_prefetch, megatron_profile
     from .guards.registry import MEGATRON_GUARDS, megatron_guard_class
     callbacks = {PREFIX + name: megatron_guard_class(name) for name in MEGATRON_GUARDS}
     # the step profile and data-wait log (backends/megatron_profile.py), named by the launch when the training
@@ -115,6 +115,9 @@ def register_megatron_callbacks() -> bool:
     # (backends/megatron_prefetch.py), named unless it sets SWIFT_VORA_MEGATRON_PREFETCH=off
     callbacks[megatron_profile.CALLBACK] = megatron_profile.MegatronStepProfile
     callbacks[megatron_prefetch.CALLBACK] = megatron_prefetch.MegatronEpochPrefetch
+    # the distributed optimizer over coalesced runs of the gradient buffers (backends/megatron_coalesced_optimizer.py),
+    # named where the training process's environment sets SWIFT_VORA_MEGATRON_OPTIMIZER=coalesced
+    callbacks[megatron_coalesced_optimizer.CALLBACK] = megatron_coalesced_optimizer.MegatronCoalescedOptimizer
     for name, cls in callbacks.items():
         # MegatronCallback second: events ms-swift adds later fall back to its no-ops
         megatron_callbacks_map.setdefault(name, type(cls.__name__, (cls, MegatronCallback),

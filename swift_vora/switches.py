@@ -237,6 +237,11 @@ def _table() -> Tuple[Switch, ...]:
                'grouped_mm (the experts\' weights stacked once, one torch._grouped_mm per product; bf16 on compute '
                'capability 9.0+)',
                choices=('te', 'grouped_mm'), where='backends/megatron_expert_base.py'),
+        Switch(PREFIX + 'MEGATRON_OPTIMIZER', 'choice', 'per_tensor', 'megatron sft: what the distributed '
+               'optimizer steps over -- per_tensor (megatron-core\'s: one tensor per parameter) | coalesced (one '
+               'view per run of consecutive parameters in a gradient buffer: the same updates, far fewer tensors '
+               'for the host to walk; needs the precision-aware optimizer and --no_save_optim true, else it stays '
+               'per tensor)', choices=('per_tensor', 'coalesced'), where='backends/megatron_coalesced_optimizer.py'),
         # --- benchmark and GPU-script tools (not read by the plugin) --------------------------------------------
         Switch(PREFIX + 'BENCH_DIR', 'path', None, 'benchmarks/throughput.py: where its probes write', None,
                where='benchmarks/throughput.py', group='tool'),

@@ -275,6 +275,17 @@ def test_the_epoch_prefetch_callback_is_named_unless_switched_off():
     assert PREFETCH not in callbacks_of(launch_for('env={SWIFT_VORA_MEGATRON_PREFETCH: "off"}').argv)
 
 
+def test_the_coalesced_optimizer_callback_is_named_only_where_switched_on():
+    """The optimizer over coalesced gradient-buffer runs (backends/megatron_coalesced_optimizer.py): off by default,
+    named from the caller's environment or the recipe's env; the launch saves no optimizer state, which it needs."""
+    coalesced = 'vora_coalesced_optimizer'
+    assert coalesced not in callbacks_of(launch_for().argv)
+    assert coalesced in callbacks_of(launch_for(environ={'SWIFT_VORA_MEGATRON_OPTIMIZER': 'coalesced'}).argv)
+    argv = launch_for('env={SWIFT_VORA_MEGATRON_OPTIMIZER: coalesced}').argv
+    assert coalesced in callbacks_of(argv)
+    assert argv[argv.index('--no_save_optim') + 1] == 'true'
+
+
 def test_full_sft_argv_parses_with_megatron_swift_arguments(megatron_parser_available):
     """ms-swift's own parser takes every flag of the full-SFT launch, and `vora_step_profile` resolves in
     megatron_callbacks_map once the plugin is imported (as --custom_register_path does)."""

@@ -295,7 +295,7 @@ def test_plugin_registers_megatron_callbacks_inside_megatron(tmp_path, monkeypat
     registered = callbacks.megatron_callbacks_map
     # the guards, and the step profile (backends/megatron_profile.py) the launch names when SWIFT_VORA_PROFILE_STEP
     # is set
-    assert set(registered) == ({'print', 'vora_step_profile', 'vora_epoch_prefetch'}
+    assert set(registered) == ({'print', 'vora_step_profile', 'vora_epoch_prefetch', 'vora_coalesced_optimizer'}
                                | {f'vora_{name}' for name in MEGATRON_GUARDS})
     profile = registered['vora_step_profile'](FakeTrainer(tmp_path, lrs=[0.1]))
     assert isinstance(profile, MegatronCallback) and profile.on_event_added_later() == 'base no-op'

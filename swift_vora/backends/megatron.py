@@ -37,6 +37,9 @@ What the generated command does (ms-swift 4.6.0, swift/megatron/arguments/megatr
 - `vora_epoch_prefetch` (backends/megatron_prefetch.py) is named in `--callbacks` unless the training environment
   sets SWIFT_VORA_MEGATRON_PREFETCH=off: the DataLoader's workers encode the next epoch's first micro-batches while
   the current epoch's last ones train, instead of starting on them when the epoch begins.
+- `vora_coalesced_optimizer` (backends/megatron_coalesced_optimizer.py) is named in `--callbacks` when the training
+  environment sets SWIFT_VORA_MEGATRON_OPTIMIZER=coalesced: the distributed optimizer steps over one view per run of
+  consecutive parameters in a gradient buffer instead of one tensor per parameter (the same updates).
 
 The tests parse the generated argv with Megatron-SWIFT's own argument class (tests/megatron_args.py), since
 Megatron's transformer_engine cannot be installed without CUDA.
@@ -48,7 +51,7 @@ from typing import Dict, List, Mapping, Optional
 
 from ..guards.registry import GUARDS, MEGATRON_GUARDS, enabled_guards
 from ..plan.backend import AUTO, Backend
-from . import megatron_fla, megatron_grad_fusion, megatron_prefetch, megatron_profile
+from . import megatron_coalesced_optimizer, megatron_fla, megatron_grad_fusion, megatron_prefetch, megatron_profile
 from .base import Launch, Launcher, LaunchUsageError, PlanView
 from .common import (
     bool_arg,
@@ -176,6 +179,8 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
         callbacks.append(megatron_profile.CALLBACK)
     if megatron_prefetch.wanted(environ or {}):  # unless SWIFT_VORA_MEGATRON_PREFETCH=off
         callbacks.append(megatron_prefetch.CALLBACK)
+    if megatron_coalesced_optimizer.wanted(environ or {}):  # SWIFT_VORA_MEGATRON_OPTIMIZER=coalesced
+        callbacks.append(megatron_coalesced_optimizer.CALLBACK)
     callbacks += [c for c in recipe['guards.callbacks'] if c not in callbacks]
     if callbacks:
         argv += ['--callbacks', *callbacks]
