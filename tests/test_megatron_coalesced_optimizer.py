@@ -234,3 +234,19 @@ def test_the_switch_reads_coalesced_and_defaults_to_per_tensor():
     assert co.wanted({co.ENV: 'coalesced'})
     with pytest.raises(ValueError):
         co.wanted({co.ENV: 'flat'})
+
+
+def test_the_gpu_check_builds_the_moe_lora_tensor_layout_it_names():
+    """scripts/gpu/coalesced_optimizer_check.py (megatron-core's DDP and optimizer need CUDA): one layer of its model
+    on the CPU -- 256 experts x 4 expert-parallel LoRA tensors and 8 dense ones, each tensor's gradient its own."""
+    import runpy
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / 'scripts' / 'gpu' / 'coalesced_optimizer_check.py'
+    check = runpy.run_path(str(script))
+    model = check['build_model'](1, seed=0, device='cpu')
+    tensors = list(model.parameters())
+    assert len(tensors) == 256 * 4 + 8
+    assert sum(getattr(p, 'allreduce', True) is False for p in tensors) == 256 * 4
+    assert all(p.dtype == torch.bfloat16 for p in tensors)
+    model(torch.ones(len(tensors)).tolist()).backward()
+    assert torch.equal(tensors[0].grad, (2 * tensors[0].float()).to(torch.bfloat16))

@@ -37,6 +37,9 @@
 #                 call (setup_megatron.sh
 #                 install, carry [".te0", ".whl/megatron", ".whl/moe"], the slim TE wheel) and carry [".whl/swift"].
 #                 ~18-20 min with --deadline 840: run it through scripts/gpu/background.sh (docs/backends.md)
+#   megatron_optimizer_check  scripts/gpu/coalesced_optimizer_check.py: the coalesced distributed optimizer against
+#                 megatron-core's per-tensor one on 8,256 MoE LoRA tensors (real DDP, TE's FusedAdam): the same weights
+#                 bit for bit, the optimizer step's time; carry [".wpk/megatron-call.tar.xz"]; takes no arguments [~3 min]
 #   kernel_cache_export  `swift-vora kernel-cache export` of this machine's Triton and inductor caches into $OUT
 #                 (kernel-cache.tar.xz.part0, ...): keep them in .kcache/ here and carry [".kcache"]; run_all imports
 #                 them before its phases, so a fresh machine's first step does not compile for minutes. Put it last:
@@ -195,6 +198,11 @@ main() {
         esac
         work="$SCRATCH/swift_vora_megatron_moe"
         python3 benchmarks/megatron_moe.py --out "$OUT" --work "$work" --megatron-site "$msite" "$@" || rc=1;;
+      megatron_optimizer_check)
+        # the Megatron set in its own folder (as megatron_moe), on PYTHONPATH for this process only
+        local osite="${SWIFT_VORA_MEGATRON_SITE:-$SCRATCH/site-megatron}"
+        ( source "$ROOT/scripts/gpu/setup_megatron.sh" all ) || { rc=1; continue; }
+        PYTHONPATH="$osite:$PYTHONPATH" python3 scripts/gpu/coalesced_optimizer_check.py --out "$OUT" || rc=1;;
       kernel_cache_export)
         # into $OUT itself, in parts the device tool returns (16 MiB a file): keep them in .kcache/ for the next call
         swift-vora kernel-cache export "$OUT/kernel-cache.tar.xz" --part-mib 15.5 || rc=1;;
