@@ -235,6 +235,13 @@ PATCHES = (
           'megatron-core', 'replaces', ('self', ), 'backends/megatron_coalesced_optimizer.py',
           'SWIFT_VORA_MEGATRON_OPTIMIZER=per_tensor (the default)', 'tests/test_megatron_coalesced_optimizer.py',
           {'0.16.1': 'ffcdecd38d14405a'}),
+    # ... and, on the same instances, the gradient norm's list: upstream's per-tensor gradient views, made once in its
+    # order with its filters (a norm over the runs adds the squares in another order)
+    Patch('megatron_coalesced_optimizer_norm',
+          'megatron.core.optimizer.optimizer:MegatronOptimizer.get_main_grads_for_grad_norm', 'megatron-core',
+          'replaces', ('self', ), 'backends/megatron_coalesced_optimizer.py',
+          'SWIFT_VORA_MEGATRON_OPTIMIZER=per_tensor (the default)', 'tests/test_megatron_coalesced_optimizer.py',
+          {'0.16.1': '1c4210d1042432dc'}),
     # Unsloth's grouped-GEMM MoE forward (its cached copy too): three statements rewritten so that each expert LoRA's
     # scaling multiplies the rank-r intermediate, not the expert output (speed/moe_lora_scale.py); unsloth_zoo is
     # installed with the GPU's MoE wheel set only, so on a CPU machine its source is pinned here and read there

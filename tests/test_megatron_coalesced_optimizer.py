@@ -111,6 +111,7 @@ def distributed_optimizer(seed=0, weight_decays=(0.1, 0.0)):
     opt.shard_float16_groups = shards
     opt.model_fp32_groups = [[], []]
     opt.shard_fp32_groups = [[], []]
+    opt.tp_group = types.SimpleNamespace(rank=lambda: 0)  # megatron-core's optimizers get one; else the global state
     return opt, params
 
 
@@ -146,23 +147,53 @@ def test_coalesced_steps_give_the_per_tensor_parameters_bit_for_bit():
     assert not torch.equal(params_a[0], distributed_optimizer()[1][0])  # the steps did move the weights
 
 
-def test_the_gradient_norm_sees_the_same_gradients_with_the_attributes_it_filters_by():
+@pytest.mark.parametrize('rank', [0, 1])
+def test_the_gradient_norm_sees_the_same_gradients_and_the_views_carry_the_attributes_it_filters_by(rank):
+    """On tensor-parallel rank 1 a tensor without `tensor_model_parallel` is a duplicate: left out of the norm."""
+    norms, optimizers = [], []
+    for coalesce in (False, True):
+        opt, params = distributed_optimizer()
+        opt.tp_group = types.SimpleNamespace(rank=lambda: rank)
+        if coalesce:
+            co.coalesce(opt)
+        backward(opt, params, 0)
+        opt._copy_model_grads_to_main_grads()
+        norms.append(torch.sqrt(sum(g.double().pow(2).sum() for g in opt.get_main_grads_for_grad_norm())).item())
+        optimizers.append((opt, params))
+    assert norms[0] == norms[1]
+    params = optimizers[0][1]
+    counted = [p for p in params if rank == 0 or p.tensor_model_parallel]
+    assert norms[0] == pytest.approx(torch.sqrt(sum(p.main_grad.double().pow(2).sum() for p in counted)).item(),
+                                     rel=1e-12)
+    views = optimizers[1][0].optimizer.param_groups[0]['params']
+    assert [getattr(v, 'tensor_model_parallel', None) for v in views] == [False, False, False, True]
+
+
+def where(opt, tensor):
+    """(buffer, first element, elements) of a gradient view of one of `opt`'s buffers."""
+    for b, buffer in enumerate(opt.buffers):
+        start = (tensor.data_ptr() - buffer.grad_data.data_ptr()) // tensor.element_size()
+        if 0 <= start < buffer.grad_data.numel():
+            return b, start, tensor.numel()
+    raise AssertionError('not a view of a gradient buffer')
+
+
+@pytest.mark.parametrize('rank', [0, 1])
+def test_the_gradient_norm_is_summed_over_megatrons_own_per_tensor_list_in_its_order(rank):
+    """The multi-tensor norm adds squares chunk by chunk per tensor: over the runs it would add them in another order
+    (one fp32 rounding apart on an H100, which gradient clipping turns into another update); the coalesced instance
+    hands it the very list upstream's per-tensor path builds."""
     per_tensor, params_a = distributed_optimizer()
     coalesced, params_b = distributed_optimizer()
+    for opt in (per_tensor, coalesced):
+        opt.tp_group = types.SimpleNamespace(rank=lambda: rank)
     co.coalesce(coalesced)
     for opt, params in ((per_tensor, params_a), (coalesced, params_b)):
         backward(opt, params, 0)
         opt._copy_model_grads_to_main_grads()
-    for rank in (0, 1):  # on tensor-parallel rank 1 a tensor without `tensor_model_parallel` is a duplicate
-        norm = []
-        for opt in (per_tensor, coalesced):
-            opt.tp_group = types.SimpleNamespace(rank=lambda rank=rank: rank)
-            norm.append(torch.sqrt(sum(g.double().pow(2).sum() for g in opt.get_main_grads_for_grad_norm())))
-        assert norm[0].item() == pytest.approx(norm[1].item(), rel=1e-12)
-    tp_only = torch.sqrt(sum(p.main_grad.double().pow(2).sum() for p in params_a if p.tensor_model_parallel))
-    assert norm[1].item() == pytest.approx(tp_only.item(), rel=1e-12)
-    views = coalesced.optimizer.param_groups[0]['params']
-    assert [getattr(v, 'tensor_model_parallel', None) for v in views] == [False, False, False, True]
+    upstream = [where(per_tensor, g) for g in per_tensor.get_main_grads_for_grad_norm()]
+    assert [where(coalesced, g) for g in coalesced.get_main_grads_for_grad_norm()] == upstream
+    assert len(upstream) == (8 if rank == 0 else 2)
 
 
 def test_a_run_covers_the_padding_and_its_gradient_there_stays_zero():
