@@ -66,7 +66,7 @@ LAYOUT = [(0, 0, (4, 5), False), (0, 0, (3, 5), False), (0, 1, (2, 2), False), (
           (0, 0, (7,), False), (1, 0, (6, 2), False), (1, 0, (3, 3), True), (1, 0, (2, 9), True)]
 
 
-def distributed_optimizer(seed=0, weight_decays=(0.1, 0.0)):
+def distributed_optimizer(seed=0, weight_decays=(0.1, 0.0), buckets=None):
     """A megatron-core DistributedOptimizer instance (one data-parallel rank: each parameter's shard is all of it) laid
     out over LAYOUT, with the parameter groups megatron-core hands the inner optimizer."""
     gen = torch.Generator().manual_seed(seed)
@@ -76,7 +76,9 @@ def distributed_optimizer(seed=0, weight_decays=(0.1, 0.0)):
         offsets[i] = start
         ends[b] = start + torch.Size(shape).numel()
     buffers = [Buffer(-(-ends[b] // PAD) * PAD) for b in (0, 1)]
-    params, gbuf_map, gbuf_ranges = [], {}, [{torch.bfloat16: [{'param_map': {}}]} for _ in buffers]
+    buckets = buckets or {}  # LAYOUT index -> its bucket (0 unless given)
+    params, gbuf_map = [], {}
+    gbuf_ranges = [{torch.bfloat16: [{'param_map': {}} for _ in range(2)]} for _ in buffers]
     for i, (b, g, shape, tp) in enumerate(LAYOUT):
         n = torch.Size(shape).numel()
         data = buffers[b].param_data[offsets[i]:offsets[i] + n]
@@ -86,8 +88,8 @@ def distributed_optimizer(seed=0, weight_decays=(0.1, 0.0)):
         p.tensor_model_parallel = tp
         p.allreduce = True
         params.append(p)
-        gbuf_map[p] = (b, torch.bfloat16, 0)
-        gbuf_ranges[b][torch.bfloat16][0]['param_map'][p] = {
+        gbuf_map[p] = (b, torch.bfloat16, buckets.get(i, 0))
+        gbuf_ranges[b][torch.bfloat16][buckets.get(i, 0)]['param_map'][p] = {
             'gbuf_world': Range(offsets[i], offsets[i] + n), 'param': Range(0, n)}
     model_groups = [[p for p, (_, g, _, _) in zip(params, LAYOUT) if g == group] for group in (0, 1)]
     shards = [[p.detach().view(-1)[0:p.numel()] for p in group] for group in model_groups]
@@ -145,6 +147,18 @@ def test_coalesced_steps_give_the_per_tensor_parameters_bit_for_bit():
     for a, b in zip(train(per_tensor, params_a), train(coalesced, params_b)):
         assert torch.equal(a, b)
     assert not torch.equal(params_a[0], distributed_optimizer()[1][0])  # the steps did move the weights
+
+
+def test_a_run_ends_at_a_bucket_boundary_and_the_updates_stay_the_same():
+    """With several data-parallel ranks, this rank's shards of two buckets have other ranks' shards between them: a
+    run must not span them. Here D and E sit in one buffer, E in the next bucket."""
+    per_tensor, params_a = distributed_optimizer(buckets={4: 1})
+    coalesced, params_b = distributed_optimizer(buckets={4: 1})
+    done = co.coalesce(coalesced)
+    assert [[len(run.params) for run in runs] for runs in done.groups] == [[2, 1, 1, 1, 2], [1]]
+    assert [run.bucket_index for run in done.groups[0]] == [0, 0, 1, 0, 0]
+    for a, b in zip(train(per_tensor, params_a), train(coalesced, params_b)):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize('rank', [0, 1])

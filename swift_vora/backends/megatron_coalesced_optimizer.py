@@ -12,7 +12,7 @@ idle behind it: the update itself is 486 kernels.
 What it does, when the launch names the callback `vora_coalesced_optimizer` (SWIFT_VORA_MEGATRON_OPTIMIZER=coalesced):
 at `on_train_begin` -- optimizer built, checkpoint loaded, no step taken -- each of the trainer's distributed optimizers
 (each one of a `ChainedOptimizer`) gets, per parameter group, one tensor per run of consecutive parameters in a
-gradient buffer: the view of the buffer's bf16 parameters over the run (what the optimizer updates in place) with the
+bucket of a gradient buffer (this rank's shard of it, with several data-parallel ranks): the view of the buffer's bf16 parameters over the run (what the optimizer updates in place) with the
 view of its fp32 gradients (`decoupled_grad`, what the precision-aware optimizer reads). The optimizer's
 `param_groups` hold these views instead of the per-parameter shards (same groups, same hyper-parameters, state still
 empty), and the instance's `_copy_model_grads_to_main_grads` hands each run its gradient view. The gradient norm (for
@@ -68,9 +68,10 @@ def wanted(environ=None) -> bool:
 
 @dataclass
 class Run:
-    """Consecutive parameters of one group in one gradient buffer, as one view of the parameters and one of the
-    gradients (elements [start, end) of the buffer)."""
+    """Consecutive parameters of one group in one bucket of a gradient buffer, as one view of the parameters and one
+    of the gradients (elements [start, end) of the buffer)."""
     gbuf_index: int
+    bucket_index: int
     start: int
     end: int
     params: List[Any] = field(default_factory=list)
@@ -125,23 +126,24 @@ def why_not(opt) -> Optional[str]:
 
 def runs_of(opt) -> List[List[Run]]:
     """Per parameter group of `opt`, its runs: members in their buffer's order; a run ends at a parameter of
-    another group, another buffer or other attributes."""
-    placed = []  # (buffer, start, end, group, param) for every trainable tensor this rank updates
+    another group, at the end of a bucket (with several data-parallel ranks this rank's shards of two buckets are not
+    adjacent: other ranks' shards lie between) or at other attributes."""
+    placed = []  # (buffer, start, end, bucket, group, param) for every trainable tensor this rank updates
     for g, params in enumerate(opt.model_float16_groups):
         for p in params:
-            gbuf_index, _, _, world, _ = _world_range(opt, p)
-            placed.append((gbuf_index, world.start, world.end, g, p))
+            gbuf_index, _, bucket_index, world, _ = _world_range(opt, p)
+            placed.append((gbuf_index, world.start, world.end, bucket_index, g, p))
     placed.sort(key=lambda item: item[:2])
     groups: List[List[Run]] = [[] for _ in opt.model_float16_groups]
     previous = None  # the run the tensor just before in buffer order belongs to
-    for gbuf_index, start, end, g, p in placed:
+    for gbuf_index, start, end, bucket_index, g, p in placed:
         runs = groups[g]
         if (previous is not None and runs and previous is runs[-1] and previous.gbuf_index == gbuf_index
-                and attrs_of(p) == attrs_of(previous.params[0])):
+                and previous.bucket_index == bucket_index and attrs_of(p) == attrs_of(previous.params[0])):
             previous.end = end
             previous.params.append(p)
         else:
-            runs.append(Run(gbuf_index, start, end, [p]))
+            runs.append(Run(gbuf_index, bucket_index, start, end, [p]))
         previous = runs[-1]
     return groups
 
