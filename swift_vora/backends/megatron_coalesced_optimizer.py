@@ -12,8 +12,9 @@ idle behind it: the update itself is 486 kernels.
 What it does, when the launch names the callback `vora_coalesced_optimizer` (SWIFT_VORA_MEGATRON_OPTIMIZER=coalesced):
 at `on_train_begin` -- optimizer built, checkpoint loaded, no step taken -- each of the trainer's distributed optimizers
 (each one of a `ChainedOptimizer`) gets, per parameter group, one tensor per run of consecutive parameters in a
-bucket of a gradient buffer (this rank's shard of it, with several data-parallel ranks): the view of the buffer's bf16 parameters over the run (what the optimizer updates in place) with the
-view of its fp32 gradients (`decoupled_grad`, what the precision-aware optimizer reads). The optimizer's
+bucket of a gradient buffer (this rank's shard of it, with several data-parallel ranks): the view of the buffer's
+bf16 parameters over the run (what the optimizer updates in place) with the view of its fp32 gradients
+(`decoupled_grad`, what the precision-aware optimizer reads). The optimizer's
 `param_groups` hold these views instead of the per-parameter shards (same groups, same hyper-parameters, state still
 empty), and the instance's `_copy_model_grads_to_main_grads` hands each run its gradient view. The gradient norm (for
 clipping) is still summed over upstream's per-tensor gradient views, listed once in upstream's order and with its
