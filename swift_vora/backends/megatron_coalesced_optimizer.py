@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
 from .. import patches, switches
+from .megatron_callback import MegatronTrainerCallback
 
 ENV = 'SWIFT_VORA_MEGATRON_OPTIMIZER'
 PATCH = 'megatron_coalesced_optimizer'
@@ -264,14 +265,9 @@ def coalesce_trainer(trainer) -> Tuple[int, int]:
     return before, after
 
 
-class MegatronCoalescedOptimizer:
+class MegatronCoalescedOptimizer(MegatronTrainerCallback):
     """The `vora_coalesced_optimizer` callback (Megatron-SWIFT's callback events; swift_registry.py mixes its
     MegatronCallback in for the events not handled here)."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-        self.args = trainer.args
-        self.state = trainer.state
 
     def on_train_begin(self):
         coalesce_trainer(self.trainer)

@@ -33,6 +33,7 @@ import logging
 from typing import Any, Iterator, List, Mapping, Optional
 
 from .. import patches, switches
+from .megatron_callback import MegatronTrainerCallback
 
 ENV = 'SWIFT_VORA_MEGATRON_PREFETCH'
 CALLBACK = 'vora_epoch_prefetch'  # its name in Megatron-SWIFT's megatron_callbacks_map (swift_registry.py)
@@ -120,14 +121,9 @@ def wrap_trainer(trainer) -> bool:
     return True
 
 
-class MegatronEpochPrefetch:
+class MegatronEpochPrefetch(MegatronTrainerCallback):
     """The `vora_epoch_prefetch` callback (Megatron-SWIFT's callback events; swift_registry.py mixes its
     MegatronCallback in for the events not handled here)."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-        self.args = trainer.args
-        self.state = trainer.state
 
     def on_train_begin(self):
         wrap_trainer(self.trainer)

@@ -33,6 +33,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from .. import patches, switches
+from .megatron_callback import MegatronTrainerCallback
 
 ENV = 'SWIFT_VORA_PROFILE_STEP'
 CALLBACK = 'vora_step_profile'  # its name in Megatron-SWIFT's megatron_callbacks_map (swift_registry.py)
@@ -186,15 +187,13 @@ class Regions:
             self.optimizer = None
 
 
-class MegatronStepProfile:
+class MegatronStepProfile(MegatronTrainerCallback):
     """The `vora_step_profile` callback (Megatron-SWIFT's callback events; swift_registry.py mixes its
     MegatronCallback in for the events not handled here). Reads `trainer.args.output_dir`, `trainer.state.iteration`,
     `trainer.unwrapped_models` and `trainer.optimizer`."""
 
     def __init__(self, trainer):
-        self.trainer = trainer
-        self.args = trainer.args
-        self.state = trainer.state
+        super().__init__(trainer)
         self.target = switches.read(ENV) or 0
         self.clock = DataWaitClock()
         self.rank = _rank()

@@ -39,6 +39,7 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from .. import switches
 from ..backends.kernel_cache import FirstStepClock, describe
+from ..backends.megatron_callback import MegatronTrainerCallback
 from .common import GuardError, all_gather_objects, append_jsonl, logger, now, rank, world_size, write_json
 from .fingerprint import build_fingerprint
 from .lora_update import (
@@ -56,13 +57,8 @@ from .lora_update import (
 from .memory import EVERY_ENV, FIRST_ENV, is_recorded_step, measure
 
 
-class MegatronGuard:
+class MegatronGuard(MegatronTrainerCallback):
     """What a Megatron-SWIFT callback has (swift/megatron/callbacks/base.py), with no-op events."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-        self.args = trainer.args
-        self.state = trainer.state
 
     def output_dir(self) -> str:
         return getattr(self.trainer.args, 'output_dir', None) or '.'
