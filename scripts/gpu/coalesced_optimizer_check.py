@@ -27,20 +27,16 @@ import time
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # standalone_import, also under runpy
+from standalone_import import backend_module  # noqa: E402
+
 EXPERTS, HIDDEN, EXPERT_WIDTH, RANK = 256, 2048, 512, 16
 EXPERT_SHAPES = ((RANK, HIDDEN), (2 * EXPERT_WIDTH, RANK), (RANK, EXPERT_WIDTH), (HIDDEN, RANK))
 DENSE_SHAPES = ((RANK, HIDDEN), (4096, RANK), (RANK, 4096), (HIDDEN, RANK)) * 2  # attention / shared-expert LoRA
 
 
 def load_module():
-    """swift_vora.backends.megatron_coalesced_optimizer without running the package's __init__ (no ms-swift)."""
-    for name in ('swift_vora', 'swift_vora.backends'):
-        package = types.ModuleType(name)
-        package.__path__ = [str(ROOT / Path(*name.split('.')))]
-        sys.modules.setdefault(name, package)
-    import swift_vora.backends.megatron_coalesced_optimizer as mco
-    return mco
+    return backend_module('megatron_coalesced_optimizer')
 
 
 def build_model(layers: int, seed: int, device: str = 'cuda'):

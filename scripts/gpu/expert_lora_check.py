@@ -19,12 +19,13 @@ import os
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # standalone_import, also under runpy
+from standalone_import import backend_module  # noqa: E402
+
 EXPERTS, HIDDEN, EXPERT_WIDTH, RANK = 256, 2048, 512, 16
 # (name, in, out): lora_A / lora_B of the gated fc1 (2 x 512 out) and of fc2
 FACTORS = (('fc1.lora_A', HIDDEN, RANK), ('fc1.lora_B', RANK, 2 * EXPERT_WIDTH),
@@ -32,12 +33,7 @@ FACTORS = (('fc1.lora_A', HIDDEN, RANK), ('fc1.lora_B', RANK, 2 * EXPERT_WIDTH),
 
 
 def load_module():
-    for name in ('swift_vora', 'swift_vora.backends'):
-        package = types.ModuleType(name)
-        package.__path__ = [str(ROOT / Path(*name.split('.')))]
-        sys.modules.setdefault(name, package)
-    import swift_vora.backends.megatron_expert_lora as mel
-    return mel
+    return backend_module('megatron_expert_lora')
 
 
 def splits(rows: int, experts: int, generator) -> list:

@@ -91,6 +91,13 @@ mount_model_tmpfs() {
   free -g | head -2
 }
 
+# The Megatron set installed in its own folder (scripts/gpu/setup_megatron.sh, in a subshell: nothing of it is exported
+# here) and that folder printed last, for a PYTHONPATH that only the Megatron processes get
+megatron_site() {
+  ( source "$ROOT/scripts/gpu/setup_megatron.sh" all ) >&2 || return 1
+  echo "${SWIFT_VORA_MEGATRON_SITE:-$SCRATCH/site-megatron}"
+}
+
 main() {
   local phases="${1:-setup}"
   shift || true
@@ -185,8 +192,8 @@ main() {
         # folder, on PYTHONPATH for the Megatron processes only (benchmarks/megatron_moe.py --megatron-site): the
         # Unsloth and swift PEFT variants keep the image's peft, as in the moe phase.
         install_moe_wheels || { rc=1; continue; }
-        local msite="${SWIFT_VORA_MEGATRON_SITE:-$SCRATCH/site-megatron}"
-        ( source "$ROOT/scripts/gpu/setup_megatron.sh" all ) || { rc=1; continue; }
+        local msite
+        msite=$(megatron_site) || { rc=1; continue; }
         command -v megatron >/dev/null || { echo "megatron_moe: no \`megatron\` command on PATH"; rc=1; continue; }
         mkdir -p "$LOGS/$phase"
         case "${SWIFT_VORA_GDN_CHECK:-run}" in
@@ -200,14 +207,14 @@ main() {
         python3 benchmarks/megatron_moe.py --out "$OUT" --work "$work" --megatron-site "$msite" "$@" || rc=1;;
       megatron_optimizer_check)
         # the Megatron set in its own folder (as megatron_moe), on PYTHONPATH for this process only
-        local osite="${SWIFT_VORA_MEGATRON_SITE:-$SCRATCH/site-megatron}"
-        ( source "$ROOT/scripts/gpu/setup_megatron.sh" all ) || { rc=1; continue; }
+        local osite
+        osite=$(megatron_site) || { rc=1; continue; }
         PYTHONPATH="$osite:$PYTHONPATH" python3 scripts/gpu/coalesced_optimizer_check.py --out "$OUT" || rc=1;;
       kernel_cache_export)
         # into $OUT itself, in parts the device tool returns (16 MiB a file): keep them in .kcache/ for the next call
         swift-vora kernel-cache export "$OUT/kernel-cache.tar.xz" --part-mib 15.5 || rc=1;;
       *) echo "unknown phase '$phase' (setup|throughput|learnability|calibrate|e2e|e2e_dense|multi_gpu_zero3|moe|"\
-"moe_full|unsloth|megatron|megatron_ep|megatron_moe|kernel_cache_export)"; rc=2;;
+"moe_full|unsloth|megatron|megatron_ep|megatron_moe|megatron_optimizer_check|kernel_cache_export)"; rc=2;;
     esac
     echo "== phase $phase done in $((SECONDS - t1)) s (rc so far $rc)"
     # Results JSON flat into $OUT; the logs into one archive (the 8-file limit).
