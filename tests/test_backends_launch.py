@@ -504,3 +504,21 @@ def test_recipe_guards_env_sets_switches_checked_by_the_table():
                          ({'SWIFT_VORA_COMPILE': 'layers'}, "recipe key 'train.compile'")]:
         with pytest.raises(RecipeError, match=message):  # where the recipe is read, before any plan or launch
             recipe_from_dict(dict(minimal(), guards={'env': bad}))
+
+
+@pytest.mark.parametrize('doc, flag, expected', [
+    (minimal(tuner='lora'), '--learning_rate', '0.0001'),  # swift sft, LoRA: ms-swift's 1e-4
+    ({**minimal(tuner='full', backend='deepspeed_zero3'), 'hardware': 'h200x8'}, '--learning_rate', '1e-05'),
+    ({**minimal(MOE_35B, tuner='full'), 'hardware': 'h200x8'}, '--lr', '1e-05'),  # megatron sft, full SFT
+    ({**minimal(MOE_35B, tuner='lora', backend='megatron_ep_lora', micro_batch=2), 'hardware': 'h200x8',
+      'megatron': {'ep': 8}}, '--lr', '0.0001'),
+    ({**minimal(MOE_35B, tuner='full', lr=3e-6), 'hardware': 'h200x8'}, '--lr', '3e-06'),  # the user's value wins
+])
+def test_a_recipe_without_a_learning_rate_gets_ms_swifts_default_for_its_tuner(doc, flag, expected):
+    """Full SFT at LoRA's 1e-4 would move a 35B model's weights ten times further a step than ms-swift's own default
+    for full training (1e-5): a recipe that sets no learning rate gets what `swift sft` / `megatron sft` would."""
+    recipe = recipe_from_dict(doc)
+    argv = build_launch(plan_recipe(recipe), recipe).argv
+    assert argv[argv.index(flag) + 1] == expected
+    if flag == '--lr':
+        assert argv[argv.index('--min_lr') + 1] == f'{float(expected) / 10:g}'

@@ -28,7 +28,7 @@ from ..plan.backend import DEEPSPEED, Backend
 from .base import Launch, Launcher, LaunchUsageError, PlanView
 from .common import bool_arg, common_env, console_script, engine_argument_parser, lora_args, swift_common_args
 from .packing import swift_sft_packing_args
-from .recipe import Recipe
+from .recipe import Recipe, learning_rate
 
 SMALL_GPU_GIB = C.ZERO3_SMALL_GPU_GIB  # at or below: the field-tested 12 GB configuration
 
@@ -144,7 +144,7 @@ def build_swift_sft_launch(view: PlanView, recipe: Recipe, environ: Optional[Map
         grad_accum = max(1, 16 // max(1, view.world * view.micro_batch))
     argv += ['--num_train_epochs', f'{recipe["train.epochs"]:g}', '--per_device_train_batch_size',
              str(view.micro_batch), '--gradient_accumulation_steps', str(grad_accum), '--learning_rate',
-             f'{recipe["train.lr"]:g}', '--warmup_ratio', f'{recipe["train.warmup_ratio"]:g}',
+             f'{learning_rate(recipe):g}', '--warmup_ratio', f'{recipe["train.warmup_ratio"]:g}',
              '--gradient_checkpointing', bool_arg(recipe['train.gradient_checkpointing']), '--freeze_vit',
              bool_arg(recipe['train.freeze_vit'])]
     if recipe['train.max_steps'] is not None:

@@ -62,7 +62,7 @@ from .common import (
     swift_common_args,
 )
 from .packing import megatron_packing_args
-from .recipe import Recipe
+from .recipe import Recipe, learning_rate
 
 # swift/megatron/callbacks/mapping.py (ms-swift 4.6.0); a test compares it with the installed mapping.
 MEGATRON_CALLBACKS = ('print', 'default_flow', 'swanlab', 'wandb', 'tensorboard')
@@ -153,7 +153,7 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
              '--bf16', 'true', '--attention_backend', recipe['megatron.attention_backend'],
              '--cross_entropy_loss_fusion', 'true',
              '--cross_entropy_fusion_impl', recipe['megatron.cross_entropy_fusion_impl'],
-             '--lr', f'{recipe["train.lr"]:g}', '--min_lr', f'{recipe["train.lr"] / 10:g}',
+             '--lr', f'{learning_rate(recipe):g}', '--min_lr', f'{learning_rate(recipe) / 10:g}',
              '--lr_warmup_fraction', f'{recipe["train.warmup_ratio"]:g}']
     argv += megatron_packing_args(recipe, view)  # Megatron-SWIFT is padding-free unless told: each value spelt out
     if recipe['train.max_steps'] is not None:

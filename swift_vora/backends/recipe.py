@@ -78,7 +78,9 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'train.grad_accum': ((int, type(None)), None),  # gradient accumulation (None: a total batch of 16)
     'train.epochs': ((int, float), 1),
     'train.max_steps': ((int, type(None)), None),  # stop after this many optimizer steps
-    'train.lr': ((int, float), 1e-4),
+    # None: ms-swift's own default for the tuner -- 1e-4 for LoRA, 1e-5 where whole weights train (full,
+    # selective); `learning_rate(recipe)` resolves it for every backend
+    'train.lr': ((int, float, type(None)), None),
     'train.warmup_ratio': ((int, float), 0.05),
     'train.save_steps': ((int, ), 100),
     'train.logging_steps': ((int, ), 5),
@@ -220,6 +222,17 @@ RANGES: Dict[str, Tuple[float, float, bool]] = {
 }
 SECTIONS = sorted({k.split('.')[0] for k in SCHEMA if '.' in k})
 FREE_DICTS = tuple(k for k, (t, _) in SCHEMA.items() if t == ANY_DICT)
+
+
+# ms-swift's learning-rate defaults (SftArguments / MegatronArguments: 1e-5 for --tuner_type full, else 1e-4); the
+# planner's 'selective' tuner runs as --tuner_type full, so it takes full's
+DEFAULT_LR = {'lora': 1e-4, 'full': 1e-5, 'selective': 1e-5}
+
+
+def learning_rate(recipe: 'Recipe') -> float:
+    """The recipe's train.lr, or ms-swift's default for its tuner where it sets none."""
+    lr = recipe['train.lr']
+    return float(lr) if lr is not None else DEFAULT_LR[recipe['train.tuner']]
 
 
 class RecipeError(ValueError):

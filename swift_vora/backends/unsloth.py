@@ -38,7 +38,7 @@ from ..plan.model_spec import ModelSpec
 from .base import Launch, Launcher, LaunchUsageError, PlanView
 from .common import common_env
 from .packing import refuse_unsloth_packing
-from .recipe import Recipe
+from .recipe import Recipe, learning_rate
 
 # Language-model projections that get LoRA. MLP leaf names reach the experts: Unsloth (and PEFT with
 # `target_parameters`) map gate_proj/up_proj -> mlp.experts.gate_up_proj and down_proj -> mlp.experts.down_proj.
@@ -213,7 +213,7 @@ def run_config(view: PlanView, recipe: Recipe) -> UnslothRunConfig:
         output_dir=recipe['train.output_dir'], video_root=recipe['data.video_root'], strict=recipe['data.strict'],
         max_length=recipe['data.max_length'], lora_rank=recipe['train.lora_rank'],
         lora_alpha=recipe['train.lora_alpha'], lora_dropout=0.0, target_modules=targets['target_modules'],
-        target_parameters=targets['target_parameters'], lr=recipe['train.lr'],
+        target_parameters=targets['target_parameters'], lr=learning_rate(recipe),
         warmup_ratio=recipe['train.warmup_ratio'], epochs=recipe['train.epochs'], max_steps=recipe['train.max_steps'],
         micro_batch=view.micro_batch, grad_accum=grad_accum,
         gradient_checkpointing=unsloth_gradient_checkpointing(view, recipe), dtype=recipe['train.dtype'],
