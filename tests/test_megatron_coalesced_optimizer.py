@@ -226,6 +226,7 @@ def test_a_run_covers_the_padding_and_its_gradient_there_stays_zero():
     (lambda opt: setattr(opt, 'model_fp32_groups', [[torch.nn.Parameter(torch.zeros(2))], []]), 'fp32'),
     (lambda opt: setattr(opt.ddp_config, 'use_megatron_fsdp', True), 'Megatron-FSDP'),
     (lambda opt: setattr(opt, 'is_stub_optimizer', True), 'stub'),
+    (lambda opt: setattr(opt.config, 'log_num_zeros_in_grad', True), 'log_num_zeros_in_grad'),
     (lambda opt: opt.optimizer.state[opt.optimizer.param_groups[0]['params'][0]].update(exp_avg=1), 'state'),
 ])
 def test_where_it_does_not_apply_the_optimizer_is_left_as_megatron_built_it(change, why, caplog):

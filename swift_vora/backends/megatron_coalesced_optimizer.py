@@ -36,8 +36,9 @@ buffer between them ends the run.
 Only where it applies, else the optimizer is left as megatron-core built it and the log says why: megatron-core's
 `DistributedOptimizer` (not Megatron-FSDP, not the CPU-offloading hybrid), the precision-aware optimizer on bf16
 parameters (`--use_precision_aware_optimizer`: the parameters are the views the optimizer updates; otherwise each
-has an fp32 main copy of its own), no fp32 trainable parameter, an empty optimizer state (a resumed optimizer keeps
-its per-tensor state), and `--no_save_optim true` (what swift-vora's launch passes): megatron-core saves and loads
+has an fp32 main copy of its own), no fp32 trainable parameter, no `--log_num_zeros_in_grad` (it would count the
+padding), an empty optimizer state (a resumed optimizer keeps its per-tensor state), and `--no_save_optim true`
+(what swift-vora's launch passes): megatron-core saves and loads
 the optimizer's state per parameter, so the coalesced instance refuses `state_dict`, `sharded_state_dict` and the
 parameter-state save/load with an error naming this switch, rather than writing a state that does not load.
 Every member's storage is checked to lie where its run says before anything is replaced.
@@ -117,6 +118,9 @@ def why_not(opt) -> Optional[str]:
             return f'not a megatron-core DistributedOptimizer ({name} missing)'
     if not getattr(opt.config, 'use_precision_aware_optimizer_no_fp8_or_ds_fp8', False):
         return 'needs --use_precision_aware_optimizer (without it each parameter has an fp32 main copy of its own)'
+    if getattr(opt.config, 'log_num_zeros_in_grad', False):
+        return ('--log_num_zeros_in_grad counts zeros over the stepped tensors, and a run\'s also holds the '
+                'buffer\'s alignment padding')
     if type(opt.optimizer).__name__ == 'HybridDeviceOptimizer':
         return 'the CPU-offloading optimizer keeps its own copies'
     if any(group for group in opt.model_fp32_groups):
