@@ -276,22 +276,6 @@ class MegatronStepProfile(MegatronTrainerCallback):
                 self.regions = None
         logger.info(f'swift-vora step profile: {self.profiler.written} and {self.profiler.trace_written} written')
 
-    # the other events Megatron-SWIFT calls
-    def on_log(self, logs):
-        pass
-
-    def on_save(self, output_dir):
-        pass
-
-    def on_eval_begin(self):
-        pass
-
-    def on_eval_end(self):
-        pass
-
-    def on_eval_step(self):
-        pass
-
 
 def _rank() -> int:
     try:

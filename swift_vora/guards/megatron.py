@@ -58,40 +58,13 @@ from .memory import EVERY_ENV, FIRST_ENV, is_recorded_step, measure
 
 
 class MegatronGuard(MegatronTrainerCallback):
-    """What a Megatron-SWIFT callback has (swift/megatron/callbacks/base.py), with no-op events."""
+    """A guard inside `megatron sft`: where it writes and the iteration it is at."""
 
     def output_dir(self) -> str:
         return getattr(self.trainer.args, 'output_dir', None) or '.'
 
     def iteration(self) -> int:
         return int(self.trainer.state.iteration)
-
-    def on_train_begin(self):
-        pass
-
-    def on_train_end(self):
-        pass
-
-    def on_step_begin(self):
-        pass
-
-    def on_step_end(self):
-        pass
-
-    def on_log(self, logs):
-        pass
-
-    def on_eval_begin(self):
-        pass
-
-    def on_eval_end(self):
-        pass
-
-    def on_eval_step(self):
-        pass
-
-    def on_save(self, output_dir):
-        pass
 
 
 class MegatronFingerprintGuard(MegatronGuard):
