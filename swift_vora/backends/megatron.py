@@ -148,12 +148,13 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
     if recompute == 'full':
         argv += ['--recompute_method', 'uniform',
                  '--recompute_num_layers', str(recipe['megatron.recompute_num_layers'])]
+    lr = learning_rate(recipe)
     argv += ['--micro_batch_size', str(view.micro_batch), '--global_batch_size', str(global_batch),
              '--freeze_llm', 'false', '--freeze_vit', bool_arg(recipe['train.freeze_vit']), '--freeze_aligner', 'true',
              '--bf16', 'true', '--attention_backend', recipe['megatron.attention_backend'],
              '--cross_entropy_loss_fusion', 'true',
              '--cross_entropy_fusion_impl', recipe['megatron.cross_entropy_fusion_impl'],
-             '--lr', f'{learning_rate(recipe):g}', '--min_lr', f'{learning_rate(recipe) / 10:g}',
+             '--lr', f'{lr:g}', '--min_lr', f'{lr / 10:g}',
              '--lr_warmup_fraction', f'{recipe["train.warmup_ratio"]:g}']
     argv += megatron_packing_args(recipe, view)  # Megatron-SWIFT is padding-free unless told: each value spelt out
     if recipe['train.max_steps'] is not None:
