@@ -4,7 +4,7 @@ Megatron-SWIFT calls (a callback overrides the ones it handles).
 
 Kept here, importing nothing, so that the callbacks (the data-loader prefetch, the step profile, the coalesced
 optimizer, the guards) need no ms-swift import and are tested on a CPU; swift_registry.py mixes Megatron-SWIFT's
-class in when it registers them, for the events a callback does not handle.
+class in when it registers them, for events a later ms-swift adds.
 """
 from __future__ import annotations
 

@@ -270,8 +270,8 @@ def coalesce_trainer(trainer) -> Tuple[int, int]:
 
 
 class MegatronCoalescedOptimizer(MegatronTrainerCallback):
-    """The `vora_coalesced_optimizer` callback (Megatron-SWIFT's callback events; swift_registry.py mixes its
-    MegatronCallback in for the events not handled here)."""
+    """The `vora_coalesced_optimizer` callback (Megatron-SWIFT's callback events; the others are the base's
+    no-ops)."""
 
     def on_train_begin(self):
         coalesce_trainer(self.trainer)

@@ -122,8 +122,8 @@ def wrap_trainer(trainer) -> bool:
 
 
 class MegatronEpochPrefetch(MegatronTrainerCallback):
-    """The `vora_epoch_prefetch` callback (Megatron-SWIFT's callback events; swift_registry.py mixes its
-    MegatronCallback in for the events not handled here)."""
+    """The `vora_epoch_prefetch` callback (Megatron-SWIFT's callback events; the others are the base's
+    no-ops)."""
 
     def on_train_begin(self):
         wrap_trainer(self.trainer)

@@ -188,8 +188,8 @@ class Regions:
 
 
 class MegatronStepProfile(MegatronTrainerCallback):
-    """The `vora_step_profile` callback (Megatron-SWIFT's callback events; swift_registry.py mixes its
-    MegatronCallback in for the events not handled here). Reads `trainer.args.output_dir`, `trainer.state.iteration`,
+    """The `vora_step_profile` callback (Megatron-SWIFT's callback events; the others are the base's
+    no-ops). Reads `trainer.args.output_dir`, `trainer.state.iteration`,
     `trainer.unwrapped_models` and `trainer.optimizer`."""
 
     def __init__(self, trainer):

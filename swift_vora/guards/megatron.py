@@ -5,8 +5,9 @@ Megatron-SWIFT (swift/megatron/trainers/base.py) builds `megatron_callbacks_map[
 `on_log`, `on_save` and `on_train_end` without arguments beyond `logs` / `output_dir`. The classes here only read
 `trainer.args.output_dir`, `trainer.state.iteration`, `trainer.unwrapped_models` (the model chunks),
 `trainer.optimizer` and `trainer.opt_param_scheduler`; they do not import megatron, so they are tested on CPU
-with a stand-in trainer. swift_vora/swift_registry.py mixes Megatron-SWIFT's `MegatronCallback` in (for the
-events not handled here) when it registers them inside a `megatron sft` process.
+with a stand-in trainer. The events a guard does not handle are its base's no-ops
+(backends/megatron_callback.py); swift_vora/swift_registry.py mixes Megatron-SWIFT's `MegatronCallback` in, for
+events a later ms-swift adds, when it registers them inside a `megatron sft` process.
 
 - fingerprint: `fingerprint.json` when the trainer is built (guards/fingerprint.py's record).
 - memory: on CUDA, `memory_phases.rank{R}.jsonl` rows (guards/memory.py's measurement) when the trainer is built,
