@@ -110,10 +110,13 @@ RECIPE_FULL = os.path.join(REPO, 'recipes', 'h200x8-full.yaml')
 # sets the micro-batch says so in its name.
 BASE_MICRO_BATCH = 'train.micro_batch=1'
 # The same for the recipe's Megatron settings added after the first calls (2026-12-06: TE's cross entropy, the frozen
-# experts as one grouped GEMM, the precision-aware optimizer): every variant starts from the settings before them, and
-# a lever that sets one says so in its name (`mg_shipped`: the recipe's Megatron settings as shipped, at its EP 1 cut)
+# experts as one grouped GEMM, the precision-aware optimizer; 2026-12-07: the expert LoRA factors as grouped GEMMs,
+# the optimizer over coalesced runs): every variant starts from the settings before them, and a lever that sets one
+# says so in its name (`mg_shipped`: the recipe's Megatron settings as shipped on 2026-12-06, at its EP 1 cut;
+# `mg_mb4_te_ce_gmm_pao_glora_co` is what it ships since)
 BASE_SETTINGS = ('megatron.cross_entropy_fusion_impl=native', 'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=te',
-                 'megatron.precision_aware_optimizer=false')
+                 'megatron.precision_aware_optimizer=false', 'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=te',
+                 'env.SWIFT_VORA_MEGATRON_OPTIMIZER=per_tensor')
 MEGATRON_LEVERS: Dict[str, List[str]] = {
     'mg_base': [],
     'mg_te_ce': ['megatron.cross_entropy_fusion_impl=te'],  # the recipe key: the plan's logits term follows it
@@ -192,8 +195,8 @@ MEGATRON_LEVERS: Dict[str, List[str]] = {
     'mg_mb4_te_ce_gmm_pao': ['train.micro_batch=4', 'megatron.cross_entropy_fusion_impl=te',
                              'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1', 'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm',
                              'megatron.precision_aware_optimizer=true'],
-    # recipes/h200x8.yaml's Megatron settings as shipped since that call (its CUTLASS, TE cross entropy, the grouped
-    # frozen experts, the precision-aware optimizer), at micro-batch 4: what mg_mb4_te_ce_gmm_pao ran
+    # recipes/h200x8.yaml's Megatron settings as shipped from that call to 2026-12-07 (its CUTLASS, TE cross entropy,
+    # the grouped frozen experts, the precision-aware optimizer), at micro-batch 4: what mg_mb4_te_ce_gmm_pao ran
     'mg_shipped': ['train.micro_batch=4', 'megatron.cross_entropy_fusion_impl=te',
                    'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm', 'megatron.precision_aware_optimizer=true'],
     # and with the expert LoRA factors as one grouped GEMM each too (their check fixed since): no expert product
@@ -205,7 +208,8 @@ MEGATRON_LEVERS: Dict[str, List[str]] = {
                                    'env.SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm'],
     # and the distributed optimizer over coalesced runs of the gradient buffers
     # (swift_vora/backends/megatron_coalesced_optimizer.py): TE's FusedAdam walked the 8,256 LoRA tensors in Python,
-    # 650 ms of host time in the profiled step of megatron-h100-moe-glora-2026-12-06; the same updates
+    # 650 ms of host time in the profiled step of megatron-h100-moe-glora-2026-12-06; the same updates. Every Megatron
+    # setting the recipe ships since 2026-12-07
     'mg_mb4_te_ce_gmm_pao_glora_co': ['train.micro_batch=4', 'megatron.cross_entropy_fusion_impl=te',
                                       'env.NVTE_USE_CUTLASS_GROUPED_GEMM=1',
                                       'env.SWIFT_VORA_MEGATRON_EXPERT_BASE=grouped_mm',
@@ -707,7 +711,7 @@ cut_config = mt.cut_config
 
 # the variants' own switches a dry run prints beside Transformer Engine's
 SHOWN_SWITCHES = ('SWIFT_VORA_PROFILE_STEP', 'SWIFT_VORA_MEGATRON_PREFETCH', 'SWIFT_VORA_MEGATRON_EXPERT_LORA',
-                  'SWIFT_VORA_MEGATRON_EXPERT_BASE')
+                  'SWIFT_VORA_MEGATRON_EXPERT_BASE', 'SWIFT_VORA_MEGATRON_OPTIMIZER')
 
 
 def dry_run(args) -> int:

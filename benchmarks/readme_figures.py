@@ -184,9 +184,12 @@ def moe_8_layers() -> Dict[str, Any]:
     gm = _load(gmm_file)
     shipped, before, unsloth = (gm['variants'][k] for k in ('mg_mb4_te_ce_gmm_pao', 'mg_mb2_cutlass',
                                                             'vora_unsloth_best'))
-    glora_file = 'megatron-h100-moe-glora-2026-12-06.json'
-    gl = _load(glora_file)
-    glora, glora_unsloth = gl['variants']['mg_mb4_te_ce_gmm_pao_glora'], gl['variants']['vora_unsloth_best']
+    glora = _load('megatron-h100-moe-glora-2026-12-06.json')['variants']['mg_mb4_te_ce_gmm_pao_glora']
+    co_file = 'megatron-h100-moe-co-2026-12-07.json'
+    co = _load(co_file)
+    coalesced, per_tensor, co_unsloth = (co['variants'][k] for k in ('mg_mb4_te_ce_gmm_pao_glora_co',
+                                                                   'mg_mb4_te_ce_gmm_pao_glora', 'vora_unsloth_best'))
+    full_b = _load('megatron-h100-full-b-2026-12-07.json')
     return {'ours': ours, 'plain': plain, 'speedup': ours['tokens_per_s'] / plain['tokens_per_s'],
             'steps': min(measured_steps(ours, g), measured_steps(plain, g)),
             'megatron': mg, 'megatron_steps': measured_steps(mg, g),
@@ -198,15 +201,22 @@ def moe_8_layers() -> Dict[str, Any]:
             'fusion': _against_twin(fusion_file, fb, fused, unfused),
             'shipped': {**_against_twin(gmm_file, gm, shipped, before),
                         'over_unsloth': shipped['tokens_per_s'] / unsloth['tokens_per_s'], 'unsloth': unsloth},
-            'glora': {'file': glora_file, 'ours': glora, 'unsloth': glora_unsloth,
-                      'over_unsloth': glora['tokens_per_s'] / glora_unsloth['tokens_per_s'],
-                      'steps': min(measured_steps(glora, gl), measured_steps(glora_unsloth, gl))},
+            'coalesced': {**_against_twin(co_file, co, coalesced, per_tensor), 'unsloth': co_unsloth,
+                          'over_unsloth': coalesced['tokens_per_s'] / co_unsloth['tokens_per_s'],
+                          'steps': min(measured_steps(v, co) for v in (coalesced, per_tensor, co_unsloth)),
+                          'expert_check': ((co['variants'][co['flagship_variant']].get('report') or {})
+                                           .get('expert_check') or {}),
+                          'merged_loads': co['merged_loads'], 'twin_earlier': glora},
             'torchrun': {'file': 'moe-torchrun1-c-2026-12-06.json', 'one': tr_one, 'twin': tr_twin,
                          'ratio': tr_one['tokens_per_s'] / tr_twin['tokens_per_s'],
                          'steps': min(measured_steps(tr_one), measured_steps(tr_twin))},
             'full': {'file': 'megatron-h100-full-2026-12-06.json', 'v': mgf, 'steps': measured_steps(mgf, full),
                      'layers': full['model'].split('cut to ')[1].split(' ')[0], 'changed': full['weights_changed'],
-                     'losses': (mgf['losses'][0], mgf['losses'][-1], len(mgf['losses']))}}
+                     'losses': (mgf['losses'][0], mgf['losses'][-1], len(mgf['losses'])),
+                     'two_layers': {'file': 'megatron-h100-full-b-2026-12-07.json',
+                                    'v': full_b['variants'][full_b['flagship_variant']],
+                                    'steps': measured_steps(full_b['variants'][full_b['flagship_variant']], full_b),
+                                    'merged_loads': full_b['merged_loads']}}}
 
 
 def _against_twin(name: str, data: Dict[str, Any], ours: Dict[str, Any], twin: Dict[str, Any]) -> Dict[str, Any]:
@@ -261,7 +271,7 @@ def block_measured(f: Dict[str, Any]) -> str:
     h = mo['headline']
     first, later = mo['per_call'][0], mo['per_call'][1:]
     cu, tr, fu, ga, sh = cut['cutlass'], cut['torchrun'], cut['full'], cut['fusion'], cut['shipped']
-    gl = cut['glora']
+    co = cut['coalesced']
     lines = [
         f'Each figure names its result file (in `benchmarks/results/`; `python benchmarks/moe_calls.py` tabulates the '
         f'full-depth MoE runs) and how many optimizer steps it measured; MFU divides by the H200\'s measured '
@@ -361,22 +371,33 @@ def block_measured(f: Dict[str, Any]) -> str:
         f'tokens/s, data wait {100 * cu["ours"]["data_wait_fraction"]:.0f} %; {source(cu["file"])}, '
         f'{steps_note(cu["steps"])} each), and with apex\'s gradient-accumulation fusion {x(ga["ratio"], 2)} its '
         f'twin without ({ga["ours"]["tokens_per_s"]:,.0f} against {ga["twin"]["tokens_per_s"]:,.0f} tokens/s; '
-        f'{source(ga["file"])}, {steps_note(ga["steps"])} each). With the settings `recipes/h200x8.yaml` ships for '
-        'Megatron since (TE\'s cross entropy, the frozen experts as one grouped GEMM per product, the precision-aware '
-        f'optimizer) at micro-batch 4: {sh["ours"]["tokens_per_s"]:,.0f} tokens/s, {x(sh["ratio"], 2)} micro-batch 2 '
-        f'without them ({sh["twin"]["tokens_per_s"]:,.0f}) and {sh["over_unsloth"]:.2f}x the Unsloth path '
-        f'({sh["unsloth"]["tokens_per_s"]:,.0f}), all three in one call ({source(sh["file"])}, '
-        f'{steps_note(sh["steps"])} each). With the expert LoRA factors as one grouped GEMM each too (opt-in, '
-        f'`SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm`): {gl["ours"]["tokens_per_s"]:,.0f} tokens/s, '
-        f'{gl["over_unsloth"]:.2f}x the Unsloth path of its own call ({gl["unsloth"]["tokens_per_s"]:,.0f}; '
-        f'{source(gl["file"])}, {steps_note(gl["steps"])} each). EP ≥ 2 has not run.',
+        f'{source(ga["file"])}, {steps_note(ga["steps"])} each). With TE\'s cross entropy, the frozen experts as '
+        'one grouped GEMM per product and the precision-aware optimizer at micro-batch 4: '
+        f'{sh["ours"]["tokens_per_s"]:,.0f} tokens/s, '
+        f'{x(sh["ratio"], 2)} micro-batch 2 without them ({sh["twin"]["tokens_per_s"]:,.0f}) and '
+        f'{sh["over_unsloth"]:.2f}x the Unsloth path ({sh["unsloth"]["tokens_per_s"]:,.0f}), all three in one call '
+        f'({source(sh["file"])}, {steps_note(sh["steps"])} each). **With everything `recipes/h200x8.yaml` ships for '
+        'Megatron** -- those, the expert LoRA factors as one grouped GEMM each and the optimizer over coalesced '
+        'gradient-buffer runs (`SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm`, `SWIFT_VORA_MEGATRON_OPTIMIZER=coalesced`)'
+        f' -- **{co["ours"]["tokens_per_s"]:,.0f} tokens/s, {co["over_unsloth"]:.2f}x the Unsloth path** of the same '
+        f'call ({co["unsloth"]["tokens_per_s"]:,.0f}) and {x(co["ratio"], 2)} its twin with the optimizer per tensor '
+        f'({co["twin"]["tokens_per_s"]:,.0f}; that setting ran {co["twin_earlier"]["tokens_per_s"]:,.0f} in an '
+        f'earlier call), the slowest measured step {co["ours"]["slowest_over_median"]:.2f}x the median, data wait '
+        f'{100 * co["ours"]["data_wait_fraction"]:.2f} %; the twin\'s merged export passes `merge_for_vllm.sh`\'s '
+        f'per-expert check ({co["expert_check"].get("checked")} tensors) and loads in transformers '
+        f'({source(co["file"])}, {steps_note(co["steps"])} each). EP ≥ 2 has not run.',
         f'* Megatron full SFT of a MoE (`megatron_ep_full`, `recipes/h200x8-full.yaml` overridden to one H100, EP 1) '
         f'on the 35B-A3B shape cut to {fu["layers"]} layers: loss {fu["losses"][0]:.2f} -> {fu["losses"][1]:.2f} in '
         f'{fu["losses"][2]} steps, {fu["v"]["tokens_per_s"]:,.0f} tokens/s ({steps_note(fu["steps"])}), '
         f'{fu["v"]["peak_reserved_gib"]:.2f} GiB reserved against {fu["v"]["planned_reserved_gib"]:.2f} planned '
         f'before the run ({100 * fu["v"]["plan_error"]:+.1f} %); experts, attention, router and shared expert '
         f'changed, the vision tower unchanged ({fu["changed"]["vision"]} of its tensors changed; '
-        f'{source(fu["file"])}).',
+        f'{source(fu["file"])}). Cut to 2 layers with the native cross entropy: '
+        f'{fu["two_layers"]["v"]["tokens_per_s"]:,.0f} tokens/s ({steps_note(fu["two_layers"]["steps"])}), '
+        f'{fu["two_layers"]["v"]["peak_reserved_gib"]:.2f} GiB reserved against '
+        f'{fu["two_layers"]["v"]["planned_reserved_gib"]:.2f} planned before the run '
+        f'({100 * fu["two_layers"]["v"]["plan_error"]:+.1f} %), the converted checkpoint loads in transformers '
+        f'({source(fu["two_layers"]["file"])}).',
         f'* Planner memory model: {pl["memory"]["out_within"]} of {pl["memory"]["out"]} out-of-sample measurements '
         f'(H200 and H100) within ±10 % of their peaks -- rows no constant or rule was fitted to; '
         f'{pl["memory"]["within"]} of {pl["memory"]["checked"]} checked rows in all, {pl["memory"]["reported"]} '

@@ -149,17 +149,19 @@ def callbacks_of(argv):
 
 
 def guard_callbacks_of(argv):
-    """The callbacks of `argv` but the data loader's `vora_epoch_prefetch` (named unless switched off; its own test
-    below)."""
-    return [c for c in callbacks_of(argv) if c != PREFETCH]
+    """The callbacks of `argv` but the data loader's `vora_epoch_prefetch` (named unless switched off) and the
+    optimizer's `vora_coalesced_optimizer` (named where switched on, as recipes/h200x8.yaml does); their own tests
+    below."""
+    return [c for c in callbacks_of(argv) if c not in (PREFETCH, COALESCED)]
 
 
 PREFETCH = 'vora_epoch_prefetch'
+COALESCED = 'vora_coalesced_optimizer'
 
 
 def test_guards_that_run_under_megatron_are_named_in_callbacks():
     launch = launch_for()
-    assert callbacks_of(launch.argv) == [*GUARD_CALLBACKS, PREFETCH]
+    assert callbacks_of(launch.argv) == [*GUARD_CALLBACKS, PREFETCH, COALESCED]
     assert any('coverage, supervision' in note and 'do not run under megatron sft' in note for note in launch.notes)
     # the selection the training process will see: the caller's environment, then the recipe's guards.env
     assert guard_callbacks_of(launch_for(environ={'SWIFT_VORA_GUARDS': 'none'}).argv) == []
@@ -172,7 +174,7 @@ def test_guards_that_run_under_megatron_are_named_in_callbacks():
 
 def test_recipe_callbacks_may_name_megatron_guards_only():
     launch = launch_for('guards.callbacks=[tensorboard, vora_memory]', environ={'SWIFT_VORA_GUARDS': 'none'})
-    assert callbacks_of(launch.argv) == [PREFETCH, 'tensorboard', 'vora_memory']
+    assert callbacks_of(launch.argv) == [PREFETCH, COALESCED, 'tensorboard', 'vora_memory']
     assert guard_callbacks_of(launch_for('guards.callbacks=[vora_memory]').argv) == GUARD_CALLBACKS  # not twice
     with pytest.raises(LaunchUsageError, match='vora_coverage cannot run under megatron sft .*the guards that run '
                                                'there: vora_fingerprint, vora_memory, vora_lora_update'):
@@ -186,7 +188,7 @@ def test_guard_callbacks_resolve_in_megatron_swift(megatron_parser_available):
     Megatron trainer looks them up in); a guard that does not run under Megatron is reported."""
     from megatron_args import validate_argv
     results = validate_argv([launch_for('guards.callbacks=[tensorboard]').argv[2:]])
-    assert results[0]['values']['callbacks'] == [*GUARD_CALLBACKS, PREFETCH, 'tensorboard']
+    assert results[0]['values']['callbacks'] == [*GUARD_CALLBACKS, PREFETCH, COALESCED, 'tensorboard']
     assert results[0]['unknown_callbacks'] == []
     with pytest.raises(ValueError, match=r"megatron_callbacks_map has no \['vora_coverage'\]"):
         validate_argv([['--model', 'x', '--custom_register_path', 'swift_vora', '--callbacks', 'vora_coverage']])
@@ -277,13 +279,16 @@ def test_the_epoch_prefetch_callback_is_named_unless_switched_off():
 
 def test_the_coalesced_optimizer_callback_is_named_only_where_switched_on():
     """The optimizer over coalesced gradient-buffer runs (backends/megatron_coalesced_optimizer.py): off by default,
-    named from the caller's environment or the recipe's env; the launch saves no optimizer state, which it needs."""
-    coalesced = 'vora_coalesced_optimizer'
-    assert coalesced not in callbacks_of(launch_for().argv)
-    assert coalesced in callbacks_of(launch_for(environ={'SWIFT_VORA_MEGATRON_OPTIMIZER': 'coalesced'}).argv)
-    argv = launch_for('env={SWIFT_VORA_MEGATRON_OPTIMIZER: coalesced}').argv
-    assert coalesced in callbacks_of(argv)
-    assert argv[argv.index('--no_save_optim') + 1] == 'true'
+    named from the caller's environment or the recipe's env (recipes/h200x8.yaml ships it on); the launch saves no
+    optimizer state, which it needs."""
+    argv = launch_for().argv
+    assert COALESCED in callbacks_of(argv) and argv[argv.index('--no_save_optim') + 1] == 'true'
+    per_tensor = 'env={SWIFT_VORA_MEGATRON_OPTIMIZER: per_tensor}'
+    assert COALESCED not in callbacks_of(launch_for(per_tensor).argv)
+    # the recipe's env is what the training process gets, over the caller's environment
+    launch = launch_for(per_tensor, environ={'SWIFT_VORA_MEGATRON_OPTIMIZER': 'coalesced'})
+    assert COALESCED not in callbacks_of(launch.argv) and launch.env['SWIFT_VORA_MEGATRON_OPTIMIZER'] == 'per_tensor'
+    assert COALESCED not in callbacks_of(full_launch_for().argv)  # recipes/h200x8-full.yaml does not set it
 
 
 def test_full_sft_argv_parses_with_megatron_swift_arguments(megatron_parser_available):

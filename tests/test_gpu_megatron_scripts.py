@@ -56,8 +56,8 @@ def test_megatron_callbacks_name_the_guards_that_run_there():
         one_gpu_launch('guards.callbacks=[vora_coverage]')
     argv = one_gpu_launch('guards.callbacks=[tensorboard]').argv
     start = argv.index('--callbacks') + 1
-    assert argv[start:start + 5] == ['vora_fingerprint', 'vora_memory', 'vora_lora_update', 'vora_epoch_prefetch',
-                                     'tensorboard']
+    assert argv[start:start + 6] == ['vora_fingerprint', 'vora_memory', 'vora_lora_update', 'vora_epoch_prefetch',
+                                     'vora_coalesced_optimizer', 'tensorboard']
 
 
 def test_megatron_callback_names_match_the_installed_ms_swift():

@@ -233,12 +233,18 @@ def test_the_fix_candidates_reach_megatron_sft(launches):
     assert launches['mg_mb2_nocutlass'].env['NVTE_USE_CUTLASS_GROUPED_GEMM'] == '0'
     for name in ('mg_mb2_workers8', 'mg_mb2_cutlass', 'mg_mb2_cutlass_workers8', 'mg_mb2_nocutlass'):
         assert flag(launches[name].argv, '--micro_batch_size') == '2'
-    # the grouped frozen experts (_gmm) and the grouped LoRA factors (_glora) reach the training process's environment;
-    # every other variant runs the settings before them, whatever the recipe ships (the benchmark's BASE_SETTINGS)
+    # the grouped frozen experts (_gmm), the grouped LoRA factors (_glora) and the coalesced optimizer (_co) reach the
+    # training process's environment; every other variant runs the settings before them, whatever the recipe ships
+    # (the benchmark's BASE_SETTINGS: the recipe ships all of them since 2026-12-07)
     for name in ('mg_mb2_cutlass_gmm', 'mg_mb4_te_ce_gmm', 'mg_mb4_te_ce_gmm_pao', 'mg_shipped'):
         env = launches[name].env
-        assert env['SWIFT_VORA_MEGATRON_EXPERT_BASE'] == 'grouped_mm' and 'SWIFT_VORA_MEGATRON_EXPERT_LORA' not in env
-    assert launches['mg_mb4_te_ce_gmm_pao_glora'].env['SWIFT_VORA_MEGATRON_EXPERT_LORA'] == 'grouped_mm'
+        assert env['SWIFT_VORA_MEGATRON_EXPERT_BASE'] == 'grouped_mm' and env['SWIFT_VORA_MEGATRON_EXPERT_LORA'] == 'te'
+        assert env['SWIFT_VORA_MEGATRON_OPTIMIZER'] == 'per_tensor'
+        assert 'vora_coalesced_optimizer' not in launches[name].argv
+    glora, co = launches['mg_mb4_te_ce_gmm_pao_glora'], launches['mg_mb4_te_ce_gmm_pao_glora_co']
+    assert glora.env['SWIFT_VORA_MEGATRON_EXPERT_LORA'] == 'grouped_mm'
+    assert glora.env['SWIFT_VORA_MEGATRON_OPTIMIZER'] == 'per_tensor' and 'vora_coalesced_optimizer' not in glora.argv
+    assert co.env['SWIFT_VORA_MEGATRON_OPTIMIZER'] == 'coalesced' and 'vora_coalesced_optimizer' in co.argv
     for name in ('mg_mb4_te_ce', 'mg_mb2', 'mg_base'):
         assert launches[name].env['SWIFT_VORA_MEGATRON_EXPERT_BASE'] == 'te'
         assert '--use_precision_aware_optimizer' not in launches[name].argv

@@ -23,8 +23,10 @@ def test_every_measured_speed_is_estimated_within_20_percent_but_the_listed_miss
     back_inside = [r['what'] for r in rows if r['known_miss'] and r['within']]
     assert not back_inside, back_inside
     assert set(speed_table.KNOWN_MISSES) <= {r['what'] for r in rows}
-    # rows left unchecked say why: only settings the planner does not plan (the fp32-LoRA Unsloth runner)
-    assert all(r['unplanned'] == speed_table.FP32_LORA_RUNNER for r in rows if not r['checked'])
+    # rows left unchecked say why: only settings the planner does not plan (the fp32-LoRA Unsloth runner, Megatron
+    # without all of the settings the recipe ships for it)
+    assert all(r['unplanned'] in (speed_table.FP32_LORA_RUNNER, speed_table.MEGATRON_FEWER_LEVERS)
+               for r in rows if not r['checked'])
     assert sum(r['checked'] for r in rows) >= 13
     # the rows the efficiencies were taken from are in-sample; some rows were used for nothing
     assert any(r['in_sample'] for r in rows) and sum(not r['in_sample'] for r in rows) >= 5

@@ -48,7 +48,8 @@
 #
 # $OUT receives (the tool returns at most 8 files): run.log (all output), each phase's results JSON
 # (<name>-<date>.json; copy it into benchmarks/results/ in the repo) and logs-<phase>.tgz (swift logs,
-# encode/progress logs, py-spy profiles, inference results; no videos, models or checkpoints).
+# encode/progress logs, py-spy profiles, inference results; no videos, models, checkpoints, plots or TensorBoard
+# events).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -217,7 +218,9 @@ main() {
 "moe_full|unsloth|megatron|megatron_ep|megatron_moe|megatron_optimizer_check|kernel_cache_export)"; rc=2;;
     esac
     echo "== phase $phase done in $((SECONDS - t1)) s (rc so far $rc)"
-    # Results JSON flat into $OUT; the logs into one archive (the 8-file limit).
+    # Results JSON flat into $OUT; the logs into one archive (the 8-file limit). Left out besides weights and media:
+    # ms-swift's PNG plots and TensorBoard events, two copies of logging.jsonl, which is kept (the archive rides in the
+    # repository, and every later call carries it)
     find "$LOGS/$phase" -maxdepth 1 -name '*.json' -exec cp {} "$OUT"/ \; 2>/dev/null
     local dirs=()
     [ -d "$LOGS/$phase" ] && dirs+=("${LOGS#"$SCRATCH"/}/$phase")
@@ -226,7 +229,8 @@ main() {
     if [ ${#dirs[@]} -gt 0 ]; then
       tar czf "$OUT/logs-$phase.tgz" -C "$SCRATCH" --exclude='*.mp4' --exclude='*.safetensors' --exclude='*.pt' \
         --exclude='*.bin' --exclude='*.pth' --exclude='checkpoint-*' --exclude='model' --exclude='model-*' \
-        --exclude='clips' --exclude='data' "${dirs[@]}" 2>/dev/null || true
+        --exclude='clips' --exclude='data' --exclude='*.png' --exclude='events.out.tfevents.*' \
+        "${dirs[@]}" 2>/dev/null || true
     fi
   done
   ls -la "$OUT"

@@ -122,18 +122,20 @@ EFFICIENCY: Dict[Tuple[str, str, bool, bool, int], Measured] = {
     ('megatron_ep_lora', 'moe', False, True, 2): Measured(
         0.0364, **_MOE8, setting='EP 1, full recompute, micro-batch 2',
         runs=_R + 'megatron-h200-moe-g-2026-12-04.json (mg_mb2)', tokens_per_s=4669.6),
-    # micro-batch 4 with the settings recipes/h200x8.yaml ships for Megatron since (TE's cross entropy, the frozen
-    # experts as one grouped GEMM, the precision-aware optimizer, CUTLASS): one run, on an H100; 1.90x micro-batch 2
-    # with none of them in the same call. Still host-bound (the GPU busy half of the profiled step)
+    # micro-batch 4 with the settings recipes/h200x8.yaml ships for Megatron (TE's cross entropy, the frozen experts
+    # and the expert LoRA factors as grouped GEMMs, the precision-aware optimizer over coalesced buffer runs): one run,
+    # on an H100, 0.65x the Unsloth path beside it. With fewer of them the same micro-batch ran 13,553 (without the
+    # last two) and 20,100 tokens/s (without the coalesced optimizer, beside this run): this prices the recipe's
     ('megatron_ep_lora', 'moe', False, True, 4): Measured(
-        0.1056, **_MOE8, gpu='H100',
-        setting='EP 1, full recompute, micro-batch 4, TE cross entropy, the frozen experts as grouped GEMMs, '
-                'precision-aware optimizer',
-        runs=_R + 'megatron-h100-moe-gmm-2026-12-06.json (mg_mb4_te_ce_gmm_pao)', tokens_per_s=13553.1),
+        0.1798, **_MOE8, gpu='H100',
+        setting='EP 1, full recompute, micro-batch 4, TE cross entropy, the frozen experts and the expert LoRA as '
+                'grouped GEMMs, precision-aware optimizer over coalesced runs',
+        runs=_R + 'megatron-h100-moe-co-2026-12-07.json (mg_mb4_te_ce_gmm_pao_glora_co)', tokens_per_s=23070.5),
     # Megatron-SWIFT full SFT of the MoE: one run, on an H100, the 35B-A3B shape cut to 3 layers (every expert, the
     # vision tower), EP 1, full recompute, TE's cross entropy; MFU over flops_per_sample(tuner='full'). At full depth
-    # the vision tower, embeddings and LM head weigh less: how that moves the efficiency is not measured yet. Faster
-    # per FLOP than Megatron's LoRA (0.036): that profile's time goes to per-expert LoRA launches full SFT has none of
+    # the vision tower, embeddings and LM head weigh less: how that moves the efficiency is not measured yet (cut to 2
+    # layers it ran 1.22x this estimate, out of sample). Faster per FLOP than Megatron's LoRA at micro-batch 2
+    # (0.036): that profile's time went to per-expert LoRA launches full SFT has none of
     ('megatron_ep_full', 'moe', False, True, 1): Measured(
         0.1175, kind='moe', model='the 35B-A3B MoE', family='qwen3_5_moe', layers=3, cut=True,
         setting='EP 1, full recompute, micro-batch 1, TE cross entropy',
