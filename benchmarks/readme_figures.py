@@ -380,9 +380,9 @@ def block_measured(f: Dict[str, Any]) -> str:
         'Megatron** -- those, the expert LoRA factors as one grouped GEMM each and the optimizer over coalesced '
         'gradient-buffer runs (`SWIFT_VORA_MEGATRON_EXPERT_LORA=grouped_mm`, `SWIFT_VORA_MEGATRON_OPTIMIZER=coalesced`)'
         f' -- **{co["ours"]["tokens_per_s"]:,.0f} tokens/s, {co["over_unsloth"]:.2f}x the Unsloth path** of the same '
-        f'call ({co["unsloth"]["tokens_per_s"]:,.0f}) and {x(co["ratio"], 2)} its twin with the optimizer per tensor '
+        f'run ({co["unsloth"]["tokens_per_s"]:,.0f}) and {x(co["ratio"], 2)} its twin with the optimizer per tensor '
         f'({co["twin"]["tokens_per_s"]:,.0f}; that setting ran {co["twin_earlier"]["tokens_per_s"]:,.0f} in an '
-        f'earlier call), the slowest measured step {co["ours"]["slowest_over_median"]:.2f}x the median, data wait '
+        f'earlier run), the slowest measured step {co["ours"]["slowest_over_median"]:.2f}x the median, data wait '
         f'{100 * co["ours"]["data_wait_fraction"]:.2f} %; the twin\'s merged export passes `merge_for_vllm.sh`\'s '
         f'per-expert check ({co["expert_check"].get("checked")} tensors) and loads in transformers '
         f'({source(co["file"])}, {steps_note(co["steps"])} each). EP ≥ 2 has not run.',

@@ -66,9 +66,11 @@ LAYOUT = [(0, 0, (4, 5), False), (0, 0, (3, 5), False), (0, 1, (2, 2), False), (
           (0, 0, (7,), False), (1, 0, (6, 2), False), (1, 0, (3, 3), True), (1, 0, (2, 9), True)]
 
 
-def distributed_optimizer(seed=0, weight_decays=(0.1, 0.0), buckets=None):
-    """A megatron-core DistributedOptimizer instance (one data-parallel rank: each parameter's shard is all of it) laid
-    out over LAYOUT, with the parameter groups megatron-core hands the inner optimizer."""
+def distributed_optimizer(seed=0, weight_decays=(0.1, 0.0), buckets=None, shard=None):
+    """A megatron-core DistributedOptimizer instance laid out over LAYOUT, with the parameter groups megatron-core
+    hands the inner optimizer. `shard`: {buffer: (start, end)}, this data-parallel rank's part of a buffer, as
+    megatron-core's ranges give it (a parameter across its edge has only its part inside, one outside none); by
+    default the whole buffer (one data-parallel rank: each parameter's shard is all of it)."""
     gen = torch.Generator().manual_seed(seed)
     offsets, ends = {}, {0: 0, 1: 0}
     for i, (b, _, shape, _) in enumerate(LAYOUT):
@@ -88,11 +90,21 @@ def distributed_optimizer(seed=0, weight_decays=(0.1, 0.0), buckets=None):
         p.tensor_model_parallel = tp
         p.allreduce = True
         params.append(p)
+        lo, hi = (shard or {}).get(b, (0, buffers[b].param_data.numel()))
+        start, end = max(offsets[i], lo), min(offsets[i] + n, hi)
+        if start >= end:  # wholly another rank's
+            continue
         gbuf_map[p] = (b, torch.bfloat16, buckets.get(i, 0))
         gbuf_ranges[b][torch.bfloat16][buckets.get(i, 0)]['param_map'][p] = {
-            'gbuf_world': Range(offsets[i], offsets[i] + n), 'param': Range(0, n)}
-    model_groups = [[p for p, (_, g, _, _) in zip(params, LAYOUT) if g == group] for group in (0, 1)]
-    shards = [[p.detach().view(-1)[0:p.numel()] for p in group] for group in model_groups]
+            'gbuf_world': Range(start, end), 'param': Range(start - offsets[i], end - offsets[i])}
+    model_groups = [[p for p, (_, g, _, _) in zip(params, LAYOUT) if g == group and p in gbuf_map]
+                    for group in (0, 1)]
+
+    def local(p):
+        b, dtype, bucket = gbuf_map[p]
+        return gbuf_ranges[b][dtype][bucket]['param_map'][p]['param']
+
+    shards = [[p.detach().view(-1)[local(p).start:local(p).end] for p in group] for group in model_groups]
     for group, shard_group in zip(model_groups, shards):
         for p, s in zip(group, shard_group):
             s.tensor_model_parallel = p.tensor_model_parallel
@@ -159,6 +171,27 @@ def test_a_run_ends_at_a_bucket_boundary_and_the_updates_stay_the_same():
     assert [run.bucket_index for run in done.groups[0]] == [0, 0, 1, 0, 0]
     for a, b in zip(train(per_tensor, params_a), train(coalesced, params_b)):
         assert torch.equal(a, b)
+
+
+def test_with_several_data_parallel_ranks_a_parameter_cut_by_the_shard_steps_its_part_only():
+    """This rank's shard of each buffer starts or ends inside a parameter (B of buffer 0, G of buffer 1), and A and H
+    are other ranks' entirely: the runs hold the parts this rank updates, the updates are the per-tensor ones bit for
+    bit, and what lies outside the shard is left to its own rank."""
+    shard = {0: (30, 72), 1: (0, 20)}
+    per_tensor, params_a = distributed_optimizer(shard=shard)
+    coalesced, params_b = distributed_optimizer(shard=shard)
+    done = co.coalesce(coalesced)
+    assert done is not None
+    # group 0: [B's last 9 elements] (C of group 1 between), [D, E]; buffer 1: [F], [G's first 4] (other attributes)
+    assert [[len(run.params) for run in runs] for runs in done.groups] == [[1, 2, 1, 1], [1]]
+    assert [(run.start, run.end) for run in done.groups[0]] == [(30, 39), (48, 71), (0, 12), (16, 20)]
+    before = distributed_optimizer()[1]
+    after_a, after_b = train(per_tensor, params_a), train(coalesced, params_b)
+    for a, b in zip(after_a, after_b):
+        assert torch.equal(a, b)
+    assert torch.equal(after_b[0], before[0]) and torch.equal(after_b[7], before[7])  # A, H: other ranks'
+    assert torch.equal(after_b[1].view(-1)[:6], before[1].view(-1)[:6])  # B before the shard
+    assert not torch.equal(after_b[1].view(-1)[6:], before[1].view(-1)[6:])  # B inside it, stepped
 
 
 @pytest.mark.parametrize('rank', [0, 1])
