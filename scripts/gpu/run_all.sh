@@ -65,11 +65,16 @@ install_moe_wheels() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SCRATCH/site-moe" \
     .whl/moe/unsloth-*.whl .whl/moe/unsloth_zoo-*.whl .whl/moe/bitsandbytes-*.whl || return 1
   case ":$PYTHONPATH:" in *":$SCRATCH/site-moe:"*) ;; *) export PYTHONPATH="$PYTHONPATH:$SCRATCH/site-moe";; esac
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SCRATCH/site-fla" \
-    .whl/moe/fla_core-*.whl .whl/moe/flash_linear_attention-*.whl || return 1
   # Not on PYTHONPATH by default: fla 0.6 refuses the Gated DeltaNet backward on Hopper with Triton < 3.7.1 (wrong
-  # results upstream, fla #640), and the image has Triton 3.6. moe_throughput.py's *_fla variants add it.
-  export SWIFT_VORA_FLA_PATH="$SCRATCH/site-fla"
+  # results upstream, fla #640), and the image has Triton 3.6. moe_throughput.py's *_fla variants add it; nothing
+  # else needs it (the runs bind unsloth_zoo's vendored fla), so the Megatron pack leaves its wheels out.
+  if ls .whl/moe/fla_core-*.whl .whl/moe/flash_linear_attention-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SCRATCH/site-fla" \
+      .whl/moe/fla_core-*.whl .whl/moe/flash_linear_attention-*.whl || return 1
+    export SWIFT_VORA_FLA_PATH="$SCRATCH/site-fla"
+  else
+    echo "moe: no flash-linear-attention 0.6 wheels in .whl/moe: the *_fla variants cannot run"
+  fi
   export UNSLOTH_DISABLE_STATISTICS=1
   python3 -c 'import unsloth, unsloth_zoo, fla; print("moe wheels: unsloth", unsloth.__version__, "| unsloth_zoo",
 unsloth_zoo.__version__, "| fla", getattr(fla, "__version__", "?"), fla.__file__)' 2>&1 | grep -v -i warn | tail -3
