@@ -189,7 +189,9 @@ def moe_8_layers() -> Dict[str, Any]:
     co = _load(co_file)
     coalesced, per_tensor, co_unsloth = (co['variants'][k] for k in ('mg_mb4_te_ce_gmm_pao_glora_co',
                                                                    'mg_mb4_te_ce_gmm_pao_glora', 'vora_unsloth_best'))
-    full_b = _load('megatron-h100-full-b-2026-12-07.json')
+    full_b_file = 'megatron-h100-full-b-2026-12-07.json'
+    full_b = _load(full_b_file)
+    full_b_v = full_b['variants'][full_b['flagship_variant']]
     return {'ours': ours, 'plain': plain, 'speedup': ours['tokens_per_s'] / plain['tokens_per_s'],
             'steps': min(measured_steps(ours, g), measured_steps(plain, g)),
             'megatron': mg, 'megatron_steps': measured_steps(mg, g),
@@ -213,10 +215,19 @@ def moe_8_layers() -> Dict[str, Any]:
             'full': {'file': 'megatron-h100-full-2026-12-06.json', 'v': mgf, 'steps': measured_steps(mgf, full),
                      'layers': full['model'].split('cut to ')[1].split(' ')[0], 'changed': full['weights_changed'],
                      'losses': (mgf['losses'][0], mgf['losses'][-1], len(mgf['losses'])),
-                     'two_layers': {'file': 'megatron-h100-full-b-2026-12-07.json',
-                                    'v': full_b['variants'][full_b['flagship_variant']],
-                                    'steps': measured_steps(full_b['variants'][full_b['flagship_variant']], full_b),
+                     'two_layers': {'file': full_b_file, 'v': full_b_v, 'steps': measured_steps(full_b_v, full_b),
                                     'merged_loads': full_b['merged_loads']}}}
+
+
+def loads_in_transformers(merged_loads: bool) -> str:
+    """What a result file's load check of the exported checkpoint said, as the README says it."""
+    return 'loads in transformers' if merged_loads else 'did not load in transformers'
+
+
+def expert_check_verdict(check: Dict[str, Any]) -> str:
+    """merge_for_vllm.sh's per-expert check of a result file, as the README says it."""
+    return (f'{"passes" if check.get("ok") else "fails"} `merge_for_vllm.sh`\'s per-expert check '
+            f'({check.get("checked")} tensors)')
 
 
 def _against_twin(name: str, data: Dict[str, Any], ours: Dict[str, Any], twin: Dict[str, Any]) -> Dict[str, Any]:
@@ -383,8 +394,8 @@ def block_measured(f: Dict[str, Any]) -> str:
         f'run ({co["unsloth"]["tokens_per_s"]:,.0f}) and {x(co["ratio"], 2)} its twin with the optimizer per tensor '
         f'({co["twin"]["tokens_per_s"]:,.0f}; that setting ran {co["twin_earlier"]["tokens_per_s"]:,.0f} in an '
         f'earlier run), the slowest measured step {co["ours"]["slowest_over_median"]:.2f}x the median, data wait '
-        f'{100 * co["ours"]["data_wait_fraction"]:.2f} %; the twin\'s merged export passes `merge_for_vllm.sh`\'s '
-        f'per-expert check ({co["expert_check"].get("checked")} tensors) and loads in transformers '
+        f'{100 * co["ours"]["data_wait_fraction"]:.2f} %; the twin\'s merged export '
+        f'{expert_check_verdict(co["expert_check"])} and {loads_in_transformers(co["merged_loads"])} '
         f'({source(co["file"])}, {steps_note(co["steps"])} each). EP ≥ 2 has not run.',
         f'* Megatron full SFT of a MoE (`megatron_ep_full`, `recipes/h200x8-full.yaml` overridden to one H100, EP 1) '
         f'on the 35B-A3B shape cut to {fu["layers"]} layers: loss {fu["losses"][0]:.2f} -> {fu["losses"][1]:.2f} in '
@@ -396,7 +407,8 @@ def block_measured(f: Dict[str, Any]) -> str:
         f'{fu["two_layers"]["v"]["tokens_per_s"]:,.0f} tokens/s ({steps_note(fu["two_layers"]["steps"])}), '
         f'{fu["two_layers"]["v"]["peak_reserved_gib"]:.2f} GiB reserved against '
         f'{fu["two_layers"]["v"]["planned_reserved_gib"]:.2f} planned before the run '
-        f'({100 * fu["two_layers"]["v"]["plan_error"]:+.1f} %), the converted checkpoint loads in transformers '
+        f'({100 * fu["two_layers"]["v"]["plan_error"]:+.1f} %), the converted checkpoint '
+        f'{loads_in_transformers(fu["two_layers"]["merged_loads"])} '
         f'({source(fu["two_layers"]["file"])}).',
         f'* Planner memory model: {pl["memory"]["out_within"]} of {pl["memory"]["out"]} out-of-sample measurements '
         f'(H200 and H100) within ±10 % of their peaks -- rows no constant or rule was fitted to; '

@@ -67,7 +67,7 @@ install_moe_wheels() {
   case ":$PYTHONPATH:" in *":$SCRATCH/site-moe:"*) ;; *) export PYTHONPATH="$PYTHONPATH:$SCRATCH/site-moe";; esac
   # Not on PYTHONPATH by default: fla 0.6 refuses the Gated DeltaNet backward on Hopper with Triton < 3.7.1 (wrong
   # results upstream, fla #640), and the image has Triton 3.6. moe_throughput.py's *_fla variants add it; nothing
-  # else needs it (the runs bind unsloth_zoo's vendored fla), so the Megatron pack leaves its wheels out.
+  # else needs it (the runs bind unsloth_zoo's vendored fla), so a pack for the other phases may leave its wheels out.
   if ls .whl/moe/fla_core-*.whl .whl/moe/flash_linear_attention-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SCRATCH/site-fla" \
       .whl/moe/fla_core-*.whl .whl/moe/flash_linear_attention-*.whl || return 1
