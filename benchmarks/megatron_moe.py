@@ -2,7 +2,7 @@
 Unsloth path and plain `swift sft` PEFT: same random checkpoint, same 64-frame clips as benchmarks/moe_throughput.py
 (its builders and measurement are reused, not copied).
 
-    python benchmarks/megatron_moe.py [--variants mg_mb2,mg_te_ce,...] [--steps 12]    # GPU machine:
+    python benchmarks/megatron_moe.py [--variants mg_mb4_te_ce_gmm_pao_glora_co,...] [--steps 12]  # GPU machine:
                                                                 # scripts/gpu/run_all.sh megatron_moe
     python benchmarks/megatron_moe.py --dry-run --model-dir CONFIG_OR_DIR               # CPU: the commands only
 
@@ -13,10 +13,7 @@ Hopper with Triton < 3.7.1). Every Megatron variant trains `--global-batch` samp
 micro-batch 1 unless its name says otherwise (whatever the recipe ships: each name keeps what it measured before):
 - `mg_base`: the recipe's own levers (full recompute, grouped GEMM, permute fusion, native cross entropy) at
   micro-batch 1 -- the recipe as shipped until call g.
-- `mg_mb2`: micro-batch 2, the recipe as shipped since call g. With `--flagship` (the default) it is also issue #31
-  item 1's run (FLAGSHIP): merged checkpoint (checkpoint-N-merged), scripts/merge_for_vllm.sh's expert check,
-  scripts/gpu/megatron_report.py's checks (loss falling, expert + attention LoRA, router untouched, merged loads in
-  transformers, lora_update), the guard reports. Until 2026-12-04 the flagship was mg_base.
+- `mg_mb2`: micro-batch 2, the recipe as shipped from call g to 2026-12-06 (the checked run until then).
 - `mg_te_ce`: `megatron.cross_entropy_fusion_impl=te` (`--cross_entropy_fusion_impl te`: TE's fused cross entropy
   over the 248k vocabulary, planned with its own logits bytes).
 - `mg_selective`, `mg_norecompute`: megatron.recompute=selective (Megatron's core_attn recompute) / none.
@@ -41,7 +38,11 @@ micro-batch 1 unless its name says otherwise (whatever the recipe ships: each na
   `mg_mb4_te_ce`, `mg_mb4_te_ce_gmm`, `mg_mb4_te_ce_gmm_pao`: one micro-batch of 4 a step with TE's cross entropy
   (the host's per-micro-batch work once a step; fits an H100), alone and with those levers;
   `mg_mb4_te_ce_gmm_pao_glora` adds the expert LoRA factors as grouped GEMMs, `..._glora_co` the distributed
-  optimizer over coalesced runs of the gradient buffers (SWIFT_VORA_MEGATRON_OPTIMIZER=coalesced).
+  optimizer over coalesced runs of the gradient buffers (SWIFT_VORA_MEGATRON_OPTIMIZER=coalesced): every Megatron
+  setting recipes/h200x8.yaml ships, at its micro-batch. With `--flagship` (the default) it is also the checked run
+  (FLAGSHIP, or `--flagship-variant`): merged checkpoint (checkpoint-N-merged), scripts/merge_for_vllm.sh's expert
+  check, scripts/gpu/megatron_report.py's checks (loss falling, expert + attention LoRA, router untouched, merged
+  loads in transformers, lora_update), the guard reports. A test holds it to the recipe's settings.
 Full SFT (`mgf*`: `swift-vora train recipes/h200x8-full.yaml` overridden to one GPU, EP 1, `--full-lr`, the model
 cut to `--layers`, 4 on an H200): `mgf` (the recipe: micro-batch 1, native cross entropy; the call's checked run --
 scripts/gpu/megatron_report.py --full: the loss, checkpoint-N, the converted HF model, against the base by part, the
@@ -79,9 +80,9 @@ Megatron variant ~2-3 min (load + convert ~60-90 s, first step ~60 s once the ke
 attempt, without the shared cache, averaged 147 s over its first two steps -- then 12 steps),
 the flagship +3 min (merged save, merge_for_vllm.sh's check, merged load), vora_unsloth_best ~5 min (its
 first step autotunes ~225 s on a fresh machine), swift_peft ~2 min. The default list puts the side-by-side first
-(mg_mb2, mg_base, mg_te_ce, vora_unsloth_best, swift_peft: ~17 min), then mg_selective; with `--deadline 840` the
-run ends within ~15-17 min. Run it through scripts/gpu/background.sh and wait from back-to-back calls
-(docs/runs/gpu-calls.md lists the device calls that ran it).
+(the recipe's setting, vora_unsloth_best, swift_peft: ~12 min), then its per-tensor-optimizer twin and mg_base (no
+lever); with `--deadline 840` the run ends within ~15-17 min. Run it through scripts/gpu/background.sh and wait
+from back-to-back calls (docs/runs/gpu-calls.md lists the device calls that ran it).
 """
 from __future__ import annotations
 
@@ -232,10 +233,10 @@ MEGATRON_FULL_LEVERS: Dict[str, List[str]] = {
 }
 FULL_FLAGSHIP = 'mgf'  # the full-SFT call's checked run: checkpoint-N (the HF model) against the base, loaded
 UNSLOTH_BEST = ['train.micro_batch=4', 'unsloth.gradient_checkpointing=true']
-DEFAULT_VARIANTS = 'mg_mb2,mg_base,mg_te_ce,vora_unsloth_best,swift_peft,mg_selective'
-# Item 1's run (the merged export, merge_for_vllm.sh, the report): recipes/h200x8.yaml as shipped, one GPU -- its
-# micro-batch is 2 since call g (a test holds the two together); until then mg_base
-FLAGSHIP = 'mg_mb2'
+DEFAULT_VARIANTS = 'mg_mb4_te_ce_gmm_pao_glora_co,vora_unsloth_best,swift_peft,mg_mb4_te_ce_gmm_pao_glora,mg_base'
+# The checked run (the merged export, merge_for_vllm.sh, the report): recipes/h200x8.yaml's Megatron settings as
+# shipped, on one GPU (a test holds the two together); mg_base until 2026-12-04, mg_mb2 until 2026-12-07
+FLAGSHIP = 'mg_mb4_te_ce_gmm_pao_glora_co'
 # The result keys of megatron-h200-2026-12-01.json (scripts/gpu/megatron_report.py) every result file carries.
 REPORT_KEYS = ('backend', 'gpus', 'ep', 'tp', 'steps', 'losses', 'expert_lora_tensors', 'expert_lora_source',
                'router_trainable', 'merged_loads', 'peak_reserved_gib', 'planned_peak_gib', 'tokens_per_s',

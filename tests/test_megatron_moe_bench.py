@@ -81,17 +81,41 @@ def test_each_variant_trains_at_the_micro_batch_its_name_says_whatever_the_recip
     assert 'TORCHDYNAMO_DISABLE' not in launches[mm.FLAGSHIP].env
 
 
-def test_the_flagship_is_megatrons_lora_as_the_tests_and_scripts_name_it():
-    """Item 1 trains `swift-vora train recipes/h200x8.yaml` overridden to one GPU and to Megatron's LoRA by name (the
-    recipe itself trains Unsloth replicas on eight H200s): the flagship variant is the micro-batch those overrides
-    give, it changes no other lever, and every Megatron LoRA variant names the backend."""
-    from megatron_args import H200X8_AS_MEGATRON_LORA
-    levers = mm.MEGATRON_LEVERS[mm.FLAGSHIP]
-    micro_batch = next(o for o in H200X8_AS_MEGATRON_LORA if o.startswith('train.micro_batch='))
-    assert levers == [micro_batch], (levers, mm.FLAGSHIP)
+def test_the_checked_run_trains_the_megatron_settings_the_h200x8_recipe_ships():
+    """The checked run is `swift-vora train recipes/h200x8.yaml` overridden to one GPU and to Megatron's LoRA by name
+    (the recipe itself trains Unsloth replicas on eight H200s), with every Megatron setting the recipe ships: the
+    benchmark turns the recipe's levers off for every variant (BASE_SETTINGS) and the flagship's levers must turn
+    each back to the recipe's value, at the recipe's micro-batch. A lever the recipe starts shipping without the
+    flagship naming it fails here, not as a checked run of an old setting on a GPU."""
+    import yaml
+    with open(mm.RECIPE) as f:
+        recipe = yaml.safe_load(f)
+    effective = dict(o.split('=', 1) for o in [*mm.BASE_SETTINGS, *mm.MEGATRON_LEVERS[mm.FLAGSHIP]])  # later wins
+
+    def shipped(key):
+        section, name = key.split('.', 1)
+        value = recipe[section][name]
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    for key in dict(o.split('=', 1) for o in mm.BASE_SETTINGS):
+        assert effective[key] == shipped(key), (key, effective[key], shipped(key))
+    for key in (f'env.{name}' for name in recipe['env']):  # the recipe's own switches, named by the flagship
+        assert effective.get(key) == shipped(key), (key, effective.get(key), shipped(key))
+    assert effective['train.micro_batch'] == str(recipe['train']['per_device_train_batch_size'])
     args = mm.parse_args([])
     overrides = mm.megatron_overrides(mm.FLAGSHIP, args, mm.mt.budget(False), '/m', 'a.jsonl', '/o', flagship=True)
     assert 'train.backend=megatron_ep_lora' in overrides and 'train.checkpoint_layers=null' in overrides
+    assert overrides.index(mm.BASE_SETTINGS[0]) < overrides.index(mm.MEGATRON_LEVERS[mm.FLAGSHIP][-1])
+
+
+def test_the_checked_run_writes_the_merged_copy_at_the_recipes_settings(launches):
+    flagship = launches[mm.FLAGSHIP]
+    assert flag(flagship.argv, '--merge_lora') == 'true' and flag(flagship.argv, '--micro_batch_size') == '4'
+    assert flag(flagship.argv, '--cross_entropy_fusion_impl') == 'te'
+    assert flagship.env['SWIFT_VORA_MEGATRON_OPTIMIZER'] == 'coalesced'
+    assert flagship.env['SWIFT_VORA_MEGATRON_EXPERT_LORA'] == 'grouped_mm'
+    twin = launches['mg_mb4_te_ce_gmm_pao_glora']
+    assert flag(twin.argv, '--merge_lora') == 'false' and twin.env['SWIFT_VORA_MEGATRON_OPTIMIZER'] == 'per_tensor'
 
 
 def test_the_argvs_parse_with_megatron_swift(launches):
@@ -377,7 +401,9 @@ def test_full_sft_argvs_parse_with_megatron_swift(full_launches):
 
 
 def test_a_full_sft_call_checks_its_own_run():
-    assert mm.flagship_of(['mgf_te_ce', 'mgf']) == 'mgf' and mm.flagship_of(['mg_mb2', 'swift_peft']) == 'mg_mb2'
+    assert mm.flagship_of(['mgf_te_ce', 'mgf']) == 'mgf'
+    assert mm.flagship_of([mm.FLAGSHIP, 'swift_peft']) == mm.FLAGSHIP  # a LoRA call's: the recipe's settings
+    assert mm.flagship_of(['mg_mb2', 'swift_peft'], lora='mg_mb2') == 'mg_mb2'  # or --flagship-variant
     assert mm.flagship_of(['mgf_te_ce', 'mgf_mb2']) == 'mgf_te_ce'  # an H100's call of the variants that fit it
     report = {k: None for k in mm.REPORT_KEYS} | {'failures': [], 'backend': 'megatron_ep_full'}
     files = {'fingerprint': 'a', 'memory': 'b', 'lora_update': 'c'}
