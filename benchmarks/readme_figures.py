@@ -35,6 +35,11 @@ PROTOCOL_STEPS = 10  # measured optimizer steps a figure needs to be quoted as m
 BLOCK = re.compile(r'(<!-- figures:(?P<name>[a-z_]+) [^\n]*-->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)', re.S)
 
 
+# every Unsloth lever at once on the 8-layer cut, one H100 (its twin did not run): where the fused router engaged
+LEVERS_8 = 'moe-h100-levers-2026-12-07.json'
+LEVERS_8_VARIANT = 'vora_unsloth_mb4_ckauto_rank_scale_gather_router_gategrad_gva'
+
+
 def _load(name: str) -> Dict[str, Any]:
     with open(os.path.join(RESULTS, name)) as f:
         return json.load(f)
@@ -135,8 +140,12 @@ def moe() -> Dict[str, Any]:
     gather = r['vora_unsloth_mb4_ck32_rank_scale_gather_router_gategrad']
     twin_r = r['vora_unsloth_mb4_ck32_rank_scale']
     c = _load('derived-moe-h200-full-c-logs.json')['variants']
+    levers = _load(LEVERS_8)['variants'][LEVERS_8_VARIANT]
     return {
         'headline': headline, 'per_call': per_call,
+        'levers_8': {'file': LEVERS_8, 'tokens_per_s': levers['tokens_per_s'],
+                     'fused_calls': levers['runner']['moe_router']['fused_calls'],
+                     'unfused': levers['runner']['moe_router']['unfused'], 'steps': measured_steps(levers)},
         'auto': {'file': 'moe-h200-full-n-2026-12-04.json', 'variant': auto, 'plan_error': n['plan_error'],
                  'steps': measured_steps(auto)},
         'every_layer': {'min': every_layer['min'], 'max': every_layer['max'], 'spread': every_layer['spread'],
@@ -334,9 +343,15 @@ def block_measured(f: Dict[str, Any]) -> str:
         f'gradient as one compiled reduction {x(mo["gather"]["ratio"], 3)} ({mo["gather"]["tokens_per_s"]:,.0f} '
         f'tokens/s, {mfu(mo["gather"]["mfu"])}; {source(mo["gather"]["file"])}); the experts\' down-projection LoRA '
         f'folded into the base GEMM {x(mo["fold"]["ratio"], 3)} (it loses); unsloth_zoo\'s fused router did not engage '
-        'in the two runs that tried it (its reader missed the router class Unsloth\'s compiler generates; fixed '
-        'since, not yet run on a GPU), and Gated DeltaNet\'s query and key at their own head count '
-        '(`SWIFT_VORA_GDN_QK_HEADS=grouped`) is built, not yet measured. Measured slower at full depth and '
+        'in the two full-depth runs that tried it (its reader missed the router class Unsloth\'s compiler '
+        f'generates); fixed since, it '
+        + ('engages' if mo['levers_8']['fused_calls'] and not mo['levers_8']['unfused'] else 'still did not engage')
+        + f' ({mo["levers_8"]["fused_calls"]} fused calls in a run of the 8-layer cut on an H100 with every lever '
+        f'on, {mo["levers_8"]["tokens_per_s"]:,.0f} tokens/s, {steps_note(mo["levers_8"]["steps"])}, its twin not '
+        f'run: {source(mo["levers_8"]["file"])}; not yet timed against a twin). Gated DeltaNet\'s query and key '
+        'at their own head count (`SWIFT_VORA_GDN_QK_HEADS=grouped`) did not apply in that run: Unsloth\'s '
+        'compiler had put its own class in transformers\' module, and the check read that class instead of '
+        'transformers\' forward (fixed since; not yet measured). Measured slower at full depth and '
         f'not used: micro-batch 8 ({mo["mb8"]["tokens_per_s"]:,.0f} tokens/s, {steps_note(mo["mb8"]["steps"])}) '
         f'and Unsloth\'s Triton expert GEMMs ({mo["triton"]["tokens_per_s"]:,.0f} at micro-batch 4, '
         f'{steps_note(mo["triton"]["steps"])}). The first step compiles Triton kernels (minutes on '

@@ -22,12 +22,15 @@ Importing this module imports nothing of swift-vora (the standard library only; 
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.util
 import inspect
 import logging
+import os
 import sys
+import textwrap
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -373,12 +376,53 @@ def installed_version(package: str) -> Optional[str]:
 
 
 def resolve(target: str) -> Any:
-    """The upstream object a target names (`module:Qualified.name`), seen through swift-vora's own patches."""
+    """The upstream object a target names (`module:Qualified.name`), seen through swift-vora's own patches, as the
+    module defines it (`_defined_in`)."""
     module, qualname = target.split(':')
-    obj = importlib.import_module(module)
+    home = obj = importlib.import_module(module)
     for part in qualname.split('.'):
-        obj = upstream(getattr(obj, part))
+        owner, obj = obj, upstream(getattr(obj, part))
+        if inspect.isclass(owner):
+            obj = _defined_in(home, owner, part, obj)
     return obj
+
+
+def _code_file(obj: Any) -> Optional[str]:
+    code = getattr(inspect.unwrap(obj), '__code__', None) if callable(obj) else None
+    return os.path.realpath(code.co_filename) if code is not None else None
+
+
+def _defined_in(module: Any, cls: type, name: str, found: Any) -> Any:
+    """`cls.name` as `module`'s own file defines it. Unsloth's compiler puts a class of its own in the modeling module
+    in place of transformers' (claiming the module's name), its `forward` one call of a copy defined in Unsloth's
+    file: the inventory must check, and a rewrite compare against, the definition in the modeling module's source.
+    Where `found` comes from that file, or the file defines no such method, `found` as it is."""
+    home = getattr(module, '__file__', None)
+    where = _code_file(found)
+    if home is None or where is None or where == os.path.realpath(home):
+        return found
+    original = _from_module_source(module, cls.__name__, name)
+    return found if original is None else original
+
+
+def _from_module_source(module: Any, class_name: str, name: str) -> Any:
+    """Method `name` of class `class_name` compiled from `module`'s file at its own lines, in the module's globals (so
+    that inspect reads its source, signature and decorators there); None where the file defines none."""
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        return None
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.ClassDef) and node.name == class_name):
+            continue
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == name:
+                first = min([d.lineno for d in item.decorator_list] + [item.lineno])
+                text = textwrap.dedent(''.join(source.splitlines(keepends=True)[first - 1:item.end_lineno]))
+                defined: Dict[str, Any] = {}
+                exec(compile('\n' * (first - 1) + text, module.__file__, 'exec'), vars(module), defined)
+                return upstream(defined[name])
+    return None
 
 
 def install_in_loaded(name: str, modules: Sequence[str], function: str, make: Callable[[Any], Any],

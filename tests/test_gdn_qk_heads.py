@@ -252,6 +252,49 @@ def test_unsloths_copy_is_rewritten_in_its_own_module(tmp_path, restore):
     assert M.Qwen3_5MoeGatedDeltaNet.forward is transformers_forward  # only the compiled class changed
 
 
+def test_the_copy_is_rewritten_where_unsloth_put_its_class_in_the_modeling_module(tmp_path, restore, monkeypatch):
+    """As on the GPU machine: Unsloth's compiler sets a class of its own (an nn.Module, not a subclass) in
+    transformers' modeling module in place of transformers' class, so `modeling:Qwen3_5MoeGatedDeltaNet.forward`
+    names its one-line forward. The inventory still checks transformers' own forward, read from the modeling file,
+    and the copy is compared with it and rewritten -- before, both read the one line ("no longer uses ..."), and the
+    lever kept the repeat without running."""
+    compiled = unsloth_compiled_module(tmp_path, 'unsloth_compiled_module_qwen3_5_moe_in_place')
+    seen = []
+    compiled.torch_chunk_gated_delta_rule = fake_fla(seen)
+    transformers_source = inspect.getsource(patches.upstream(M.Qwen3_5MoeGatedDeltaNet.forward))
+    model = as_compiled(gdn_layer(), compiled)
+    expected = forward_and_grads(model)
+    generated = type('Qwen3_5MoeGatedDeltaNet', (torch.nn.Module,), {
+        '__module__': M.__name__, 'forward': compiled.Qwen3_5MoeGatedDeltaNet.forward})
+    monkeypatch.setattr(M, 'Qwen3_5MoeGatedDeltaNet', generated)
+    monkeypatch.setattr(patches, '_checked', {})  # decided once per process: decide it again with the class replaced
+    name = G.CLASS_PATCHES['Qwen3_5MoeGatedDeltaNet']
+    assert inspect.getsource(patches.resolve(patches.BY_NAME[name].target)) == transformers_source
+    assert patches.check(name) is None
+    entry = G.install(model, ON)['classes']['Qwen3_5MoeGatedDeltaNet']
+    assert entry['what'] == 'unsloth copy', entry
+    forward_and_grads(model)
+    assert entry['state'] == 'grouped', entry
+    seen.clear()
+    got = forward_and_grads(model)
+    assert seen == [2]  # the kernel got the 2 key heads as they are
+    for g, want in zip(got, expected):
+        torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_forward_replaced_on_the_class_itself_is_checked_as_the_modeling_file_defines_it(monkeypatch):
+    """A forward replaced on transformers' class itself, by a function that takes its name, is still checked against
+    the modeling file's own definition: the inventory reads upstream's source, not the replacement."""
+    def forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
+        return hidden_states
+    monkeypatch.setattr(M.Qwen3_5MoeGatedDeltaNet, 'forward', forward)
+    monkeypatch.setattr(patches, '_checked', {})
+    name = G.CLASS_PATCHES['Qwen3_5MoeGatedDeltaNet']
+    resolved = patches.resolve(patches.BY_NAME[name].target)
+    assert resolved is not forward and 'torch_chunk_gated_delta_rule(' in inspect.getsource(resolved)
+    assert patches.check(name) is None
+
+
 def test_a_copy_with_other_statements_keeps_its_forward(tmp_path, restore):
     compiled = unsloth_compiled_module(
         tmp_path, 'unsloth_compiled_module_qwen3_5_moe_edited',
