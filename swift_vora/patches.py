@@ -393,16 +393,23 @@ def _code_file(obj: Any) -> Optional[str]:
 
 
 def _defined_in(module: Any, cls: type, name: str, found: Any) -> Any:
-    """`cls.name` as `module`'s own file defines it. Unsloth's compiler puts a class of its own in the modeling module
-    in place of transformers' (claiming the module's name), its `forward` one call of a copy defined in Unsloth's
-    file: the inventory must check, and a rewrite compare against, the definition in the modeling module's source.
-    Where `found` comes from that file, or the file defines no such method, `found` as it is."""
+    """`cls.name` as `module`'s own file defines it, where the class the module holds now is not the file's: Unsloth's
+    compiler puts a class of its own in the modeling module in place of transformers' (claiming the module's name),
+    its `forward` one call of a copy defined in Unsloth's file, and the inventory must check, and a rewrite compare
+    against, the definition in the modeling module's source. A method replaced on the file's own class is what it
+    is (the inventory reads it, and refuses what it does not know); so is `found` where the file defines no such
+    method."""
     home = getattr(module, '__file__', None)
-    where = _code_file(found)
-    if home is None or where is None or where == os.path.realpath(home):
+    if home is None or not _replaced_class(home, cls):
         return found
     original = _from_module_source(module, cls.__name__, name)
     return found if original is None else original
+
+
+def _replaced_class(home: str, cls: type) -> bool:
+    """Whether none of the functions `cls` defines itself comes from the file `home` (and it defines some)."""
+    files = {_code_file(value) for value in vars(cls).values() if inspect.isfunction(value)}
+    return bool(files) and os.path.realpath(home) not in files
 
 
 def _from_module_source(module: Any, class_name: str, name: str) -> Any:
