@@ -425,11 +425,19 @@ def _from_module_source(module: Any, class_name: str, name: str) -> Any:
         for item in node.body:
             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == name:
                 first = min([d.lineno for d in item.decorator_list] + [item.lineno])
-                text = textwrap.dedent(''.join(source.splitlines(keepends=True)[first - 1:item.end_lineno]))
-                defined: Dict[str, Any] = {}
-                exec(compile('\n' * (first - 1) + text, module.__file__, 'exec'), vars(module), defined)
-                return upstream(defined[name])
+                text = ''.join(source.splitlines(keepends=True)[first - 1:item.end_lineno])
+                return upstream(compile_at_lines(text, module.__file__, first, vars(module))[name])
     return None
+
+
+def compile_at_lines(source: str, filename: str, first_line: int, namespace: Dict[str, Any]) -> Dict[str, Any]:
+    """`source` (dedented: a method taken out of its class) compiled as lines `first_line`... of `filename` and run
+    against `namespace` (a module's globals, so every name it calls resolves as upstream's does); the names it
+    defines. The line numbers keep tracebacks and inspect pointing at upstream's own lines."""
+    code = compile('\n' * (first_line - 1) + textwrap.dedent(source), filename, 'exec')
+    defined: Dict[str, Any] = {}
+    exec(code, namespace, defined)
+    return defined
 
 
 def install_in_loaded(name: str, modules: Sequence[str], function: str, make: Callable[[Any], Any],

@@ -191,13 +191,11 @@ def grouped_forward(cls: type) -> Tuple[Any, Dict[str, Any]]:
         if differs:
             raise RewriteMismatch(f'Unsloth\'s {function.__name__} is not transformers\' forward: {differs}')
     inner = inspect.unwrap(function)
-    text = rewrite(source, REWRITES, f'{cls.__name__}.forward')
-    code = compile('\n' * (inner.__code__.co_firstlineno - 1) + textwrap.dedent(text),
-                   f'{inner.__code__.co_filename} ({name}, swift_vora/speed/gdn_qk_heads.py)', 'exec')
     module_globals = inner.__globals__
     module_globals[GLOBAL] = sys.modules[__name__]
-    defined: Dict[str, Any] = {}
-    exec(code, module_globals, defined)
+    defined = patches.compile_at_lines(rewrite(source, REWRITES, f'{cls.__name__}.forward'),
+                                       f'{inner.__code__.co_filename} ({name}, swift_vora/speed/gdn_qk_heads.py)',
+                                       inner.__code__.co_firstlineno, module_globals)
     # where it was defined: Unsloth's generated module claims the modeling module's name (it imports `__name__`)
     info = {'forward': f'{function.__module__}.{function.__qualname__}', 'what': what,
             'defined_at': f'{inner.__code__.co_filename}:{inner.__code__.co_firstlineno}',

@@ -68,7 +68,7 @@ def _patched(module: Any) -> Any:
     import sys
     original = getattr(module, CLASS).backward  # the function (a once_differentiable wrapper) behind the staticmethod
     setattr(module, GLOBAL, sys.modules[__name__])  # what the rewritten statement calls
-    defined = moe_lora_scale.compile_rewritten(module, original, PATCH, REWRITES, f'{CLASS}.backward', dedent=True)
+    defined = moe_lora_scale.compile_rewritten(module, original, PATCH, REWRITES, f'{CLASS}.backward')
     return patches.mark(defined['backward'].__func__, PATCH, original)
 
 

@@ -24,7 +24,6 @@ forward's multiplications; scaling the intermediate saves them all).
 from __future__ import annotations
 
 import inspect
-import textwrap
 from typing import Any, Dict, Optional
 
 from .. import patches, switches
@@ -65,21 +64,17 @@ def rewrite(source: str, rewrites=REWRITES, what: str = FUNCTION) -> str:
     return source
 
 
-def compile_rewritten(module: Any, original: Any, name: str, rewrites, what: str,
-                      dedent: bool = False) -> Dict[str, Any]:
+def compile_rewritten(module: Any, original: Any, name: str, rewrites, what: str) -> Dict[str, Any]:
     """`original`'s source, checked against patch `name`'s pin, rewritten and compiled against `module`'s globals
-    (every name it calls resolves as before) at upstream's line numbers (blank lines in front, so tracebacks keep
-    them; `dedent`: a method taken out of its class). Returns the names the compiled source defines."""
+    (every name it calls resolves as before) at upstream's line numbers (`patches.compile_at_lines`: tracebacks keep
+    them; a method taken out of its class is dedented). Returns the names the compiled source defines."""
     source = inspect.getsource(original)
     if patches.source_hash(source) not in patches.BY_NAME[name].sources.values():
         raise RewriteMismatch(f'{module.__name__}.{what}: not the source {name} was checked against')
     code_of = inspect.unwrap(original).__code__
-    text = rewrite(source, rewrites, what)
-    code = compile('\n' * (code_of.co_firstlineno - 1) + (textwrap.dedent(text) if dedent else text),
-                   f'{code_of.co_filename} ({name}, swift_vora/{patches.BY_NAME[name].where})', 'exec')
-    defined: Dict[str, Any] = {}
-    exec(code, module.__dict__, defined)
-    return defined
+    return patches.compile_at_lines(rewrite(source, rewrites, what),
+                                    f'{code_of.co_filename} ({name}, swift_vora/{patches.BY_NAME[name].where})',
+                                    code_of.co_firstlineno, module.__dict__)
 
 
 def _patched(module: Any, name: str, rewrites) -> Optional[Any]:
