@@ -15,7 +15,8 @@ shared expert's MLP and the routed experts' fused tensors -- micro-batch 1, the 
 - `vora_unsloth`: `swift-vora train recipes/h200x1.yaml` with overrides -- the planner, then swift_vora's Unsloth
   runner: FastModel (16-bit), split MoE LoRA ((X@A)@B per expert, grouped GEMMs), offloaded checkpointing, the
   `video_ora` template encoding on a prefetch thread. `--flagship` adds every guard: the adapter reload in a fresh
-  process, the merged 16-bit export and its check against base + B@A (scripts/merge_for_vllm.sh).
+  process, the merged 16-bit export and its check against base + B@A (scripts/merge_for_vllm.sh) -- to this variant,
+  or to the one `--flagship-variant` names (a lever setting checked in the run that measures it).
   Unsloth's process binds the flash-linear-attention 0.5.1 that unsloth_zoo vendors for the Gated DeltaNet layers
   (Triton; on Hopper with Triton < 3.7.1 it steps fla #640's miscompiled BK=64 tile down to 32). Unsloth's per-block
   compile is off (the runner's default). `--profile-step N` adds a torch.profiler step past the measured ones.
@@ -704,7 +705,7 @@ def dry_run(args, gpu_gib: Optional[float] = None) -> int:
             failed += 1
             print(f'== {name}: {error}')
             continue
-        flagship = args.flagship and name == FLAGSHIP
+        flagship = args.flagship and name == args.flagship_variant
         out = os.path.join(tempfile.gettempdir(), name, 'output')
         cmd = vora_command(args, b, model, 'data/train.jsonl', out, flagship, variant.overrides)
         cmd += ['--dry-run', '--json', '--trust-recipe-hardware']
@@ -750,7 +751,10 @@ def main(argv=None) -> int:
     parser.add_argument('--model-dir', default=None, help='reuse a built checkpoint')
     parser.add_argument('--variants', default='vora_unsloth,swift_peft,swift_unsloth')
     parser.add_argument('--flagship', action='store_true',
-                        help='vora_unsloth with every guard, the merged export and its check')
+                        help='the checked run (--flagship-variant) with every guard, the merged export and its check')
+    parser.add_argument('--flagship-variant', default=FLAGSHIP, metavar='NAME',
+                        help=f'the swift-vora variant --flagship checks (default {FLAGSHIP}, the recipe as shipped): '
+                             'a lever setting run once with the speed and the checks')
     parser.add_argument('--dry-run', action='store_true',
                         help="CPU, no run: each swift-vora variant's plan (swift-vora train --dry-run) and switches, "
                              'for the 35B-A3B config cut to --layers (or --model-dir); exit 1 if any is refused')
@@ -784,6 +788,11 @@ def main(argv=None) -> int:
     parser.add_argument('--spy-after', type=float, default=None,
                         help='seconds: py-spy stack dump of a swift-vora variant still running then (diagnosis)')
     args = parser.parse_args(argv)
+    if args.flagship and args.flagship_variant not in args.variants.split(','):
+        parser.error(f'--flagship checks {args.flagship_variant}, which --variants does not run '
+                     '(add it, or name another with --flagship-variant)')
+    if vora_variant(args.flagship_variant) is None:
+        parser.error(f'--flagship-variant {args.flagship_variant}: not a swift-vora variant')
     smoke = args.smoke
     args.shape = args.shape or ('tiny' if smoke else '35b-a3b')
     args.layers = args.layers if args.layers is not None else (8 if args.shape == '35b-a3b' else None)
@@ -834,6 +843,8 @@ def main(argv=None) -> int:
         'budget': {k: v for k, v in b.items() if k != 'size'} | {'clip_size': list(b['size'])},
         'steps': args.steps, 'grad_accum': args.grad_accum, 'warmup_steps': args.warmup_steps, 'variants': {},
     }
+    if args.flagship:
+        payload['flagship_variant'] = args.flagship_variant
     for name in [v for v in args.variants.split(',') if v]:
         if args.deadline and time.time() - t_start > args.deadline:
             payload['variants'][name] = {'skipped': f'deadline {args.deadline:.0f} s passed'}
@@ -841,7 +852,7 @@ def main(argv=None) -> int:
         try:
             variant = vora_variant(name)
             if variant is not None:
-                result = run_vora(name, args, b, inputs, work, flagship=args.flagship and name == FLAGSHIP,
+                result = run_vora(name, args, b, inputs, work, flagship=args.flagship and name == args.flagship_variant,
                                   fla=variant.fla, extra_env=variant.env, extra_overrides=variant.overrides)
             elif name == 'swift_peft':
                 result = run_swift(name, args, b, inputs, work, 'peft', TARGET_MODULES, TARGET_PARAMETERS)

@@ -997,6 +997,26 @@ def test_moe_benchmark_dry_run_plans_each_variant_with_its_switches_and_refuses_
     assert proc.returncode == 1 and 'unknown variant' in proc.stdout
 
 
+def test_moe_benchmark_checks_the_variant_flagship_variant_names_and_refuses_one_it_does_not_run(tmp_path):
+    """`--flagship-variant`: the guards, the merged export and its check go to a lever setting, so one full-depth run
+    measures it and checks it; a checked run the call would not run, or a name that is no swift-vora variant, is
+    refused before anything is built."""
+    base = [sys.executable, os.path.join(REPO, 'benchmarks', 'moe_throughput.py'), '--dry-run', '--layers', '40',
+            '--work', str(tmp_path), '--flagship']
+    lever = 'vora_unsloth_mb4_ck32_rank_scale'
+    proc = subprocess.run(base + ['--variants', f'{lever},swift_peft', '--flagship-variant', lever],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith('== ')]
+    assert lines[0].startswith(f'== {lever}: unsloth_split_lora fits ') and lines[0].endswith('; flagship')
+    proc = subprocess.run(base + ['--variants', 'vora_unsloth,swift_peft', '--flagship-variant', lever],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 2 and f'--flagship checks {lever}, which --variants does not run' in proc.stderr
+    proc = subprocess.run(base + ['--variants', 'swift_peft', '--flagship-variant', 'swift_peft'],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 2 and 'not a swift-vora variant' in proc.stderr
+
+
 def test_moe_benchmark_dry_run_refuses_a_plan_above_the_card_the_call_got(tmp_path):
     """The recipe plans the full-depth run for an H200; a device call that lands on an H100 (79.2 GiB) must refuse
     it before building a 65 GiB checkpoint on that card (`--gpu-gib`, what the GPU preflight passes), and keep it on
