@@ -77,7 +77,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import merge_room  # noqa: E402  (room for the flagship's merged copy: shards moved to another filesystem)
@@ -272,7 +272,10 @@ def swift_budget_env(b: Dict[str, Any]) -> Dict[str, str]:
 
 
 def run_vora(name: str, args, b, inputs, work: str, flagship: bool, fla: bool,
-             extra_env: Optional[Dict[str, str]] = None, extra_overrides: Optional[List[str]] = None) -> Dict[str, Any]:
+             extra_env: Optional[Dict[str, str]] = None, extra_overrides: Optional[List[str]] = None,
+             measured: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+    """One swift-vora variant; `measured(result)` is called with its speed before the flagship's checks (minutes at
+    full depth), so that a call cut short during them still returns the measurement."""
     # the flagship writes where its merged copy has room (--flagship-work: beside the checkpoint, on its filesystem)
     vdir = os.path.join(args.flagship_work or work if flagship else work, name)
     shutil.rmtree(vdir, ignore_errors=True)
@@ -305,6 +308,8 @@ def run_vora(name: str, args, b, inputs, work: str, flagship: bool, fla: bool,
     if args.profile_step:
         result['profile'] = profile_summary(os.path.join(out, 'torch_profile.json'))
     if flagship:
+        if measured is not None:
+            measured({**result, 'flagship': 'checks running (merge_for_vllm.sh and its expert check)'})
         result['flagship'] = flagship_checks(out, inputs['model'], vdir, room)
     return result
 
@@ -853,7 +858,10 @@ def main(argv=None) -> int:
             variant = vora_variant(name)
             if variant is not None:
                 result = run_vora(name, args, b, inputs, work, flagship=args.flagship and name == args.flagship_variant,
-                                  fla=variant.fla, extra_env=variant.env, extra_overrides=variant.overrides)
+                                  fla=variant.fla, extra_env=variant.env, extra_overrides=variant.overrides,
+                                  measured=lambda so_far, name=name: write_partial(
+                                      {**payload, 'variants': {**payload['variants'], name: so_far}}, config, counts,
+                                      args.out or work, args.name))
             elif name == 'swift_peft':
                 result = run_swift(name, args, b, inputs, work, 'peft', TARGET_MODULES, TARGET_PARAMETERS)
             elif name == 'swift_peft_attn':

@@ -498,6 +498,41 @@ def test_moe_benchmark_smoke_runs_both_paths_and_the_flagship_checks(tmp_path):
     assert flagship['lora_update']['expert_updated'] == flagship['lora_update']['expert_tensors'] > 0
 
 
+def test_the_flagship_measurement_is_written_before_its_checks(tmp_path, monkeypatch):
+    """At full depth the flagship's merge check takes minutes after the measured steps: the speed reaches the partial
+    file before it starts, so a call whose device time ends during the check still returns the measurement."""
+    import types
+
+    import moe_throughput as mt
+    order = []
+    monkeypatch.setattr(mt.tp, 'run_logged', lambda *a, **k: None)
+    monkeypatch.setattr(mt.tp, 'wait_logged', lambda *a, **k: 0)
+    monkeypatch.setattr(mt, 'summarize_runner', lambda name, *a: {'variant': name, 'tokens_per_s': 12500.0})
+    monkeypatch.setattr(mt, 'flagship_room', lambda *a: {'fits': True})
+
+    class CutShort(BaseException):
+        """the machine taken back during the check"""
+
+    def checks(*a):
+        order.append('checks')
+        raise CutShort
+
+    monkeypatch.setattr(mt, 'flagship_checks', checks)
+    args = types.SimpleNamespace(flagship_work=str(tmp_path / 'flagship'), spill_dir=None, profile_step=None,
+                                 fla_path='', variant_timeout=None, spy_after=None, steps=12, grad_accum=1,
+                                 hardware=None, workers=0, smoke=True, shape='tiny', layers=None)
+    b = mt.budget(True)
+    inputs = {'model': str(tmp_path / 'model'), 'annotations': str(tmp_path / 'a.jsonl')}
+    with pytest.raises(CutShort):
+        mt.run_vora('vora_unsloth', args, b, inputs, str(tmp_path), flagship=True, fla=False,
+                    measured=lambda so_far: order.append(('measured', so_far['tokens_per_s'], so_far['flagship'])))
+    assert order[0][:2] == ('measured', 12500.0) and order[0][2].startswith('checks running') and order[1] == 'checks'
+    order.clear()
+    mt.run_vora('vora_unsloth', args, b, inputs, str(tmp_path), flagship=False, fla=False,
+                measured=lambda so_far: order.append('measured'))
+    assert order == []  # a speed run's partial is written after it, as every variant's
+
+
 def test_moe_headline_keeps_the_defaults_apart_from_an_opt_in_lever():
     """Call j's `speedup` was the opt-in rank-scale lever's (the fastest variant); what a user gets from the shipped
     recipe is `speedup_default` / `plan_error_default`, from the defaults' own run of the same call."""
