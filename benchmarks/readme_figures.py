@@ -38,6 +38,9 @@ BLOCK = re.compile(r'(<!-- figures:(?P<name>[a-z_]+) [^\n]*-->\n)(?P<body>.*?)(<
 # every Unsloth lever at once on the 8-layer cut, one H100 (its twin did not run): where the fused router engaged
 LEVERS_8 = 'moe-h100-levers-2026-12-07.json'
 LEVERS_8_VARIANT = 'vora_unsloth_mb4_ckauto_rank_scale_gather_router_gategrad_gva'
+# the same variant again after the query/key lever's fix, its record read back from the run's kept logs (the result
+# file as written did not carry it): `moe_throughput.py --summarize-logs` of call 2's archive
+LEVERS_8_GVA = 'derived-moe-h100-levers-b-logs.json'
 
 
 def _load(name: str) -> Dict[str, Any]:
@@ -141,11 +144,18 @@ def moe() -> Dict[str, Any]:
     twin_r = r['vora_unsloth_mb4_ck32_rank_scale']
     c = _load('derived-moe-h200-full-c-logs.json')['variants']
     levers = _load(LEVERS_8)['variants'][LEVERS_8_VARIANT]
+    gva = _load(LEVERS_8_GVA)['variants'][LEVERS_8_VARIANT]
+    gva_classes = gva['runner']['gdn_qk_heads']['classes'].values()
     return {
         'headline': headline, 'per_call': per_call,
         'levers_8': {'file': LEVERS_8, 'tokens_per_s': levers['tokens_per_s'],
                      'fused_calls': levers['runner']['moe_router']['fused_calls'],
                      'unfused': levers['runner']['moe_router']['unfused'], 'steps': measured_steps(levers)},
+        'gva_8': {'file': LEVERS_8_GVA, 'tokens_per_s': gva['tokens_per_s'], 'steps': measured_steps(gva),
+                  'grouped_calls': gva['runner']['gdn_qk_heads']['grouped_calls'],
+                  'grouped': all(c['state'] == 'grouped' for c in gva_classes),
+                  'difference': max(c.get('relative_difference', float('inf')) for c in gva_classes),
+                  'fused_calls': gva['runner']['moe_router']['fused_calls']},
         'auto': {'file': 'moe-h200-full-n-2026-12-04.json', 'variant': auto, 'plan_error': n['plan_error'],
                  'steps': measured_steps(auto)},
         'every_layer': {'min': every_layer['min'], 'max': every_layer['max'], 'spread': every_layer['spread'],
@@ -351,7 +361,14 @@ def block_measured(f: Dict[str, Any]) -> str:
         f'run: {source(mo["levers_8"]["file"])}; not yet timed against a twin). Gated DeltaNet\'s query and key '
         'at their own head count (`SWIFT_VORA_GDN_QK_HEADS=grouped`) did not apply in that run: Unsloth\'s '
         'compiler had put its own class in transformers\' module, and the check read that class instead of '
-        'transformers\' forward (fixed since; not yet measured). Measured slower at full depth and '
+        'transformers\' forward; fixed since, it '
+        + (f'applies ({mo["gva_8"]["grouped_calls"]} grouped-head calls, relative difference '
+           f'{mo["gva_8"]["difference"]:g} from the repeat at its first call, the fused router\'s '
+           f'{mo["gva_8"]["fused_calls"]} fused calls beside it, {mo["gva_8"]["tokens_per_s"]:,.0f} tokens/s with '
+           f'every lever, {steps_note(mo["gva_8"]["steps"])}, in a second such run: {source(mo["gva_8"]["file"])}; '
+           'not yet timed against a twin)'
+           if mo['gva_8']['grouped'] and mo['gva_8']['grouped_calls'] else 'still did not apply') + '. '
+        'Measured slower at full depth and '
         f'not used: micro-batch 8 ({mo["mb8"]["tokens_per_s"]:,.0f} tokens/s, {steps_note(mo["mb8"]["steps"])}) '
         f'and Unsloth\'s Triton expert GEMMs ({mo["triton"]["tokens_per_s"]:,.0f} at micro-batch 4, '
         f'{steps_note(mo["triton"]["steps"])}). The first step compiles Triton kernels (minutes on '

@@ -495,6 +495,7 @@ def test_moe_benchmark_smoke_runs_both_paths_and_the_flagship_checks(tmp_path):
     assert ours['runner']['moe_gather'] == {'setting': 'index', 'patched': []}
     assert ours['runner']['moe_router'] == {'setting': '0'}
     assert ours['runner']['moe_gate_grad'] == {'setting': 'eager', 'patched': []}
+    assert ours['runner']['gdn_qk_heads'] == {'setting': 'repeat'}  # the query/key lever's record: off here
     assert flagship['lora_update']['expert_updated'] == flagship['lora_update']['expert_tensors'] > 0
 
 
