@@ -480,7 +480,7 @@ def summarize_runner(name: str, out: str, args, command: Optional[str], wall: Op
         'runner': {k: run.get(k) for k in ('loader', 'split_lora', 'moe_backend', 'lora_tensors', 'expert_lora_tensors',
                                            'trainable_params', 'linear_attention_kernel', 'autocast',
                                            'encode_threads', 'moe_lora_scale', 'moe_gather', 'moe_router',
-                                           'moe_gate_grad', 'gdn_qk_heads', 'wrapped_in_ddp',
+                                           'moe_gate_grad', 'gdn_qk_heads', 'optimizer', 'wrapped_in_ddp',
                                            'step_sync', 'step_clock', 'steps_left_in_flight', 'vision_preamble')},
         'planned': read_plan(out),
     }

@@ -309,6 +309,28 @@ def test_runner_trains_qwen3_5_moe_on_video_with_every_guard(tiny_q35, tmp_path,
     assert result['expert_lora_tensors'] == lora['expert_tensors']
     assert 'torch_chunk_gated_delta_rule' in result['linear_attention_kernel']  # no fla here: transformers' own
     assert result['encode_threads'] == 4 and 'encoding samples on 4 thread(s)' in proc.stdout  # the default
+    assert result['optimizer'] == {'name': 'AdamW', 'fused': True}  # as swift sft runs it (transformers' default)
+
+
+def test_runner_adamw_is_fused_and_updates_the_adapters_as_the_foreach_implementation_does():
+    import torch
+    from swift_vora.backends.unsloth_runner import _adamw
+    torch.manual_seed(0)
+    start = [torch.randn(16, 4), torch.randn(3, 16, 8)]  # a LoRA A and a stack of expert factors
+    grads = [[torch.randn_like(t) for t in start] for _ in range(3)]
+    fused_params = [torch.nn.Parameter(t.clone()) for t in start]
+    plain_params = [torch.nn.Parameter(t.clone()) for t in start]
+    fused, record = _adamw(torch, fused_params, 1e-2)
+    plain = torch.optim.AdamW(plain_params, lr=1e-2, weight_decay=0.0, foreach=True)
+    assert record == {'name': 'AdamW', 'fused': True} and fused.defaults['fused']
+    for step in grads:
+        for opt, params in ((fused, fused_params), (plain, plain_params)):
+            for p, g in zip(params, step):
+                p.grad = g.clone()
+            opt.step()
+    for a, b, s in zip(fused_params, plain_params, start):
+        assert not torch.equal(a, s)  # three steps moved them
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_runner_forward_runs_the_lora_gemms_in_16_bit_under_autocast_with_fp32_adapters(tiny_q35, tmp_path):

@@ -302,7 +302,8 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     keys = _forward_keys(model)
 
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    optimizer, info['optimizer'] = _adamw(torch, params, cfg.lr)
+    log(f'optimizer: {json.dumps(info["optimizer"])}')
     order, coverage, total = _sample_order(cfg, rows, replicas, 'coverage' in guards_on)
     info['steps'] = total
     warmup = int(total * cfg.warmup_ratio)
@@ -496,6 +497,19 @@ def row_name(row: Dict[str, Any]) -> str:
     """How logs and reports name a sample: its sample id, else its video."""
     return str((row.get('chat_template_kwargs') or {}).get('sample_id') or row.get('videos'))
 
+
+
+def _adamw(torch, params, lr: float):
+    """(AdamW, its record): fused, as `swift sft` runs it (transformers' default optimizer is `adamw_torch_fused` from
+    torch 2.8) -- one kernel over the parameters instead of the foreach implementation's pass per operation and its
+    full-size temporaries. The adapters at full depth are ~0.94 B fp32 parameters; foreach took 34 ms of a 2.5 s step
+    on an H200. The update is AdamW's either way. Foreach where torch has no fused kernel for the parameters (their
+    device or dtype): the record says why."""
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True), {'name': 'AdamW', 'fused': True}
+    except RuntimeError as error:  # torch's own check: every parameter a floating tensor on a supported device
+        return (torch.optim.AdamW(params, lr=lr, weight_decay=0.0),
+                {'name': 'AdamW', 'fused': False, 'why': str(error)})
 
 def _sample_order(cfg: UnslothRunConfig, rows: List[Dict[str, Any]], replicas, report: bool):
     """(this rank's order, its coverage count, the optimizer steps): torch's DistributedSampler over the rows, the

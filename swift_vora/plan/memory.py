@@ -540,7 +540,8 @@ def estimate(spec: ModelSpec, tokens: VideoTokens, setup: TrainSetup) -> MemoryE
     # load: weights placed. first step: forward/backward before any optimizer state exists, then optimizer.step
     # allocates the states (+ temporaries). steady: the larger of forward/backward with the states alive and the
     # optimizer step. torch's foreach AdamW (no DeepSpeed / Unsloth) makes a temporary the size of one of its two
-    # moment buffers; DeepSpeed's and Megatron's fused Adam update in place.
+    # moment buffers; DeepSpeed's and Megatron's fused Adam update in place. The Unsloth runner's AdamW is fused now
+    # too: its term stays, an upper bound where the step is the peak, until a measured row says what to drop.
     temp = C.ADAM_STEP_TEMP_FRACTION * optim if s.backend in (Backend.DDP, Backend.UNSLOTH_SPLIT_LORA) else 0.0
     load_w = sum(v for k, v in ms_gpu.items() if k.startswith('weights') or k.startswith('LoRA adapters'))
     moments = {
