@@ -314,6 +314,7 @@ def test_runner_trains_qwen3_5_moe_on_video_with_every_guard(tiny_q35, tmp_path,
 
 def test_runner_adamw_is_fused_and_updates_the_adapters_as_the_foreach_implementation_does():
     import torch
+
     from swift_vora.backends.unsloth_runner import _adamw
     torch.manual_seed(0)
     start = [torch.randn(16, 4), torch.randn(3, 16, 8)]  # a LoRA A and a stack of expert factors
