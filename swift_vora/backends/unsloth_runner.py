@@ -498,7 +498,6 @@ def row_name(row: Dict[str, Any]) -> str:
     return str((row.get('chat_template_kwargs') or {}).get('sample_id') or row.get('videos'))
 
 
-
 def _adamw(torch, params, lr: float):
     """(AdamW, its record): fused, as `swift sft` runs it (transformers' default optimizer is `adamw_torch_fused` from
     torch 2.8) -- one kernel over the parameters instead of the foreach implementation's pass per operation and its
@@ -510,6 +509,7 @@ def _adamw(torch, params, lr: float):
     except RuntimeError as error:  # torch's own check: every parameter a floating tensor on a supported device
         return (torch.optim.AdamW(params, lr=lr, weight_decay=0.0),
                 {'name': 'AdamW', 'fused': False, 'why': str(error)})
+
 
 def _sample_order(cfg: UnslothRunConfig, rows: List[Dict[str, Any]], replicas, report: bool):
     """(this rank's order, its coverage count, the optimizer steps): torch's DistributedSampler over the rows, the
