@@ -232,7 +232,10 @@ def vora_command(args, b: Dict[str, Any], model: str, ann: str, out: str, flagsh
                  f'train.lora_rank={LORA_RANK}', f'train.lora_alpha={LORA_ALPHA}',
                  f'train.max_steps={max(args.steps, args.profile_step or 0)}',
                  f'train.grad_accum={args.grad_accum}', f'train.save_steps={args.steps}', 'train.logging_steps=1',
-                 f'train.output_dir={out}', f'unsloth.save_merged={"true" if flagship and merge else "false"}',
+                 # no warm-up, as the plain side (ms-swift's default): every step updates, the lora_update check
+                 # counts from the first, and both sides run the same schedule
+                 'train.warmup_ratio=0', f'train.output_dir={out}',
+                 f'unsloth.save_merged={"true" if flagship and merge else "false"}',
                  *(extra or [])]
     if args.smoke:  # CPU: the runner itself, transformers + PEFT standing in for Unsloth's loader
         overrides += ['train.dtype=float32', 'unsloth.gradient_checkpointing=false']

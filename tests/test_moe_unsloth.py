@@ -288,7 +288,7 @@ def test_runner_trains_qwen3_5_moe_on_video_with_every_guard(tiny_q35, tmp_path,
            f'model.path={model}', f'data.dataset={ann}', 'data.window=8', 'data.stride=8', 'video.fps=1',
            'video.max_frames=8', 'video.pair_tokens=16', 'video.min_pair_tokens=4', 'train.max_steps=2',
            'train.micro_batch=1', 'train.grad_accum=2', 'train.dtype=float32', f'train.output_dir={out}',
-           'train.lora_rank=4',
+           'train.lora_rank=4', 'train.warmup_ratio=0',  # both steps update (a warm-up starts at zero, as in swift sft)
            'unsloth.save_merged=false', 'unsloth.gradient_checkpointing=false', '--loader', 'peft']
     proc = subprocess.run(cmd, env=offline_env, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -309,29 +309,70 @@ def test_runner_trains_qwen3_5_moe_on_video_with_every_guard(tiny_q35, tmp_path,
     assert result['expert_lora_tensors'] == lora['expert_tensors']
     assert 'torch_chunk_gated_delta_rule' in result['linear_attention_kernel']  # no fla here: transformers' own
     assert result['encode_threads'] == 4 and 'encoding samples on 4 thread(s)' in proc.stdout  # the default
-    assert result['optimizer'] == {'name': 'AdamW', 'fused': True}  # as swift sft runs it (transformers' default)
+    # as swift sft builds it (transformers' default adamw_torch_fused, ms-swift's defaults, a cosine schedule)
+    assert result['optimizer']['fused'] and result['optimizer']['schedule'] == 'cosine'
+    assert result['optimizer']['weight_decay'] == 0.1 and result['optimizer']['decayed_tensors'] > 0
 
 
-def test_runner_adamw_is_fused_and_updates_the_adapters_as_the_foreach_implementation_does():
+def test_runner_optimizer_and_schedule_are_the_ones_swift_sft_builds_at_the_same_recipe(tmp_path):
+    """The runner trains with the update `swift sft` would at the same learning rate and warm-up: HF Trainer's own
+    optimizer and scheduler, built from ms-swift's TrainingArguments, against the runner's, on one module with an
+    adapter, a frozen weight, a bias and a norm -- the groups, the settings, the learning rate of every step and the
+    parameters after three updates."""
     import torch
+    from swift.trainers.arguments import TrainingArguments
+    from transformers import Trainer
 
-    from swift_vora.backends.unsloth_runner import _adamw
-    torch.manual_seed(0)
-    start = [torch.randn(16, 4), torch.randn(3, 16, 8)]  # a LoRA A and a stack of expert factors
-    grads = [[torch.randn_like(t) for t in start] for _ in range(3)]
-    fused_params = [torch.nn.Parameter(t.clone()) for t in start]
-    plain_params = [torch.nn.Parameter(t.clone()) for t in start]
-    fused, record = _adamw(torch, fused_params, 1e-2)
-    plain = torch.optim.AdamW(plain_params, lr=1e-2, weight_decay=0.0, foreach=True)
-    assert record == {'name': 'AdamW', 'fused': True} and fused.defaults['fused']
-    for step in grads:
-        for opt, params in ((fused, fused_params), (plain, plain_params)):
-            for p, g in zip(params, step):
-                p.grad = g.clone()
-            opt.step()
-    for a, b, s in zip(fused_params, plain_params, start):
-        assert not torch.equal(a, s)  # three steps moved them
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    from swift_vora.backends.unsloth_runner import optimizer_and_schedule
+
+    class Adapted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.proj = torch.nn.Linear(8, 8)
+            self.proj.weight.requires_grad_(False)  # the frozen base weight; its bias trains, undecayed
+            self.norm = torch.nn.LayerNorm(8)
+            self.lora_A = torch.nn.Parameter(torch.randn(4, 8))
+            self.lora_B = torch.nn.Parameter(torch.randn(3, 8, 4))  # a stack of expert factors
+
+    steps, warmup_ratio, lr = 40, 0.05, 1e-4
+    args = TrainingArguments(output_dir=str(tmp_path), learning_rate=lr, warmup_ratio=warmup_ratio, max_steps=steps,
+                             report_to=[], use_cpu=True)
+    theirs_model = Adapted()
+    trainer = Trainer(model=theirs_model, args=args)
+    trainer.create_optimizer_and_scheduler(num_training_steps=steps)
+    ours_model = Adapted()
+    ours, schedule, record = optimizer_and_schedule(torch, ours_model, lr, warmup_ratio, steps)
+
+    assert record['fused'] and ours.defaults['fused'] and trainer.optimizer.defaults['fused']
+    assert (record['weight_decay'], record['betas'], record['schedule']) == (0.1, [0.9, 0.95], 'cosine')
+    assert record['warmup_steps'] == 2 and (record['decayed_tensors'], record['undecayed_tensors']) == (2, 3)
+    names = {id(p): n for n, p in theirs_model.named_parameters()}
+    our_names = {id(p): n for n, p in ours_model.named_parameters()}
+    their_groups = sorted((g['weight_decay'], sorted(names[id(p)] for p in g['params']))
+                          for g in trainer.optimizer.param_groups if g['params'])
+    our_groups = sorted((g['weight_decay'], sorted(our_names[id(p)] for p in g['params'])) for g in ours.param_groups)
+    assert our_groups == their_groups == [(0.0, ['norm.bias', 'norm.weight', 'proj.bias']), (0.1, ['lora_A', 'lora_B'])]
+    for key in ('betas', 'eps'):
+        assert ours.defaults[key] == trainer.optimizer.defaults[key]
+
+    grads = [{n: torch.randn_like(p) for n, p in ours_model.named_parameters() if p.requires_grad} for _ in range(3)]
+    their_lrs, our_lrs = [], []
+    for step in range(steps):
+        for model, opt, sched, lrs in ((theirs_model, trainer.optimizer, trainer.lr_scheduler, their_lrs),
+                                       (ours_model, ours, schedule, our_lrs)):
+            lrs.append(sched.get_last_lr()[0])
+            if step < len(grads):  # three updates, then the schedule alone
+                for n, p in model.named_parameters():
+                    p.grad = grads[step][n].clone() if p.requires_grad else None
+                opt.step()
+            sched.step()
+        if step == len(grads) - 1:
+            moved = dict(ours_model.named_parameters())
+            for n, p in theirs_model.named_parameters():
+                torch.testing.assert_close(moved[n], p, rtol=0, atol=0)
+            assert not torch.equal(moved['lora_A'], Adapted().lora_A)  # the second and third updates moved it
+    assert our_lrs == their_lrs and our_lrs[0] == 0.0 and max(our_lrs) == lr  # the warm-up starts from zero, as there
 
 
 def test_runner_forward_runs_the_lora_gemms_in_16_bit_under_autocast_with_fp32_adapters(tiny_q35, tmp_path):

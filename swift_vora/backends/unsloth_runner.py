@@ -302,13 +302,10 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     keys = _forward_keys(model)
 
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer, info['optimizer'] = _adamw(torch, params, cfg.lr)
-    log(f'optimizer: {json.dumps(info["optimizer"])}')
     order, coverage, total = _sample_order(cfg, rows, replicas, 'coverage' in guards_on)
     info['steps'] = total
-    warmup = int(total * cfg.warmup_ratio)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)) * max(0.1, 1 - max(0, s - warmup) / max(1, total)))
+    optimizer, scheduler, info['optimizer'] = optimizer_and_schedule(torch, model, cfg.lr, cfg.warmup_ratio, total)
+    log(f'optimizer: {json.dumps(info["optimizer"])}')
     log_path = os.path.join(cfg.output_dir, 'train_log.jsonl')
 
     def draw():
@@ -498,17 +495,49 @@ def row_name(row: Dict[str, Any]) -> str:
     return str((row.get('chat_template_kwargs') or {}).get('sample_id') or row.get('videos'))
 
 
-def _adamw(torch, params, lr: float):
-    """(AdamW, its record): fused, as `swift sft` runs it (transformers' default optimizer is `adamw_torch_fused` from
-    torch 2.8) -- one kernel over the parameters instead of the foreach implementation's pass per operation and its
-    full-size temporaries. The adapters at full depth are ~0.94 B fp32 parameters; foreach took 34 ms of a 2.5 s step
-    on an H200. The update is AdamW's either way. Foreach where torch has no fused kernel for the parameters (their
-    device or dtype): the record says why."""
+def swift_optimizer_defaults() -> Dict[str, Any]:
+    """The optimizer settings `swift sft` trains with when a recipe sets none, read from ms-swift's own
+    TrainingArguments (its mixin over transformers'): weight decay 0.1, betas (0.9, 0.95), eps 1e-8, a cosine schedule
+    after the linear warm-up. Read, not copied, so that the runner follows the installed ms-swift."""
+    import dataclasses
+
+    from swift.trainers.arguments import TrainingArguments
+    fields = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+    return {k: fields[k] for k in ('weight_decay', 'adam_beta1', 'adam_beta2', 'adam_epsilon', 'lr_scheduler_type')}
+
+
+def optimizer_and_schedule(torch, model, lr: float, warmup_ratio: float, total: int):
+    """(AdamW, its schedule, their record) as `swift sft` builds them, so that a run through this runner trains with
+    the same update as one through `swift sft` at the same recipe:
+    - ms-swift's defaults (`swift_optimizer_defaults`), weight decay on every trainable parameter but biases and
+      norms (transformers' Trainer.get_decay_parameter_names, called as ms-swift's own optimizers call it);
+    - fused, as transformers' default `adamw_torch_fused` (torch >= 2.8) runs it: one kernel over the ~0.94 B fp32
+      adapter parameters of the full-depth model instead of foreach's pass per operation with full-size temporaries
+      (34 ms of a 2.5 s step on an H200); foreach where torch has no fused kernel for the parameters (their device or
+      dtype), the record says why;
+    - the warm-up as transformers counts it from a ratio (ceil(total x ratio) steps), then the schedule by
+      transformers' get_scheduler."""
+    from transformers import Trainer, get_scheduler
+    d = swift_optimizer_defaults()
+    decay = set(Trainer.get_decay_parameter_names(None, model))
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [{'params': [p for n, p in named if n in decay], 'weight_decay': d['weight_decay']},
+              {'params': [p for n, p in named if n not in decay], 'weight_decay': 0.0}]
+    groups = [g for g in groups if g['params']]
+    kwargs = dict(lr=lr, betas=(d['adam_beta1'], d['adam_beta2']), eps=d['adam_epsilon'])
+    record = {'name': 'AdamW', 'fused': True}
     try:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True), {'name': 'AdamW', 'fused': True}
+        optimizer = torch.optim.AdamW(groups, fused=True, **kwargs)
     except RuntimeError as error:  # torch's own check: every parameter a floating tensor on a supported device
-        return (torch.optim.AdamW(params, lr=lr, weight_decay=0.0),
-                {'name': 'AdamW', 'fused': False, 'why': str(error)})
+        optimizer = torch.optim.AdamW(groups, **kwargs)
+        record = {'name': 'AdamW', 'fused': False, 'why': str(error)}
+    warmup = math.ceil(total * warmup_ratio)
+    scheduler = get_scheduler(d['lr_scheduler_type'], optimizer, num_warmup_steps=warmup, num_training_steps=total)
+    record.update(lr=lr, weight_decay=d['weight_decay'], betas=[d['adam_beta1'], d['adam_beta2']],
+                  eps=d['adam_epsilon'], schedule=d['lr_scheduler_type'], warmup_steps=warmup,
+                  decayed_tensors=sum(len(g['params']) for g in groups if g['weight_decay']),
+                  undecayed_tensors=sum(len(g['params']) for g in groups if not g['weight_decay']))
+    return optimizer, scheduler, record
 
 
 def _sample_order(cfg: UnslothRunConfig, rows: List[Dict[str, Any]], replicas, report: bool):
