@@ -795,6 +795,24 @@ def test_runner_lora_check_names_the_adapters_that_never_changed(tmp_path, monke
     assert report['not_updated'] == ['proj.lora_A.weight'] and report['by_kind']['B'] == {'updated': 1, 'total': 1}
 
 
+def test_runner_lora_check_reports_not_checked_when_too_few_steps_updated(tmp_path):
+    """A run that ends before two steps with a rate above zero (the warm-up's first step is at zero, as in swift sft)
+    leaves a lora_update.json that says the check did not run and why -- not no report."""
+    import torch
+
+    from swift_vora.backends.runner_guards import RunnerGuards
+    model = torch.nn.ModuleDict({'proj': torch.nn.ModuleDict({'lora_A': torch.nn.Linear(4, 2, bias=False),
+                                                              'lora_B': torch.nn.Linear(2, 4, bias=False)})})
+    guards = RunnerGuards(model, str(tmp_path))
+    assert guards.check_steps == 2  # the default
+    guards.tracker.snapshot()
+    assert guards.after_step(1, lr=0.0) is None and guards.after_step(2, lr=1e-4) is None  # one counted of two
+    report = guards.lora_not_checked()
+    assert json.load(open(tmp_path / 'lora_update.json')) == report
+    assert report['steps_counted'] == 1 and report['check_after_steps'] == 2 and report['tensors'] == 2
+    assert report['note'] == 'training ended after 1 counted optimizer step(s), fewer than 2: not checked'
+
+
 def test_moe_calls_derives_the_spread_and_speedups_from_the_result_files(tmp_path):
     """benchmarks/moe_calls.py: per-call median tokens/s, the spread across calls, the speed-up of each call's fastest
     swift-vora variant over its plain swift -- computed from the files, a call without plain swift gets none."""

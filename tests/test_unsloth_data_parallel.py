@@ -202,6 +202,8 @@ def test_an_uneven_last_batch_is_counted_not_dropped(tiny_qwen3_5_moe_dir, tmp_p
         rows = [json.loads(line) for line in (out / f'coverage.rank{r}.jsonl').read_text().splitlines()]
         assert [(row['epoch'], row['consumed'], row['complete']) for row in rows] == [(0, 2, True), (1, 1, False)]
     assert got['result']['last']['samples'] == 9  # 3 ranks x 3 micro-batches, the repeats included
+    # the one step is the warm-up's first, at a rate of zero (as in swift sft): the update check says it did not run
+    assert json.loads((out / 'lora_update.json').read_text())['steps_counted'] == 0
 
 
 @pytest.mark.slow

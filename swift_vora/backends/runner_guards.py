@@ -25,6 +25,7 @@ from ..guards.lora_update import (
     CHECK_STEPS_ENV,
     AdapterTracker,
     never_changed_error,
+    not_checked_note,
     not_reached_note,
     update_summary,
 )
@@ -119,6 +120,19 @@ class RunnerGuards:
             logger.info(f'swift-vora lora_update: {message}.')
         if report['not_updated']:
             raise never_changed_error(message, report['not_updated'], 'check the freeze settings')
+        return report
+
+    def lora_not_checked(self) -> Optional[Dict[str, Any]]:
+        """At the end of training, when fewer steps than `check_steps` updated (a short run whose warm-up starts at
+        a rate of zero): lora_update.json says the check did not run, as the `swift sft` guard's does, instead of
+        leaving no report."""
+        if self.lora_checked or not len(self.tracker):
+            return None
+        report = {'steps_counted': self.counted_steps, 'tensors': len(self.tracker),
+                  'check_after_steps': self.check_steps, 'note': not_checked_note(self.counted_steps, self.check_steps)}
+        if self.rank == 0:
+            write_json(os.path.join(self.output_dir, 'lora_update.json'), report)
+            logger.warning(f'swift-vora lora_update: {report["note"]}.')
         return report
 
     # ---- end -------------------------------------------------------------------------------------------------

@@ -441,6 +441,8 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
         encoder.close()  # first: unblocks a prefetch thread waiting on an encode
         prefetch.close()
     info['supervision'] = guards.finish()
+    if 'lora_update' in guards_on:
+        guards.lora_not_checked()
     summary = coverage.finish(replicas.gather, 'max_steps' if cfg.max_steps else 'step_budget')
     if summary is not None:
         from .rank_samples import describe_summary
