@@ -289,6 +289,7 @@ def test_runner_trains_qwen3_5_moe_on_video_with_every_guard(tiny_q35, tmp_path,
            'video.max_frames=8', 'video.pair_tokens=16', 'video.min_pair_tokens=4', 'train.max_steps=2',
            'train.micro_batch=1', 'train.grad_accum=2', 'train.dtype=float32', f'train.output_dir={out}',
            'train.lora_rank=4', 'train.warmup_ratio=0',  # both steps update (a warm-up starts at zero, as in swift sft)
+           'swift_args.weight_decay=0.02',  # a swift sft optimizer argument, taken by the runner too
            'unsloth.save_merged=false', 'unsloth.gradient_checkpointing=false', '--loader', 'peft']
     proc = subprocess.run(cmd, env=offline_env, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -311,14 +312,22 @@ def test_runner_trains_qwen3_5_moe_on_video_with_every_guard(tiny_q35, tmp_path,
     assert result['encode_threads'] == 4 and 'encoding samples on 4 thread(s)' in proc.stdout  # the default
     # as swift sft builds it (transformers' default adamw_torch_fused, ms-swift's defaults, a cosine schedule)
     assert result['optimizer']['fused'] and result['optimizer']['schedule'] == 'cosine'
-    assert result['optimizer']['weight_decay'] == 0.1 and result['optimizer']['decayed_tensors'] > 0
+    assert result['optimizer']['weight_decay'] == 0.02 and result['optimizer']['decayed_tensors'] > 0
+    assert result['optimizer']['set_by_recipe'] == ['weight_decay'] and result['optimizer']['max_grad_norm'] == 1.0
 
 
-def test_runner_optimizer_and_schedule_are_the_ones_swift_sft_builds_at_the_same_recipe(tmp_path):
-    """The runner trains with the update `swift sft` would at the same learning rate and warm-up: HF Trainer's own
-    optimizer and scheduler, built from ms-swift's TrainingArguments, against the runner's, on one module with an
-    adapter, a frozen weight, a bias and a norm -- the groups, the settings, the learning rate of every step and the
-    parameters after three updates."""
+# the optimizer arguments a recipe may give the runner through swift_args, as it would give them to swift sft
+SET_BY_RECIPE = {'weight_decay': 0.01, 'adam_beta2': 0.999, 'adam_epsilon': 1e-6, 'warmup_steps': 3,
+                 'lr_scheduler_type': 'cosine_with_min_lr', 'lr_scheduler_kwargs': {'min_lr': 1e-6}}
+
+
+@pytest.mark.parametrize('given', [{}, SET_BY_RECIPE], ids=['ms_swift_defaults', 'set_by_recipe'])
+def test_runner_optimizer_and_schedule_are_the_ones_swift_sft_builds_at_the_same_recipe(tmp_path, given):
+    """The runner trains with the update `swift sft` would at the same learning rate, warm-up and optimizer
+    arguments: HF Trainer's own optimizer and scheduler, built from ms-swift's TrainingArguments, against the
+    runner's, on one module with an adapter, a frozen weight, a bias and a norm -- the groups, the settings, the
+    learning rate of every step and the parameters after three updates; with ms-swift's defaults and with the
+    arguments a recipe sets."""
     import torch
     from swift.trainers.arguments import TrainingArguments
     from transformers import Trainer
@@ -335,24 +344,33 @@ def test_runner_optimizer_and_schedule_are_the_ones_swift_sft_builds_at_the_same
             self.lora_A = torch.nn.Parameter(torch.randn(4, 8))
             self.lora_B = torch.nn.Parameter(torch.randn(3, 8, 4))  # a stack of expert factors
 
-    steps, warmup_ratio, lr = 40, 0.05, 1e-4
+    steps, lr = 40, 1e-4
+    warmup_ratio = 0 if 'warmup_steps' in given else 0.05  # ms-swift takes one of the two
     args = TrainingArguments(output_dir=str(tmp_path), learning_rate=lr, warmup_ratio=warmup_ratio, max_steps=steps,
-                             report_to=[], use_cpu=True)
+                             report_to=[], use_cpu=True, **given)
     theirs_model = Adapted()
     trainer = Trainer(model=theirs_model, args=args)
     trainer.create_optimizer_and_scheduler(num_training_steps=steps)
     ours_model = Adapted()
-    ours, schedule, record = optimizer_and_schedule(torch, ours_model, lr, warmup_ratio, steps)
+    ours, schedule, record = optimizer_and_schedule(torch, ours_model, lr, warmup_ratio, steps, dict(given))
 
     assert record['fused'] and ours.defaults['fused'] and trainer.optimizer.defaults['fused']
-    assert (record['weight_decay'], record['betas'], record['schedule']) == (0.1, [0.9, 0.95], 'cosine')
-    assert record['warmup_steps'] == 2 and (record['decayed_tensors'], record['undecayed_tensors']) == (2, 3)
+    if given:
+        assert (record['weight_decay'], record['betas'], record['eps']) == (0.01, [0.9, 0.999], 1e-6)
+        assert (record['schedule'], record['warmup_steps']) == ('cosine_with_min_lr', 3)
+        assert record['set_by_recipe'] == sorted(given)
+    else:
+        assert (record['weight_decay'], record['betas'], record['schedule']) == (0.1, [0.9, 0.95], 'cosine')
+        assert record['warmup_steps'] == 2 and record['set_by_recipe'] == []
+    assert record['max_grad_norm'] == args.max_grad_norm == 1.0
+    assert (record['decayed_tensors'], record['undecayed_tensors']) == (2, 3)
     names = {id(p): n for n, p in theirs_model.named_parameters()}
     our_names = {id(p): n for n, p in ours_model.named_parameters()}
     their_groups = sorted((g['weight_decay'], sorted(names[id(p)] for p in g['params']))
                           for g in trainer.optimizer.param_groups if g['params'])
     our_groups = sorted((g['weight_decay'], sorted(our_names[id(p)] for p in g['params'])) for g in ours.param_groups)
-    assert our_groups == their_groups == [(0.0, ['norm.bias', 'norm.weight', 'proj.bias']), (0.1, ['lora_A', 'lora_B'])]
+    assert our_groups == their_groups == [(0.0, ['norm.bias', 'norm.weight', 'proj.bias']),
+                                          (record['weight_decay'], ['lora_A', 'lora_B'])]
     for key in ('betas', 'eps'):
         assert ours.defaults[key] == trainer.optimizer.defaults[key]
 
@@ -373,6 +391,20 @@ def test_runner_optimizer_and_schedule_are_the_ones_swift_sft_builds_at_the_same
                 torch.testing.assert_close(moved[n], p, rtol=0, atol=0)
             assert not torch.equal(moved['lora_A'], Adapted().lora_A)  # the second and third updates moved it
     assert our_lrs == their_lrs and our_lrs[0] == 0.0 and max(our_lrs) == lr  # the warm-up starts from zero, as there
+    if given:  # the schedule's floor, from lr_scheduler_kwargs (plain cosine ends near 2e-7 here)
+        assert min(our_lrs[record['warmup_steps']:]) >= 1e-6
+
+
+def test_runner_clips_gradients_as_hf_trainer_does_and_not_at_a_norm_of_zero():
+    """max_grad_norm as swift sft takes it: the gradients scaled to that norm; 0 (or none) leaves them unclipped."""
+    import torch
+
+    from swift_vora.backends.unsloth_runner import clip_gradients
+    for max_norm, expected in ((1.0, 1.0), (0.0, 6.0), (None, 6.0), (10.0, 6.0)):
+        p = torch.nn.Parameter(torch.zeros(4))
+        p.grad = torch.full((4, ), 3.0)  # norm 6
+        clip_gradients(torch, [p], max_norm)
+        assert float(p.grad.norm()) == pytest.approx(expected)
 
 
 def test_runner_forward_runs_the_lora_gemms_in_16_bit_under_autocast_with_fp32_adapters(tiny_q35, tmp_path):

@@ -1,6 +1,8 @@
 """Recipes speak ms-swift: its argument names work as keys, any other `swift sft` argument passes through
 `swift_args` checked by ms-swift's own parser before launch, and `train.quantization: 4bit` is QLoRA."""
+import json
 import os
+import re
 
 import pytest
 
@@ -50,9 +52,47 @@ def test_swift_args_pass_through_checked_by_ms_swift_parser():
             build_launch(plan_recipe(r), r)
     with pytest.raises(RecipeError, match="swift_args.learning_rate: set 'train.learning_rate' instead"):
         recipe(swift_args={'learning_rate': 1e-4})
-    r = recipe(swift_args={'neftune_noise_alpha': 5}, model=MOE_35B, hardware='h200x1')
-    with pytest.raises(LaunchUsageError, match='swift_args'):  # the Unsloth runner is not swift sft
-        build_launch(plan_recipe(r), r)
+
+
+def run_config(launch):
+    (text, ) = launch.files.values()
+    return json.loads(text)
+
+
+def test_the_unsloth_runner_takes_swift_sfts_optimizer_arguments_and_refuses_the_others():
+    """A recipe's optimizer arguments mean the same on the Unsloth runner as on swift sft (read by ms-swift's own
+    parser, the schedule built by transformers before launch); an argument only swift sft has stops the launch with
+    the list of those the runner takes."""
+    moe = dict(model=MOE_35B, hardware='h200x1')
+    given = {'weight_decay': 0, 'adam_beta2': 0.999, 'max_grad_norm': 0.5, 'lr_scheduler_type': 'cosine_with_min_lr',
+             'lr_scheduler_kwargs': {'min_lr': 1e-6}}
+    r = recipe(swift_args=given, **moe)
+    launch = build_launch(plan_recipe(r), r)
+    assert launch.backend == 'unsloth_split_lora'
+    assert run_config(launch)['swift_args'] == {**given, 'weight_decay': 0.0}  # as swift sft's parser types it
+    r = recipe(['swift_args.warmup_steps=10', 'train.warmup_ratio=0'], **moe)
+    assert run_config(build_launch(plan_recipe(r), r))['swift_args'] == {'warmup_steps': 10.0}
+    for bad, message in (({'neftune_noise_alpha': 5}, 'neftune_noise_alpha is a swift sft / megatron sft argument '
+                          'the unsloth_split_lora runner does not take; it takes weight_decay, adam_beta1'),
+                         ({'weight_decay': 'none'}, 'invalid float value'),
+                         ({'lr_scheduler_type': 'cosin'}, "'cosin' is not a transformers schedule; one of linear, "),
+                         ({'lr_scheduler_type': 'cosine_with_min_lr'}, 'One of min_lr or min_lr_rate'),
+                         ({'lr_scheduler_type': 'reduce_lr_on_plateau'}, 'steps on an evaluation metric'),
+                         ({'lr_scheduler_kwargs': '{min_lr'}, 'not a JSON object')):
+        r = recipe(swift_args=bad, **moe)
+        with pytest.raises(LaunchUsageError, match=re.escape(message)):
+            build_launch(plan_recipe(r), r)
+
+
+def test_warmup_steps_with_the_recipes_warmup_ratio_stops_at_the_recipe():
+    """ms-swift refuses a warm-up given both ways when the launched process parses its arguments; the recipe check
+    says so first, with the key to change."""
+    for model, hardware in ((DENSE_2B, '3060x4'), (MOE_35B, 'h200x1')):
+        with pytest.raises(RecipeError, match=r"swift_args.warmup_steps and 'train.warmup_ratio' \(0.05\) both set "
+                           'the warm-up and ms-swift takes one: set train.warmup_ratio=0'):
+            recipe(swift_args={'warmup_steps': 100}, model=model, hardware=hardware)
+    r = recipe(['train.warmup_ratio=0'], swift_args={'warmup_steps': 100})
+    assert flag(build_launch(plan_recipe(r), r).argv, '--warmup_steps') == '100'
 
 
 # the settings the planner would otherwise search, as the recipe's own: memory compared at one setting

@@ -167,8 +167,10 @@ class Launcher:
 
     backends: Tuple[Backend, ...] = ()
     # `swift sft` / `megatron sft`: a recipe's swift_args and extra_args are that engine's flags, checked by its own
-    # argument parser; None: the launcher's own runner, which takes neither
+    # argument parser; None: the launcher's own runner, which takes no extra_args and of swift_args only these:
     engine: Optional[str] = None
+    # the `swift sft` arguments (ms-swift's names) a runner without an engine takes from swift_args all the same
+    swift_args_taken: Tuple[str, ...] = ()
     quantization: bool = False  # train.quantization=4bit (bitsandbytes QLoRA) can be launched
 
     def build(self, view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:

@@ -7,6 +7,7 @@ none of them.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -142,6 +143,56 @@ def engine_argument_parser(arguments):
     from transformers import HfArgumentParser
     with _patch_get_type_hints():
         return HfArgumentParser([arguments])
+
+
+class EngineArgumentError(ValueError):
+    """An argv an engine's argument parser rejects (argparse's own message)."""
+
+
+def parse_engine_argv(parser, argv: List[str]):
+    """(namespace, unknown) from an engine's argument parser without exiting: a misspelt name is an error, not a
+    guess at the closest argument; argparse's complaint is raised as EngineArgumentError."""
+    parser.exit_on_error = False
+    parser.allow_abbrev = False
+
+    def fail(message: str):
+        raise EngineArgumentError(message)
+
+    parser.error = fail  # argparse reports through error(); raise instead of exiting
+    try:
+        return parser.parse_known_args(argv)
+    except argparse.ArgumentError as e:
+        raise EngineArgumentError(str(e)) from None
+
+
+def swift_argv(args: Mapping[str, Any]) -> List[str]:
+    """`{name: value}` -> `--name value` as ms-swift's parser reads it (lists: several values; mappings: inline
+    JSON; booleans: true/false)."""
+    argv: List[str] = []
+    for name, value in args.items():
+        if isinstance(value, bool):
+            values = [bool_arg(value)]
+        elif isinstance(value, list):
+            values = [bool_arg(v) if isinstance(v, bool) else str(v) for v in value]
+        elif isinstance(value, dict):
+            values = [json.dumps(value)]
+        else:
+            values = [format_number(value)]
+        argv += [f'--{name}', *values]
+    return argv
+
+
+def swift_optimizer_defaults() -> Dict[str, Any]:
+    """The optimizer settings `swift sft` trains with when a recipe sets none, read from ms-swift's own
+    TrainingArguments (its mixin over transformers'): weight decay 0.1, betas (0.9, 0.95), eps 1e-8, gradients
+    clipped at norm 1, a cosine schedule after the linear warm-up. Read, not copied, so that the Unsloth runner
+    follows the installed ms-swift (imports it)."""
+    import dataclasses
+
+    from swift.trainers.arguments import TrainingArguments
+    fields = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+    return {k: fields[k] for k in ('weight_decay', 'adam_beta1', 'adam_beta2', 'adam_epsilon', 'max_grad_norm',
+                                     'lr_scheduler_type', 'lr_scheduler_kwargs')}
 
 
 def format_number(x: Any) -> str:

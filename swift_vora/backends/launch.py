@@ -19,7 +19,6 @@ that produced it. This module is the dispatcher only; the pieces the backends sh
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -29,7 +28,7 @@ from .. import switches
 from ..plan.backend import Backend
 from ..plan.request import Plan
 from .base import Launch, Launcher, LaunchRefused, LaunchUsageError, PlanView
-from .common import bool_arg, format_number
+from .common import EngineArgumentError, parse_engine_argv, swift_argv
 from .deepspeed import SwiftSft
 from .megatron import MegatronSft
 from .recipe import Recipe
@@ -136,27 +135,12 @@ def quantization_args(recipe: Recipe, launcher: Launcher, backend: str) -> List[
 
 def passthrough_args(recipe: Recipe) -> List[str]:
     """`swift_args: {name: value}` -> `--name value` (lists: several values; mappings: inline JSON)."""
-    argv: List[str] = []
-    for name, value in recipe['swift_args'].items():
-        if isinstance(value, bool):
-            values = [bool_arg(value)]
-        elif isinstance(value, list):
-            values = [bool_arg(v) if isinstance(v, bool) else str(v) for v in value]
-        elif isinstance(value, dict):
-            values = [json.dumps(value)]
-        else:
-            values = [format_number(value)]
-        argv += [f'--{name}', *values]
-    return argv
+    return swift_argv(recipe['swift_args'])
 
 
 # What an engine's argument parser imports on the way to a module that needs CUDA (mcore-bridge imports
 # transformer_engine): a failed import of it must not leave these behind
 HALF_IMPORTED = ('swift.megatron', 'mcore_bridge')
-
-
-class _EngineArgumentError(Exception):
-    pass
 
 
 def check_engine_args(launch: Launch, recipe: Recipe, launcher: Launcher) -> None:
@@ -175,17 +159,10 @@ def check_engine_args(launch: Launch, recipe: Recipe, launcher: Launcher) -> Non
         launch.notes.append(f'swift_args/extra_args not checked: the {launch.argv[1]} argument parser could not be '
                             f'imported here ({e})')
         return
-    parser.exit_on_error = False
-    parser.allow_abbrev = False  # a misspelt name is an error here, not a guess at the closest argument
-
-    def fail(message: str):
-        raise _EngineArgumentError(message)
-
-    parser.error = fail  # argparse reports through error(); raise instead of exiting
     engine = ' '.join(os.path.basename(a) for a in launch.argv[:2])
     try:
-        _, unknown = parser.parse_known_args(launch.argv[2:])
-    except (_EngineArgumentError, argparse.ArgumentError) as e:
+        _, unknown = parse_engine_argv(parser, launch.argv[2:])
+    except EngineArgumentError as e:
         raise LaunchUsageError(f'{recipe.path}: swift_args/extra_args: {engine} rejects the arguments: {e}') from None
     if unknown:
         raise LaunchUsageError(f'{recipe.path}: swift_args/extra_args: {engine} has no argument '
@@ -196,9 +173,16 @@ def check_engine_args(launch: Launch, recipe: Recipe, launcher: Launcher) -> Non
 def add_engine_args(launch: Launch, recipe: Recipe, launcher: Launcher) -> None:
     user = recipe['swift_args'] or recipe['extra_args']
     if launcher.engine is None:
-        if recipe['swift_args'] or recipe['train.quantization'] != 'none':
-            raise LaunchUsageError(f'{recipe.path}: swift_args and train.quantization are for swift sft / megatron '
-                                   f'sft; the {launch.backend} runner takes neither (see its unsloth.* keys)')
+        if recipe['train.quantization'] != 'none':
+            raise LaunchUsageError(f'{recipe.path}: train.quantization is for swift sft; the {launch.backend} runner '
+                                   'has no bitsandbytes 4-bit path')
+        other = [name for name in recipe['swift_args'] if name not in launcher.swift_args_taken]
+        if other:
+            taken = (f'; it takes {", ".join(launcher.swift_args_taken)} (the optimizer and its schedule)'
+                     if launcher.swift_args_taken else '')
+            raise LaunchUsageError(f'{recipe.path}: swift_args.{other[0]} is a swift sft / megatron sft argument the '
+                                   f'{launch.backend} runner does not take{taken}; its own settings are the '
+                                   'unsloth.* keys')
         return
     added = quantization_args(recipe, launcher, launch.backend) + passthrough_args(recipe)
     for flag in (a for a in added if a.startswith('--')):

@@ -157,7 +157,8 @@ SCHEMA: Dict[str, Tuple[tuple, Any]] = {
     'extra_args': ((list, ), []),  # appended verbatim to the launcher's argv (checked: no backend switches)
     # any `swift sft` / `megatron sft` argument the keys above do not model, by its ms-swift name:
     # {neftune_noise_alpha: 5, lr_scheduler_type: cosine} -> --neftune_noise_alpha 5 --lr_scheduler_type cosine;
-    # checked against the engine's own argument parser (ms-swift's HfArgumentParser) before launch
+    # checked against the engine's own argument parser (ms-swift's HfArgumentParser) before launch; the Unsloth
+    # runner takes the optimizer's (backends/unsloth.py RUNNER_SWIFT_ARGS) and refuses the others
     'swift_args': (ANY_DICT, {}),
 }
 
@@ -233,6 +234,16 @@ def learning_rate(recipe: 'Recipe') -> float:
     """The recipe's train.lr, or ms-swift's default for its tuner where it sets none."""
     lr = recipe['train.lr']
     return float(lr) if lr is not None else DEFAULT_LR[recipe['train.tuner']]
+
+
+def _positive_number(value: Any) -> bool:
+    """A number above zero, or text that reads as one (swift_args may hold either)."""
+    if isinstance(value, bool):
+        return False
+    try:
+        return float(value) > 0
+    except (TypeError, ValueError):
+        return False
 
 
 class RecipeError(ValueError):
@@ -469,6 +480,11 @@ def _check(values: Dict[str, Any], where: str) -> None:
         if name in MODELLED_ARGS:
             raise RecipeError(f'{where}: swift_args.{name}: set {MODELLED_ARGS[name]!r} instead (swift-vora train '
                               f'passes it as --{name} and plans with it)')
+    if _positive_number(values['swift_args'].get('warmup_steps')) and values['train.warmup_ratio']:
+        # ms-swift refuses the pair when the launched process parses its arguments; said here, before launch
+        raise RecipeError(f'{where}: swift_args.warmup_steps and \'train.warmup_ratio\' '
+                          f'({_show(values["train.warmup_ratio"])}) both set the warm-up and ms-swift takes one: '
+                          'set train.warmup_ratio=0 to count it in steps, or drop swift_args.warmup_steps')
     for key in ('guards.env', 'env'):
         for name, value in values[key].items():
             problem = env_entry_problem(name, value)

@@ -36,7 +36,14 @@ from typing import Any, Dict, List, Mapping, Optional
 from ..plan.backend import Backend
 from ..plan.model_spec import ModelSpec
 from .base import Launch, Launcher, LaunchUsageError, PlanView
-from .common import common_env
+from .common import (
+    EngineArgumentError,
+    common_env,
+    engine_argument_parser,
+    parse_engine_argv,
+    swift_argv,
+    swift_optimizer_defaults,
+)
 from .packing import refuse_unsloth_packing
 from .recipe import Recipe, learning_rate
 
@@ -77,6 +84,9 @@ class UnslothRunConfig:
     target_parameters: List[str] = field(default_factory=list)  # used by the PEFT stand-in; Unsloth derives its own
     lr: float = 1e-4
     warmup_ratio: float = 0.05
+    # the recipe's swift_args the runner takes (RUNNER_SWIFT_ARGS, parsed by swift sft's parser); the optimizer
+    # settings it does not name are ms-swift's defaults (unsloth_runner.optimizer_and_schedule)
+    swift_args: Dict[str, Any] = field(default_factory=dict)
     epochs: float = 1
     max_steps: Optional[int] = None
     micro_batch: int = 1
@@ -214,13 +224,75 @@ def run_config(view: PlanView, recipe: Recipe) -> UnslothRunConfig:
         max_length=recipe['data.max_length'], lora_rank=recipe['train.lora_rank'],
         lora_alpha=recipe['train.lora_alpha'], lora_dropout=0.0, target_modules=targets['target_modules'],
         target_parameters=targets['target_parameters'], lr=learning_rate(recipe),
-        warmup_ratio=recipe['train.warmup_ratio'], epochs=recipe['train.epochs'], max_steps=recipe['train.max_steps'],
+        warmup_ratio=recipe['train.warmup_ratio'], swift_args=runner_swift_args(recipe), epochs=recipe['train.epochs'],
+        max_steps=recipe['train.max_steps'],
         micro_batch=view.micro_batch, grad_accum=grad_accum,
         gradient_checkpointing=unsloth_gradient_checkpointing(view, recipe), dtype=recipe['train.dtype'],
         seed=recipe['train.seed'], logging_steps=recipe['train.logging_steps'], save_steps=recipe['train.save_steps'],
         save_merged=recipe['unsloth.save_merged'], autocast=recipe['unsloth.autocast'],
         encode_threads=recipe['unsloth.encode_threads'], is_moe=model.is_moe, num_gpus=view.num_gpus,
         nodes=view.nodes)
+
+
+# The `swift sft` arguments the runner takes from a recipe's swift_args, by ms-swift's names: the optimizer and its
+# schedule, which the runner builds as `swift sft` does -- a recipe that sets them trains with the same update on
+# either path. The launch refuses the others (they have no meaning here).
+RUNNER_SWIFT_ARGS = ('weight_decay', 'adam_beta1', 'adam_beta2', 'adam_epsilon', 'max_grad_norm', 'lr_scheduler_type',
+                     'lr_scheduler_kwargs', 'warmup_steps')
+
+
+# transformers' schedules that step on an evaluation metric (HF Trainer steps them after evaluating)
+METRIC_SCHEDULES = ('reduce_lr_on_plateau', 'greedy')
+
+
+def runner_swift_args(recipe: Recipe) -> Dict[str, Any]:
+    """The recipe's swift_args among RUNNER_SWIFT_ARGS, as `swift sft`'s own argument parser reads them (names,
+    types), and the schedule they describe built once on a stand-in optimizer, so that a scheduler name or keyword
+    transformers does not take stops the launch instead of the run after its model has loaded."""
+    given = {name: value for name, value in recipe['swift_args'].items() if name in RUNNER_SWIFT_ARGS}
+    if not given:
+        return {}
+    from swift.arguments import SftArguments
+    parser = engine_argument_parser(SftArguments)
+    try:
+        namespace, unknown = parse_engine_argv(parser, swift_argv(given))
+    except EngineArgumentError as e:
+        raise LaunchUsageError(f'{recipe.path}: swift_args: swift sft rejects the arguments: {e}') from None
+    parsed = {name: getattr(namespace, name) for name in given}
+    kwargs = parsed.get('lr_scheduler_kwargs')
+    if isinstance(kwargs, str):  # ms-swift's parser keeps the JSON text; its TrainingArguments decode it
+        try:
+            parsed['lr_scheduler_kwargs'] = kwargs = json.loads(kwargs)
+        except json.JSONDecodeError as e:
+            raise LaunchUsageError(f'{recipe.path}: swift_args.lr_scheduler_kwargs is not a JSON object: {e}') from None
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise LaunchUsageError(f'{recipe.path}: swift_args.lr_scheduler_kwargs must be a mapping, got {kwargs!r}')
+    check_schedule(recipe, parsed.get('lr_scheduler_type'), kwargs)
+    return parsed
+
+
+def check_schedule(recipe: Recipe, name: Optional[str], kwargs: Optional[Dict[str, Any]]) -> None:
+    """transformers' get_scheduler builds the schedule `name` with `kwargs` (None: ms-swift's cosine) on a stand-in
+    optimizer; LaunchUsageError naming the schedules it knows when it cannot."""
+    if name is None and not kwargs:
+        return
+    import torch
+    from transformers import SchedulerType, get_scheduler
+    if name is not None and name not in {s.value for s in SchedulerType}:
+        raise LaunchUsageError(f'{recipe.path}: swift_args.lr_scheduler_type={name!r} is not a transformers schedule; '
+                               f'one of {", ".join(s.value for s in SchedulerType)}')
+    if name in METRIC_SCHEDULES:
+        raise LaunchUsageError(f'{recipe.path}: swift_args.lr_scheduler_type={name!r} steps on an evaluation metric; '
+                               'the Unsloth runner does not evaluate during training: take a schedule over the steps '
+                               '(cosine, linear, cosine_with_min_lr, warmup_stable_decay, ...)')
+    if name is None:
+        name = swift_optimizer_defaults()['lr_scheduler_type']
+    stand_in = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    try:
+        get_scheduler(name, stand_in, num_warmup_steps=1, num_training_steps=10, scheduler_specific_kwargs=kwargs)
+    except (TypeError, ValueError) as e:
+        raise LaunchUsageError(f'{recipe.path}: swift_args: transformers cannot build the {name!r} schedule with '
+                               f'lr_scheduler_kwargs {kwargs!r}: {e}') from None
 
 
 CHECKPOINTING_VALUES = ('auto', True, 'unsloth', False)
@@ -290,6 +362,7 @@ class UnslothRunner(Launcher):
     """MoE LoRA with Unsloth's split LoRA through `python -m swift_vora.backends.unsloth_runner`: on one GPU, or on
     N GPUs as N data-parallel replicas (the runner starts torchrun)."""
     backends = (Backend.UNSLOTH_SPLIT_LORA, )
+    swift_args_taken = RUNNER_SWIFT_ARGS
 
     def build(self, view: PlanView, recipe: Recipe, environ: Optional[Mapping[str, str]] = None) -> Launch:
         return build_unsloth_launch(view, recipe, environ)

@@ -304,7 +304,8 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
     params = [p for p in model.parameters() if p.requires_grad]
     order, coverage, total = _sample_order(cfg, rows, replicas, 'coverage' in guards_on)
     info['steps'] = total
-    optimizer, scheduler, info['optimizer'] = optimizer_and_schedule(torch, model, cfg.lr, cfg.warmup_ratio, total)
+    optimizer, scheduler, info['optimizer'] = optimizer_and_schedule(torch, model, cfg.lr, cfg.warmup_ratio, total,
+                                                                      cfg.swift_args)
     log(f'optimizer: {json.dumps(info["optimizer"])}')
     log_path = os.path.join(cfg.output_dir, 'train_log.jsonl')
 
@@ -421,7 +422,7 @@ def train(cfg: UnslothRunConfig) -> Dict[str, Any]:
                     samples += batch.samples
                     tokens += batch.tokens
                 guards.enter('optimizer_step', step)
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                clip_gradients(torch, params, info['optimizer']['max_grad_norm'])
                 lr = scheduler.get_last_lr()[0]
                 optimizer.step()
                 scheduler.step()
@@ -497,30 +498,24 @@ def row_name(row: Dict[str, Any]) -> str:
     return str((row.get('chat_template_kwargs') or {}).get('sample_id') or row.get('videos'))
 
 
-def swift_optimizer_defaults() -> Dict[str, Any]:
-    """The optimizer settings `swift sft` trains with when a recipe sets none, read from ms-swift's own
-    TrainingArguments (its mixin over transformers'): weight decay 0.1, betas (0.9, 0.95), eps 1e-8, a cosine schedule
-    after the linear warm-up. Read, not copied, so that the runner follows the installed ms-swift."""
-    import dataclasses
-
-    from swift.trainers.arguments import TrainingArguments
-    fields = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
-    return {k: fields[k] for k in ('weight_decay', 'adam_beta1', 'adam_beta2', 'adam_epsilon', 'lr_scheduler_type')}
-
-
-def optimizer_and_schedule(torch, model, lr: float, warmup_ratio: float, total: int):
+def optimizer_and_schedule(torch, model, lr: float, warmup_ratio: float, total: int,
+                           given: Optional[Dict[str, Any]] = None):
     """(AdamW, its schedule, their record) as `swift sft` builds them, so that a run through this runner trains with
     the same update as one through `swift sft` at the same recipe:
-    - ms-swift's defaults (`swift_optimizer_defaults`), weight decay on every trainable parameter but biases and
-      norms (transformers' Trainer.get_decay_parameter_names, called as ms-swift's own optimizers call it);
+    - ms-swift's defaults (common.swift_optimizer_defaults) where `given` (the recipe's swift_args the runner takes,
+      by ms-swift's names) sets none; weight decay on every trainable parameter but biases and norms (transformers'
+      Trainer.get_decay_parameter_names, called as ms-swift's own optimizers call it);
     - fused, as transformers' default `adamw_torch_fused` (torch >= 2.8) runs it: one kernel over the ~0.94 B fp32
       adapter parameters of the full-depth model instead of foreach's pass per operation with full-size temporaries
       (34 ms of a 2.5 s step on an H200); foreach where torch has no fused kernel for the parameters (their device or
       dtype), the record says why;
-    - the warm-up as transformers counts it from a ratio (ceil(total x ratio) steps), then the schedule by
-      transformers' get_scheduler."""
+    - the warm-up as transformers counts it (warmup_steps: that many steps from 1 on, below 1 a ratio; else
+      ceil(total x warmup_ratio)), then the schedule by transformers' get_scheduler with lr_scheduler_kwargs.
+    The record's max_grad_norm is the clipping the training loop applies (clip_gradients)."""
     from transformers import Trainer, get_scheduler
-    d = swift_optimizer_defaults()
+
+    from .common import swift_optimizer_defaults
+    d = {**swift_optimizer_defaults(), **(given or {})}
     decay = set(Trainer.get_decay_parameter_names(None, model))
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [{'params': [p for n, p in named if n in decay], 'weight_decay': d['weight_decay']},
@@ -533,13 +528,23 @@ def optimizer_and_schedule(torch, model, lr: float, warmup_ratio: float, total: 
     except RuntimeError as error:  # torch's own check: every parameter a floating tensor on a supported device
         optimizer = torch.optim.AdamW(groups, **kwargs)
         record = {'name': 'AdamW', 'fused': False, 'why': str(error)}
-    warmup = math.ceil(total * warmup_ratio)
-    scheduler = get_scheduler(d['lr_scheduler_type'], optimizer, num_warmup_steps=warmup, num_training_steps=total)
+    steps = d.get('warmup_steps') or 0
+    warmup = int(steps) if steps >= 1 else math.ceil(total * (steps or warmup_ratio))
+    scheduler = get_scheduler(d['lr_scheduler_type'], optimizer, num_warmup_steps=warmup, num_training_steps=total,
+                              scheduler_specific_kwargs=d['lr_scheduler_kwargs'])
     record.update(lr=lr, weight_decay=d['weight_decay'], betas=[d['adam_beta1'], d['adam_beta2']],
-                  eps=d['adam_epsilon'], schedule=d['lr_scheduler_type'], warmup_steps=warmup,
+                  eps=d['adam_epsilon'], max_grad_norm=d['max_grad_norm'], schedule=d['lr_scheduler_type'],
+                  schedule_kwargs=d['lr_scheduler_kwargs'], warmup_steps=warmup,
                   decayed_tensors=sum(len(g['params']) for g in groups if g['weight_decay']),
-                  undecayed_tensors=sum(len(g['params']) for g in groups if not g['weight_decay']))
+                  undecayed_tensors=sum(len(g['params']) for g in groups if not g['weight_decay']),
+                  set_by_recipe=sorted(given or {}))
     return optimizer, scheduler, record
+
+
+def clip_gradients(torch, params, max_grad_norm: Optional[float]) -> None:
+    """The gradients scaled to `max_grad_norm` as HF Trainer clips them; 0 or None: left as they are (its rule)."""
+    if max_grad_norm is not None and max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
 
 
 def _sample_order(cfg: UnslothRunConfig, rows: List[Dict[str, Any]], replicas, report: bool):
