@@ -63,6 +63,13 @@ def round_answer(intervals: Iterable[Sequence[float]]) -> List[Interval]:
     return merged
 
 
+def rounded_away(intervals: Iterable[Sequence[float]]) -> int:
+    """How many pairs rounding to the answer precision makes empty (round_answer drops them): a 0.08 s piece at
+    [3.26, 3.34] becomes [3.3, 3.3]."""
+    return sum(1 for s, e in intervals
+               if round(float(e), ANSWER_DECIMALS) <= round(float(s), ANSWER_DECIMALS))
+
+
 def format_answer(intervals: Iterable[Sequence[float]]) -> str:
     """The exact text the model learns to write, e.g. `[[1.5, 4.0], [7.0, 9.5]]` or `[]`."""
     pairs = round_answer(intervals)

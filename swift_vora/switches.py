@@ -276,8 +276,8 @@ def _table() -> Tuple[Switch, ...]:
                '$TMPDIR/site-megatron, /tmp without TMPDIR)', None, where='scripts/gpu/setup_megatron.sh',
                group='tool'),
         Switch(PREFIX + 'GDN_CHECK', 'choice', 'run', 'scripts/gpu/run_all.sh megatron_moe: the Gated DeltaNet '
-               'gradient check before the Megatron runs (run) | skip it (~150 s of cold Triton compile; it passed in '
-               'every call on this wheel set, benchmarks/results/gdn-grad-check-*.json)', choices=('run', 'skip'),
+               'gradient check before the Megatron runs (run) | skip it (~150 s of cold Triton compile; it passed on '
+               'every run of this wheel set, benchmarks/results/gdn-grad-check-*.json)', choices=('run', 'skip'),
                where='scripts/gpu/run_all.sh', group='tool'),
     )
 

@@ -90,6 +90,18 @@ def test_build_strict_stops_with_exit_1_and_writes_nothing(files, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize('text', ['', '\n  \n'], ids=['empty', 'blank_lines'])
+def test_an_annotation_file_without_lines_is_no_pass_and_builds_nothing(tmp_path, capsys, text):
+    empty = tmp_path / 'empty.jsonl'
+    empty.write_text(text)
+    assert main(['data', 'check', str(empty)]) == 1
+    assert f'{empty} holds no annotation line' in capsys.readouterr().err
+    out = tmp_path / 'train.jsonl'
+    assert main(['data', 'build', str(empty), str(out)]) == 1
+    assert 'holds no annotation line (empty, or blank lines only); nothing written' in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_usage_errors_exit_2(files, capsys):
     root, good, _ = files
     assert main(['data', 'build', str(good), str(root / 'o.jsonl'), '--window', '10', '--stride', '20']) == 2

@@ -40,6 +40,13 @@ def test_slivers_shorter_than_min_event_are_dropped_and_counted():
     assert kept[0].events == [(9.7, 10.0)] and kept[0].dropped_slivers == 0
 
 
+def test_an_event_the_answers_precision_empties_is_counted_with_the_slivers():
+    # [3.26, 3.34] rounds to [3.3, 3.3] in the answer: dropped there, and counted, even with min_event 0
+    samples = make_windows(ann(20, [[3.26, 3.34], [5, 8]]), WindowConfig(window=10, min_event=0))
+    assert samples[0].events == [(5.0, 8.0)] and samples[0].dropped_slivers == 1
+    assert samples[0].answer == '[[5.0, 8.0]]'
+
+
 def test_windows_without_events_answer_empty_list():
     samples = make_windows(ann(40, [[1, 2]]), WindowConfig(window=10))
     assert [s.answer for s in samples] == ['[[1.0, 2.0]]', '[]', '[]', '[]']

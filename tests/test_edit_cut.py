@@ -96,6 +96,11 @@ def test_otio_and_fcp_xml_round_trip_the_frames_at_the_videos_rate(tmp_path, med
     first = next(iter(saved.find_clips()))
     origin = first.metadata['swift_vora']  # OTIO's AnyDictionary / AnyVector
     assert (origin['id'], list(origin['seconds']), origin['line']) == ('match_07', [0.5, 4.5], 1)
+    # the contract's spelling of the same format, given twice over: one file, the same timeline
+    rc, out, err = run_cli('cut', preds, '--to', 'fcpxml', '--to', 'fcp_xml', '--output_dir', tmp_path / 'again',
+                           '--json')
+    assert rc == 0 and json.loads(out)['files'] == [str(tmp_path / 'again' / 'highlights.xml')], err
+    assert (tmp_path / 'again' / 'highlights.xml').read_bytes() == (tmp_path / 'cut' / 'highlights.xml').read_bytes()
 
 
 def test_the_edl_line_by_line(tmp_path, media):

@@ -93,6 +93,23 @@ def test_local_directory_first_and_errors(empty_caches, tmp_path):
         resolve_config(str(bad))
 
 
+def test_a_plan_of_a_models_config_json_commands_its_directory(empty_caches, tmp_path, monkeypatch):
+    """`plan --model DIR/config.json` (or `config.json` inside the directory) prints a command whose `--model` is the
+    directory: swift sft reads a model directory, never the file."""
+    d = tmp_path / 'Qwen3-VL-2B-Instruct'
+    d.mkdir()
+    with open(SHIPPED_2B) as f:
+        (d / 'config.json').write_text(f.read())
+
+    def model_arg(path):
+        command = plan_from_argv(['--model', path, '--hardware', 'h200x1']).command
+        return command[command.index('--model') + 1]
+
+    assert model_arg(str(d / 'config.json')) == model_arg(str(d)) == str(d)
+    monkeypatch.chdir(d)
+    assert model_arg('config.json') == '.'
+
+
 def test_plan_json_and_text_say_where_the_config_came_from(empty_caches):
     env = dict(os.environ, PYTHONPATH=REPO)
     r = subprocess.run([sys.executable, '-m', 'swift_vora', 'plan', '--model', 'Qwen/Qwen3-VL-2B-Instruct',

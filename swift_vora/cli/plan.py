@@ -219,11 +219,19 @@ def searched(args, budget: VideoBudget) -> tuple:
     return tuple(free)
 
 
+def command_model(path: str) -> str:
+    """What `--model` the printed command takes for `plan --model PATH`: a model's config.json stands for its
+    directory (`swift sft --model` reads the directory, never the file); a model id or a directory as given."""
+    if os.path.basename(path) == 'config.json' and os.path.isfile(path):
+        return os.path.dirname(path) or '.'
+    return path
+
+
 def stand_in_recipe(args, budget: VideoBudget, window: float, hw) -> Recipe:
     """The recipe `plan`'s flags stand for, made from the flags as the request is (not from the request): what
     `train` would run for them, with ANNOTATIONS.jsonl in place of the dataset `plan` has none of. The video budget
     travels as the budget (its caps, not the frames one clip gets); RecipeError where the flags make no recipe."""
-    model = args.model[:-len('/config.json')] if args.model.endswith('/config.json') else args.model
+    model = command_model(args.model)
     pack = args.pack_length
     doc = {
         'gpus': int(hw.num_gpus or 1), 'gpu_mem_gib': float(hw.gpu_mem_gib or 1.0), 'nodes': int(args.nodes),

@@ -87,6 +87,10 @@ def _check(args) -> int:
     if report.invalid:
         print(f'swift-vora data check: {len(report.invalid)} of {report.total} line(s) invalid', file=sys.stderr)
         return EXIT_INVALID
+    if not report.total:  # nothing to train on is not a pass
+        print(f'swift-vora data check: {args.annotations} holds no annotation line (empty, or blank lines only)',
+              file=sys.stderr)
+        return EXIT_INVALID
     return EXIT_OK
 
 
@@ -110,14 +114,15 @@ def _build(args) -> int:
                                 probe=not args.no_probe, stage=stage)
         except AnnotationError as exc:
             raise InvalidInput(f'stopped (--strict) at {exc}; nothing written') from None
-        failed = bool(report.rows_in and not report.valid)
+        failed = not report.valid  # an empty input too: a training file of no rows is no success
         if failed:
             stage.discard()
             report.written = False
         _emit(report.to_json() if args.json else report.summary(), args.json)
         if failed:
-            print(f'swift-vora data build: no valid rows; nothing written ({args.out} left as it was)',
-                  file=sys.stderr)
+            why = ('no valid rows' if report.rows_in else
+                   f'{args.annotations} holds no annotation line (empty, or blank lines only)')
+            print(f'swift-vora data build: {why}; nothing written ({args.out} left as it was)', file=sys.stderr)
             return EXIT_INVALID
         flush_stdout()
     return EXIT_OK

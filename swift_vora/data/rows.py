@@ -70,7 +70,7 @@ class BuildReport:
         lines += [f'  {bad.reason}' for bad in self.rejected]
         lines += [f'samples out: {self.samples_out} ({self.empty_answers} with answer [])',
                   f'event slivers dropped: {self.slivers_dropped} (shorter than {self.config.min_event:g} s '
-                  'after clipping to a window)',
+                  'after clipping to a window, or empty at the answer\'s 0.1 s)',
                   f'overlapping windows merged: {self.overlaps_merged}']
         lines += [f'warning: {text}' for text in self.warnings]
         lines.append(f'wrote {self.out}' if self.written else f'nothing written: {self.out} left as it was')

@@ -142,6 +142,7 @@ def make_windows(annotation: Annotation, config: Optional[WindowConfig] = None) 
             end=end,
             query=annotation.query,
             events=intervals.round_answer(kept),
-            dropped_slivers=len(pieces) - len(kept),
+            # shorter than min_event, or empty at the answer's precision (both counted, never silently lost)
+            dropped_slivers=len(pieces) - len(kept) + intervals.rounded_away(kept),
         ))
     return samples

@@ -14,7 +14,7 @@ from ..json_output import dumps
 
 
 def register_commands(subparsers) -> None:
-    from .formats import FORMATS
+    from .formats import FORMATS, format_name
     from .timeline import CutRules
     defaults = CutRules()
     p = subparsers.add_parser(
@@ -23,8 +23,10 @@ def register_commands(subparsers) -> None:
                     'joined, short clips dropped, cut on the nearest frame of each video\'s own rate) and write '
                     'them with OpenTimelineIO\'s adapters, and/or render them into one video file.')
     p.add_argument('predictions', metavar='PREDICTIONS', help='the JSONL file written by `swift-vora predict`')
-    p.add_argument('--to', action='append', choices=sorted(FORMATS), metavar='FORMAT',
-                   help=f'a timeline format, repeatable: {", ".join(sorted(FORMATS))} (default: otio)')
+    p.add_argument('--to', action='append', type=format_name, choices=sorted(FORMATS), metavar='FORMAT',
+                   help='a timeline format, repeatable: ' + ', '.join(f'{n} ({f.title}, {f.suffix})' for n, f in
+                                                                     sorted(FORMATS.items())) +
+                        ' (default: otio; fcpxml is read as fcp_xml)')
     p.add_argument(*OUTPUT_DIR_FLAGS, dest='output_dir', metavar='DIR',
                    help='where the timelines go (default: cut/ beside PREDICTIONS)')
     p.add_argument('--name', default='highlights', help='the timeline\'s name and file name (default: highlights)')

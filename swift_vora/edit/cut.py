@@ -37,10 +37,10 @@ def cut(predictions: str, formats: Sequence[str] = ('otio',), output_dir: Option
     file is written but none renamed into place yet (the CLI prints there: a stdout that fails leaves no file).
     Raises UsageError for paths, InvalidInput for lines that cannot be cut (naming each)."""
     from ..outputs import check_input_file, check_output_dir, check_output_file, staged
-    from .formats import FORMATS, problem, write
+    from .formats import FORMATS, format_name, problem, write
     from .timeline import build_timeline
     rules = rules or CutRules()
-    formats = list(dict.fromkeys(formats))
+    formats = list(dict.fromkeys(format_name(f) for f in formats))
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise UsageError(f'--to {unknown[0]}: not a format ({", ".join(sorted(FORMATS))})')

@@ -31,6 +31,16 @@ FORMATS: Dict[str, Format] = {
     'fcp_xml': Format('fcp_xml', '.xml', 'Final Cut Pro 7 XML'),
     'edl': Format('cmx_3600', '.edl', 'CMX 3600 EDL'),
 }
+# other spellings users write for the same formats (`--to fcpxml` reads as the FCP XML above: Final Cut Pro 7's
+# xmeml, which Premiere Pro and DaVinci Resolve import; not Final Cut Pro X's own .fcpxml)
+SPELLINGS: Dict[str, str] = {'fcpxml': 'fcp_xml', 'fcp7': 'fcp_xml', 'xml': 'fcp_xml', 'cmx_3600': 'edl',
+                             'cmx3600': 'edl', 'otio_json': 'otio'}
+
+
+def format_name(text: str) -> str:
+    """The format `text` names (a name of FORMATS, or one of its SPELLINGS, any case); unknown text as it is."""
+    key = text.strip().lower()
+    return SPELLINGS.get(key, key)
 
 
 def problem(name: str, cuts: Sequence[VideoCut]) -> Optional[str]:

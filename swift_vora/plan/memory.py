@@ -386,7 +386,8 @@ def _activations(spec: ModelSpec, s: TrainSetup, tok: VideoTokens):
         ckpt = K * C.ACT_CHECKPOINT_BYTES_PER_HIDDEN * h * local
         if K < L:
             gpu[f'activations: {L - K} of {L} layers not checkpointed'] = sum(per_layer[K:])
-            notes.append(f'gradient checkpointing of the first {K} of {L} decoder layers only')
+            if K:  # K = 0: the assumption says so (gradient checkpointing on, of no decoder layer)
+                notes.append(f'gradient checkpointing of the first {K} of {L} decoder layers only')
         ws = backward * max(per_layer)
         if s.backend == Backend.UNSLOTH_SPLIT_LORA and s.checkpoint_offload:
             # one process per GPU of the node, each with its own pinned checkpoints
@@ -595,7 +596,9 @@ def estimate(spec: ModelSpec, tokens: VideoTokens, setup: TrainSetup) -> MemoryE
     }
     assumptions = [
         f'vision tower: {s.vision_mode}' if spec.vision is not None else 'no vision tower',
-        'gradient checkpointing on' if s.gradient_checkpointing else 'gradient checkpointing off',
+        ('gradient checkpointing off' if not s.gradient_checkpointing else
+         'gradient checkpointing on' if s.checkpoint_layers != 0 else
+         'gradient checkpointing on, of no decoder layer: each keeps its activations'),
         f'micro batch {s.micro_batch}, {tokens.total_tokens} tokens per sample',
     ] + ([f'dataset packing: each row holds up to {s.samples_per_row * tokens.total_tokens:.0f} tokens '
           f'({s.samples_per_row:.2f} samples), planned full'] if s.samples_per_row > 1 else []) + notes

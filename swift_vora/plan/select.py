@@ -334,6 +334,7 @@ def _search_sentence(req: PlanRequest, found: 'search.SearchResult', cand: 'sear
     words = {'micro_batch': f'micro-batch {r.micro_batch}',
              'checkpoint_layers': ('every decoder layer checkpointed' if s.checkpoint_layers is None
                                    or s.checkpoint_layers >= spec.num_layers else
+                                   'no decoder layer checkpointed' if s.checkpoint_layers == 0 else
                                    f'the first {s.checkpoint_layers} of {spec.num_layers} decoder layers checkpointed'),
              'offload': 'CPU offload' if r.offload == 'cpu' else 'no CPU offload'}
     searched = [k for k in found.searched if applies[k] and k != 'video_budget']
@@ -405,10 +406,10 @@ def _fit_reasons(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Har
     host_lim = hw.host_ram_gib * C.GiB if hw.host_ram_gib is not None else None
     peak_phase = max(est.phases, key=lambda p: est.phases[p]['gpu'])
     verdict = 'Fits' if gpu_ok and host_ok else 'Does NOT fit'
-    reasons = [f'{verdict}: {est.gpu_peak / C.GiB:.2f} GiB per GPU at its peak ({peak_phase.replace("_", " ")}) of '
-               f'{hw.gpu_mem_gib:.2f} GiB{"" if gpu_ok else " (too big)"}; host {est.host_peak / C.GiB:.2f} GiB'
-               + (f' of {hw.host_ram_gib:.2f} GiB{"" if host_ok else " (too big)"}.' if host_lim is not None else
-                  ' (host RAM limit unknown).')]
+    reasons = [f'{verdict}: {est.gpu_peak / C.GiB:.2f} GiB per GPU at its peak ({peak_phase.replace("_", " ")}), of '
+               f'the GPU\'s {hw.gpu_mem_gib:.2f} GiB{"" if gpu_ok else " (too big)"}; host {est.host_peak / C.GiB:.2f} '
+               'GiB' + (f' of the {hw.host_ram_gib:.2f} GiB{"" if host_ok else " (too big)"}.' if host_lim is not None
+                        else ' (host RAM limit unknown).')]
     if gpu_ok and est.gpu_peak > C.TIGHT_FRACTION * cap:
         reasons.append(f'Tight: {est.gpu_peak / cap:.0%} of the GPU, and the plan is within ±10 % of measured peaks: '
                        f'where a run must not fail, {_first_knob(spec, req, est)}.')
