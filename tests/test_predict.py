@@ -20,9 +20,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def checkpoint(folder, window='8', stride='8', queries=None):
-    """An adapter checkpoint as far as predict reads one: adapter_config.json and the trained budget."""
+    """An adapter checkpoint as far as predict reads one: adapter_config.json, the weights' file, ms-swift's
+    args.json and the trained budget."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / 'adapter_config.json').write_text('{}')
+    (folder / 'adapter_model.safetensors').write_bytes(b'')
+    (folder / 'args.json').write_text('{}')
     trained_budget.record(str(folder), 'swift sft', {'SWIFT_VORA_WINDOW': window, 'SWIFT_VORA_STRIDE': stride},
                           max_answer_chars=20, queries=queries or {'the red square': 5})
     return folder
@@ -123,6 +126,29 @@ def test_eval_names_a_prediction_line_whose_clips_cannot_be_read(tmp_path):
     assert result.metrics['missing_predictions'] == 1  # its video scores 0, as any invalid line's
 
 
+def test_eval_scores_what_cut_cuts_a_line_edited_by_hand_is_named_not_scored_by_its_old_answers(tmp_path):
+    from swift_vora.eval.evaluate import evaluate
+    (tmp_path / 'truth.jsonl').write_text(json.dumps({'id': 'a', 'windows': [[6, 10]], 'duration': 20.0}) + '\n')
+    line = {'id': 'a', 'video': 'a.mp4', 'duration': 20.0, 'windows': [[6.0, 10.0]],
+            'clips': [{'start': 0.0, 'end': 8.0, 'response': '[[6.0, 8.0]]'},
+                      {'start': 8.0, 'end': 16.0, 'response': '[[0.0, 2.0]]'},
+                      {'start': 16.0, 'end': 20.0, 'response': '[]'}]}
+
+    def scored(row):
+        (tmp_path / 'p.jsonl').write_text(json.dumps(row) + '\n')
+        return evaluate(str(tmp_path / 'truth.jsonl'), str(tmp_path / 'p.jsonl'))
+
+    result, invalid = scored(line)  # as predict wrote it: the clips' answers, joined across the clip edge
+    assert not invalid and [w[:2] for w in result.predictions['a'].windows] == [(6.0, 10.0)]
+    result, invalid = scored({**line, 'windows': []})  # the user struck the window out; the clips still hold it
+    assert invalid == [{'line': 1, 'id': 'a', 'reason': "field 'windows': not the windows its 'clips' answer "
+                        "([[6.0, 10.0]]), edited after predict? eval scores what cut cuts: drop the line's 'clips' "
+                        "to score the edited windows, or run predict again"}]
+    assert result.metrics['missing_predictions'] == 1
+    result, invalid = scored({k: v for k, v in {**line, 'windows': [[7.0, 9.5]]}.items() if k != 'clips'})
+    assert not invalid and [w[:2] for w in result.predictions['a'].windows] == [(7.0, 9.5)]  # the line's own windows
+
+
 def test_a_second_run_skips_the_videos_already_predicted(tmp_path, videos, fake_infer):
     ckpt = checkpoint(tmp_path / 'ckpt')
     out = tmp_path / 'p.jsonl'
@@ -169,12 +195,19 @@ def test_usage_errors_stop_before_the_model_loads(tmp_path, videos, fake_infer):
     (tmp_path / 'twins').mkdir()
     write_video(str(tmp_path / 'twins' / 'x.mp4'), 2.0, [], fps=4.0, size=(32, 24))
     write_video(str(tmp_path / 'twins' / 'x.mov'), 2.0, [], fps=4.0, size=(32, 24))
+    config_only = tmp_path / 'config_only'  # a folder with the adapter's config and nothing else
+    config_only.mkdir()
+    (config_only / 'adapter_config.json').write_text('{}')
+    no_args = checkpoint(tmp_path / 'no_args')
+    (no_args / 'args.json').unlink()
     cases = [
         ((tmp_path / 'absent', '--adapters', ckpt), 2, 'no such file or folder'),
         ((tmp_path / 'empty', '--adapters', ckpt), 2, 'no video files in this folder'),
         ((tmp_path / 'twins', '--adapters', ckpt), 2, "two videos would have the id 'x'"),
         ((videos,), 2, 'give --adapters CKPT'),
         ((videos, '--adapters', tmp_path), 2, 'no adapter_config.json'),
+        ((videos, '--adapters', config_only), 2, 'no adapter_model.safetensors in it (the trained weights'),
+        ((videos, '--adapters', no_args), 2, "no args.json in it (ms-swift's record of the training"),
         ((videos, '--adapters', checkpoint(tmp_path / 'many', queries={'goals': 3, 'fouls': 2})), 2,
          "trained on 2 different queries (the most common: 'goals'"),
         ((videos, '--adapters', ckpt, '--query', '  '), 2, '--query: empty text'),

@@ -149,6 +149,17 @@ def check_weights(model, adapters) -> None:
         if path and not os.path.isfile(os.path.join(path, marker)):
             raise UsageError(f'{flag} {path}: no {marker} in it (not a '
                              f'{"model directory" if flag == "--model" else "LoRA adapter checkpoint"})')
+    if adapters:
+        # what `swift infer --adapters` reads besides the config, checked before it starts (it would load the base
+        # model first, then fail with a traceback that names neither file)
+        from ..guards.verify_adapter import ADAPTER_FILE
+        if not os.path.isfile(os.path.join(adapters, ADAPTER_FILE)):
+            raise UsageError(f'--adapters {adapters}: no {ADAPTER_FILE} in it (the trained weights; a checkpoint '
+                             'folder written by training holds them)')
+        if not os.path.isfile(os.path.join(adapters, 'args.json')):
+            raise UsageError(f'--adapters {adapters}: no args.json in it (ms-swift\'s record of the training: the base '
+                             'model, the video_ora template and the plugin come from it); give a checkpoint-N folder '
+                             'that `swift-vora train` wrote')
 
 
 def _check_readable(path: str, flag: str) -> None:

@@ -26,6 +26,7 @@ A line of `swift-vora predict` (`id`, `clips`: [{`start`, `end`, `response`}, ..
 from __future__ import annotations
 
 import bisect
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -267,8 +268,13 @@ PREDICTION_KEYS = ('pred_relevant_windows', 'response', 'pred_saliency_scores')
 
 def _clip_rows(line: int, row: Any) -> Tuple[List[Any], Optional[dict]]:
     """The rows one line stands for: a `swift-vora predict` line (`clips`, no row keys of its own) is one row per
-    clip it answered; any other line is itself. (rows, None), or ([], the invalid line's entry)."""
-    if not (isinstance(row, dict) and 'clips' in row and not any(k in row for k in PREDICTION_KEYS)):
+    clip it answered -- the answers its `windows` were made from, with their order of confidence -- as long as its
+    `windows` are still theirs; a predict line without `clips` is its `windows` (source seconds, ranked in time
+    order); any other line is itself. (rows, None), or ([], the invalid line's entry)."""
+    predict_line = isinstance(row, dict) and not any(k in row for k in PREDICTION_KEYS)
+    if predict_line and 'clips' not in row and 'windows' in row and 'duration' in row:
+        return [{'id': row.get('id'), 'pred_relevant_windows': row['windows']}], None
+    if not (predict_line and 'clips' in row):
         return [row], None
     key, clips = row.get('id'), row['clips']
     where = {'line': line, **({'id': str(key)} if key is not None else {})}
@@ -280,7 +286,31 @@ def _clip_rows(line: int, row: Any) -> Tuple[List[Any], Optional[dict]]:
                 and _finite(clip.get('end'))):
             return [], {**where, 'reason': f"field 'clips'[{i}]: expected {{start, end (seconds), response (text)}}"}
         rows.append({'id': key, 'clip_start': clip['start'], 'clip_end': clip['end'], 'response': clip['response']})
+    edited = _windows_not_from_clips(key, row, rows)
+    if edited:
+        return [], {**where, 'reason': edited}
     return rows, None
+
+
+def _windows_not_from_clips(key: Any, row: dict, rows: List[dict]) -> Optional[str]:
+    """Why a predict line's `windows` (what `cut` cuts) are not the ones its clips' answers give (what eval would
+    score), or None: a line edited by hand is scored as it reads, never by the answers it no longer shows."""
+    windows, duration = row.get('windows'), row.get('duration')
+    if windows is None or not _finite(duration) or not isinstance(windows, list):
+        return None
+    try:
+        given = sorted((float(w[0]), float(w[1])) for w in windows)
+    except (TypeError, ValueError, IndexError):
+        return "field 'windows': expected [start, end] pairs in seconds"
+    from_clips = sorted((s, e) for s, e, _ in windows_from_clips(str(key), rows, float(duration)).windows)
+    # the line holds seconds to the millisecond (predict/lines.py)
+    if len(given) == len(from_clips) and all(abs(a - b) <= 1.5e-3 for g, c in zip(given, from_clips)
+                                             for a, b in zip(g, c)):
+        return None
+    return ("field 'windows': not the windows its 'clips' answer (" + json.dumps([[round(s, 3), round(e, 3)]
+                                                                                 for s, e in from_clips]) +
+            '), edited after predict? eval scores what cut cuts: drop the line\'s \'clips\' to score the '
+            'edited windows, or run predict again')
 
 
 def _checked_row(line: int, row: Any, anns: Dict[str, Annotation]):
