@@ -15,7 +15,7 @@ A leaf apart from swift_vora.jsonl; PyYAML is imported on first use.
 from __future__ import annotations
 
 import math
-from typing import Any, List
+from typing import Any, Dict, List
 
 _LOADER = None
 
@@ -30,6 +30,32 @@ def load(text: str) -> Any:
     Raises yaml.YAMLError (with `problem_mark`, its line) for text that is not YAML or repeats a key."""
     import yaml
     return yaml.load(text, Loader=loader())  # noqa: S506 - a SafeLoader subclass
+
+
+def key_lines(text: str) -> Dict[str, int]:
+    """The 1-based line of every mapping key of the YAML document `text`, by its dotted path (`train.lr`; a key
+    written dotted keeps its dots). {} for text that is not one YAML document."""
+    import yaml
+    from yaml.nodes import MappingNode, ScalarNode
+    try:
+        root = yaml.compose(text, Loader=loader())  # noqa: S506 - a SafeLoader subclass; nodes only, nothing built
+    except yaml.YAMLError:
+        return {}
+    lines: Dict[str, int] = {}
+    seen = set()  # an alias makes the node graph a DAG, a self-referencing one a cycle: each mapping walked once
+
+    def walk(node, prefix: str) -> None:
+        if not isinstance(node, MappingNode) or id(node) in seen:
+            return
+        seen.add(id(node))
+        for key_node, value_node in node.value:
+            if isinstance(key_node, ScalarNode):
+                dotted = f'{prefix}.{key_node.value}' if prefix else str(key_node.value)
+                lines.setdefault(dotted, key_node.start_mark.line + 1)
+                walk(value_node, dotted)
+
+    walk(root, '')
+    return lines
 
 
 def loader():

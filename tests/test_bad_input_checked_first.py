@@ -140,6 +140,25 @@ def test_a_key_written_twice_names_the_file_the_line_and_the_key(workspace, text
     assert rc == 2 and said in err and 'YAML would keep only the second' in err, err
 
 
+@pytest.mark.parametrize('text, overrides, said', [
+    ('model: {path: M}\ndata: {dataset: a.jsonl}\ntrain:\n  lr: 1e-4\n  learnin_rate: 3\n', [],
+     "r.yaml:5: unknown key 'train.learnin_rate' (did you mean 'train.learning_rate'?)"),
+    ('model: {path: M}\ndata: {dataset: a.jsonl}\ntrain:\n  learning_rate: fast\n', [],  # by ms-swift's name
+     "r.yaml:4: key 'train.lr' must be an integer or a number or null, got 'fast'"),
+    ('model: {path: M}\ndata: {dataset: a.jsonl}\ntrain:\n  learning_rate: fast\n', ['train.seed=1'],
+     "r.yaml:4: key 'train.lr' must be an integer or a number or null"),  # the key is the file's, not the override's
+    ('model: {path: M}\ndata: {dataset: a.jsonl}\ntrain:\n  learning_rate: 1e-4\n', ['train.lr=fast'],
+     "r.yaml (with overrides): key 'train.lr' must be an integer or a number or null, got 'fast'"),
+    ('model: {path: M}\ndata: {dataset: a.jsonl}\nswift_args:\n  seed: 1\n', [],
+     "r.yaml:4: swift_args.seed: set 'train.seed' instead"),
+])
+def test_a_recipe_key_that_is_wrong_names_the_file_and_its_line(workspace, text, overrides, said):
+    (workspace / 'r.yaml').write_text(text.replace('M', TINY_VL))
+    rc, out, err = run_cli('train', 'r.yaml', *overrides, '--dry-run', '--json')
+    assert_clean(rc, out, err, ['--json'])
+    assert rc == 2 and said in err, err
+
+
 def test_an_override_with_a_key_twice_and_a_merge_key_that_is_overridden(workspace):
     rc, _, err = run_cli(*TINY, 'env={A: 1, A: 2}', '--dry-run')
     assert rc == 2 and "override 'env={A: 1, A: 2}': key 'A' written twice" in err, err

@@ -608,11 +608,36 @@ def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
         doc = {}
     if not isinstance(doc, dict):
         raise RecipeError(f'{path}: a recipe is a mapping of keys, got {type(doc).__name__}')
-    values = _flatten(doc, path)
-    apply_overrides(values, overrides)
-    given = frozenset(values)
-    _check(values, path + (' (with overrides)' if overrides else ''))
+    try:
+        values = _flatten(doc, path)
+        apply_overrides(values, overrides)
+        given = frozenset(values)
+        _check(values, path + (' (with overrides)' if overrides else ''))
+    except RecipeError as e:
+        raise RecipeError(_at_line(str(e), path, text, overrides)) from None
     return Recipe(path=path, values=values, overrides=list(overrides), given=given)
+
+
+# the setting a message of _flatten / _check names: `key 'train.lr'`, `swift_args.name`
+_NAMED_KEY = re.compile(r"key '([^']+)'|\b(swift_args\.[A-Za-z0-9_.-]+)")
+
+
+def _at_line(message: str, path: str, text: str, overrides: Sequence[str] = ()) -> str:
+    """`path: key 'x' ...` -> `path:LINE: key 'x' ...` where the file writes that key (as written, or by an ms-swift
+    name that stands for it); a key an override sets, a message without a key, stay as they are."""
+    from ..yaml_reader import key_lines
+    prefix = next((p for p in (f'{path}: ', f'{path} (with overrides): ') if message.startswith(p)), None)
+    match = _NAMED_KEY.search(message[len(prefix):]) if prefix else None
+    if match is None:
+        return message
+    key = (match.group(1) or match.group(2)).rstrip('.')
+    overridden = {ALIASES.get(k, k) for k in (o.split('=', 1)[0].strip() for o in overrides)}
+    if ALIASES.get(key, key) in overridden:
+        return message
+    lines = key_lines(text)
+    spellings = [key, *(alias for alias, target in ALIASES.items() if target == key)]
+    line = next((lines[k] for k in spellings if k in lines), None)
+    return f'{path}:{line}: {message[len(prefix):]}' if line else message
 
 
 def recipe_from_dict(doc: Dict[str, Any], overrides: Sequence[str] = (), where: str = '<recipe>') -> Recipe:
