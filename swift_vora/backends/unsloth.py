@@ -255,7 +255,7 @@ def runner_swift_args(recipe: Recipe) -> Dict[str, Any]:
     from swift.arguments import SftArguments
     parser = engine_argument_parser(SftArguments)
     try:
-        namespace, unknown = parse_engine_argv(parser, swift_argv(given))
+        namespace, _ = parse_engine_argv(parser, swift_argv(given))  # every name is an SftArguments field
     except EngineArgumentError as e:
         raise LaunchUsageError(f'{recipe.path}: swift_args: swift sft rejects the arguments: {e}') from None
     parsed = {name: getattr(namespace, name) for name in given}
