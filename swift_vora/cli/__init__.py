@@ -129,8 +129,15 @@ def parser_of(prog: str, default: argparse.ArgumentParser) -> argparse.ArgumentP
     return _PARSERS.get(prog, default)
 
 
+# what `swift-vora --help` says above and below the commands
+DESCRIPTION = ('Fine-tune video-language and MoE models with ms-swift to answer with the time intervals worth keeping: '
+               'plan the run before anything loads, build the windowed data, train, then predict and cut.')
+EPILOG = ('exit codes: 0 ok, 1 invalid input found, 2 usage error, 3 does not fit, 4 refused. '
+          '`swift-vora COMMAND --help` for each command.')
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog='swift-vora', description=__doc__.splitlines()[0])
+    parser = _Parser(prog='swift-vora', description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument('--version', action='store_true', help='print the version and exit')
     subparsers = parser.add_subparsers(dest='command', metavar='COMMAND')
     for name in COMMAND_MODULES:
