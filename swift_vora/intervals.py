@@ -56,18 +56,20 @@ def window_events(intervals: Iterable[Sequence[float]], window_start: float, win
     return rebase(clip(intervals, window_start, window_end, min_length), window_start)
 
 
+def _at_answer_precision(intervals: Iterable[Sequence[float]]) -> List[Interval]:
+    return [(round(float(s), ANSWER_DECIMALS), round(float(e), ANSWER_DECIMALS)) for s, e in intervals]
+
+
 def round_answer(intervals: Iterable[Sequence[float]]) -> List[Interval]:
     """Round to the answer precision, then drop pairs that rounding made empty and re-merge."""
-    rounded = [(round(float(s), ANSWER_DECIMALS), round(float(e), ANSWER_DECIMALS)) for s, e in intervals]
-    merged, _ = merge((s, e) for s, e in rounded if e > s)
+    merged, _ = merge((s, e) for s, e in _at_answer_precision(intervals) if e > s)
     return merged
 
 
 def rounded_away(intervals: Iterable[Sequence[float]]) -> int:
     """How many pairs rounding to the answer precision makes empty (round_answer drops them): a 0.08 s piece at
     [3.26, 3.34] becomes [3.3, 3.3]."""
-    return sum(1 for s, e in intervals
-               if round(float(e), ANSWER_DECIMALS) <= round(float(s), ANSWER_DECIMALS))
+    return sum(1 for s, e in _at_answer_precision(intervals) if e <= s)
 
 
 def format_answer(intervals: Iterable[Sequence[float]]) -> str:
