@@ -72,6 +72,13 @@ def rounded_away(intervals: Iterable[Sequence[float]]) -> int:
     return sum(1 for s, e in _at_answer_precision(intervals) if e <= s)
 
 
+def at_milliseconds(intervals: Iterable[Sequence[float]]) -> List[Interval]:
+    """Sorted windows in seconds to the millisecond, as a prediction line holds them: pairs that rounding makes
+    empty are dropped (a clamp at a clip's end leaves slivers like [100.2, 100.2002]) and touching ones merged."""
+    merged, _ = merge((s, e) for s, e in ((round(float(s), 3), round(float(e), 3)) for s, e in intervals) if e > s)
+    return merged
+
+
 def format_answer(intervals: Iterable[Sequence[float]]) -> str:
     """The exact text the model learns to write, e.g. `[[1.5, 4.0], [7.0, 9.5]]` or `[]`."""
     pairs = round_answer(intervals)

@@ -115,6 +115,30 @@ def test_overlapping_windows_merge_by_evals_rule_and_eval_scores_the_same_window
     assert sorted([round(s, 3), round(e, 3)] for s, e, _ in result.predictions['a'].windows) == a['windows']
 
 
+def test_a_window_clamped_to_a_sliver_at_the_videos_end_is_not_written_and_cut_and_resume_take_the_line(
+        tmp_path, fake_infer):
+    # 31 frames at 3 fps: 10.333... s, clips [0, 8) and [8, 10.333...); the last clip's answer starts at its end
+    # to a tenth of a millisecond, so clamped to the clip it is a 0.03 ms window that the line's milliseconds empty
+    write_video(str(tmp_path / 'v.mp4'), 31 / 3, [], fps=3.0, size=(32, 24))
+    ckpt = checkpoint(tmp_path / 'ckpt')
+    fake_infer({'v@0': '[[1.0, 3.0]]', 'v@8': '[[2.3333, 4.0]]'})
+    rc, out, err = predict(tmp_path / 'v.mp4', '--adapters', ckpt, '-o', tmp_path / 'p.jsonl')
+    assert rc == 0, err
+    v = read(tmp_path / 'p.jsonl')['v']
+    assert v['duration'] == 10.333 and v['clips'][-1]['end'] == 10.333
+    assert v['windows'] == [[1.0, 3.0]] and v['kept_seconds'] == 2.0
+    rc, out, err = run_cli('cut', tmp_path / 'p.jsonl', '--to', 'otio', '--output-dir', tmp_path / 'cut')
+    assert rc == 0, err
+    from swift_vora.eval.evaluate import evaluate
+    (tmp_path / 'truth.jsonl').write_text(json.dumps({'id': 'v', 'windows': [[1, 3]], 'duration': 10.333}) + '\n')
+    result, invalid = evaluate(str(tmp_path / 'truth.jsonl'), str(tmp_path / 'p.jsonl'))
+    assert not invalid  # the line's windows are the ones its (millisecond) clips give
+    write_video(str(tmp_path / 'w.mp4'), 5.0, [], fps=4.0, size=(32, 24))
+    rc, out, err = predict(tmp_path / 'v.mp4', tmp_path / 'w.mp4', '--adapters', ckpt, '-o', tmp_path / 'p.jsonl')
+    assert rc == 0, err  # the run resumes over the line it wrote
+    assert set(read(tmp_path / 'p.jsonl')) == {'v', 'w'}
+
+
 def test_eval_names_a_prediction_line_whose_clips_cannot_be_read(tmp_path):
     from swift_vora.eval.evaluate import evaluate
     (tmp_path / 'truth.jsonl').write_text(json.dumps({'id': 'a', 'windows': [[1, 2]], 'duration': 20.0}) + '\n')
@@ -162,6 +186,21 @@ def test_a_second_run_skips_the_videos_already_predicted(tmp_path, videos, fake_
     rc, _, err = predict(videos, '--adapters', ckpt, '-o', out, '--overwrite')
     assert rc == 0 and sorted(read(out)) == ['a', 'c', 'sub/b']
     assert fake_infer.seen() == [['a', 'sub/b'], ['c'], ['a', 'c', 'sub/b']]  # the model was asked only what was new
+
+
+def test_a_line_whose_video_is_relative_to_its_file_is_resumed_from_any_folder(tmp_path, videos, fake_infer):
+    ckpt = checkpoint(tmp_path / 'ckpt')
+    out = videos / 'p.jsonl'
+    fake_infer({'a@0': '[[6.0, 8.0]]'})
+    assert predict(videos / 'a.mp4', '--adapters', ckpt, '-o', out)[0] == 0
+    line = read(out)['a']
+    out.write_text(json.dumps({**line, 'video': 'a.mp4'}) + '\n')  # as cut reads it: from the file's folder
+    assert run_cli('cut', out, '--to', 'otio', '--output-dir', tmp_path / 'cut')[0] == 0
+    rc, _, err = predict(videos, '--adapters', ckpt, '-o', out)  # the current folder is not the file's
+    assert rc == 0 and '1 of 2 video(s) already in' in err and list(read(out)) == ['a', 'sub/b']
+    out.write_text(json.dumps({**line, 'video': 'sub/b.mp4'}) + '\n')  # another file under the same id
+    rc, _, err = run_cli('predict', videos, '--adapters', ckpt, '-o', out)
+    assert rc == 1 and f"field 'video': id 'a' is sub/b.mp4 there but {videos / 'a.mp4'} in this run" in err
 
 
 def test_a_run_that_stops_keeps_the_videos_it_finished(tmp_path, videos, fake_infer):

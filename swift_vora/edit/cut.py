@@ -96,15 +96,14 @@ def cut(predictions: str, formats: Sequence[str] = ('otio',), output_dir: Option
 def read_cuts(predictions: str, rules: CutRules) -> List[VideoCut]:
     """Every line's cut (the rules applied, on the frames of its video); InvalidInput naming every line that
     cannot be cut."""
-    from ..predict.lines import describe_problems, read_lines
+    from ..predict.lines import describe_problems, read_lines, video_path
     from .media import MediaError, read_media
     from .timeline import cut_video
     rows, problems = read_lines(predictions)
     cuts: List[VideoCut] = []
-    base = os.path.dirname(os.path.abspath(predictions))
     for line, row in rows:
         key = str(row['id'])
-        path = os.path.join(base, os.path.expanduser(row['video']))  # an absolute path stays as it is
+        path = video_path(row, predictions)
         try:
             media = read_media(path)
         except MediaError as exc:

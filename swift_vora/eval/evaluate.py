@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import jsonl
 from ..answer_parser import REPAIR_NAMES, parse_answer
-from ..intervals import merge
+from ..intervals import at_milliseconds, merge
 from . import metrics as M
 
 PROBLEM_SAMPLE = 100  # at most this many ids / lines per problem list in the JSON output
@@ -302,8 +302,8 @@ def _windows_not_from_clips(key: Any, row: dict, rows: List[dict]) -> Optional[s
         given = sorted((float(w[0]), float(w[1])) for w in windows)
     except (TypeError, ValueError, IndexError):
         return "field 'windows': expected [start, end] pairs in seconds"
-    from_clips = sorted((s, e) for s, e, _ in windows_from_clips(str(key), rows, float(duration)).windows)
     # the line holds seconds to the millisecond (predict/lines.py)
+    from_clips = at_milliseconds((s, e) for s, e, _ in windows_from_clips(str(key), rows, float(duration)).windows)
     if len(given) == len(from_clips) and all(abs(a - b) <= 1.5e-3 for g, c in zip(given, from_clips)
                                              for a, b in zip(g, c)):
         return None

@@ -13,6 +13,7 @@ not parse, the kind of failure (`parse_failures` counts them; such a clip keeps 
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import jsonl
@@ -26,10 +27,14 @@ def make_line(video_id: str, video_path: str, duration: float, clips: Sequence[D
     """A video's line from its answered clips (`clip_start`, `clip_end`, `response`, as eval's inference writes
     them), by eval's rule."""
     from ..eval.evaluate import windows_from_clips
-    ordered = sorted(clips, key=lambda c: (float(c['clip_start']), float(c['clip_end'])))
-    prediction = windows_from_clips(video_id, ordered, duration)
+    from ..intervals import at_milliseconds
+    # the clips as the line holds them (to the millisecond), so that its windows are those its clips give when
+    # eval reads the line back
+    ordered = sorted(({**c, 'clip_start': _seconds(c['clip_start']), 'clip_end': _seconds(c['clip_end'])}
+                      for c in clips), key=lambda c: (c['clip_start'], c['clip_end']))
+    prediction = windows_from_clips(video_id, ordered, _seconds(duration))
     failed = {f['line']: f['failure'] for f in prediction.failures}
-    windows = sorted((_seconds(s), _seconds(e)) for s, e, _ in prediction.windows)
+    windows = at_milliseconds((s, e) for s, e, _ in prediction.windows)
     return {
         'id': video_id, 'video': video_path, 'duration': _seconds(duration),
         'windows': [[s, e] for s, e in windows],
@@ -43,6 +48,13 @@ def make_line(video_id: str, video_path: str, duration: float, clips: Sequence[D
 
 def _seconds(value: float) -> float:
     return round(float(value), DECIMALS)
+
+
+def video_path(row: Dict[str, Any], lines_file: str) -> str:
+    """The absolute path of a line's video: a relative `video` is read from the folder of the file holding the
+    line (docs/contract.md), whatever the current directory."""
+    base = os.path.dirname(os.path.abspath(lines_file))
+    return os.path.normpath(os.path.join(base, os.path.expanduser(row['video'])))  # an absolute path stays
 
 
 def check_line(row: Any) -> Optional[str]:

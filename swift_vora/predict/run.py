@@ -116,7 +116,7 @@ def _existing(output: str, videos: List[Video], overwrite: bool):
     by_id = {video.id: video for video in videos}
     for number, row in rows:
         video = by_id.get(str(row['id']))
-        if video is not None and os.path.abspath(row['video']) != video.path:
+        if video is not None and L.video_path(row, output) != os.path.normpath(video.path):
             raise InvalidInput(f"{output}:{number}: field 'video': id {video.id!r} is {row['video']} there but "
                                f'{video.path} in this run; use another --output, or --overwrite')
     text = ''.join(json.dumps(row, ensure_ascii=False) + '\n' for _, row in rows)
