@@ -60,6 +60,10 @@ def test_cuts_land_on_the_nearest_frame_halves_going_up():
 def test_reels_are_unique_within_eight_letters_and_digits():
     reels = reel_names(['/a/match_07.mp4', '/b/match_07.mov', '/c/long-name-of-a-camera-file.mxf', '/a/match_07.mp4'])
     assert list(reels.values()) == ['match07', 'match071', 'longname']
+    # a number never gives a file the name another file has by itself: an editor relinks by reel and timecode
+    reels = reel_names(['A001C002_0101.mp4', 'A001C002_0102.mp4', 'A001C001_0101.mp4', 'A001C00a.mp4'])
+    assert reels == {'A001C002_0101.mp4': 'A001C002', 'A001C002_0102.mp4': 'A001C003',
+                     'A001C001_0101.mp4': 'A001C001', 'A001C00a.mp4': 'A001C00a'}
 
 
 # ---- the formats, read back with OpenTimelineIO ---------------------------------------------------------------------
@@ -111,6 +115,7 @@ def test_the_edl_line_by_line(tmp_path, media):
     url = otio.url_utils.url_from_filepath(media['match'])
     assert (tmp_path / 'cut' / 'highlights.edl').read_text().splitlines() == [
         'TITLE: highlights',
+        'FCM: NON-DROP FRAME',
         '',
         '001  match07  V     C        01:00:00:13 01:00:04:13 00:00:00:00 00:00:04:00',
         '* FROM CLIP NAME:  match_07.mp4',
@@ -133,6 +138,10 @@ def test_an_ntsc_edl_is_in_drop_frame_timecode(tmp_path, media):
     assert rc == 0, err
     events = [text for text in (tmp_path / 'cut' / 'highlights.edl').read_text().splitlines() if text[:3] == '001']
     assert events == ['001  ntsc     V     C        00:01:01;00 00:01:02;00 00:00:00;00 00:00:01;00']
+    assert (tmp_path / 'cut' / 'highlights.edl').read_text().splitlines()[1] == 'FCM: DROP FRAME'
+    back = otio.adapters.read_from_file(str(tmp_path / 'cut' / 'highlights.edl'), rate=float(NTSC))
+    assert [(c.source_range.start_time.value, c.source_range.duration.value) for c in back.find_clips()] == [
+        (1828, 30)]
     xml = otio.adapters.read_from_file(str(tmp_path / 'cut' / 'highlights.xml'))
     clip = next(iter(xml.find_clips()))
     assert clip.source_range.start_time.value == 1828 and clip.source_range.duration.value == 30
@@ -195,6 +204,24 @@ def test_a_line_that_cannot_be_cut_is_named_and_nothing_is_written(tmp_path, med
     assert sorted(p.name for p in tmp_path.iterdir()) == ['p.jsonl']  # no temporary file left either
 
 
+def test_an_edl_of_more_than_999_clips_is_refused_and_per_video_or_otio_offered(tmp_path, media):
+    rows = [line(f'q{i}', media['quiet'], 4.0, [[1.0, 2.0]]) for i in range(1000)]
+    preds = write_lines(tmp_path / 'p.jsonl', rows)
+    rc, out, err = run_cli('cut', preds, '--to', 'edl', '--output_dir', tmp_path / 'cut')
+    assert rc == 1 and 'numbers its events 001-999; this timeline has 1000 clips' in err and '--per-video' in err
+    assert not (tmp_path / 'cut').exists()
+    write_lines(tmp_path / 'p.jsonl', rows[:999])
+    rc, out, err = run_cli('cut', preds, '--to', 'edl', '--output_dir', tmp_path / 'cut')
+    assert rc == 0, err
+    assert (tmp_path / 'cut' / 'highlights.edl').read_text().count('\n999  ') == 1
+
+
+def test_a_name_with_a_newline_is_a_usage_error(tmp_path, media):
+    preds = write_lines(tmp_path / 'p.jsonl', [line('quiet', media['quiet'], 4.0, [[1.0, 2.0]])])
+    rc, out, err = run_cli('cut', preds, '--to', 'edl', '--name', 'day1\n001  X', '--output_dir', tmp_path / 'cut')
+    assert rc == 2 and 'without control characters' in err and not (tmp_path / 'cut').exists()
+
+
 def test_a_format_that_cannot_hold_the_rate_is_refused_naming_the_video(tmp_path, media):
     from swift_vora.synthetic import write_video
     four = write_video(str(tmp_path / 'four.mp4'), 8.0, [(1, 3)], fps=4.0, size=(32, 24))
@@ -221,3 +248,30 @@ def test_nothing_kept_and_bad_paths(tmp_path, media):
     assert rc == 2 and '.mkv' in err
     rc, out, err = run_cli('cut', tmp_path / 'absent.jsonl')
     assert rc == 2 and 'absent.jsonl' in err
+
+
+def test_a_phone_file_that_dropped_frames_is_cut_at_its_nominal_rate(tmp_path):
+    import av
+    import numpy as np
+
+    from swift_vora.edit.media import read_media
+    path = tmp_path / 'phone.mp4'
+    with av.open(str(path), 'w') as out:  # 30 fps for 20 s with three frames dropped, as a phone under load writes
+        stream = out.add_stream('libx264', rate=30)
+        stream.width, stream.height, stream.pix_fmt = 32, 24, 'yuv420p'
+        stream.codec_context.time_base = stream.time_base = Fraction(1, 30000)
+        for i in range(600):
+            if i not in (100, 300, 450):
+                frame = av.VideoFrame.from_ndarray(np.zeros((24, 32, 3), np.uint8), format='rgb24')
+                frame.pts, frame.time_base = i * 1000, Fraction(1, 30000)
+                out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+    media = read_media(str(path))
+    assert (media.rate, media.average_rate, media.frames) == (30, Fraction(597, 20), 600)
+    preds = write_lines(tmp_path / 'p.jsonl', [line('phone', path, 20.0, [[10.0, 12.0]])])
+    rc, out, err = run_cli('cut', preds, '--to', 'edl', '--to', 'fcp_xml', '--pad', '0', '--output_dir',
+                           tmp_path / 'cut')
+    assert rc == 0 and 'variable frame rate (29.85 fps on average): cut at its nominal 30 fps' in out, err
+    back = otio.adapters.read_from_file(str(tmp_path / 'cut' / 'highlights.edl'), rate=30)
+    assert [(c.source_range.start_time.value, c.source_range.duration.value) for c in back.find_clips()] == [
+        (300, 60)]

@@ -36,7 +36,8 @@ def register_commands(subparsers) -> None:
     p.add_argument('--pad', type=number(0, 3600), default=defaults.pad, metavar='S',
                    help=f'seconds added before and after each window (default {defaults.pad:g})')
     p.add_argument('--merge-gap', type=number(0, 3600), default=defaults.merge_gap, metavar='S',
-                   help=f'windows at most this far apart become one clip (default {defaults.merge_gap:g})')
+                   help=f'windows at most this far apart once padded (--pad on each side) become one clip (default '
+                        f'{defaults.merge_gap:g})')
     p.add_argument('--min-clip', type=number(0, 3600), default=defaults.min_clip, metavar='S',
                    help=f'clips shorter than this are dropped, and counted (default {defaults.min_clip:g}; 0: '
                         'keep all)')

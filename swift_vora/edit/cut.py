@@ -57,6 +57,8 @@ def cut(predictions: str, formats: Sequence[str] = ('otio',), output_dir: Option
         check_output_file(render_to, [predictions], what='--render')
     if not name.strip() or '/' in name or os.sep in name or name in ('.', '..'):
         raise UsageError(f'--name {name!r}: a file name (no folder)')
+    if any(ch < ' ' or ch == '\x7f' for ch in name):  # a newline would also end the EDL's TITLE line
+        raise UsageError(f'--name {name!r}: a file name without control characters (newlines, tabs)')
 
     result = CutResult(predictions=predictions, rules=rules, cuts=read_cuts(predictions, rules))
     kept = [c for c in result.cuts if c.frames]

@@ -111,20 +111,28 @@ def cut_video(video_id: str, line: int, windows: Sequence[Sequence[float]], dura
     cut = VideoCut(id=video_id, line=line, media=media, seconds=seconds, frames=[], joined=joined,
                    dropped_short=dropped)
     cut.frames = to_frames(seconds, cut.rate, media.frames)
+    if media.average_rate is not None:
+        cut.notes.append(f'a variable frame rate ({float(media.average_rate):.2f} fps on average): cut at its '
+                         f'nominal {float(media.rate):g} fps, as editing programs conform it')
     return cut
 
 
 def reel_names(paths: Sequence[str], length: int = 8) -> Dict[str, str]:
     """A CMX 3600 reel name per file: its name's letters and digits, at most `length` characters (the format's
-    limit), made unique across files by a number at the end (`match07`, `match071`)."""
+    limit), made unique across files by a number at the end (`match07`, `match071`). A number never makes the
+    name another file of the timeline has by itself (`A001C002_0102` does not become `A001C001` while
+    `A001C001_0101` is there): an editor relinks an EDL by reel name and timecode."""
+    def own(path: str) -> str:
+        return re.sub(r'[^A-Za-z0-9]', '', os.path.splitext(os.path.basename(path))[0])[:length] or 'AX'
+
+    files = list(dict.fromkeys(paths))
+    natural = {own(path) for path in files}
     reels: Dict[str, str] = {}
     used = set()
-    for path in paths:
-        if path in reels:
-            continue
-        base = re.sub(r'[^A-Za-z0-9]', '', os.path.splitext(os.path.basename(path))[0])[:length] or 'AX'
-        reel, n = base, 1
-        while reel in used:
+    for path in files:
+        base = reel = own(path)
+        n = 1
+        while reel in used or (reel != base and reel in natural):
             suffix = str(n)
             reel, n = base[:length - len(suffix)] + suffix, n + 1
         used.add(reel)
