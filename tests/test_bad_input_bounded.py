@@ -155,11 +155,16 @@ def test_a_huge_integer_annotation_id_is_refused_not_scored_against_nothing(work
     assert rc == 0 and strict_json(out)['MR-full-R1@0.5'] == 100.0
 
 
-def test_integer_and_integral_float_ids_are_one_id(workspace):
-    (workspace / 'q.jsonl').write_text(json.dumps({**QVH, 'qid': 2579}) + '\n')
-    (workspace / 'p.jsonl').write_text('{"qid": 2579.0, "pred_relevant_windows": [[0, 10, 1]]}\n')
+@pytest.mark.parametrize('truth, predicted', [(2579, '2579.0'), (2579.0, '2579'), (2579.0, '"2579"')])
+def test_integer_and_integral_float_ids_are_one_id(workspace, truth, predicted):
+    (workspace / 'q.jsonl').write_text(json.dumps({**QVH, 'qid': truth, 'relevant_clip_ids': [0, 1, 2, 3, 4],
+                                                   'saliency_scores': [[4, 4, 4]] * 5}) + '\n')
+    (workspace / 'p.jsonl').write_text('{"qid": %s, "pred_relevant_windows": [[0, 10, 1]], '
+                                       '"pred_saliency_scores": [1, 1, 1, 1, 1]}\n' % predicted)
     rc, out, _ = run_cli('eval', '--annotations', 'q.jsonl', '--predictions', 'p.jsonl', '--json')
-    assert rc == 0 and strict_json(out)['MR-full-R1@0.5'] == 100.0
+    scores = strict_json(out)
+    assert rc == 0 and scores['MR-full-R1@0.5'] == 100.0 and scores['MR-full-mAP'] == 100.0
+    assert scores['HL-min-VeryGood-Hit1'] == 100.0  # the annotation's saliency is found under the same id
 
 
 def test_train_on_a_machine_that_is_not_the_recipes_names_the_missing_dataset_too(tmp_path):

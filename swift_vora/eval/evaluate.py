@@ -35,6 +35,7 @@ from .. import jsonl
 from ..answer_parser import REPAIR_NAMES, parse_answer
 from ..intervals import at_milliseconds, merge
 from . import metrics as M
+from .metrics import id_text
 
 PROBLEM_SAMPLE = 100  # at most this many ids / lines per problem list in the JSON output
 
@@ -142,14 +143,6 @@ def _id_problem(row: dict, names) -> Optional[str]:
                 + (f' of at most {jsonl.MAX_INT_DIGITS} digits; write a longer one as a string)' if
                    isinstance(value, jsonl.Oversized) else ')'))
     return None
-
-
-def id_text(value) -> str:
-    """The text an id is compared by: `2579`, `2579.0` and `"2579"` are one id (the official evaluator's dict
-    lookups treat 2579 and 2579.0 alike)."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def load_annotations(path: str) -> Tuple[str, Dict[str, Annotation]]:

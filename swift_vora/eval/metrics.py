@@ -210,10 +210,18 @@ def gt_saliency(row: Mapping) -> np.ndarray:
     return full
 
 
+def id_text(value) -> str:
+    """The text an id is compared by: `2579`, `2579.0` and `"2579"` are one id (the official evaluator's dict
+    lookups treat 2579 and 2579.0 alike), in the annotations as in the predictions."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def highlight_detection(gt_rows: Sequence[Mapping], saliency: Mapping[str, Optional[Sequence[float]]]
                         ) -> Dict[str, dict]:
     """{'HL-min-Fair': {'HL-mAP': .., 'HL-Hit1': ..}, ...} in percent; a query with no scores gets 0."""
-    gts = {str(r['qid']): gt_saliency(r) for r in gt_rows}
+    gts = {id_text(r['qid']): gt_saliency(r) for r in gt_rows}
     levels = list(SALIENCY_LEVELS.items())
     ap = np.zeros((len(levels), len(gts), 3))
     hit = np.zeros((len(levels), len(gts), 3))
@@ -247,7 +255,7 @@ def qvhighlights_metrics(gt_rows: Sequence[Mapping], windows: Mapping[str, Seque
     `gt_rows`: QVHighlights annotation rows (qid, duration, relevant_windows, relevant_clip_ids,
     saliency_scores). `windows[str(qid)]`: (start, end, score) in submitted order. `saliency`: per
     query scores, one per 2-s clip; highlight keys appear only when it is given."""
-    gt = {str(r['qid']): r['relevant_windows'] for r in gt_rows}
+    gt = {id_text(r['qid']): r['relevant_windows'] for r in gt_rows}
     mr = moment_retrieval(gt, windows)
     out = {
         'MR-full-R1@0.5': mr['full']['MR-R1']['0.5'],
