@@ -126,6 +126,20 @@ def test_window_relative_rows_are_mapped_and_merged(tmp_path, capsys):
         assert k in m
 
 
+def test_one_response_with_scores_is_ranked_by_them_as_several_rows_are(tmp_path, capsys):
+    ann = write_jsonl(tmp_path / 'a.jsonl', [{'qid': 1, 'vid': 'v', 'duration': 150, 'relevant_windows': [[30, 40]]}])
+    answer = '[[30, 40, 0.9], [10, 20, 0.2]]'  # the model's best window is the later one in time
+    alone = write_jsonl(tmp_path / 'p1.jsonl', [{'qid': 1, 'response': answer}])
+    beside = write_jsonl(tmp_path / 'p2.jsonl', [{'qid': 1, 'response': answer}, {'qid': 1, 'response': '[]'}])
+    submitted = write_jsonl(tmp_path / 'p3.jsonl', [{'qid': 1, 'pred_relevant_windows': [[30, 40, 0.9],
+                                                                                        [10, 20, 0.2]]}])
+    scores = [run_json(capsys, '--annotations', ann, '--predictions', p)[1] for p in (alone, beside, submitted)]
+    assert [m['MR-full-R1@0.5'] for m in scores] == [100.0, 100.0, 100.0]
+    assert [m['mIoU'] for m in scores] == [100.0, 100.0, 100.0]
+    unscored = write_jsonl(tmp_path / 'p4.jsonl', [{'qid': 1, 'response': '[[10, 20], [30, 40]]'}])
+    assert run_json(capsys, '--annotations', ann, '--predictions', unscored)[1]['MR-full-R1@0.5'] == 0.0  # in order
+
+
 def test_out_dir_writes_metrics_report_and_plots(tmp_path, capsys, qvh_file, qvh_rows):
     rows = [{'qid': r['qid'], 'response': json.dumps(r['relevant_windows'])} for r in qvh_rows[:35]]
     rows[0]['response'] = '[[1.0, 2.0], [3.0,'  # one parse failure

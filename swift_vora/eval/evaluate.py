@@ -374,8 +374,10 @@ def _video_prediction(key: str, rows: List[tuple], ann: Annotation, stats: Dict[
             collected.extend(_parsed_windows(vp, line, row['response'], offset, off, clip_dur, stats))
         if row.get('pred_saliency_scores') is not None:
             sal_parts.append((off, row['pred_saliency_scores'], offset is not None))
-    if len(rows) == 1:
-        vp.windows = collected
+    if len(rows) == 1 and 'pred_relevant_windows' in rows[0][1]:
+        vp.windows = collected  # submitted windows: their order is the submitter's ranking (R1 takes the first)
+    elif len(rows) == 1:  # a response's windows come back in time order: ranked by the scores it wrote
+        vp.windows = sorted(collected, key=lambda w: (-w[2], w[0]))
     else:
         vp.windows, vp.merged_across_rows = _merge_scored(collected)
     vp.saliency = _place_saliency(sal_parts)
