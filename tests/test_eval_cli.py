@@ -140,6 +140,15 @@ def test_one_response_with_scores_is_ranked_by_them_as_several_rows_are(tmp_path
     assert run_json(capsys, '--annotations', ann, '--predictions', unscored)[1]['MR-full-R1@0.5'] == 0.0  # in order
 
 
+def test_a_video_shorter_than_one_saliency_clip_is_scored(tmp_path, capsys):
+    ann = write_jsonl(tmp_path / 'a.jsonl', [{'qid': 1, 'vid': 'v', 'duration': 1.5, 'relevant_windows': [[0, 1.5]],
+                                              'relevant_clip_ids': [0], 'saliency_scores': [[4, 4, 4]]}])
+    preds = write_jsonl(tmp_path / 'p.jsonl', [{'qid': 1, 'pred_relevant_windows': [[0, 1.5, 1]],
+                                                'pred_saliency_scores': [0.7]}])
+    rc, m, err = run_json(capsys, '--annotations', ann, '--predictions', preds)
+    assert rc == 0 and m['HL-min-VeryGood-Hit1'] == 100.0 and m['MR-full-R1@0.7'] == 100.0, err
+
+
 def test_out_dir_writes_metrics_report_and_plots(tmp_path, capsys, qvh_file, qvh_rows):
     rows = [{'qid': r['qid'], 'response': json.dumps(r['relevant_windows'])} for r in qvh_rows[:35]]
     rows[0]['response'] = '[[1.0, 2.0], [3.0,'  # one parse failure

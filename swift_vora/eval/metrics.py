@@ -200,8 +200,10 @@ def _saliency_aps(labels: np.ndarray, y_score: np.ndarray) -> List[float]:
 
 
 def gt_saliency(row: Mapping) -> np.ndarray:
-    """(#2-s clips, 3) annotator scores 0-4 for a QVHighlights row; unannotated clips are 0."""
-    n = int(float(row['duration']) / CLIP_SECONDS)
+    """(#2-s clips, 3) annotator scores 0-4 for a QVHighlights row; unannotated clips are 0. A video shorter than
+    one clip has one, as the annotation check counts them (the official evaluator's array is empty there, and its
+    clip 0 fails to index)."""
+    n = max(int(float(row['duration']) / CLIP_SECONDS), 1)
     full = np.zeros((n, 3))
     ids = np.asarray(row.get('relevant_clip_ids') or [], dtype=int)
     scores = np.asarray(row.get('saliency_scores') or [], dtype=float).reshape(-1, 3)
