@@ -202,3 +202,17 @@ def test_unreadable_answer_on_an_empty_truth_scores_zero(tmp_path, capsys):
     assert rc == 0 and m['parse_failures'] == 2 and m['missing_predictions'] == 1
     assert m['mIoU'] == 50.0  # 1 (answered []) + 0 (garbage) + 0 (missing) + 1 (half_garbage: 10-20 exact)
     assert m['mean-F1'] == 50.0
+
+
+def test_seconds_past_the_videos_end_are_not_kept_however_the_window_is_written(tmp_path, capsys):
+    ann = write_jsonl(tmp_path / 'a.jsonl', [{'id': 'a', 'video': 'a.mp4', 'duration': 100, 'windows': [[50, 100]]}])
+    rows = {'submitted': {'id': 'a', 'pred_relevant_windows': [[50, 150, 1.0]]},
+            'response': {'id': 'a', 'response': '[[50, 150]]'}}
+    for name, row in rows.items():
+        rc, m, err = run_json(capsys, '--annotations', ann, '--predictions', write_jsonl(tmp_path / f'{name}.jsonl',
+                                                                                         [row]))
+        assert rc == 0 and m['kept-precision'] == 100.0 and m['kept-recall'] == 100.0, (name, m)
+    assert m['windows_past_duration'] == 0  # the response was clamped by its parse (counted as `clamped`)
+    rc = main(['eval', '--annotations', ann, '--predictions', str(tmp_path / 'submitted.jsonl')])
+    err = capsys.readouterr().err
+    assert rc == 0 and "1 predicted window(s) end past their video's duration" in err and "id 'a'" in err

@@ -113,6 +113,11 @@ def run_eval(args) -> int:
         problems.append(f"{m['zero_length_windows']} zero-length window(s) in pred_relevant_windows scored IoU 0 "
                         f"in place, as the official evaluator scores them (first: {args.predictions}:{first['line']}: "
                         f"field 'pred_relevant_windows'[{first['index']}])")
+    if m['windows_past_duration']:
+        first = m['problems']['windows_past_duration'][0]
+        problems.append(f"{m['windows_past_duration']} predicted window(s) end past their video's duration: the kept "
+                        "seconds count them up to the end, moment retrieval scores them as submitted (first: id "
+                        f"{first['id']!r}, window {first['window']})")
     if invalid:
         problems.append(f'{len(invalid)} invalid prediction line(s) in {args.predictions}, ignored (their queries '
                         'score 0):')

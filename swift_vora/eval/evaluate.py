@@ -452,6 +452,23 @@ def _place_saliency(parts) -> Optional[List[float]]:
     return [placed.get(i, 0.0) for i in range(n)]
 
 
+def _within_durations(anns: Dict[str, Annotation], windows: Dict[str, List[Tuple[float, float, float]]]):
+    """(each video's windows clamped to its annotated duration, for the kept seconds -- seconds past a video's end
+    cannot be cut; the windows that ran past it as {'id', 'index', 'window'}). Moment retrieval scores the windows
+    as submitted, as the official evaluator does."""
+    kept: Dict[str, List[Tuple[float, float]]] = {}
+    past: List[dict] = []
+    for key, ws in windows.items():
+        duration = anns[key].duration
+        kept[key] = []
+        for i, (s, e, _) in enumerate(ws):
+            if duration is not None and e > duration:
+                past.append({'id': key, 'index': i, 'window': [s, e]})
+                s, e = min(s, duration), duration
+            kept[key].append((s, e))
+    return kept, past
+
+
 # ---- scoring ------------------------------------------------------------------------------------
 def evaluate(annotations_path: str, predictions_path: str) -> Tuple[EvalResult, List[dict]]:
     """Score a prediction file against an annotation file. Returns (result, invalid prediction lines).
@@ -468,7 +485,8 @@ def score(fmt: str, anns: Dict[str, Annotation], preds: Dict[str, VideoPredictio
     windows = {k: (preds[k].windows if k in preds else []) for k in anns}
     gt = {k: a.windows for k, a in anns.items()}
     unanswered = [k for k in anns if k not in preds or len(preds[k].failures) >= max(1, preds[k].rows)]
-    keep = M.keep_metrics(gt, {k: [(s, e) for s, e, _ in w] for k, w in windows.items()}, unanswered)
+    kept, past_end = _within_durations(anns, windows)
+    keep = M.keep_metrics(gt, kept, unanswered)
     per_keep = keep.pop('per_video')
     if fmt == 'qvhighlights':
         want_hl = any(p.saliency is not None for p in preds.values())
@@ -494,6 +512,7 @@ def score(fmt: str, anns: Dict[str, Annotation], preds: Dict[str, VideoPredictio
         'unknown_ids': len(unknown),
         'invalid_prediction_lines': len(invalid),
         'zero_length_windows': len(zero_length),
+        'windows_past_duration': len(past_end),
         'empty_predictions': sum(1 for k in anns if not windows[k]),
         'parsed_rows': stats.get('parsed_rows', 0),
         'parse_failure_kinds': stats.get('parse_failure_kinds', {}),
@@ -508,6 +527,7 @@ def score(fmt: str, anns: Dict[str, Annotation], preds: Dict[str, VideoPredictio
             'parse_failures': failures[:PROBLEM_SAMPLE],
             'invalid_lines': list(invalid)[:PROBLEM_SAMPLE],
             'zero_length_windows': zero_length[:PROBLEM_SAMPLE],
+            'windows_past_duration': past_end[:PROBLEM_SAMPLE],
         },
     })
     per_video = {}
@@ -527,4 +547,4 @@ SUMMARY_KEYS = {
     'vora': ('kept-precision', 'kept-recall', 'kept-F1', 'kept-IoU', 'mIoU', 'mean-F1'),
 }
 COUNT_KEYS = ('queries', 'prediction_rows', 'parse_failures', 'missing_predictions', 'unknown_ids',
-              'invalid_prediction_lines', 'zero_length_windows', 'empty_predictions')
+              'invalid_prediction_lines', 'zero_length_windows', 'windows_past_duration', 'empty_predictions')
