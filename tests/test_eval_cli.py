@@ -99,6 +99,23 @@ def test_invalid_annotations_exit_1(tmp_path, capsys):
     assert f"{ann}:2: field 'windows': expected a list" in capsys.readouterr().err
 
 
+def test_eval_reads_an_annotation_line_as_data_check_does_and_names_the_line_of_another_format(tmp_path, capsys):
+    # `qid` beside our own keys: a swift-vora line to `data check`, so to eval too
+    ann = write_jsonl(tmp_path / 'a.jsonl', [{'id': 'a', 'qid': 5, 'video': 'v.mp4', 'duration': 10,
+                                              'windows': [[1, 2]]}])
+    (tmp_path / 'v.mp4').write_bytes(b'not probed')
+    assert main(['data', 'check', ann, '--no-probe']) == 0
+    capsys.readouterr()
+    preds = write_jsonl(tmp_path / 'p.jsonl', [{'id': 'a', 'response': '[[1, 2]]'}])
+    rc, m, err = run_json(capsys, '--annotations', ann, '--predictions', preds)
+    assert rc == 0 and m['format'] == 'vora' and m['kept-IoU'] == 100.0, err
+    mixed = write_jsonl(tmp_path / 'm.jsonl', [{'qid': 1, 'duration': 150, 'relevant_windows': [[0, 10]]},
+                                               {'id': 'a', 'video': 'v.mp4', 'duration': 10, 'windows': [[1, 2]]}])
+    assert main(['eval', '--annotations', mixed, '--predictions', preds]) == 1
+    assert (f'{mixed}:2: a swift-vora line (id, windows), but line 1 is a QVHighlights line (qid, '
+            'relevant_windows): one format per file') in capsys.readouterr().err
+
+
 def test_unreadable_file_is_a_usage_error(tmp_path, qvh_file):
     assert main(['eval', '--annotations', qvh_file, '--predictions', str(tmp_path / 'nope.jsonl')]) == 2
 

@@ -148,8 +148,9 @@ def _id_problem(row: dict, names) -> Optional[str]:
 def load_annotations(path: str) -> Tuple[str, Dict[str, Annotation]]:
     """Annotations keyed by id. QVHighlights lines (`qid`, `relevant_windows`, ...) or swift-vora lines
     (`id`, `windows`, optional `duration`). Raises InputError listing every invalid line."""
+    from ..data.qvhighlights import is_qvhighlights
     rows = read_jsonl(path)
-    problems, anns, formats = [], {}, set()
+    problems, anns, formats = [], {}, {}
     for line, row in rows:
         if isinstance(row, Exception):
             problems.append({'line': line, 'reason': f'not JSON: {row}'})
@@ -157,7 +158,7 @@ def load_annotations(path: str) -> Tuple[str, Dict[str, Annotation]]:
         if not isinstance(row, dict):
             problems.append({'line': line, 'reason': 'not a JSON object'})
             continue
-        if 'relevant_windows' in row or 'qid' in row:
+        if is_qvhighlights(row):  # the rule of `data check`: one verdict for one line
             fmt, key, windows = 'qvhighlights', row.get('qid'), row.get('relevant_windows')
         else:
             fmt, key, windows = 'vora', row.get('id'), row.get('windows')
@@ -177,18 +178,22 @@ def load_annotations(path: str) -> Tuple[str, Dict[str, Annotation]]:
         if key in anns:
             problems.append({'line': line, 'id': key, 'reason': f'duplicate id (first on line {anns[key].line})'})
             continue
-        formats.add(fmt)
+        formats.setdefault(fmt, line)
         anns[key] = Annotation(key=key, windows=[(float(w[0]), float(w[1])) for w in windows],
                                duration=float(duration) if duration is not None else None,
                                title=str(row.get('vid') or row.get('video') or key), query=row.get('query'),
                                row=row, line=line)
     if len(formats) > 1:
-        problems.append({'line': 0, 'reason': 'mixed QVHighlights and swift-vora lines in one file'})
+        (first, at), (other, line) = sorted(formats.items(), key=lambda f: f[1])
+        names = {'qvhighlights': 'a QVHighlights line (qid, relevant_windows)', 'vora': 'a swift-vora line (id, '
+                 'windows)'}
+        problems.append({'line': line, 'reason': f'{names[other]}, but line {at} is {names[first]}: one format per '
+                         'file'})
     if problems:
         raise InputError(f'{path}: {len(problems)} invalid annotation line(s)', problems)
     if not anns:
         raise InputError(f'{path}: no annotations')
-    return formats.pop(), anns
+    return next(iter(formats)), anns
 
 
 def _annotation_problem(row: dict, fmt: str, windows) -> Optional[str]:
