@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from swift_vora import intervals
 from swift_vora.data.annotations import Annotation
-from swift_vora.data.windowing import Sample, WindowConfig, make_windows, window_bounds
+from swift_vora.data.windowing import MIN_CLIP_SECONDS, Sample, WindowConfig, make_windows, window_bounds
 
 
 def ann(duration, windows, id='vid', query='a dog'):
@@ -115,9 +115,12 @@ def test_windows_cover_the_video_and_never_pass_its_end(duration, window, stride
         assert s0 < s1 <= e0 + 1e-6  # ordered, no gaps
     for start, end in bounds:
         assert 0 <= start < end <= duration
-        assert end - start <= window + 1e-6
+        assert end - start < window + MIN_CLIP_SECONDS  # a tail under a second joins the last clip
     if duration > window:
-        assert all(end - start >= min(min_window, window) - 1e-6 for start, end in bounds)
+        assert all(end - start >= min(max(min_window, MIN_CLIP_SECONDS), window) - 1e-6 for start, end in bounds)
+    # each clip is trained once, under an id of its own (ids give a clip's bounds to a tenth of a second)
+    samples = make_windows(ann(duration, []), config)
+    assert len({sample.id for sample in samples}) == len(samples)
 
 
 @settings(max_examples=200, deadline=None)
@@ -134,3 +137,11 @@ def test_every_event_second_lands_in_some_window(events, window):
     assert abs(intervals.length(seen) - intervals.length(annotation.windows)) <= 0.1 * len(samples) + 1e-6
     slack = 0.1 * len(samples)
     assert intervals.overlap_seconds(seen, annotation.windows) >= intervals.length(annotation.windows) - slack
+
+
+def test_a_tail_under_a_second_joins_the_last_clip_instead_of_a_near_copy_of_it():
+    config = WindowConfig(window=60)
+    assert window_bounds(120.04, config) == [(0.0, 60.0), (60.0, 120.04)]
+    assert window_bounds(60.9, config) == [(0.0, 60.9)]
+    assert window_bounds(61.0, config) == [(0.0, 60.0), (1.0, 61.0)]  # a second: the shifted clip, as before
+    assert [s.id for s in make_windows(ann(60.04, [(59.0, 60.04)]), config)] == ['vid@0.0-60.0']

@@ -10,8 +10,10 @@ Placement: windows start at 0, stride, 2*stride, ... and end at start + window, 
 video. The tail that is left is covered by one more window ending exactly at the duration: a partial
 window `[next start, duration)` when it is at least `min_window` long, otherwise a full-length window
 shifted back to `[duration - window, duration)` (it re-covers part of the previous window instead of
-training on a one-second clip). No window ever ends past the duration; a video no longer than one
-window is one clip of the whole video.
+training on a one-second clip). A tail shorter than a second (MIN_CLIP_SECONDS) extends the last window
+to the duration instead: neither a clip of a few frames nor a near-copy of the last clip. No window ever
+ends past the duration; a video no longer than one window (or than one window and less than a second) is
+one clip of the whole video.
 """
 from __future__ import annotations
 
@@ -107,7 +109,7 @@ def window_bounds(duration: float, config: Optional[WindowConfig] = None) -> Lis
     """`[start, end)` of every clip of a video of `duration` seconds (see the module docstring)."""
     config = config or WindowConfig()
     window = config.window
-    if not window or duration <= window + _EPS:
+    if not window or duration < window + MIN_CLIP_SECONDS:
         return [(0.0, float(duration))]
     stride = config.effective_stride
     bounds = []
@@ -120,7 +122,11 @@ def window_bounds(duration: float, config: Optional[WindowConfig] = None) -> Lis
         k += 1
     if bounds[-1][1] < duration - _EPS:  # an uncovered tail remains
         tail_start = float(round(k * stride, 6))
-        if duration - tail_start >= config.min_window:
+        if duration - bounds[-1][1] < MIN_CLIP_SECONDS:
+            # less than a second left: the last clip runs to the end, rather than a clip of a few frames or a
+            # copy of the last one shifted by a few frames (the same clip trained twice, under the same id)
+            bounds[-1] = (bounds[-1][0], float(duration))
+        elif duration - tail_start >= config.min_window:
             bounds.append((tail_start, float(duration)))
         else:
             bounds.append((float(round(duration - window, 6)), float(duration)))
