@@ -66,6 +66,12 @@ def test_machine_mismatch_names_what_differs():
     same = H.Hardware(name='local', num_gpus=8, gpu_mem_gib=11.70, host_ram_gib=64, gpu_name='RTX 3060',
                       source='probed', bf16=True)
     assert H.machine_mismatch(planned, same, True) == []  # more GPUs, a few MiB less memory: fine
+    boxed = H.Hardware(name='local', num_gpus=4, gpu_mem_gib=11.76, host_ram_gib=16.0, gpu_name='RTX 3060',
+                       source='probed', bf16=True, host_ram_source='container limit (cgroup v2 memory.max)')
+    assert H.machine_mismatch(planned, boxed, True, host_peak_gib=30.63) == [
+        'a host peak of 30.63 GiB per node planned, 16.00 GiB here (container limit (cgroup v2 memory.max)): the '
+        'kernel would kill the run while it loads']
+    assert H.machine_mismatch(planned, boxed, True, host_peak_gib=12.0) == []
 
 
 @pytest.mark.slow

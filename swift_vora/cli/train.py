@@ -144,7 +144,8 @@ def other_machine_problem(recipe, plan):
     planned = Hardware(**{k: v for k, v in (plan.hardware or {}).items() if k != 'world'})
     _err('comparing the recipe\'s hardware with this machine (doctor) ...')
     here = local(use_torch=True)
-    problems = machine_mismatch(planned, here, needs_bf16=recipe['train.dtype'] == 'bfloat16')
+    problems = machine_mismatch(planned, here, needs_bf16=recipe['train.dtype'] == 'bfloat16',
+                                host_peak_gib=plan.host_peak_gib)
     if not problems:
         return None
     return (f'{recipe.path}: hardware {planned.name} ({planned.describe()}) is not this machine '

@@ -268,10 +268,15 @@ def local(use_torch: bool = False, cgroup_root: Optional[str] = None) -> Hardwar
 MEMORY_TOLERANCE = 0.03
 
 
-def machine_mismatch(planned: Hardware, here: Hardware, needs_bf16: bool) -> List[str]:
+def machine_mismatch(planned: Hardware, here: Hardware, needs_bf16: bool,
+                     host_peak_gib: Optional[float] = None) -> List[str]:
     """Why a plan for `planned` cannot run on `here` (this machine, as `doctor` probes it): fewer GPUs per node,
-    less memory per GPU, no bf16 where the recipe trains in bf16. [] when it can."""
+    less memory per GPU, no bf16 where the recipe trains in bf16, less host memory (the container's limit where
+    there is one) than the plan's host peak `host_peak_gib`. [] when it can."""
     problems = []
+    if host_peak_gib is not None and here.host_ram_gib is not None and host_peak_gib > here.host_ram_gib:
+        problems.append(f'a host peak of {host_peak_gib:.2f} GiB per node planned, {here.host_ram_gib:.2f} GiB here '
+                        f'({here.host_ram_source or "probed"}): the kernel would kill the run while it loads')
     if here.num_gpus < planned.num_gpus:
         problems.append(f'{planned.num_gpus} GPU{"s" if planned.num_gpus > 1 else ""} per node planned, '
                         f'{here.num_gpus} here' + (f' ({here.gpu_name})' if here.gpu_name else ''))
