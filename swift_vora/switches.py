@@ -439,6 +439,28 @@ def recipe_env_error(name: str, value: Any) -> Optional[str]:
     return None
 
 
+def shell_conflicts(launch_env: Mapping[str, str], environ: Optional[Mapping[str, str]] = None) -> List[str]:
+    """The switches a recipe key decides that `environ` (the shell `train` runs in) sets to something else than the
+    launch does: the launched process inherits the shell, so such a value would apply behind the plan's back
+    (`SWIFT_VORA_CHECKPOINT_LAYERS=0` under a plan that checkpoints every layer)."""
+    environ = os.environ if environ is None else environ
+    out = []
+    for name, s in table().items():
+        recipe_key = bool(s.recipe) and '.' in s.recipe and ' ' not in s.recipe
+        # a value the launch sets replaces the shell's; one it leaves unset (the default) is inherited
+        if not recipe_key or name in launch_env or not given(name, environ):
+            continue
+        try:
+            same = parse(name, environ[name]) == parse(name, None)
+        except SwitchError:
+            same = False
+        if not same:
+            out.append(f'{name}={_shown(environ[name])} is set in this shell, but the recipe key {s.recipe} decides '
+                       'it (this launch leaves it at its default) and the launched process would inherit it: unset '
+                       f'it, or set {s.recipe} in the recipe')
+    return out
+
+
 def effective(environ: Optional[Mapping[str, str]] = None) -> List[Dict[str, Any]]:
     """One row per switch: the table's columns, the value in effect, where it came from; a value the switch refuses
     is not in effect (every other command and the plugin refuse to start while it is set): its row holds `value`

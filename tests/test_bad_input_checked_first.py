@@ -120,6 +120,20 @@ def test_a_dry_run_with_a_missing_dataset_exits_as_the_launch_would(workspace):
     assert rc == 0 and 'not_launched' not in strict_json(out), err
 
 
+def test_a_switch_the_recipe_decides_set_in_the_shell_stops_the_launch_where_it_would_apply(workspace, monkeypatch):
+    monkeypatch.setenv('SWIFT_VORA_STRIDE', '2')  # the plan cuts clips without overlap; the child would overlap them
+    rc, out, err = run_cli(*TINY, 'data.dataset=a.jsonl', 'data.stride=null', '--dry-run', '--json')
+    assert rc == 2 and strict_json(out)['not_launched'] == [
+        "SWIFT_VORA_STRIDE='2' is set in this shell, but the recipe key data.stride decides it (this launch leaves "
+        'it at its default) and the launched process would inherit it: unset it, or set data.stride in the '
+        'recipe'], err
+    rc, out, err = run_cli(*TINY, 'data.dataset=a.jsonl', 'data.stride=2', '--dry-run', '--json')
+    assert rc == 0, err  # the recipe sets it: the launch's value replaces the shell's
+    monkeypatch.setenv('SWIFT_VORA_STRIDE', '')  # blank is unset
+    monkeypatch.setenv('SWIFT_VORA_LOG_FIRST', '5')  # a switch of the recipe's env: the shell may set it
+    assert run_cli(*TINY, 'data.dataset=a.jsonl', 'data.stride=null', '--dry-run', '--json')[0] == 0
+
+
 # ---- a key written twice ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize('text, said', [
     ('hardware: 3060x4\nmodel: {path: M}\ndata: {dataset: a.jsonl}\nhardware: h200x1\n',

@@ -178,6 +178,9 @@ def launch_problems(recipe, plan, launch, trust_hardware: bool):
             f'{source.get("description")}); download the model first, e.g. `huggingface-cli download '
             f'{source.get("model_id") or "ORG/NAME"} --local-dir {recipe["model.path"]}`, and point model.path at '
             'it', EXIT_USAGE)
+    from ..switches import shell_conflicts
+    for conflict in shell_conflicts(launch.env):
+        add(conflict, EXIT_USAGE)
     missing = missing_rendezvous(launch.env)
     if missing:
         add(f'{recipe["nodes"]} nodes: set {", ".join(missing)} in the environment of every node (torchrun '
