@@ -134,6 +134,20 @@ def test_a_switch_the_recipe_decides_set_in_the_shell_stops_the_launch_where_it_
     assert run_cli(*TINY, 'data.dataset=a.jsonl', 'data.stride=null', '--dry-run', '--json')[0] == 0
 
 
+def test_a_model_folder_without_weights_stops_the_launch_and_its_dry_run(workspace):
+    import shutil
+    folder = workspace / 'model'
+    folder.mkdir()
+    shutil.copy(TINY_VL, folder / 'config.json')
+    rc, out, err = run_cli('train', CPU_TINY, f'model.path={folder}', 'data.dataset=a.jsonl', '--dry-run', '--json')
+    assert rc == 2 and strict_json(out)['not_launched'] == [
+        f"{CPU_TINY}: model.path '{folder}' holds config.json but no weights (*.safetensors, *.bin): the launch would "
+        'stop when it loads the model; download the weights there, or point model.path at the folder that has them']
+    (folder / 'model.safetensors').write_bytes(b'')
+    rc, out, err = run_cli('train', CPU_TINY, f'model.path={folder}', 'data.dataset=a.jsonl', '--dry-run', '--json')
+    assert rc == 0, err
+
+
 # ---- a key written twice ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize('text, said', [
     ('hardware: 3060x4\nmodel: {path: M}\ndata: {dataset: a.jsonl}\nhardware: h200x1\n',

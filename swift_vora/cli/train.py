@@ -181,6 +181,11 @@ def launch_problems(recipe, plan, launch, trust_hardware: bool):
     from ..switches import shell_conflicts
     for conflict in shell_conflicts(launch.env):
         add(conflict, EXIT_USAGE)
+    folder = os.path.expanduser(str(recipe['model.path'] or ''))
+    if source.get('kind') == 'path' and os.path.isdir(folder) and not _has_weights(folder) and not problems:
+        add(f'{recipe.path}: model.path {recipe["model.path"]!r} holds config.json but no weights (*.safetensors, '
+            '*.bin): the launch would stop when it loads the model; download the weights there, or point model.path '
+            'at the folder that has them', EXIT_USAGE)
     missing = missing_rendezvous(launch.env)
     if missing:
         add(f'{recipe["nodes"]} nodes: set {", ".join(missing)} in the environment of every node (torchrun '
@@ -189,6 +194,12 @@ def launch_problems(recipe, plan, launch, trust_hardware: bool):
     for message in data:
         add(message, data_code)
     return problems, code
+
+
+def _has_weights(folder: str) -> bool:
+    """Whether a model folder holds weights transformers loads: safetensors or PyTorch .bin files (sharded or not)."""
+    import glob
+    return any(glob.glob(os.path.join(glob.escape(folder), pattern)) for pattern in ('*.safetensors', '*.bin'))
 
 
 def _err(msg: str) -> None:
