@@ -202,3 +202,53 @@ def test_a_bare_off_is_the_choice_off_not_yaml_false(tmp_path):
     from swift_vora.backends.recipe import RecipeError
     with pytest.raises(RecipeError, match='train.packing'):  # `on` is true to YAML and no choice here
         load_recipe(str(path), ['train.packing=on'])
+
+
+OVERRIDE = re.compile(r'^[a-z_]+(?:\.[a-z_0-9]+)+=[^\s]+$')
+
+
+def suggested_overrides(name):
+    """Each run of `key=value` words a recipe's header suggests (a line's consecutive words, punctuation around them
+    dropped; a value written `...` is the user's to fill, so such a run is left out)."""
+    runs = []
+    for line in header(name).splitlines():
+        run, to_fill = [], False
+        for word in line.split() + ['']:
+            if '=...' in word:
+                to_fill = True
+                continue
+            word = word.strip('(),;:').rstrip('.')
+            if OVERRIDE.match(word):
+                run.append(word)
+                continue
+            if run and not to_fill:
+                runs.append(run)
+            run, to_fill = [], False
+    return runs
+
+
+# the model a header's advice is for, where it names another than the recipe's (its words say which)
+ADVICE_MODEL = {
+    ('h200x1', 'train.backend=ddp train.compile=layers'): ['qwen3_vl_2b.json', 'model.type=qwen3_vl'],  # "dense"
+    ('cpu-tiny', 'model.path=output/tiny-qwen3-vl'): [],  # the folder its build command writes: the tiny model
+    ('cpu-tiny', 'train.backend=unsloth_split_lora'): ['tiny_qwen3_vl_moe.json', 'model.type=qwen3_vl_moe'],  # moe
+}
+
+
+@pytest.mark.parametrize('name', sorted(EXPECTED))
+def test_every_override_a_header_suggests_dry_runs_without_a_usage_error(name, model_for, tmp_path, monkeypatch):
+    """What a header tells the user to type is taken by `train`: a usage error there (a key another setting of the
+    recipe contradicts) would be advice that cannot be followed."""
+    from cli_harness import run_cli
+    monkeypatch.chdir(launch_folder(tmp_path))
+    runs = suggested_overrides(name)
+    assert runs or name == 'h200x8-full'  # the parse finds the advice
+    for run in runs:
+        context = ADVICE_MODEL.get((name, ' '.join(run)))
+        model = [f'model.path={model_for(name)}'] if context is None else (
+            [f'model.path={os.path.join(CONFIGS, context[0])}', *context[1:]] if context else [])
+        if run == ['model.path=output/tiny-qwen3-vl']:
+            run = [f'model.path={model_for(name)}']  # built by the test session's fixture elsewhere
+        rc, _, err = run_cli('train', os.path.join(RECIPES, f'{name}.yaml'), *model, *run, '--dry-run',
+                             '--trust-recipe-hardware')
+        assert rc == 0, (run, err[-2000:])

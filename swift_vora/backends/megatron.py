@@ -197,7 +197,8 @@ def build_megatron_launch(view: PlanView, recipe: Recipe, environ: Optional[Mapp
                                f'(train.tuner={tuner})')
     if recipe['train.checkpoint_layers'] not in (None, AUTO):  # auto: the plan checkpointed every layer here
         raise LaunchUsageError(f'{recipe.path}: train.checkpoint_layers applies to swift sft and Unsloth; Megatron '
-                               'recomputes by its own settings (megatron.recompute, megatron.recompute_num_layers)')
+                               'recomputes by its own settings (megatron.recompute, megatron.recompute_num_layers): '
+                               'give train.checkpoint_layers=null')
     env = common_env(recipe, view, environ)
     env['CUDA_DEVICE_MAX_CONNECTIONS'] = '1'  # what swift/cli/_megatron/sft.py sets by default
     source_environ = os.environ if environ is None else environ
