@@ -129,6 +129,32 @@ def test_unsupported_model_type():
         model_spec({'model_type': 'llava'})
 
 
+def _text(d):
+    return d['text_config'] if 'text_config' in d else d
+
+
+@pytest.mark.parametrize('edit, said', [
+    (lambda t: t.update(num_experts_per_tok=200), "num_experts_per_tok must be between 1 and the 128 experts (got 200)"),
+    (lambda t: t.update(num_experts_per_tok=0), 'num_experts_per_tok must be between 1 and the 128 experts (got 0)'),
+    (lambda t: t.update(head_dim=0), "head_dim' must be at least 1 (got 0)"),
+    (lambda t: t.update(num_key_value_heads=0), "num_key_value_heads' must be at least 1 (got 0)"),
+    (lambda t: t.update(num_attention_heads=30, num_key_value_heads=4),
+     'num_attention_heads (30) must be a multiple of text_config.num_key_value_heads (4)'),
+    (lambda t: t.pop('moe_intermediate_size'), "config lacks 'text_config.moe_intermediate_size', the width of one"),
+])
+def test_a_config_no_model_can_have_is_refused_naming_the_field(edit, said):
+    d = load('qwen3_vl_moe_30b_a3b')
+    edit(_text(d))
+    with pytest.raises(UnsupportedModel) as e:
+        model_spec(d, where='m/config.json')
+    assert str(e.value).startswith('m/config.json: ') and said in str(e.value), str(e.value)
+
+
+def test_an_expert_as_wide_as_the_dense_mlp_where_the_family_has_no_expert_width():
+    spec = model_spec(load('tiny_mixtral'))  # Mixtral's experts are intermediate_size wide
+    assert spec.is_moe
+
+
 def test_video_tokens_like_qwen3_vl():
     # the measured baseline: 32 s, FPS=2, FPS_MAX_FRAMES=64, VIDEO_MAX_TOKEN_NUM=196, 640x360 -> 64 frames, 32 x 180
     assert frame_pair_tokens(640, 360, max_token_num=196, min_token_num=128) == 180

@@ -204,6 +204,20 @@ def test_does_not_fit_names_component_and_alternative(capsys):
     assert p['gpu_peak_gib'] > 11.76
 
 
+def test_where_host_memory_is_the_limit_the_advice_is_fewer_processes_or_more_host_memory(capsys):
+    # the 2B model on 4 x 3060 in a 20 GiB container: each GPU has room, the four processes do not fit the host
+    rc, p = run_json(capsys, '--model', cfg('qwen3_vl_2b'), '--hardware', '3060x4', '--host-ram-gib', '20')
+    assert rc == 3 and p['gpu_peak_gib'] < 11.76 < p['host_peak_gib']
+    text = ' '.join(p['reasons'])
+    assert 'host memory is the limit' in text and 'train on 2 of the 4 GPUs (recipe gpus: 2, plan --gpus 2)' in text
+    assert 'No video budget fits' not in text and 'bigger or more GPUs' not in text
+    # a shard is at most the whole checkpoint (the 2B model's 4.26 GB in bf16, not a 5 GB shard)
+    assert any(k.startswith('safetensors shard being loaded (4 x 4.26 GB') for k in p['host_breakdown'])
+    rc, p = run_json(capsys, '--model', cfg('qwen3_vl_2b'), '--hardware', '3060x4', '--host-ram-gib', '20',
+                     '--gpus', '2')
+    assert rc == 0, p['reasons']  # the advice, followed, fits
+
+
 def test_does_not_fit_dense_full_suggests_something_that_fits(capsys):
     rc, p = run_json(capsys, '--model', cfg('qwen3_5_dense'), '--hardware', '3090x3', '--tuner', 'full')
     assert rc == 3
@@ -395,3 +409,14 @@ def test_megatron_full_sft_asked_by_name_splits_the_experts_over_every_gpu(capsy
     assert p['breakdown']['distributed optimizer: Adam m, v fp32 (sharded over DP)'] > 20
     assert any('optimizer states sharded over 8 data-parallel rank(s) for the dense parts and 1 for the routed '
                'experts' in a for a in p['assumptions'])
+
+
+def test_a_speed_for_a_gpu_of_no_known_rate_says_it_is_an_upper_bound(capsys):
+    rc, p = run_json(capsys, '--model', cfg('qwen3_vl_2b'), '--gpus', '3', '--gpu-mem-gib', '23.69',
+                     '--host-ram-gib', '128')
+    assert rc == 0 and 'upper bound: no rate is known for this GPU' in ' '.join(p['reasons'])
+    assert main(['plan', '--model', cfg('qwen3_vl_2b'), '--gpus', '3', '--gpu-mem-gib', '23.69', '--host-ram-gib',
+                 '128']) == 0
+    assert "[estimated; upper bound: no rate is known for this GPU, an H200's is assumed" in capsys.readouterr().out
+    rc, p = run_json(capsys, '--model', cfg('qwen3_vl_2b'), '--hardware', '3090x3')
+    assert rc == 0 and 'upper bound' not in ' '.join(p['reasons'])  # an RTX 3090's rate is known

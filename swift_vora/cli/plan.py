@@ -333,7 +333,8 @@ def _speed_line(plan) -> str:
         return f'speed    : {plan.est_basis or "no measurement"}: no estimate'
     hours = (f', {speed.format_hours(plan.est_hours_per_epoch)} per epoch of {plan.est_samples_per_epoch:,} samples'
              if plan.est_hours_per_epoch is not None else ' (hours: --samples N)')
-    return f'speed    : {plan.est_tokens_per_s:,.0f} tokens/s{hours}  [estimated]'
+    unknown = speed.unknown_gpu_note((plan.hardware or {}).get('gpu_name') or '')
+    return f'speed    : {plan.est_tokens_per_s:,.0f} tokens/s{hours}  [estimated' + (f'; {unknown}]' if unknown else ']')
 
 
 def _option_lines(plan, layers: int) -> List[str]:

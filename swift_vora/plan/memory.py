@@ -577,9 +577,11 @@ def estimate(spec: ModelSpec, tokens: VideoTokens, setup: TrainSetup) -> MemoryE
     steady_host.update(act_host)
     # load: each process streams safetensors shards (one at a time) into GPU memory or, with ZeRO-3 offload,
     # into the pinned host partitions.
+    # a shard is at most the whole checkpoint: a 4.3 GB model is one file of 4.3 GB, not a 5 GB shard
+    shard = min(C.SAFETENSORS_SHARD_GB * C.GB, spec.total_params * C.BYTES_BF16)
     load_host: Dict[str, float] = {proc_key: procs * per_proc * C.GiB,
-                                   f'safetensors shard being loaded ({procs} x {C.SAFETENSORS_SHARD_GB:g} GB, '
-                                   f'transient)': procs * C.SAFETENSORS_SHARD_GB * C.GB}
+                                   f'safetensors shard being loaded ({procs} x {shard / C.GB:.3g} GB, '
+                                   f'transient)': procs * shard}
     for k in ('offloaded bf16 parameters (ZeRO-3)', ):
         if k in ms_host:
             load_host[k] = ms_host[k]

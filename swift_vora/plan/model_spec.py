@@ -347,6 +347,10 @@ _NORM_BIAS = {'nemotron', 'starcoder2'}  # LayerNorms with a bias
 _NO_NORM_WEIGHTS = {'nanochat'}  # parameter-free RMSNorm
 _ACT_PARAMS = {'apertus': 2}  # xIELU's alpha_p / alpha_n per MLP
 _GPT_OSS = {'gpt_oss'}  # biased experts and router, attention sinks (one per head)
+# families whose experts have their own width (moe_intermediate_size); elsewhere (mixtral, olmoe, llama4, ...) an
+# expert is as wide as intermediate_size
+_OWN_EXPERT_WIDTH = {'qwen2_moe', 'qwen3_moe', 'qwen3_vl_moe', 'qwen3_vl_moe_text', 'qwen3_next', 'qwen3_5_moe',
+                     'qwen3_5_moe_text', 'deepseek_v2', 'deepseek_v3', 'glm4_moe', 'glm4v_moe', 'ernie4_5_moe'}
 _ROUTER_BIAS_PARAM = {'ernie4_5_moe'}  # e_score_correction_bias is a parameter (elsewhere a buffer)
 _VISION_STYLE = {'qwen3_vl': 'qwen3_vl', 'qwen3_vl_moe': 'qwen3_vl', 'qwen3_5': 'qwen3_5', 'qwen3_5_moe': 'qwen3_5',
                  'qwen2_5_vl': 'qwen2_5_vl', 'qwen2_vl': 'qwen2_vl', 'gemma3': 'gemma3', 'glm4v': 'glm4v',
@@ -502,6 +506,17 @@ class _Groups(list):
         self.append(ParamGroup(component, name, numel, count, False, tower=tower))
 
 
+def _check_heads(t: '_Cfg', heads: int, kv: int, head_dim: int) -> None:
+    """Attention widths a model can have: at least one head, KV head and channel, and the query heads in whole
+    groups per KV head (transformers' repeat_kv repeats each KV head heads / kv times)."""
+    for key, value in (('num_attention_heads', heads), ('num_key_value_heads', kv), ('head_dim', head_dim)):
+        if value < 1:
+            raise ConfigError(f'{t.where}: {t.prefix + key!r} must be at least 1 (got {value})')
+    if heads % kv:
+        raise ConfigError(f'{t.where}: {t.prefix}num_attention_heads ({heads}) must be a multiple of '
+                          f'{t.prefix}num_key_value_heads ({kv}): each KV head serves a whole group of query heads')
+
+
 def model_spec(cfg: Dict[str, Any], where: str = 'config.json') -> ModelSpec:
     """Build a ModelSpec from a parsed config.json dict (`where` names it in errors): the text section and its family,
     the model's size, its layer pattern and MoE layout, then its parameters component by component."""
@@ -515,6 +530,7 @@ def model_spec(cfg: Dict[str, Any], where: str = 'config.json') -> ModelSpec:
     heads = t.int('num_attention_heads')
     kv = t.int('num_key_value_heads', heads)
     head_dim = t.int('head_dim', hidden // heads if heads else None)
+    _check_heads(t, heads, kv, head_dim)
     vocab = t.int('vocab_size')
     ffn = t.int('intermediate_size', required=False)
     # VL wrappers tie lm_head to the embeddings from the *top-level* flag in transformers 5 (text_config's own flag
@@ -629,6 +645,12 @@ def _moe_layout(t: _Cfg, types, model_type: str, layers: int, notes: List[str]) 
     if E <= 1:
         return _Moe(False, E)
     k = t.int('num_experts_per_tok')
+    if not 1 <= k <= E:
+        raise ConfigError(f'{t.where}: {t.prefix}num_experts_per_tok must be between 1 and the {E} experts (got {k})')
+    if types & _OWN_EXPERT_WIDTH and not t.has('moe_intermediate_size'):
+        # these families' experts are narrower than the dense MLP: intermediate_size would count them several times
+        raise ConfigError(f'{t.where}: config lacks {t.prefix + "moe_intermediate_size"!r}, the width of one '
+                          f'{sorted(types & _OWN_EXPERT_WIDTH)[0]} expert, which the planner needs to count the model')
     moe_ffn = t.int('moe_intermediate_size') if t.has('moe_intermediate_size') else t.int('intermediate_size')
     shared_ffn = n_shared = 0
     shared_gate = False

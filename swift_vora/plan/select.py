@@ -276,8 +276,13 @@ def make_plan(request: PlanRequest, spec: Optional[ModelSpec] = None, hardware: 
         found_alts = find_alternatives(spec, tokens, planned, hw, (backend, ep, tp))
         for f in found_alts:
             f.pop('request')
-        reasons += _alternative_reasons(found_alts, planned, spec)
-        if not found_alts or not any(f['label'].startswith('same hardware') for f in found_alts):
+        host_bound = host_advice(spec, tokens, planned, hw, backend, ep, tp, est)
+        if host_bound:  # the GPUs have room: GPU advice (more GPUs, fewer frames) would not help
+            reasons.append(host_bound)
+        else:
+            reasons += _alternative_reasons(found_alts, planned, spec)
+        if not host_bound and (not found_alts or not any(f['label'].startswith('same hardware')
+                                                         for f in found_alts)):
             reasons.append(budget_advice(spec, planned, hw, backend, ep, tp))
         alternatives = found_alts[:6]
     if not cand.fits:
@@ -459,6 +464,26 @@ def _offload_sentence(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw
                  'error' if not oh else ' — that fits in host RAM'))
     if spec.is_moe:
         s += ' (ZeRO-3 offload needs at least as much and is refused for MoE models anyway)'
+    return s + '.'
+
+
+def host_advice(spec: ModelSpec, tokens: VideoTokens, req: PlanRequest, hw: Hardware, backend: Backend, ep: int,
+                tp: int, est: MemoryEstimate) -> Optional[str]:
+    """Where the GPUs have room and host memory is what does not fit: how many processes per node would fit (each
+    holds its own host memory and loads a shard at once), and how much host memory the run as asked needs. None
+    when the GPU is the limit too."""
+    gpu_ok, host_ok = fits(est, hw)
+    if not gpu_ok or host_ok or hw.host_ram_gib is None:
+        return None
+    s = (f'The GPUs have room ({gib(est.gpu_peak)} of {gib(hw.gpu_mem_gib * C.GiB)}); host memory is the limit: '
+         f'{gib(est.host_peak)} per node against {gib(hw.host_ram_gib * C.GiB)}. Give the machine (or the container) '
+         f'at least {gib(est.host_peak)}')
+    for gpus in range(hw.num_gpus - 1, 0, -1):
+        fewer = replace(hw, num_gpus=gpus)
+        smaller, _ = estimate_for(spec, tokens, req, fewer, backend, ep if ep <= gpus else 1, tp)
+        if all(fits(smaller, fewer)):
+            return s + (f', or train on {gpus} of the {hw.num_gpus} GPUs (recipe gpus: {gpus}, plan --gpus {gpus}): '
+                        f'host {gib(smaller.host_peak)}, {gib(smaller.gpu_peak)} per GPU.')
     return s + '.'
 
 

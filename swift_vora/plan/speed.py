@@ -281,8 +281,21 @@ def gpu_rate(gpu_name: str) -> Tuple[float, str]:
         spec = SPEC_BF16_TFLOPS[name]
         return spec * ACHIEVABLE_FRACTION, (f'{name}: {spec:g} TFLOP/s bf16 (spec sheet) x {ACHIEVABLE_FRACTION:.2f}, '
                                             'the fraction of its spec the H200 reached (assumed)')
-    return H200_MEASURED_TFLOPS, (f'{gpu_name or "an unknown GPU"}: no rate known, an H200\'s assumed (the '
-                                  'estimate is an upper bound)')
+    return H200_MEASURED_TFLOPS, (f'{gpu_name or "an unknown GPU"}: {UNKNOWN_RATE} (the estimate is an upper '
+                                  'bound)')
+
+
+UNKNOWN_RATE = "no rate known, an H200's assumed"
+
+
+def unknown_gpu_note(gpu_name: str) -> Optional[str]:
+    """What a speed for a GPU of no known rate rests on, for the plan's words; None for a known GPU."""
+    from .hardware import gpu_class_of
+    name = gpu_class_of(gpu_name or '')
+    if name == 'H200' or name in SPEC_BF16_TFLOPS:
+        return None
+    return (f'upper bound: no rate is known for {gpu_name or "this GPU"}, an H200\'s is assumed (known, by '
+            '--hardware: ' + ', '.join(sorted({'H200', *SPEC_BF16_TFLOPS})) + ')')
 
 
 def allreduce_bandwidth(gpu_name: str, nodes: int) -> Tuple[float, str]:
@@ -372,6 +385,9 @@ def estimate_speed(spec: ModelSpec, tokens: VideoTokens, backend: Backend, tuner
     if gpus > 1:
         basis += (f'; x{gpus} replicas at an assumed {scaling:.2f} scaling' if str(backend) in DATA_PARALLEL_BACKENDS
                   else f'; x{gpus} GPUs assumed linear')
+    unknown = unknown_gpu_note(gpu_name)
+    if unknown:
+        basis += f'; {unknown}'
     source = (f'efficiency {value:.4g} (MFU over the planner\'s FLOPs at 790 TFLOP/s) from {eff.runs}'
               + (f' ({"; ".join(notes)})' if notes else '') + f'; {rate_source}'
               + (f'; {scale_note}' if scale_note else ''))
