@@ -79,6 +79,13 @@ def at_milliseconds(intervals: Iterable[Sequence[float]]) -> List[Interval]:
     return merged
 
 
+def rounded_together(intervals: Iterable[Sequence[float]]) -> int:
+    """How many pairs rounding to the answer precision joins to a neighbour (round_answer merges them): [2.39, 3.03]
+    and [3.05, 26.68] become one [2.4, 26.7]."""
+    kept = [(s, e) for s, e in _at_answer_precision(intervals) if e > s]
+    return len(kept) - len(merge(kept)[0])
+
+
 def format_answer(intervals: Iterable[Sequence[float]]) -> str:
     """The exact text the model learns to write, e.g. `[[1.5, 4.0], [7.0, 9.5]]` or `[]`."""
     pairs = round_answer(intervals)

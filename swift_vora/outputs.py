@@ -135,6 +135,11 @@ class Staging:
     def __init__(self) -> None:
         self._files: List[Tuple[str, str, str]] = []  # (temporary, target, what)
         self._made_dirs: List[str] = []
+        self._stale: List[str] = []  # earlier outputs this command replaces by nothing: removed on commit
+
+    def remove_on_commit(self, path: str) -> None:
+        """Remove `path` (an earlier output of the same command) when the others are renamed into place."""
+        self._stale.append(path)
 
     def temp_path(self, path: str, inputs: Iterable[Optional[str]] = (), what: str = 'output') -> str:
         """A temporary file (created, empty) that `commit` renames to `path`; for writers that take a path."""
@@ -187,6 +192,7 @@ class Staging:
     def commit(self) -> None:
         """Rename every temporary file over its target (in the order written), with the umask's permissions."""
         mode = 0o666 & ~_umask()
+        targets = {target for _, target, _ in self._files}
         try:
             while self._files:
                 tmp, target, what = self._files[0]
@@ -201,6 +207,10 @@ class Staging:
             self.discard()  # the files not renamed yet
             raise
         self._made_dirs.clear()  # they hold the outputs now
+        for path in self._stale:
+            if path not in targets:
+                _remove(path)
+        self._stale.clear()
 
     def discard(self) -> None:
         """Remove every temporary file not yet renamed, and the folders made for them when they are empty."""

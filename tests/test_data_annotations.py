@@ -219,6 +219,15 @@ def test_declared_duration_longer_than_the_file_is_rejected(video_dir):
     assert ":1: field 'duration': 30.0 s is longer than the decoded video" in reason
 
 
+def test_declared_duration_well_short_of_the_file_is_a_warning_naming_what_is_left_out(video_dir):
+    report = load_annotations(write_lines(video_dir, [bad(id='a', duration=DURATION - 3, windows=[[0, 1]]),
+                                                      bad(id='b', duration=DURATION - 0.5, windows=[[0, 1]])]))
+    assert report.valid == 2  # trained on as declared; the second is within the container's noise
+    assert len(report.warnings) == 1 and report.warnings[0].endswith(
+        ':1: duration 9.5 s is shorter than the decoded video (12.50 s): only its first 9.5 s are cut into clips and '
+        'trained (omit "duration" to use the decoded one)')
+
+
 def test_absurd_declared_duration_is_rejected_without_probing(tmp_path):
     # A duration sizes windows and saliency arrays: 1e9 s must be refused, not allocated.
     (tmp_path / 'v.mp4').write_bytes(b'x')

@@ -145,3 +145,9 @@ def test_a_tail_under_a_second_joins_the_last_clip_instead_of_a_near_copy_of_it(
     assert window_bounds(60.9, config) == [(0.0, 60.9)]
     assert window_bounds(61.0, config) == [(0.0, 60.0), (1.0, 61.0)]  # a second: the shifted clip, as before
     assert [s.id for s in make_windows(ann(60.04, [(59.0, 60.04)]), config)] == ['vid@0.0-60.0']
+
+
+def test_events_the_answers_rounding_joins_are_counted():
+    samples = make_windows(ann(30.0, [(2.39, 3.03), (3.05, 26.68)]), WindowConfig(window=30, min_event=0))
+    assert samples[0].events == [(2.4, 26.7)] and samples[0].joined_by_rounding == 1
+    assert samples[0].dropped_slivers == 0

@@ -188,6 +188,14 @@ def test_out_dir_writes_metrics_report_and_plots(tmp_path, capsys, qvh_file, qvh
     unanswered = {str(r['qid']) for r in qvh_rows[:1] + qvh_rows[35:]}
     assert not any(p.name.split('_', 1)[1].rsplit('.', 1)[0] in unanswered for p in plots)
     assert '34 of 40 videos answered' in report
+    # the same folder again with one timeline: the earlier ones go, a file of the user's stays
+    (out / 'plots' / 'notes.txt').write_text('mine')
+    rc = main(['eval', '--annotations', qvh_file, '--predictions', str(tmp_path / 'p.jsonl'), '--out-dir', str(out),
+               '--max-plots', '1'])
+    assert rc == 0
+    left = sorted(p.name for p in (out / 'plots').iterdir())
+    assert len(left) == 2 and 'notes.txt' in left
+    assert [n for n in left if n != 'notes.txt'][0] in (out / 'report.md').read_text()
 
 
 def test_max_plots_zero_writes_no_plots(tmp_path, capsys, qvh_file, qvh_rows):

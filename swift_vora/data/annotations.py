@@ -335,6 +335,10 @@ def _check_duration(raw, info: Optional[VideoInfo], probe: bool) -> Tuple[float,
         raise _Problem('duration', f'{_num(value)} s is longer than the decoded video ({info.duration:.2f} s); '
                                    'clips past the real end would train on frames that do not exist '
                                    '(omit "duration" to use the decoded one)')
+    if info is not None and value < info.duration - DURATION_MISMATCH_S:
+        return value, (f'duration {_num(value)} s is shorter than the decoded video ({info.duration:.2f} s): only '
+                       f'its first {_num(value)} s are cut into clips and trained (omit "duration" to use the decoded '
+                       'one)')
     return value, None
 
 

@@ -1,4 +1,5 @@
-"""`swift-vora data convert`: a QVHighlights annotation file rewritten in our format, every input line accounted for.
+"""`swift-vora data convert-qvhighlights`: a QVHighlights annotation file rewritten in our format, every input line
+accounted for.
 
 Reading the lines is `annotations.load_annotations`, which recognises QVHighlights lines itself (qvhighlights.py);
 this module only writes what it read.

@@ -50,6 +50,7 @@ class BuildReport:
     samples_out: int = 0
     empty_answers: int = 0
     slivers_dropped: int = 0
+    joined_by_rounding: int = 0
     overlaps_merged: int = 0
     warnings: List[str] = field(default_factory=list)
     written: bool = True  # False: nothing valid, so OUT was left as it was
@@ -59,6 +60,7 @@ class BuildReport:
                 'valid': self.valid,
                 'rejected': [bad.to_json() for bad in self.rejected], 'samples_out': self.samples_out,
                 'empty_answers': self.empty_answers, 'slivers_dropped': self.slivers_dropped,
+                'joined_by_rounding': self.joined_by_rounding,
                 'overlaps_merged': self.overlaps_merged, 'blank_lines': self.blank_lines,
                 'warnings': list(self.warnings), 'config': asdict(self.config)}
 
@@ -72,6 +74,9 @@ class BuildReport:
                   f'event slivers dropped: {self.slivers_dropped} (shorter than {self.config.min_event:g} s '
                   'after clipping to a window, or empty at the answer\'s 0.1 s)',
                   f'overlapping windows merged: {self.overlaps_merged}']
+        if self.joined_by_rounding:
+            lines.append(f'events joined by the answer\'s 0.1 s rounding: {self.joined_by_rounding} (less than 0.1 s '
+                         'apart in a clip: one answer pair)')
         lines += [f'warning: {text}' for text in self.warnings]
         lines.append(f'wrote {self.out}' if self.written else f'nothing written: {self.out} left as it was')
         return '\n'.join(lines)
@@ -97,6 +102,7 @@ def build_rows(annotations_path: str, out_path: str, config: Optional[WindowConf
             for sample in make_windows(annotation, config):
                 report.empty_answers += not sample.events
                 report.slivers_dropped += sample.dropped_slivers
+                report.joined_by_rounding += sample.joined_by_rounding
                 yield sample_to_row(sample)
 
     # The videos are inputs too: `data build a.jsonl clip.mp4` must not replace a video with rows.

@@ -94,6 +94,7 @@ class Sample:
     query: Optional[str]
     events: List[Tuple[float, float]]
     dropped_slivers: int = 0
+    joined_by_rounding: int = 0  # events the answer's 0.1 s rounding made touch, so one answer pair
 
     @property
     def duration(self) -> float:
@@ -150,5 +151,6 @@ def make_windows(annotation: Annotation, config: Optional[WindowConfig] = None) 
             events=intervals.round_answer(kept),
             # shorter than min_event, or empty at the answer's precision (both counted, never silently lost)
             dropped_slivers=len(pieces) - len(kept) + intervals.rounded_away(kept),
+            joined_by_rounding=intervals.rounded_together(kept),
         ))
     return samples

@@ -41,6 +41,11 @@ def write_outputs(result: EvalResult, out_dir: str, max_plots: int = DEFAULT_MAX
     overview = overall_summary(result)
     stage.write_with(overview_path, lambda tmp: plot_overview(result, overview, tmp), protected, '--output_dir file')
     plots = []
+    folder = os.path.join(out_dir, 'plots')
+    if os.path.isdir(folder):  # an earlier report's timelines: the new report's replace them, the rest go
+        for name in os.listdir(folder):
+            if PLOT_NAME.match(name):
+                stage.remove_on_commit(os.path.join(folder, name))
     for i, key in enumerate(chosen):
         path = os.path.join(out_dir, 'plots', f'{i:03d}_{_safe(key)}.png')
         stage.write_with(path, lambda tmp, key=key: plot_timeline(result, key, tmp), protected, '--output_dir file')
@@ -50,6 +55,9 @@ def write_outputs(result: EvalResult, out_dir: str, max_plots: int = DEFAULT_MAX
                                                   sources, overview, os.path.relpath(overview_path, out_dir)),
                      protected, '--output_dir file')
     return {'metrics': metrics_path, 'report': report_path, 'plots': plots, 'overview': overview_path}
+
+
+PLOT_NAME = re.compile(r'^\d{3}_[A-Za-z0-9._-]+\.png$')  # the timelines write_outputs names (NNN_ID.png)
 
 
 def _safe(key: str) -> str:
