@@ -148,6 +148,17 @@ def test_a_model_folder_without_weights_stops_the_launch_and_its_dry_run(workspa
     assert rc == 0, err
 
 
+def test_a_recipes_max_length_below_its_sample_is_planned_as_the_template_cuts_the_sample(workspace):
+    rc, out, err = run_cli(*TINY, 'data.dataset=a.jsonl', '--dry-run', '--json')
+    full = strict_json(out)['plan']['tokens']
+    rc, out, err = run_cli(*TINY, 'data.dataset=a.jsonl', f'data.max_length={full["total_tokens"] - 1}', '--dry-run',
+                           '--json')
+    cut = strict_json(out)['plan']['tokens']
+    assert rc == 0 and cut['total_tokens'] < full['total_tokens'] and cut['frames'] < full['frames'], err
+    rc, out, err = run_cli(*TINY, 'data.dataset=a.jsonl', 'data.max_length=10', '--dry-run')
+    assert rc == 2 and 'max_length 10 holds no sample' in err
+
+
 # ---- a key written twice ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize('text, said', [
     ('hardware: 3060x4\nmodel: {path: M}\ndata: {dataset: a.jsonl}\nhardware: h200x1\n',

@@ -130,3 +130,18 @@ def test_an_ms_swift_flag_train_does_not_take_points_to_its_recipe_key(capsys, a
     assert said in err and 'unrecognized arguments' in err
     assert main(['train', 'h200x1', '--dry-rn']) == 2
     assert 'did you mean --dry-run?' in capsys.readouterr().err
+
+
+def test_train_without_a_recipe_asks_for_the_recipe_alone():
+    rc, out, err = run_cli('train')
+    assert rc == 2 and err.strip().endswith('the following arguments are required: recipe')  # overrides are optional
+
+
+def test_trains_hardware_advice_names_the_recipe_keys_train_takes(workspace):
+    (workspace / 'r.yaml').write_text('hardware: 3090x5\nmodel: {path: /m}\ndata: {dataset: a.jsonl}\n')
+    rc, _, err = run_cli('train', 'r.yaml', '--dry-run')
+    assert rc == 2 and 'for another count give gpus: N with hardware: 3090x1' in err, err
+    rc, _, err = run_cli('train', 'r.yaml', 'hardware=null', 'gpus=2', '--dry-run')
+    assert rc == 2 and 'gpus and gpu_mem_gib go together (or hardware: NAME gpus: N)' in err, err
+    rc, _, err = run_cli('train', 'r.yaml', '--gpus', '5', '--dry-run')
+    assert rc == 2 and '--gpus is the recipe key gpus: gpus=5 after the recipe, or gpus: in the file' in err, err

@@ -134,7 +134,8 @@ def _text(d):
 
 
 @pytest.mark.parametrize('edit, said', [
-    (lambda t: t.update(num_experts_per_tok=200), "num_experts_per_tok must be between 1 and the 128 experts (got 200)"),
+    (lambda t: t.update(num_experts_per_tok=200), 'num_experts_per_tok must be between 1 and the 128 experts (got '
+                                                  '200)'),
     (lambda t: t.update(num_experts_per_tok=0), 'num_experts_per_tok must be between 1 and the 128 experts (got 0)'),
     (lambda t: t.update(head_dim=0), "head_dim' must be at least 1 (got 0)"),
     (lambda t: t.update(num_key_value_heads=0), "num_key_value_heads' must be at least 1 (got 0)"),

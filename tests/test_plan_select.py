@@ -420,3 +420,11 @@ def test_a_speed_for_a_gpu_of_no_known_rate_says_it_is_an_upper_bound(capsys):
     assert "[estimated; upper bound: no rate is known for this GPU, an H200's is assumed" in capsys.readouterr().out
     rc, p = run_json(capsys, '--model', cfg('qwen3_vl_2b'), '--hardware', '3090x3')
     assert rc == 0 and 'upper bound' not in ' '.join(p['reasons'])  # an RTX 3090's rate is known
+
+
+def test_a_sample_over_max_length_is_planned_as_the_template_cuts_it(capsys):
+    rc, p = run_json(capsys, '--model', cfg('qwen3_vl_2b'), '--hardware', '3060x4', '--pack-length', '4096')
+    assert rc == 0 and p['tokens']['total_tokens'] <= 4096 and p['tokens']['frames'] == 30
+    assert any('max_length 4096: a 8576-token sample (64 frames) loses frames until it fits' in r for r in p['reasons'])
+    assert main(['plan', '--model', cfg('qwen3_vl_2b'), '--hardware', '3060x4', '--pack-length', '100']) == 2
+    assert 'max_length 100 holds no sample: even 2 frames make' in capsys.readouterr().err

@@ -8,6 +8,7 @@ request into a recipe.
 """
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from ..plan import constants as C
@@ -29,9 +30,28 @@ def _lora_targets(recipe: Recipe) -> str:
     return 'all-linear'
 
 
+# the plan command's hardware flags and the recipe keys they stand for (the planner's words name the flags)
+_HARDWARE_FLAGS = {'hardware': 'hardware', 'gpus': 'gpus', 'gpu-mem-gib': 'gpu_mem_gib', 'host-ram-gib': 'host_ram_gib',
+                   'nodes': 'nodes'}
+_FLAG = re.compile(r'--(' + '|'.join(_HARDWARE_FLAGS) + r')\b( (?=[A-Z0-9]))?')
+
+
+def in_recipe_words(text: str) -> str:
+    """The planner's hardware advice as a recipe says it: `give --gpus N with --hardware 3090x1` -> `give gpus: N
+    with hardware: 3090x1` (`train` takes the recipe's keys, not `plan`'s flags)."""
+    return _FLAG.sub(lambda m: _HARDWARE_FLAGS[m.group(1)] + (': ' if m.group(2) else ''), text)
+
+
 def plan_request(recipe: Recipe) -> PlanRequest:
-    hardware = resolve(recipe['hardware'], recipe['gpus'], recipe['gpu_mem_gib'], recipe['host_ram_gib'],
-                       recipe['nodes'])
+    try:
+        hardware = resolve(recipe['hardware'], recipe['gpus'], recipe['gpu_mem_gib'], recipe['host_ram_gib'],
+                           recipe['nodes'])
+    except KeyError as e:  # an unknown profile: KeyError's message is its one argument
+        raise KeyError(in_recipe_words(str(e.args[0]) if e.args else str(e))) from None
+    except ValueError as e:
+        raise ValueError(in_recipe_words(str(e))) from None
+    hardware.host_ram_source = in_recipe_words(hardware.host_ram_source)
+    hardware.notes = [in_recipe_words(n) for n in hardware.notes]
     budget = video_budget(recipe)
     clip = float(recipe['data.window'] or C.DEFAULT_CLIP_SECONDS)  # None: the dataset's default window
     frames, pair_tokens = budget_sample(budget, clip)  # min/max frames and max_video_tokens as the template applies
@@ -42,6 +62,7 @@ def plan_request(recipe: Recipe) -> PlanRequest:
         micro_batch=recipe['train.micro_batch'], fps=float(budget.fps), max_frames=frames,
         min_frames=min(int(budget.min_frames), frames),
         pack_length=recipe['data.max_length'] if recipe['train.packing'] == 'dataset' else None,
+        max_length=recipe['data.max_length'],
         frame_tokens=pair_tokens, clip_seconds=clip, lora_rank=recipe['train.lora_rank'],
         lora_targets=_lora_targets(recipe), nodes=recipe['nodes'],
         gradient_checkpointing=recipe['train.gradient_checkpointing'], checkpoints=unsloth_checkpoints(recipe),

@@ -746,7 +746,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog='python -m swift_vora.backends.unsloth_runner', description=__doc__.split(
         '\n\n')[0])
     parser.add_argument('config', help='unsloth_run.json written by `swift-vora train`, or a recipe YAML')
-    parser.add_argument('overrides', nargs='*', help='key=value recipe overrides (recipe form only)')
+    parser.add_argument('overrides', nargs='*', default=[], help='key=value recipe overrides (recipe form only)')
     parser.add_argument('--loader', choices=('unsloth', 'peft'), default=None,
                         help='peft: transformers + PEFT stand-in (CPU tests); default: the config\'s')
     args = parser.parse_args(argv)

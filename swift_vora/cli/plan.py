@@ -29,7 +29,7 @@ from ..plan.model_source import load_model_spec
 from ..plan.model_spec import LORA_TARGETS, TUNERS, UnsupportedModel
 from ..plan.request import CHECKPOINTS, Plan, PlanRequest
 from ..plan.search import describe_setting
-from ..plan.select import make_plan
+from ..plan.select import SampleCapError, make_plan
 from ..plan.video_budget import budget_sample
 from .compose import has_launch, launch_plan, refused, with_alternative_commands
 
@@ -274,7 +274,10 @@ def plan_from_args(args) -> Plan:
     except FileNotFoundError as e:
         raise PlanUsageError(str(e)) from e
     req.hardware = hw
-    plan = make_plan(req, spec=spec, hardware=hw)
+    try:
+        plan = make_plan(req, spec=spec, hardware=hw)
+    except SampleCapError as e:
+        raise PlanUsageError(str(e)) from e
     recipe = None
     try:  # environ={}: the commands do not depend on the environment `plan` runs in
         recipe = stand_in_recipe(args, budget, window, hw)
@@ -334,7 +337,8 @@ def _speed_line(plan) -> str:
     hours = (f', {speed.format_hours(plan.est_hours_per_epoch)} per epoch of {plan.est_samples_per_epoch:,} samples'
              if plan.est_hours_per_epoch is not None else ' (hours: --samples N)')
     unknown = speed.unknown_gpu_note((plan.hardware or {}).get('gpu_name') or '')
-    return f'speed    : {plan.est_tokens_per_s:,.0f} tokens/s{hours}  [estimated' + (f'; {unknown}]' if unknown else ']')
+    return (f'speed    : {plan.est_tokens_per_s:,.0f} tokens/s{hours}  [estimated'
+            + (f'; {unknown}]' if unknown else ']'))
 
 
 def _option_lines(plan, layers: int) -> List[str]:

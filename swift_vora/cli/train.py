@@ -40,7 +40,7 @@ def register_commands(subparsers) -> None:
                               description=__doc__.split('\n\n')[0])
     p.add_argument('recipe', help='recipe YAML, or the name of a shipped recipe (`swift-vora recipes` lists them: '
                    'h200x1, 3060x4, ...); see docs/backends.md')
-    p.add_argument('overrides', nargs='*', metavar='key=value',
+    p.add_argument('overrides', nargs='*', default=[], metavar='key=value',
                    help='dotted recipe keys, YAML values: video.max_frames=16 model.path=/models/x train.max_steps=10')
     p.add_argument(*OUTPUT_DIR_FLAGS, dest='output_dir', metavar='DIR', default=None,
                    help='where the run writes (the recipe key train.output_dir; --output_dir as in swift sft)')
@@ -71,6 +71,9 @@ def engine_flag_hint(flag: str, value: str = '') -> str:
         return (f'--{name} is an ms-swift argument; `swift-vora train` takes it as the recipe key {key}: '
                 f'{shlex.join([f"{key}={shown}"])} after the recipe, or {key.split(".", 1)[1]}: under '
                 f'{key.split(".", 1)[0]}: in the file')
+    if key and ' ' not in key:  # a top-level recipe key: gpus, hardware, nodes, ...
+        return (f'--{name} is the recipe key {key}: {shlex.join([f"{key}={shown}"])} after the recipe, or {key}: in '
+                'the file')
     if key:
         return f'--{name} is set by swift-vora itself ({key})'
     return (f'--{name} is not a swift-vora train flag; if it is a swift sft / megatron sft argument, give it as '

@@ -35,6 +35,8 @@ class PlanRequest:
     tp: Optional[int] = None  # tensor parallel size (Megatron); None = 1
     micro_batch: int = 1
     pack_length: Optional[int] = None  # dataset packing (swift sft --packing): rows filled up to this many tokens
+    # the template's cap on one sample (--max_length): a longer sample loses frames until it fits (template.py)
+    max_length: Optional[int] = None
     seq_len: Optional[int] = None  # tokens per sample; when given, the sample is treated as text only
     fps: float = C.DEFAULT_FPS  # video budget (ignored when seq_len is given)
     max_frames: int = C.DEFAULT_MAX_FRAMES

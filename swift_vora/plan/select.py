@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..budget import FRAME_FACTOR
 from . import backend_ratio, search, speed
 from . import constants as C
 from .alternatives import describe_alternative, find_alternatives
@@ -50,6 +51,10 @@ ZERO2_MOE_WARNING = (
     'megatron_ep_full (full SFT) and megatron_ep_lora / unsloth_split_lora (LoRA) split the experts instead.')
 
 
+class SampleCapError(ValueError):
+    """A max_length (or pack length) no sample of the video budget fits, at any frame count: a usage error."""
+
+
 def resolve_tokens(req: PlanRequest, spec: ModelSpec) -> Tuple[VideoTokens, List[str]]:
     notes = []
     if req.seq_len:
@@ -62,6 +67,20 @@ def resolve_tokens(req: PlanRequest, spec: ModelSpec) -> Tuple[VideoTokens, List
     # min_frames too: the template samples at least that many (`--min-frames 200` on a 60 s clip at 2 fps is 200)
     tok = video_tokens(req.clip_seconds, req.fps, req.max_frames, req.frame_tokens, text_tokens=req.text_tokens,
                        supervised_tokens=req.supervised_tokens, min_frames=req.min_frames, **kw)
+    cap = req.max_length or req.pack_length  # a packed row holds whole samples, each cut to it as well
+    if v is not None and cap and tok.total_tokens > cap:
+        full = tok
+        frames = tok.frames
+        while tok.total_tokens > cap and frames > FRAME_FACTOR:  # the template's loop: a frame pair at a time
+            frames -= FRAME_FACTOR
+            tok = video_tokens(req.clip_seconds, req.fps, frames, req.frame_tokens, text_tokens=req.text_tokens,
+                               supervised_tokens=req.supervised_tokens, min_frames=min(req.min_frames, frames), **kw)
+        if tok.total_tokens > cap:
+            raise SampleCapError(f'max_length {cap} holds no sample: even {tok.frames} frames make {tok.total_tokens} '
+                             'tokens, and the template rejects a sample it cannot cut to fit; raise max_length '
+                             '(--pack-length, recipe data.max_length) or lower the tokens a frame pair')
+        notes.append(f'max_length {cap}: a {full.total_tokens}-token sample ({full.frames} frames) loses frames '
+                     f'until it fits, as the template cuts it: {tok.frames} frames, {tok.total_tokens} tokens')
     if v is None:
         notes.append(f'{spec.model_type} has no vision tower: the {tok.total_tokens}-token video budget is counted '
                      f'as text')
