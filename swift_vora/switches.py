@@ -440,9 +440,10 @@ def recipe_env_error(name: str, value: Any) -> Optional[str]:
 
 
 def shell_conflicts(launch_env: Mapping[str, str], environ: Optional[Mapping[str, str]] = None) -> List[str]:
-    """The switches a recipe key decides that `environ` (the shell `train` runs in) sets to something else than the
-    launch does: the launched process inherits the shell, so such a value would apply behind the plan's back
-    (`SWIFT_VORA_CHECKPOINT_LAYERS=0` under a plan that checkpoints every layer)."""
+    """The switches a recipe key decides that `environ` (the shell `train` runs in) sets to other than their default
+    where the launch leaves them unset (`launch_env` has no entry): the launched process inherits the shell, so such
+    a value would apply behind the plan's back (`SWIFT_VORA_CHECKPOINT_LAYERS=0` under a plan that checkpoints every
+    layer). One message per switch."""
     environ = os.environ if environ is None else environ
     out = []
     for name, s in table().items():

@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shlex
@@ -201,7 +202,6 @@ def launch_problems(recipe, plan, launch, trust_hardware: bool):
 
 def _has_weights(folder: str) -> bool:
     """Whether a model folder holds weights transformers loads: safetensors or PyTorch .bin files (sharded or not)."""
-    import glob
     return any(glob.glob(os.path.join(glob.escape(folder), pattern)) for pattern in ('*.safetensors', '*.bin'))
 
 

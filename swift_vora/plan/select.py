@@ -76,9 +76,10 @@ def resolve_tokens(req: PlanRequest, spec: ModelSpec) -> Tuple[VideoTokens, List
             tok = video_tokens(req.clip_seconds, req.fps, frames, req.frame_tokens, text_tokens=req.text_tokens,
                                supervised_tokens=req.supervised_tokens, min_frames=min(req.min_frames, frames), **kw)
         if tok.total_tokens > cap:
-            raise SampleCapError(f'max_length {cap} holds no sample: even {tok.frames} frames make {tok.total_tokens} '
-                             'tokens, and the template rejects a sample it cannot cut to fit; raise max_length '
-                             '(--pack-length, recipe data.max_length) or lower the tokens a frame pair')
+            raise SampleCapError(
+                f'max_length {cap} holds no sample: even {tok.frames} frames make {tok.total_tokens} tokens, and the '
+                'template rejects a sample it cannot cut to fit; raise max_length (--pack-length, recipe '
+                'data.max_length) or lower the tokens a frame pair')
         notes.append(f'max_length {cap}: a {full.total_tokens}-token sample ({full.frames} frames) loses frames '
                      f'until it fits, as the template cuts it: {tok.frames} frames, {tok.total_tokens} tokens')
     if v is None:
