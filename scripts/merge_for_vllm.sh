@@ -19,7 +19,12 @@ adapter_dir="$1"
 out_dir="$2"
 shift 2
 
-if [ -e "$out_dir" ] || [ -L "$out_dir" ]; then
+verify_only=0
+for arg in "$@"; do
+  if [ "$arg" = --verify-only ]; then verify_only=1; fi
+done
+# --verify-only checks an existing OUT_DIR; a merge never writes over one
+if [ "$verify_only" = 0 ] && { [ -e "$out_dir" ] || [ -L "$out_dir" ]; }; then
   echo "merge_for_vllm: $out_dir exists: refusing to overwrite it" >&2
   exit 2
 fi

@@ -172,6 +172,19 @@ def test_lora_update_stops_when_no_expert_of_a_layer_moved(tmp_path, monkeypatch
     assert len(report['not_updated']) == 4
 
 
+def test_lora_update_stops_on_a_frozen_adapter_tensor(tmp_path, monkeypatch):
+    # a freeze pattern that caught an adapter: it never trains, and the check says which, marked as frozen
+    monkeypatch.setenv('SWIFT_VORA_LORA_CHECK_STEPS', '2')
+    trainer = FakeTrainer(tmp_path, lrs=[0.1])
+    frozen = f'{ATTENTION}.lora_A.default.weight'
+    dict(trainer.unwrapped_models[0].named_parameters())[frozen].requires_grad_(False)
+    with pytest.raises(GuardError, match='5 of 6 LoRA tensors updated') as error:
+        trainer.run([MegatronLoraUpdateGuard(trainer)], steps=3)
+    assert f'{frozen} (requires_grad=False)' in str(error.value)
+    report = json.loads((tmp_path / 'lora_update.json').read_text())
+    assert report['requires_grad_false'] == [frozen] and report['not_updated'] == [frozen]
+
+
 def test_lora_update_does_not_count_a_skipped_step(tmp_path, monkeypatch):
     monkeypatch.setenv('SWIFT_VORA_LORA_CHECK_STEPS', '2')
     trainer = FakeTrainer(tmp_path, lrs=[0.1], skipped=(0,))

@@ -123,3 +123,44 @@ def test_reload_goes_to_the_gpu_only_when_the_host_has_no_room(tmp_path, monkeyp
     assert va.load_device(str(base)) is None
     assert 'may run out of memory' in capsys.readouterr().err
     assert va.load_device('Qwen/some-hub-id') is None  # not a local folder: nothing to measure
+
+
+def test_a_damaged_adapter_config_is_named(adapter_dir, tmp_path, capsys):
+    import shutil
+
+    from swift_vora.cli import main
+    dst = tmp_path / 'checkpoint-1'
+    shutil.copytree(adapter_dir, dst)
+    (dst / 'adapter_config.json').write_text('{"base_model_name_or_path": ')  # cut off mid-write
+    assert main(['verify-adapter', str(dst)]) == 2
+    assert f"{dst / 'adapter_config.json'}: not valid JSON" in capsys.readouterr().err
+
+
+def test_an_adapter_that_does_not_fit_its_base_is_a_usage_error_naming_both(adapter_dir, tiny_model_dir,
+                                                                             monkeypatch, capsys):
+    from swift_vora.cli import main
+
+    def mismatch(*args, **kwargs):  # what PEFT raises for a base of other shapes
+        raise RuntimeError('Error(s) in loading state_dict for PeftModelForCausalLM:\n\tsize mismatch for '
+                           'base_model.model.q_proj.lora_A.default.weight')
+    monkeypatch.setattr(peft.PeftModel, 'from_pretrained', mismatch)
+    assert main(['verify-adapter', adapter_dir, '--base', tiny_model_dir]) == 2
+    err = capsys.readouterr().err
+    assert f'the adapter {adapter_dir} does not load on the base {tiny_model_dir}' in err and 'internal' not in err
+
+
+def test_the_training_guard_stops_on_an_adapter_saved_without_safetensors(tmp_path, monkeypatch):
+    from swift_vora.guards.common import GuardError
+    from swift_vora.guards.verify_adapter import VerifyAdapterGuard
+    ckpt = tmp_path / 'checkpoint-2'
+    ckpt.mkdir()
+    (ckpt / 'adapter_config.json').write_text('{}')
+    (ckpt / 'adapter_model.bin').write_bytes(b'')  # save_safetensors false
+    monkeypatch.setenv('RANK', '0')
+    args = types.SimpleNamespace(output_dir=str(tmp_path))
+    guard = VerifyAdapterGuard(args, types.SimpleNamespace(args=args))
+    state = types.SimpleNamespace(last_model_checkpoint=str(ckpt))
+    with pytest.raises(GuardError, match='holds an adapter without adapter_model.safetensors'):
+        guard.on_train_end(None, state, None)
+    (ckpt / 'adapter_config.json').unlink()  # a full-parameter checkpoint: nothing to verify, said and skipped
+    guard.on_train_end(None, state, None)

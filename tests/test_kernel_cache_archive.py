@@ -118,7 +118,7 @@ def test_the_command_line_round_trip(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv('SWIFT_VORA_CACHE_DIR', str(tmp_path / 'b'))
     assert main(['kernel-cache', 'import', str(tmp_path / 'kc.tar.xz')]) == 0
     assert 'kernel cache imported: 4 files written' in capsys.readouterr().out
-    assert main(['kernel-cache', 'import', str(tmp_path / 'missing.tar.xz')]) == 1
+    assert main(['kernel-cache', 'import', str(tmp_path / 'missing.tar.xz')]) == 2  # no such path: a usage error
     assert 'missing.tar.xz: no such file' in capsys.readouterr().err
 
 

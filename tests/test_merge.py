@@ -114,6 +114,22 @@ def test_peft_adapter_with_expert_parameters_merges(tiny_moe_model_dir, tmp_path
     assert report['source'] == 'peft' and report['architectures'] == ['Qwen3VLMoeForConditionalGeneration']
     assert 'tokenizer.json' in report['copied_from_base']  # processor files come from the base model
     assert_merge_matches(tiny_moe_model_dir, str(adapter), str(out), bf16_drift=None)
+    # its base not a local folder here: the experts' merge cannot be checked, so it is not done (before any work)
+    (adapter / MARKER_FILE).write_text(json.dumps({'source': 'peft', 'base_model': 'Org/not-here'}))
+    config = json.loads((adapter / 'adapter_config.json').read_text())
+    (adapter / 'adapter_config.json').write_text(json.dumps({**config, 'base_model_name_or_path': 'Org/not-here'}))
+    with pytest.raises(MergeError) as e:
+        merge(str(adapter), str(tmp_path / 'merged-2'))
+    assert e.value.exit_code == 2 and 'pass --base MODEL_DIR' in str(e.value) and 'trains the experts' in str(e.value)
+    assert not (tmp_path / 'merged-2').exists() and not list(tmp_path.glob('.merged-2.partial-*'))
+    # a delta below bf16's resolution: the sampled experts cannot tell a right merge from a scrambled one
+    (adapter / MARKER_FILE).write_text(json.dumps({'source': 'peft', 'base_model': tiny_moe_model_dir}))
+    (adapter / 'adapter_config.json').write_text(json.dumps(config))
+    randomize_lora_b(str(adapter), std=1e-9)
+    with pytest.raises(MergeError) as e:
+        merge(str(adapter), str(tmp_path / 'merged-3'))
+    assert 'cannot tell a right merge from a wrong one' in str(e.value), str(e.value)
+    assert not (tmp_path / 'merged-3').exists()
 
 
 def test_unsloth_adapter_without_unsloth_says_where_to_merge(tmp_path, tiny_moe_model_dir):
@@ -290,3 +306,17 @@ def test_single_file_models_need_no_index_but_several_files_do(good_dir):
     from safetensors.torch import save_file
     save_file({'x': torch.zeros(2, dtype=torch.bfloat16)}, str(good_dir / 'other.safetensors'))
     _expect(good_dir, ['no model.safetensors.index.json'])
+
+
+def test_a_damaged_shard_is_named_and_the_others_checked(good_dir):
+    _shard(good_dir)
+    (good_dir / 'model-00001-of-00002.safetensors').write_bytes(b'\xff' * 64)  # a header no reader can take
+    _expect(good_dir, ['model-00001-of-00002.safetensors: not readable as safetensors'])
+
+
+def test_verify_only_checks_an_existing_directory_through_the_script(good_dir, tmp_path):
+    proc = run_script(tmp_path / 'unused', good_dir, '--verify-only')
+    assert proc.returncode == 0, proc.stderr
+    (good_dir / 'tokenizer.json').unlink()
+    proc = run_script(tmp_path / 'unused', good_dir, '--verify-only')
+    assert proc.returncode == 1 and 'no tokenizer' in proc.stderr, proc.stderr

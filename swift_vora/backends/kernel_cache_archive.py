@@ -29,7 +29,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from .. import outputs
-from ..errors import EXIT_INVALID, CliError
+from ..errors import EXIT_INVALID, EXIT_USAGE, CliError
 from . import kernel_cache
 
 # The caches that travel (variable -> what it holds): see the module docstring for why not Unsloth's.
@@ -129,7 +129,7 @@ def _read(path: str) -> bytes:
             return f.read()
     parts = _parts(base)
     if not parts:
-        raise CliError(f'{base}: no such file, nor {base}.part0', EXIT_INVALID, command=IMPORT)
+        raise CliError(f'{base}: no such file, nor {base}.part0', EXIT_USAGE, command=IMPORT)
     chunks = []
     for part in parts:
         with open(part, 'rb') as f:

@@ -213,7 +213,7 @@ def _copy_processor_files(base: Optional[str], staged: str) -> List[str]:
 # ---------------------------------------------------------------------------------------------------------------
 def verify_merged(model_dir: str) -> Dict[str, Any]:
     """Check a merged model directory; raise MergeError naming every problem found."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
     problems: List[str] = []
     config = _read_json(os.path.join(model_dir, 'config.json'))
     if not config:
@@ -246,7 +246,12 @@ def verify_merged(model_dir: str) -> Dict[str, Any]:
     seen: Dict[str, str] = {}
     for shard in shards:
         path = os.path.join(model_dir, shard)
-        with safe_open(path, framework='pt') as f:
+        try:
+            opened = safe_open(path, framework='pt')
+        except (SafetensorError, OSError) as e:  # a truncated or damaged shard: named, with the others checked
+            problems.append(f'{shard}: not readable as safetensors ({e})')
+            continue
+        with opened as f:
             for key in f.keys():
                 tensors += 1
                 seen[key] = shard
@@ -296,7 +301,22 @@ def _check_experts(adapter_dir: str, base: str, staged: str, per_expert: bool = 
         bad = [c for c in check['checks'] if not c['ok']][:3]
         raise MergeError(f'merged expert weights differ from base + LoRA delta ({check["checked"]} checked, '
                          f'trained={check["trained"]}): {bad}')
+    if not check['elements_telling']:  # every sampled delta within the tolerance: a scrambled merge would pass too
+        raise MergeError(f'the expert check cannot tell a right merge from a wrong one: no sampled element of the '
+                         f'{check["checked"]} checked moves by more than the tolerance (a LoRA delta this small '
+                         'is below bf16 resolution); merged, not verified')
     return {k: check[k] for k in ('checked', 'ok', 'layers', 'elements_telling', 'loaded_with')}
+
+
+def _expert_adapters(adapter_dir: str, source: str) -> Tuple[Optional[str], bool]:
+    """(the folder whose adapter trains the experts, whether on per-expert modules -- Megatron's), or (None, False)."""
+    if source in ('unsloth', 'peft') and has_expert_adapters(adapter_dir):
+        return adapter_dir, False
+    if source == 'megatron':
+        lora_dir = adapter_dir[:-len('-merged')] if adapter_dir.endswith('-merged') else adapter_dir
+        if os.path.isdir(lora_dir) and has_per_expert_adapters(lora_dir):
+            return lora_dir, True
+    return None, False
 
 
 def merge(adapter_dir: str, out_dir: str, base: Optional[str] = None, link_weights: bool = True) -> Dict[str, Any]:
@@ -313,6 +333,10 @@ def merge(adapter_dir: str, out_dir: str, base: Optional[str] = None, link_weigh
         raise MergeError(str(e), 2) from None
     source, info = detect_source(adapter_dir)
     base = base or base_model_of(adapter_dir, source, info)
+    expert_dir, per_expert = _expert_adapters(adapter_dir, source)
+    if expert_dir and not base:  # before any work: the experts' merge is checked against the base model's weights
+        raise MergeError(f'{adapter_dir}: the adapter trains the experts, whose merge is checked against the base '
+                         'model, and its base is not a local folder here; pass --base MODEL_DIR', 2)
     # Before any work: an expert packing PEFT misreads would merge (and pass the expert check) scrambled
     layout_problem = foreign_expert_layout(adapter_dir) if source in ('unsloth', 'peft') else None
     if layout_problem:
@@ -338,12 +362,8 @@ def merge(adapter_dir: str, out_dir: str, base: Optional[str] = None, link_weigh
         budget = trained_budget.copy_into(trained_budget.find(adapter_dir), staged)
         report = verify_merged(staged)
         report['trained_budget'] = os.path.join(out_dir, trained_budget.FILE) if budget else None
-        if source in ('unsloth', 'peft') and base and has_expert_adapters(adapter_dir):
-            report['expert_check'] = _check_experts(adapter_dir, base, staged)
-        elif source == 'megatron' and base:
-            lora_dir = adapter_dir[:-len('-merged')] if adapter_dir.endswith('-merged') else adapter_dir
-            if os.path.isdir(lora_dir) and has_per_expert_adapters(lora_dir):
-                report['expert_check'] = _check_experts(lora_dir, base, staged, per_expert=True)
+        if expert_dir:
+            report['expert_check'] = _check_experts(expert_dir, base, staged, per_expert=per_expert)
         if os.path.lexists(out_dir):
             raise MergeError(f'{out_dir} appeared while merging: refusing to overwrite it', 2)
         os.rename(staged, out_dir)

@@ -258,9 +258,8 @@ class MegatronLoraUpdateGuard(MegatronGuard):
             for name, param in chunk.named_parameters():
                 if adapter_kind(name) is None:  # lora_A / lora_B (grouped experts: ...lora_A.default.weight0)
                     continue
-                if not param.requires_grad:
+                if not param.requires_grad:  # tracked too: a frozen adapter trains nothing, and the check says so
                     frozen.append(name)
-                    continue
                 pairs.append((name, param))
                 names.append(name)
             per_chunk.append(names)
@@ -270,8 +269,9 @@ class MegatronLoraUpdateGuard(MegatronGuard):
         self.report = {'tensors_here': len(self.tracker), 'check_after_steps': self.check_steps,
                        'requires_grad_false': frozen, 'start_iteration': self.iteration(), 'steps': []}
         if frozen:
-            logger.warning(f'swift-vora lora_update: {len(frozen)} LoRA tensor(s) have requires_grad=False and are '
-                           f'not checked: {frozen[:10]}')
+            logger.warning(f'swift-vora lora_update: {len(frozen)} LoRA tensor(s) have requires_grad=False: they '
+                           f'will not train, and the check after {self.check_steps} step(s) stops the run: '
+                           f'{frozen[:10]}')
         # every rank takes part in the all-gather at the check, even one without adapter tensors
         logger.info(f'swift-vora lora_update: {len(self.tracker)} trainable LoRA tensors on this rank; checked after '
                     f'{self.check_steps} optimizer step(s) that updated.')
@@ -337,7 +337,9 @@ class MegatronLoraUpdateGuard(MegatronGuard):
                    f'{not_reached_note(summary["experts_not_reached"])}')
         stale = summary['not_updated']
         if stale:
-            raise never_changed_error(message, stale, 'check the freeze settings')
+            frozen = set(self.report.get('requires_grad_false') or [])
+            raise never_changed_error(message, stale, 'check the freeze settings',
+                                      frozen={n for n in stale if n.rsplit('/', 1)[-1] in frozen})
         logger.info(f'swift-vora lora_update: {message}.')
         return self.report
 

@@ -29,18 +29,28 @@ class VerifyError(Exception):
     """The checkpoint or base model cannot be found or loaded (usage-level problem)."""
 
 
+def _read_json(path: str) -> dict:
+    """A checkpoint's JSON file; VerifyError naming it when it is not a JSON object."""
+    try:
+        with open(path, encoding='utf-8') as f:
+            value = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise VerifyError(f'{path}: not valid JSON ({e})') from None
+    if not isinstance(value, dict):
+        raise VerifyError(f'{path}: expected a JSON object, got {type(value).__name__}')
+    return value
+
+
 def find_base(ckpt: str) -> Optional[str]:
     config_path = os.path.join(ckpt, 'adapter_config.json')
     if os.path.isfile(config_path):
-        with open(config_path) as f:
-            base = json.load(f).get('base_model_name_or_path')
+        base = _read_json(config_path).get('base_model_name_or_path')
         if base:
             return base
     for args_path in (os.path.join(ckpt, 'args.json'), os.path.join(os.path.dirname(os.path.abspath(ckpt)),
                                                                    'args.json')):
         if os.path.isfile(args_path):
-            with open(args_path) as f:
-                args = json.load(f)
+            args = _read_json(args_path)
             base = args.get('model_dir') or args.get('model')
             if base:
                 return base
@@ -58,7 +68,11 @@ def load_base_and_adapter(ckpt: str, base: str):
             transformers.AutoModelForCausalLM
     device = load_device(base)
     model = cls.from_pretrained(base, dtype='auto', **({'device_map': device} if device else {}))
-    return PeftModel.from_pretrained(model, ckpt, is_trainable=False)
+    try:
+        return PeftModel.from_pretrained(model, ckpt, is_trainable=False)
+    except (RuntimeError, KeyError) as e:  # a base of other shapes: "size mismatch for ...lora_A.weight"
+        raise VerifyError(f'the adapter {ckpt} does not load on the base {base}: {str(e).splitlines()[0][:400]} '
+                          '(is it the model the adapter was trained on? --base names it)') from None
 
 
 # Loading a checkpoint into host RAM holds its weights once more than the files (transformers copies them into the
@@ -210,7 +224,7 @@ def verify_and_report(ckpt: str, base: Optional[str], out_dir: str, timeout: Opt
 def _make_callback():
     from swift.callbacks import TrainerCallback
 
-    from .common import logger, output_dir, rank, unwrap_model
+    from .common import GuardError, logger, output_dir, rank, unwrap_model
     from .zero3_load import model_dir_of
 
     class VerifyAdapterGuard(TrainerCallback):
@@ -219,6 +233,12 @@ def _make_callback():
             if rank() != 0:
                 return
             ckpt = getattr(state, 'last_model_checkpoint', None) or latest_checkpoint(output_dir(self.trainer))
+            if ckpt and not os.path.isfile(os.path.join(ckpt, ADAPTER_FILE)) \
+                    and os.path.isfile(os.path.join(ckpt, 'adapter_config.json')):
+                # an adapter saved another way (save_safetensors false: adapter_model.bin): never verified silently
+                raise GuardError('verify_adapter', f'{ckpt} holds an adapter without {ADAPTER_FILE} (saved with '
+                                 'save_safetensors false?): it cannot be reloaded and compared; train with '
+                                 'save_safetensors true, or turn the guard off (SWIFT_VORA_GUARD_VERIFY_ADAPTER=0)')
             if not ckpt or not os.path.isfile(os.path.join(ckpt, ADAPTER_FILE)):
                 logger.info(f'swift-vora verify_adapter: no adapter checkpoint to verify ({ckpt}).')
                 return
