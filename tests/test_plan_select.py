@@ -428,3 +428,12 @@ def test_a_sample_over_max_length_is_planned_as_the_template_cuts_it(capsys):
     assert any('max_length 4096: a 8576-token sample (64 frames) loses frames until it fits' in r for r in p['reasons'])
     assert main(['plan', '--model', cfg('qwen3_vl_2b'), '--hardware', '3060x4', '--pack-length', '100']) == 2
     assert 'max_length 100 holds no sample: even 2 frames make' in capsys.readouterr().err
+
+
+def test_a_megatron_global_batch_the_gpus_do_not_divide_is_refused_with_the_nearest_and_can_be_set(capsys):
+    argv = ['--model', cfg('qwen3_vl_2b'), '--hardware', '3090x3', '--backend', 'megatron_ep_lora']
+    rc, p = run_json(capsys, *argv)
+    assert rc == 4 and any('megatron.global_batch 16 must be a multiple of micro_batch 1 x data-parallel size 3: '
+                           'give megatron.global_batch=18 (or 15)' in r for r in p['reasons']), p['reasons']
+    rc, p = run_json(capsys, *argv, '--global-batch', '18')
+    assert rc == 0 and '--global_batch_size' in p['command'] and '18' in p['command']

@@ -127,9 +127,12 @@ def megatron_sft_args(view: PlanView, recipe: Recipe, environ: Optional[Mapping[
         raise LaunchUsageError('train.target_modules: the MoE router is never trained (no all-router)')
     dp = view.world // (sizes['tp'] * sizes['pp'])
     global_batch = recipe['megatron.global_batch']
-    if global_batch % (view.micro_batch * dp):
-        raise LaunchUsageError(f'megatron.global_batch {global_batch} must be a multiple of micro_batch '
-                               f'{view.micro_batch} x data-parallel size {dp}')
+    step = view.micro_batch * dp
+    if global_batch % step:
+        below, above = global_batch // step * step, (global_batch // step + 1) * step
+        raise LaunchUsageError(f'{recipe.path}: megatron.global_batch {global_batch} must be a multiple of micro_batch '
+                               f'{view.micro_batch} x data-parallel size {dp}: give megatron.global_batch={above}'
+                               + (f' (or {below})' if below else '') + ' (plan --global-batch N)')
     argv = [*swift_common_args(recipe, view), *lora_args(recipe)]
     argv += ['--expert_model_parallel_size', str(sizes['ep']), '--tensor_model_parallel_size', str(sizes['tp']),
              '--pipeline_model_parallel_size', str(sizes['pp'])]

@@ -64,6 +64,9 @@ def register_commands(subparsers) -> None:
     t.add_argument('--ep', type=positive_int(4096), default=None,
                    help='expert parallel size (Megatron; default: chosen)')
     t.add_argument('--tp', type=positive_int(4096), default=None, help='tensor parallel size (Megatron; default 1)')
+    t.add_argument('--global-batch', type=positive_int(1_000_000_000), default=None, metavar='N',
+                   help='Megatron: samples per optimizer step over all GPUs (recipe megatron.global_batch; default '
+                        f'{SCHEMA["megatron.global_batch"][1]}), a multiple of micro-batch x data-parallel size')
     t.add_argument('--micro-batch', type=positive_int(1_000_000), default=None,
                    help='samples per GPU per step (default: searched, 1 2 4 8 -- the fastest that fits)')
     t.add_argument('--pack-length', type=positive_int(10_000_000), default=None, metavar='TOKENS',
@@ -196,7 +199,7 @@ def request_from_args(args, budget: VideoBudget, window: float) -> PlanRequest:
         checkpoint_layers=None if args.no_gradient_checkpointing else args.checkpoint_layers,
         fp8=args.fp8, samples_per_epoch=args.samples, cross_entropy=args.cross_entropy, recompute=args.recompute,
         vision_mode=args.vision_mode or C.VISION_MODE_DEFAULT, min_pair_tokens=int(budget.min_pair_tokens),
-        global_batch=SCHEMA['megatron.global_batch'][1])  # what the stand-in recipe launches with
+        global_batch=args.global_batch or SCHEMA['megatron.global_batch'][1])  # what the stand-in recipe launches
 
 
 def searched(args, budget: VideoBudget) -> tuple:
@@ -249,7 +252,8 @@ def stand_in_recipe(args, budget: VideoBudget, window: float, hw) -> Recipe:
                   'fp8': args.fp8, **({'packing': 'dataset'} if pack else {})},
         'deepspeed': {'offload': args.offload},
         'megatron': {'ep': args.ep, 'tp': args.tp, 'cross_entropy_fusion_impl': args.cross_entropy,
-                     'recompute': args.recompute},
+                     'recompute': args.recompute,
+                     **({'global_batch': args.global_batch} if args.global_batch is not None else {})},
     }
     return recipe_from_dict(doc, where='<plan request>')
 
