@@ -339,9 +339,9 @@ def test_dataset_packing_is_planned_at_the_full_row():
     assert '--packing' in packed.command and '--attn_impl' in packed.command
     assert packed.command[packed.command.index('--max_length') + 1] == str(3 * per_sample)
     assert packed.command[packed.command.index('--attn_impl') + 1] == 'vora_varlen'
-    # a row shorter than one sample packs nothing: planned as the sample
+    # a row shorter than one sample: the sample loses frames until it fits the row, as the template cuts it
     short = make_plan(PlanRequest(model=cfg('qwen3_vl_2b'), hardware=hw, pack_length=per_sample // 2))
-    assert short.breakdown[ckpt] == pytest.approx(plain.breakdown[ckpt])
+    assert short.tokens['total_tokens'] <= per_sample // 2 and short.breakdown[ckpt] < plain.breakdown[ckpt]
 
 
 def test_packing_that_cannot_fit_offers_shorter_rows():
